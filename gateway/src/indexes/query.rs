@@ -1,0 +1,309 @@
+//! Running a plan: one SQL statement per index shard, in parallel, merged.
+//!
+//! Each statement selects only the projected fields, filters on the shard
+//! field first (so the `(shard_field, field, row_key)` SQL indexes apply),
+//! continues after the cursor with a keyset condition (never `OFFSET`) and
+//! reads one row more than the page to know whether another page exists.
+//! Several shards (an `in` list on the shard field) are merged in the same
+//! order in Rust.
+
+use std::cmp::Ordering;
+
+use index_dsl::CompareOp;
+use uuid::Uuid;
+
+use super::cursor::{self, Position};
+use super::entry::col_type;
+use super::plan::{IndexQuery, QueryPlan};
+use crate::error::Result;
+use crate::storage::{ddl, ColType, Dialect, Sql, Value};
+use crate::store::Store;
+
+/// One index entry of a result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexEntry {
+    pub row_key: Uuid,
+    /// The projected fields, by name, in index order.
+    pub fields: Vec<(String, Value)>,
+    /// Position of this entry, for `after`.
+    pub cursor: String,
+}
+
+/// One page of an index query.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexPage {
+    pub entries: Vec<IndexEntry>,
+    pub has_next_page: bool,
+    pub end_cursor: Option<String>,
+}
+
+impl QueryPlan {
+    /// The SQL this plan runs on `shard` of the index.
+    pub fn shard_sql(&self, dialect: Dialect, shard: u32) -> Sql {
+        let index = &self.index;
+        let mut sql = Sql::new(dialect);
+        sql.push("SELECT ").ident("row_key");
+        for &p in &self.projection {
+            sql.push(", ").ident(&index.fields[p].name);
+        }
+        sql.push(" FROM ")
+            .ident(&ddl::index_table(&self.datastore, shard, &index.name))
+            .push(" WHERE ");
+        let shard_field = &index.shard_field().name;
+        let values = self.shards.get(&shard).cloned().unwrap_or_default();
+        if values.len() == 1 {
+            sql.ident(shard_field).push(" = ").bind(values[0].clone());
+        } else {
+            sql.ident(shard_field).push(" IN ").bind_list(values);
+        }
+        for predicate in &self.predicates {
+            sql.push(" AND ");
+            let name = &index.fields[predicate.field].name;
+            let value = predicate.values[0].clone();
+            match (predicate.op, value.is_null()) {
+                (CompareOp::Eq, true) => {
+                    sql.ident(name).push(" IS NULL");
+                }
+                (CompareOp::Ne, true) => {
+                    sql.ident(name).push(" IS NOT NULL");
+                }
+                (CompareOp::Ne, false) => {
+                    // A missing value is "not equal" too: the body has no schema.
+                    sql.push("(")
+                        .ident(name)
+                        .push(" <> ")
+                        .bind(value)
+                        .push(" OR ")
+                        .ident(name)
+                        .push(" IS NULL)");
+                }
+                (CompareOp::In, _) => {
+                    sql.ident(name)
+                        .push(" IN ")
+                        .bind_list(predicate.values.iter().cloned());
+                }
+                (op, _) => {
+                    let symbol = match op {
+                        CompareOp::Eq => " = ",
+                        CompareOp::Lt => " < ",
+                        CompareOp::Le => " <= ",
+                        CompareOp::Gt => " > ",
+                        CompareOp::Ge => " >= ",
+                        CompareOp::Ne | CompareOp::In => unreachable!("handled above"),
+                    };
+                    sql.ident(name).push(symbol).bind(value);
+                }
+            }
+        }
+        if let Some(after) = &self.after {
+            sql.push(" AND ");
+            self.keyset(&mut sql, after);
+        }
+        sql.push(" ORDER BY ");
+        for &(p, descending) in &self.order {
+            sql.ident(&index.fields[p].name)
+                .push(if descending { " DESC" } else { " ASC" })
+                .push(dialect.nulls(descending))
+                .push(", ");
+        }
+        sql.ident("row_key")
+            .push(if self.row_key_descending() { " DESC" } else { " ASC" })
+            .push(&format!(" LIMIT {}", self.limit + 1));
+        sql
+    }
+
+    /// Row keys follow the direction of the last order key, so one SQL
+    /// index serves the whole order in either direction.
+    fn row_key_descending(&self) -> bool {
+        self.order.last().is_some_and(|(_, d)| *d)
+    }
+
+    /// `(k1, …, kn, row_key) > (cursor)` in the plan's order, expanded into
+    /// ORs of ANDs because directions and NULLs differ per key. Ascending
+    /// order puts NULL first, descending last, on every backend.
+    fn keyset(&self, sql: &mut Sql, after: &Position) {
+        let index = &self.index;
+        let mut terms: Vec<Sql> = Vec::new();
+        for i in 0..=self.order.len() {
+            let mut term = Sql::new(sql.dialect());
+            let mut possible = true;
+            for (j, &(p, _)) in self.order.iter().take(i).enumerate() {
+                let name = &index.fields[p].name;
+                match &after.keys[j] {
+                    v if v.is_null() => term.ident(name).push(" IS NULL AND "),
+                    v => term.ident(name).push(" = ").bind(v.clone()).push(" AND "),
+                };
+            }
+            if i < self.order.len() {
+                let (p, descending) = self.order[i];
+                let name = &index.fields[p].name;
+                match (&after.keys[i], descending) {
+                    (v, false) if v.is_null() => {
+                        term.ident(name).push(" IS NOT NULL");
+                    }
+                    (v, false) => {
+                        term.ident(name).push(" > ").bind(v.clone());
+                    }
+                    (v, true) if v.is_null() => possible = false,
+                    (v, true) => {
+                        term.push("(")
+                            .ident(name)
+                            .push(" < ")
+                            .bind(v.clone())
+                            .push(" OR ")
+                            .ident(name)
+                            .push(" IS NULL)");
+                    }
+                }
+            } else {
+                let op = if self.row_key_descending() { " < " } else { " > " };
+                term.ident("row_key").push(op).bind(Value::Uuid(after.row_key));
+            }
+            if possible {
+                terms.push(term);
+            }
+        }
+        sql.push("(");
+        for (i, term) in terms.into_iter().enumerate() {
+            if i > 0 {
+                sql.push(" OR ");
+            }
+            // Re-bind the term's values so placeholders number correctly.
+            sql.push("(");
+            append(sql, &term);
+            sql.push(")");
+        }
+        sql.push(")");
+    }
+
+    /// Compares two result rows (row key first, then the projection) in the
+    /// plan's order.
+    fn compare(&self, a: &[Value], b: &[Value]) -> Ordering {
+        for &(p, descending) in &self.order {
+            let at = 1 + self.projection.iter().position(|x| *x == p).expect("order field projected");
+            let ord = a[at].sort_cmp(&b[at]);
+            let ord = if descending { ord.reverse() } else { ord };
+            if ord != Ordering::Equal {
+                return ord;
+            }
+        }
+        let ord = a[0].sort_cmp(&b[0]);
+        if self.row_key_descending() {
+            ord.reverse()
+        } else {
+            ord
+        }
+    }
+
+    fn position_of(&self, row: &[Value]) -> Position {
+        Position {
+            keys: self
+                .order
+                .iter()
+                .map(|(p, _)| {
+                    let at = 1 + self.projection.iter().position(|x| x == p).expect("projected");
+                    row[at].clone()
+                })
+                .collect(),
+            row_key: row[0].as_uuid().unwrap_or_default(),
+        }
+    }
+}
+
+/// Appends `part` (built with its own placeholder numbering) to `sql`.
+fn append(sql: &mut Sql, part: &Sql) {
+    let text = part.text();
+    let params = part.params();
+    match sql.dialect() {
+        Dialect::Postgres => {
+            // Renumber `$n` placeholders of `part` after those of `sql`.
+            let mut rest = text;
+            let mut next = 0;
+            while let Some(at) = rest.find('$') {
+                sql.push(&rest[..at]);
+                let digits: String = rest[at + 1..].chars().take_while(char::is_ascii_digit).collect();
+                sql.bind(params[next].clone());
+                next += 1;
+                rest = &rest[at + 1 + digits.len()..];
+            }
+            sql.push(rest);
+        }
+        Dialect::Sqlite | Dialect::MySql => {
+            let mut pieces = text.split('?');
+            if let Some(first) = pieces.next() {
+                sql.push(first);
+            }
+            for (piece, value) in pieces.zip(params) {
+                sql.bind(value.clone());
+                sql.push(piece);
+            }
+        }
+    }
+}
+
+impl Store {
+    /// Answers an index query.
+    pub async fn query_index(&self, datastore: &str, query: &IndexQuery) -> Result<IndexPage> {
+        let ds = self.datastore(datastore)?;
+        let plan = QueryPlan::build(&ds.def, query)?;
+        self.run_plan(&plan).await
+    }
+
+    /// Runs a plan built by [`QueryPlan::build`].
+    pub async fn run_plan(&self, plan: &QueryPlan) -> Result<IndexPage> {
+        let ds = self.datastore(&plan.datastore)?;
+        if plan.limit == 0 {
+            return Ok(IndexPage {
+                entries: Vec::new(),
+                has_next_page: false,
+                end_cursor: None,
+            });
+        }
+        let mut types = vec![ColType::Uuid];
+        types.extend(plan.projection.iter().map(|&p| col_type(plan.index.fields[p].ty)));
+        let reads = plan.shards.keys().map(|&shard| {
+            let ds = ds.clone();
+            let types = &types;
+            async move {
+                self.ensure_shard(&ds, shard).await?;
+                let master = self.master(&ds, shard);
+                master.fetch(&plan.shard_sql(master.dialect(), shard), types).await
+            }
+        });
+        let mut rows: Vec<Vec<Value>> = futures::future::try_join_all(reads)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        if plan.shards.len() > 1 {
+            rows.sort_by(|a, b| plan.compare(a, b));
+        }
+        let has_next_page = rows.len() > plan.limit as usize;
+        rows.truncate(plan.limit as usize);
+        let signature = plan.signature();
+        let entries: Vec<IndexEntry> = rows
+            .into_iter()
+            .map(|row| {
+                let cursor = cursor::encode(signature, &plan.position_of(&row));
+                let row_key = row[0].as_uuid().unwrap_or_default();
+                let fields = plan
+                    .projection
+                    .iter()
+                    .zip(row.into_iter().skip(1))
+                    .map(|(&p, value)| (plan.index.fields[p].name.clone(), value))
+                    .collect();
+                IndexEntry {
+                    row_key,
+                    fields,
+                    cursor,
+                }
+            })
+            .collect();
+        let end_cursor = entries.last().map(|e| e.cursor.clone());
+        Ok(IndexPage {
+            entries,
+            has_next_page,
+            end_cursor,
+        })
+    }
+}

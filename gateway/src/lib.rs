@@ -1,0 +1,18 @@
+//! cellgate: a sharded, append-only cell store on SQL databases, with
+//! secondary indexes declared in YAML (see `ARCHITECTURE.md`).
+//!
+//! The library is the Rust API: open a [`Store`] from [`index_dsl`]
+//! definitions and a [`config::StorageConfig`], then put and read cells,
+//! read a shard's log, and query indexes. The `cellgate` binary wraps it.
+
+pub mod cells;
+pub mod cli;
+pub mod config;
+mod error;
+pub mod indexes;
+pub mod shards;
+pub mod storage;
+mod store;
+
+pub use error::{Error, Result};
+pub use store::{Store, StoreOptions};

@@ -1,0 +1,79 @@
+//! MySQL and MariaDB storage nodes.
+//!
+//! UUIDs are `BINARY(16)`, datetimes `DATETIME(6)` in UTC (sqlx sets the
+//! session time zone to `+00:00`), text uses the binary `utf8mb4_bin`
+//! collation so ordering matches byte order on every backend.
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{MySql, Row as _};
+use std::str::FromStr;
+
+use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Sql, Value};
+
+sqlx_backend!(MySqlBackend, MySqlTx, MySql, Dialect::MySql);
+
+impl MySqlBackend {
+    pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
+        let url = url.replacen("mariadb:", "mysql:", 1);
+        let connect = MySqlConnectOptions::from_str(&url)
+            .map_err(|e| crate::Error::Config(format!("invalid mysql url: {e}")))?
+            .charset("utf8mb4")
+            .statement_cache_capacity(1024);
+        let pool = MySqlPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(|e| crate::Error::from_sqlx(&options.cluster, e))?;
+        Ok(MySqlBackend {
+            writer: pool.clone(),
+            reader: pool,
+            cluster: options.cluster.clone(),
+        })
+    }
+}
+
+fn bind<'q>(
+    query: sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+    value: &'q Value,
+) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments> {
+    match value {
+        Value::Null(_) => query.bind(None::<i64>),
+        Value::Bool(v) => query.bind(*v),
+        Value::Int(v) => query.bind(*v),
+        Value::Float(v) => query.bind(*v),
+        Value::Text(v) => query.bind(v.as_str()),
+        Value::Bytes(v) => query.bind(v.as_slice()),
+        Value::Uuid(v) => query.bind(v.as_bytes().as_slice()),
+        Value::DateTime(v) => query.bind(*v),
+    }
+}
+
+fn decode(row: &sqlx::mysql::MySqlRow, i: usize, ty: ColType) -> Result<Value, sqlx::Error> {
+    let null = Value::Null(ty);
+    Ok(match ty {
+        ColType::Bool => row.try_get::<Option<bool>, _>(i)?.map_or(null, Value::Bool),
+        ColType::Int => row.try_get::<Option<i64>, _>(i)?.map_or(null, Value::Int),
+        ColType::Float => row.try_get::<Option<f64>, _>(i)?.map_or(null, Value::Float),
+        ColType::Text => row.try_get::<Option<String>, _>(i)?.map_or(null, Value::Text),
+        ColType::Bytes => row.try_get::<Option<Vec<u8>>, _>(i)?.map_or(null, Value::Bytes),
+        ColType::Uuid => match row.try_get::<Option<Vec<u8>>, _>(i)? {
+            None => null,
+            Some(bytes) => Value::Uuid(
+                uuid::Uuid::from_slice(&bytes).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+            ),
+        },
+        ColType::DateTime => row
+            .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>(i)?
+            .map_or(null, Value::DateTime),
+    })
+}
+
+async fn insert_returning_id(
+    tx: &mut sqlx::Transaction<'static, MySql>,
+    sql: &Sql,
+    _id_column: &str,
+) -> Result<i64, sqlx::Error> {
+    let result = build(sql).execute(&mut **tx).await?;
+    i64::try_from(result.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}

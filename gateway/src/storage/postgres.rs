@@ -1,0 +1,86 @@
+//! PostgreSQL storage nodes.
+//!
+//! Native `UUID`, `TIMESTAMPTZ`, `BOOLEAN` and `BYTEA` columns; text columns
+//! use `COLLATE "C"` so ordering matches byte order on every backend. NULL
+//! parameters are bound with their type, which PostgreSQL insists on.
+
+use std::str::FromStr;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Postgres, Row as _};
+
+use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Sql, Value};
+
+sqlx_backend!(PostgresBackend, PostgresTx, Postgres, Dialect::Postgres);
+
+impl PostgresBackend {
+    pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
+        let connect = PgConnectOptions::from_str(url)
+            .map_err(|e| crate::Error::Config(format!("invalid postgres url: {e}")))?
+            .statement_cache_capacity(1024);
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(|e| crate::Error::from_sqlx(&options.cluster, e))?;
+        Ok(PostgresBackend {
+            writer: pool.clone(),
+            reader: pool,
+            cluster: options.cluster.clone(),
+        })
+    }
+}
+
+fn bind<'q>(
+    query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    value: &'q Value,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    match value {
+        Value::Null(ty) => match ty {
+            ColType::Bool => query.bind(None::<bool>),
+            ColType::Int => query.bind(None::<i64>),
+            ColType::Float => query.bind(None::<f64>),
+            ColType::Text => query.bind(None::<String>),
+            ColType::Bytes => query.bind(None::<Vec<u8>>),
+            ColType::Uuid => query.bind(None::<uuid::Uuid>),
+            ColType::DateTime => query.bind(None::<chrono::DateTime<chrono::Utc>>),
+        },
+        Value::Bool(v) => query.bind(*v),
+        Value::Int(v) => query.bind(*v),
+        Value::Float(v) => query.bind(*v),
+        Value::Text(v) => query.bind(v.as_str()),
+        Value::Bytes(v) => query.bind(v.as_slice()),
+        Value::Uuid(v) => query.bind(*v),
+        Value::DateTime(v) => query.bind(*v),
+    }
+}
+
+fn decode(row: &sqlx::postgres::PgRow, i: usize, ty: ColType) -> Result<Value, sqlx::Error> {
+    let null = Value::Null(ty);
+    Ok(match ty {
+        ColType::Bool => row.try_get::<Option<bool>, _>(i)?.map_or(null, Value::Bool),
+        ColType::Int => row.try_get::<Option<i64>, _>(i)?.map_or(null, Value::Int),
+        ColType::Float => row.try_get::<Option<f64>, _>(i)?.map_or(null, Value::Float),
+        ColType::Text => row.try_get::<Option<String>, _>(i)?.map_or(null, Value::Text),
+        ColType::Bytes => row.try_get::<Option<Vec<u8>>, _>(i)?.map_or(null, Value::Bytes),
+        ColType::Uuid => row.try_get::<Option<uuid::Uuid>, _>(i)?.map_or(null, Value::Uuid),
+        ColType::DateTime => row
+            .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>(i)?
+            .map_or(null, Value::DateTime),
+    })
+}
+
+async fn insert_returning_id(
+    tx: &mut sqlx::Transaction<'static, Postgres>,
+    sql: &Sql,
+    id_column: &str,
+) -> Result<i64, sqlx::Error> {
+    let text = format!("{} RETURNING {}", sql.text(), Dialect::Postgres.quote(id_column));
+    let mut query = sqlx::query(&text);
+    for value in sql.params() {
+        query = bind(query, value);
+    }
+    let row = query.fetch_one(&mut **tx).await?;
+    row.try_get::<i64, _>(0)
+}

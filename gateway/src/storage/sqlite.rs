@@ -1,0 +1,110 @@
+//! SQLite, the embedded default store.
+//!
+//! SQLite allows one writer per file, so writes go through a pool of exactly
+//! one connection (transactions queue in-process instead of failing with
+//! `SQLITE_BUSY`), while reads use a separate pool that WAL lets run beside
+//! the writer. `synchronous = NORMAL` in WAL mode keeps every committed
+//! transaction across a process crash; only an operating-system crash can
+//! lose the last commits. UUIDs are 16-byte BLOBs and datetimes integer
+//! microseconds since the Unix epoch, so both sort correctly.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Row as _, Sqlite};
+
+use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Sql, Value};
+
+sqlx_backend!(SqliteBackend, SqliteTx, Sqlite, Dialect::Sqlite);
+
+impl SqliteBackend {
+    pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
+        let connect = SqliteConnectOptions::from_str(url)
+            .map_err(|e| crate::Error::Config(format!("invalid sqlite url `{url}`: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(10))
+            .statement_cache_capacity(1024);
+        if let Some(parent) = connect.get_filename().parent() {
+            if !parent.as_os_str().is_empty() {
+                std::fs::create_dir_all(parent).map_err(|e| {
+                    crate::Error::Config(format!(
+                        "cannot create data directory `{}`: {e}",
+                        parent.display()
+                    ))
+                })?;
+            }
+        }
+        let err = |e| crate::Error::from_sqlx(&options.cluster, e);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(options.acquire_timeout.max(Duration::from_secs(30)))
+            .connect_with(connect.clone())
+            .await
+            .map_err(err)?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(options.max_connections.clamp(1, 8))
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(err)?;
+        Ok(SqliteBackend {
+            writer,
+            reader,
+            cluster: options.cluster.clone(),
+        })
+    }
+}
+
+fn bind<'q>(
+    query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+    value: &'q Value,
+) -> sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>> {
+    match value {
+        Value::Null(_) => query.bind(None::<i64>),
+        Value::Bool(v) => query.bind(*v),
+        Value::Int(v) => query.bind(*v),
+        Value::Float(v) => query.bind(*v),
+        Value::Text(v) => query.bind(v.as_str()),
+        Value::Bytes(v) => query.bind(v.as_slice()),
+        Value::Uuid(v) => query.bind(v.as_bytes().as_slice()),
+        Value::DateTime(v) => query.bind(v.timestamp_micros()),
+    }
+}
+
+fn decode(row: &sqlx::sqlite::SqliteRow, i: usize, ty: ColType) -> Result<Value, sqlx::Error> {
+    let null = Value::Null(ty);
+    Ok(match ty {
+        ColType::Bool => row.try_get::<Option<bool>, _>(i)?.map_or(null, Value::Bool),
+        ColType::Int => row.try_get::<Option<i64>, _>(i)?.map_or(null, Value::Int),
+        ColType::Float => row.try_get::<Option<f64>, _>(i)?.map_or(null, Value::Float),
+        ColType::Text => row.try_get::<Option<String>, _>(i)?.map_or(null, Value::Text),
+        ColType::Bytes => row.try_get::<Option<Vec<u8>>, _>(i)?.map_or(null, Value::Bytes),
+        ColType::Uuid => match row.try_get::<Option<Vec<u8>>, _>(i)? {
+            None => null,
+            Some(bytes) => Value::Uuid(
+                uuid::Uuid::from_slice(&bytes).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+            ),
+        },
+        ColType::DateTime => match row.try_get::<Option<i64>, _>(i)? {
+            None => null,
+            Some(micros) => Value::DateTime(
+                chrono::DateTime::from_timestamp_micros(micros)
+                    .ok_or_else(|| sqlx::Error::Decode("datetime out of range".into()))?,
+            ),
+        },
+    })
+}
+
+async fn insert_returning_id(
+    tx: &mut sqlx::Transaction<'static, Sqlite>,
+    sql: &Sql,
+    _id_column: &str,
+) -> Result<i64, sqlx::Error> {
+    let result = build(sql).execute(&mut **tx).await?;
+    Ok(result.last_insert_rowid())
+}

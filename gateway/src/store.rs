@@ -1,0 +1,385 @@
+//! The [`Store`]: definitions, storage clusters and shard routing put
+//! together, and the entry point of the Rust API.
+//!
+//! A `Store` is cheap to clone. It owns one [`Backend`] per database, knows
+//! which cluster holds each shard of each datastore, creates a shard's tables
+//! the first time the shard is used (recording it in the cluster's
+//! `cellgate_shards` registry with a fingerprint of its DDL, so a new index
+//! file adds its tables to existing shards), and runs the index maintainer in
+//! the background. Cell reads and writes are in `cells/`, index queries and
+//! maintenance in `indexes/`; both are `impl Store` blocks.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, Weak};
+
+use chrono::Utc;
+use index_dsl::{Datastore, Definitions};
+
+use crate::config::StorageConfig;
+use crate::error::{Error, Result};
+use crate::indexes::maintainer::{self, Maintainer};
+use crate::shards::ShardMap;
+use crate::storage::{self, ddl, Backend, ColType, ConnectOptions, Dialect, Sql, Value};
+
+/// How a store is opened.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub storage: StorageConfig,
+    /// Run index maintenance in the background (the normal mode). Tests
+    /// turn it off to leave cells unindexed, as a crash would.
+    pub maintain_indexes: bool,
+    /// Largest number of cells in one put.
+    pub max_batch: usize,
+}
+
+impl StoreOptions {
+    pub fn new(storage: StorageConfig) -> StoreOptions {
+        StoreOptions {
+            storage,
+            maintain_indexes: true,
+            max_batch: 1000,
+        }
+    }
+}
+
+/// Handle to the cell store.
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) defs: Definitions,
+    pub(crate) datastores: HashMap<String, Arc<DatastoreRuntime>>,
+    pub(crate) clusters: Vec<Cluster>,
+    pub(crate) buffer_count: usize,
+    pub(crate) max_batch: usize,
+    /// Shards whose tables are known to exist and match the definitions,
+    /// keyed by datastore, shard and cluster.
+    ready: Mutex<HashSet<(String, u32, usize)>>,
+    /// Serializes DDL in this process: concurrent `CREATE TABLE IF NOT
+    /// EXISTS` of one table can fail on PostgreSQL.
+    ddl_lock: tokio::sync::Mutex<()>,
+    pub(crate) maintainer: Maintainer,
+}
+
+/// One storage cluster.
+pub(crate) struct Cluster {
+    pub(crate) master: Arc<dyn Backend>,
+    #[allow(dead_code)]
+    pub(crate) replicas: Vec<Arc<dyn Backend>>,
+}
+
+/// A datastore's definition with its routing.
+pub(crate) struct DatastoreRuntime {
+    pub(crate) def: Datastore,
+    pub(crate) map: ShardMap,
+}
+
+impl Store {
+    /// Connects to every database of the topology, creates the cluster
+    /// tables, and starts index maintenance (which first catches up on any
+    /// cells written but not yet indexed, e.g. before a crash).
+    pub async fn open(defs: Definitions, options: StoreOptions) -> Result<Store> {
+        let config = &options.storage;
+        if config.clusters.is_empty() {
+            return Err(Error::Config("no storage cluster configured".into()));
+        }
+        let mut clusters = Vec::new();
+        for cluster in &config.clusters {
+            let connect = ConnectOptions {
+                cluster: cluster.name.clone(),
+                max_connections: config.max_connections,
+                ..ConnectOptions::default()
+            };
+            let master = storage::connect(&cluster.master, &connect).await?;
+            let mut replicas = Vec::new();
+            for url in &cluster.replicas {
+                replicas.push(storage::connect(url, &connect).await?);
+            }
+            for stmt in ddl::cluster_ddl(master.dialect()) {
+                master.execute(&raw(master.dialect(), &stmt)).await?;
+            }
+            clusters.push(Cluster {
+                master,
+                replicas,
+            });
+        }
+        if config.buffer_count > 0 && clusters.len() < 2 {
+            return Err(Error::Config(
+                "buffer_count > 0 needs at least two clusters".into(),
+            ));
+        }
+        let cluster_index: HashMap<&str, usize> = config
+            .clusters
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.name.as_str(), i))
+            .collect();
+        let mut datastores = HashMap::new();
+        for def in &defs.datastores {
+            let map = match config.shards.get(&def.name) {
+                None => ShardMap::even(def.shards, clusters.len()),
+                Some(ranges) => {
+                    let mut resolved = Vec::new();
+                    for range in ranges {
+                        let cluster = *cluster_index.get(range.cluster.as_str()).ok_or_else(|| {
+                            Error::Config(format!(
+                                "shard range of `{}` names unknown cluster `{}`",
+                                def.name, range.cluster
+                            ))
+                        })?;
+                        resolved.push((range.first, range.last, cluster));
+                    }
+                    ShardMap::from_ranges(def.shards, &resolved)
+                        .map_err(|e| Error::Config(format!("datastore `{}`: {e}", def.name)))?
+                }
+            };
+            datastores.insert(
+                def.name.clone(),
+                Arc::new(DatastoreRuntime {
+                    def: def.clone(),
+                    map,
+                }),
+            );
+        }
+        for name in config.shards.keys() {
+            if !datastores.contains_key(name) {
+                return Err(Error::Config(format!(
+                    "shard ranges given for unknown datastore `{name}`"
+                )));
+            }
+        }
+        let (maintainer, wakeups) = Maintainer::new();
+        let inner = Arc::new(Inner {
+            defs,
+            datastores,
+            clusters,
+            buffer_count: config.buffer_count,
+            max_batch: options.max_batch,
+            ready: Mutex::new(HashSet::new()),
+            ddl_lock: tokio::sync::Mutex::new(()),
+            maintainer,
+        });
+        let store = Store { inner };
+        let existing = store.load_registry().await?;
+        if options.maintain_indexes {
+            for (datastore, shard) in existing {
+                store.inner.maintainer.wake(&datastore, shard);
+            }
+            let weak: Weak<Inner> = Arc::downgrade(&store.inner);
+            tokio::spawn(maintainer::run(weak, wakeups));
+        }
+        Ok(store)
+    }
+
+    /// The definitions the store serves.
+    pub fn definitions(&self) -> &Definitions {
+        &self.inner.defs
+    }
+
+    /// Checks every master answers.
+    pub async fn ping(&self) -> Result<()> {
+        for cluster in &self.inner.clusters {
+            cluster.master.ping().await?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn datastore(&self, name: &str) -> Result<Arc<DatastoreRuntime>> {
+        self.inner
+            .datastores
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::UnknownDatastore(name.to_string()))
+    }
+
+    /// The master of the cluster that holds `shard` of `ds`.
+    pub(crate) fn master(&self, ds: &DatastoreRuntime, shard: u32) -> &Arc<dyn Backend> {
+        &self.inner.clusters[ds.map.cluster_of(shard)].master
+    }
+
+    /// Every shard of a datastore whose tables exist, across clusters.
+    pub async fn existing_shards(&self, datastore: &str) -> Result<Vec<u32>> {
+        let ds = self.datastore(datastore)?;
+        let mut shards = Vec::new();
+        for (i, cluster) in self.inner.clusters.iter().enumerate() {
+            let mut sql = Sql::new(cluster.master.dialect());
+            sql.push("SELECT ")
+                .ident("shard")
+                .push(" FROM ")
+                .ident(ddl::REGISTRY_TABLE)
+                .push(" WHERE ")
+                .ident("datastore")
+                .push(" = ")
+                .bind(Value::Text(ds.def.name.clone()));
+            for row in cluster.master.fetch(&sql, &[ColType::Int]).await? {
+                let shard = row[0].as_int().unwrap_or(-1);
+                if shard >= 0 && ds.map.cluster_of(shard as u32) == i {
+                    shards.push(shard as u32);
+                }
+            }
+        }
+        shards.sort_unstable();
+        Ok(shards)
+    }
+
+    /// Reads every cluster's registry; returns the shards that exist.
+    async fn load_registry(&self) -> Result<Vec<(String, u32)>> {
+        let mut existing = Vec::new();
+        for ds in self.inner.datastores.values() {
+            for shard in self.existing_shards(&ds.def.name).await? {
+                existing.push((ds.def.name.clone(), shard));
+            }
+        }
+        Ok(existing)
+    }
+
+    /// Makes sure the tables of `shard` exist on its cluster and match the
+    /// current definitions.
+    pub(crate) async fn ensure_shard(&self, ds: &DatastoreRuntime, shard: u32) -> Result<()> {
+        let cluster = ds.map.cluster_of(shard);
+        self.ensure_tables(ds, shard, cluster, false).await
+    }
+
+    /// Makes sure `cluster` has the buffer table of `shard`.
+    pub(crate) async fn ensure_buffer(
+        &self,
+        ds: &DatastoreRuntime,
+        shard: u32,
+        cluster: usize,
+    ) -> Result<()> {
+        self.ensure_tables(ds, shard, cluster, true).await
+    }
+
+    async fn ensure_tables(
+        &self,
+        ds: &DatastoreRuntime,
+        shard: u32,
+        cluster: usize,
+        buffer_only: bool,
+    ) -> Result<()> {
+        // The key of a buffer-only table set lives above the real shard range.
+        let key_shard = if buffer_only { shard + (1 << 20) } else { shard };
+        let key = (ds.def.name.clone(), key_shard, cluster);
+        if self.inner.ready.lock().expect("ready set").contains(&key) {
+            return Ok(());
+        }
+        let _guard = self.inner.ddl_lock.lock().await;
+        if self.inner.ready.lock().expect("ready set").contains(&key) {
+            return Ok(());
+        }
+        let backend = &self.inner.clusters[cluster].master;
+        let dialect = backend.dialect();
+        if buffer_only {
+            for stmt in ddl::buffer_ddl(dialect, &ds.def.name, shard) {
+                backend.execute(&raw(dialect, &stmt)).await?;
+            }
+        } else {
+            let statements = ddl::shard_ddl(dialect, &ds.def, shard);
+            let fingerprint = format!(
+                "{:016x}",
+                xxhash_rust::xxh3::xxh3_64(statements.join(";").as_bytes())
+            );
+            if self.registered_fingerprint(backend.as_ref(), &ds.def.name, shard).await?
+                != Some(fingerprint.clone())
+            {
+                for stmt in &statements {
+                    backend.execute(&raw(dialect, stmt)).await?;
+                }
+                let (seed_meta, register) = ddl::shard_seed(dialect, &ds.def.name, shard);
+                let seed = vec![Value::Int(1), Value::Int(0)];
+                backend.execute(&with_params(dialect, &seed_meta, seed)).await?;
+                let registration = vec![
+                    Value::Text(ds.def.name.clone()),
+                    Value::Int(i64::from(shard)),
+                    Value::DateTime(Utc::now()),
+                ];
+                backend.execute(&with_params(dialect, &register, registration)).await?;
+                let mut update = Sql::new(dialect);
+                update
+                    .push("UPDATE ")
+                    .ident(ddl::REGISTRY_TABLE)
+                    .push(" SET ")
+                    .ident("schema_hash")
+                    .push(" = ")
+                    .bind(Value::Text(fingerprint))
+                    .push(" WHERE ")
+                    .ident("datastore")
+                    .push(" = ")
+                    .bind(Value::Text(ds.def.name.clone()))
+                    .push(" AND ")
+                    .ident("shard")
+                    .push(" = ")
+                    .bind(Value::Int(i64::from(shard)));
+                backend.execute(&update).await?;
+            }
+        }
+        self.inner.ready.lock().expect("ready set").insert(key);
+        Ok(())
+    }
+
+    async fn registered_fingerprint(
+        &self,
+        backend: &dyn Backend,
+        datastore: &str,
+        shard: u32,
+    ) -> Result<Option<String>> {
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("SELECT ")
+            .ident("schema_hash")
+            .push(" FROM ")
+            .ident(ddl::REGISTRY_TABLE)
+            .push(" WHERE ")
+            .ident("datastore")
+            .push(" = ")
+            .bind(Value::Text(datastore.to_string()))
+            .push(" AND ")
+            .ident("shard")
+            .push(" = ")
+            .bind(Value::Int(i64::from(shard)));
+        let rows = backend.fetch(&sql, &[ColType::Text]).await?;
+        Ok(rows
+            .into_iter()
+            .next()
+            .and_then(|row| row[0].as_text().map(str::to_string)))
+    }
+
+    /// Creates the tables of every shard of every datastore up front (the
+    /// `migrate --all-shards` path), reporting progress through `progress`.
+    pub async fn create_all_shards(&self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
+        let total: u64 = self
+            .inner
+            .datastores
+            .values()
+            .map(|d| u64::from(d.def.shards))
+            .sum();
+        let mut done = 0;
+        let mut names: Vec<_> = self.inner.datastores.keys().cloned().collect();
+        names.sort();
+        for name in names {
+            let ds = self.datastore(&name)?;
+            for shard in 0..ds.def.shards {
+                self.ensure_shard(&ds, shard).await?;
+                done += 1;
+                progress(done, total);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A statement without parameters.
+pub(crate) fn raw(dialect: Dialect, text: &str) -> Sql {
+    let mut sql = Sql::new(dialect);
+    sql.push(text);
+    sql
+}
+
+/// A statement whose placeholders are already in `text`, with its values.
+pub(crate) fn with_params(dialect: Dialect, text: &str, values: Vec<Value>) -> Sql {
+    let mut sql = Sql::new(dialect);
+    sql.push(text);
+    sql.set_params(values);
+    sql
+}

@@ -1,0 +1,153 @@
+//! The YAML shapes of definition files, exactly as written, with source positions.
+//!
+//! These structs mirror the files one to one and check nothing but structure: unknown keys are
+//! rejected (`deny_unknown_fields`) and every value a later check may complain about is wrapped
+//! in [`Spanned`] so the complaint can point at it. Turning them into domain types is the job of
+//! `validate`, which is the only consumer.
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+/// `datastores/<name>/datastore.yaml`.
+///
+/// ```yaml
+/// name: trips
+/// shards: 4096
+/// description: one row per trip
+/// columns:
+///   - name: BASE
+///     description: the trip as requested
+/// ```
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDatastore {
+    /// The datastore name; must equal the directory name.
+    ///
+    /// ```yaml
+    /// name: trips
+    /// ```
+    pub name: Spanned<String>,
+    /// Number of logical shards, `1..=65536`, default 4096. Fixed at creation.
+    ///
+    /// ```yaml
+    /// shards: 256
+    /// ```
+    #[serde(default)]
+    pub shards: Option<Spanned<i64>>,
+    /// Free text.
+    ///
+    /// ```yaml
+    /// description: one row per trip
+    /// ```
+    #[serde(default)]
+    pub description: Option<String>,
+    /// The columns cells can be written to; at least one.
+    ///
+    /// ```yaml
+    /// columns:
+    ///   - name: BASE
+    /// ```
+    pub columns: Spanned<Vec<RawColumn>>,
+}
+
+/// One entry of `columns`.
+///
+/// ```yaml
+/// - name: STATUS
+///   description: status changes of the trip
+/// ```
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawColumn {
+    /// The column name.
+    pub name: Spanned<String>,
+    /// Free text.
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+/// `datastores/<datastore>/indexes/<table>.yaml`.
+///
+/// ```yaml
+/// table: driver_partner_index
+/// datastore: trips
+/// shard_field: driver_partner_uuid
+/// column_defs:
+///   - column_key: BASE
+///     fields:
+///       - { field: driver_partner_uuid, type: UUID }
+/// ```
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawIndex {
+    /// The index name; must equal the file name without `.yaml`.
+    ///
+    /// ```yaml
+    /// table: driver_partner_index
+    /// ```
+    pub table: Spanned<String>,
+    /// The datastore indexed; must be the datastore whose directory holds the file.
+    ///
+    /// ```yaml
+    /// datastore: trips
+    /// ```
+    pub datastore: Spanned<String>,
+    /// Free text.
+    ///
+    /// ```yaml
+    /// description: trips by driver
+    /// ```
+    #[serde(default)]
+    pub description: Option<String>,
+    /// The field (by name, or by path as written) whose value picks the shard. Defaults to the
+    /// first field.
+    ///
+    /// ```yaml
+    /// shard_field: city_uuid
+    /// ```
+    #[serde(default)]
+    pub shard_field: Option<Spanned<String>>,
+    /// Which fields to copy from which columns; at least one entry.
+    ///
+    /// ```yaml
+    /// column_defs:
+    ///   - column_key: BASE
+    ///     fields:
+    ///       - { field: city_uuid, type: UUID }
+    /// ```
+    pub column_defs: Spanned<Vec<RawColumnDef>>,
+}
+
+/// One entry of `column_defs`: the fields copied from one column's latest cell.
+///
+/// ```yaml
+/// - column_key: BASE
+///   fields:
+///     - { field: fare.total, name: fare_total, type: float }
+/// ```
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawColumnDef {
+    /// The datastore column to read.
+    pub column_key: Spanned<String>,
+    /// The fields to copy; at least one.
+    pub fields: Spanned<Vec<RawField>>,
+}
+
+/// One denormalized field.
+///
+/// ```yaml
+/// { field: fare.total, name: fare_total, type: float }
+/// ```
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawField {
+    /// Dotted path into the cell's JSON body.
+    pub field: Spanned<String>,
+    /// The name in the index; defaults to the path with `.` replaced by `_`.
+    #[serde(default)]
+    pub name: Option<Spanned<String>>,
+    /// One of `UUID`, `string`, `int`, `float`, `bool`, `datetime` (case-insensitive).
+    #[serde(rename = "type")]
+    pub ty: Spanned<String>,
+}

@@ -1,0 +1,369 @@
+//! Validation: raw YAML shapes to domain types, every problem reported.
+//!
+//! Each check reports into a shared list and carries on, so one run shows all problems of a file.
+//! A check that depends on something already found broken (an index whose datastore file did not
+//! parse, a shard field naming a field with a bad type) stays quiet instead of piling on a
+//! follow-up error that would disappear with the first fix.
+
+use std::collections::HashMap;
+
+use serde_saphyr::Spanned;
+
+use crate::datastore::{Column, Datastore};
+use crate::diagnostic::Diagnostic;
+use crate::field_path::{parse_path, FieldPath};
+use crate::field_type::{parse_type, FieldType};
+use crate::identifier::{check_name, NameKind};
+use crate::index::{Index, IndexField};
+use crate::raw::{RawDatastore, RawIndex};
+use crate::source::SourceFile;
+use crate::{DEFAULT_SHARDS, MAX_SHARDS};
+
+/// Checks a parsed `datastore.yaml` found in directory `dir_name`. Returns the datastore (without
+/// indexes) when the file has no problems.
+pub(crate) fn datastore(
+    file: &SourceFile,
+    dir_name: &str,
+    raw: RawDatastore,
+    out: &mut Vec<Diagnostic>,
+) -> Option<Datastore> {
+    let errors_before = out.len();
+    let name = &raw.name;
+    if let Err(message) = check_name(NameKind::Datastore, &name.value) {
+        out.push(file.at(name, message));
+    } else if name.value != dir_name {
+        out.push(file.at(
+            name,
+            format!(
+                "datastore name `{}` does not match its directory `{dir_name}` (expected `{dir_name}`)",
+                name.value
+            ),
+        ));
+    }
+
+    let shards = match &raw.shards {
+        None => DEFAULT_SHARDS,
+        Some(shards) => match u32::try_from(shards.value) {
+            Ok(n) if (1..=MAX_SHARDS).contains(&n) => n,
+            _ => {
+                out.push(file.at(
+                    shards,
+                    format!(
+                        "shard count {} is out of range (expected 1 to {MAX_SHARDS})",
+                        shards.value
+                    ),
+                ));
+                DEFAULT_SHARDS
+            }
+        },
+    };
+
+    if raw.columns.value.is_empty() {
+        out.push(file.at(
+            &raw.columns,
+            format!(
+                "datastore `{}` declares no columns (expected at least one `- name: ...`)",
+                name.value
+            ),
+        ));
+    }
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut columns = Vec::new();
+    for column in raw.columns.value {
+        let cname = &column.name;
+        if let Err(message) = check_name(NameKind::Column, &cname.value) {
+            out.push(file.at(cname, message));
+        } else if let Some(line) = seen.get(&cname.value.to_ascii_lowercase()) {
+            out.push(file.at(
+                cname,
+                format!(
+                    "duplicate column `{}` (already declared on line {line}; column names are case-insensitive)",
+                    cname.value
+                ),
+            ));
+        } else {
+            seen.insert(cname.value.to_ascii_lowercase(), line_of(cname));
+        }
+        columns.push(Column {
+            name: column.name.value,
+            description: column.description,
+        });
+    }
+
+    (out.len() == errors_before).then(|| Datastore {
+        name: raw.name.value,
+        shards,
+        description: raw.description,
+        columns,
+        indexes: Vec::new(),
+    })
+}
+
+/// What an index check needs to know about its surroundings.
+pub(crate) struct IndexContext<'a> {
+    /// The file name without extension, which must equal `table`.
+    pub file_stem: &'a str,
+    /// The directory name of the enclosing datastore.
+    pub datastore: &'a str,
+    /// Column names of the enclosing datastore, or `None` when its definition did not parse (then
+    /// column keys are not checked).
+    pub columns: Option<&'a [String]>,
+    /// Every datastore directory name, to tell "wrong directory" from "unknown datastore".
+    pub all_datastores: &'a [String],
+}
+
+/// A field as declared, with what is known about it so far.
+struct Declared<'a> {
+    name: String,
+    path_text: &'a str,
+    path: Option<FieldPath>,
+    ty: Option<FieldType>,
+    /// Whether the field passed its own checks.
+    ok: bool,
+    type_value: &'a Spanned<String>,
+}
+
+/// Checks a parsed index file. Returns the index when the file has no problems.
+pub(crate) fn index(
+    file: &SourceFile,
+    ctx: &IndexContext<'_>,
+    raw: &RawIndex,
+    out: &mut Vec<Diagnostic>,
+) -> Option<Index> {
+    let errors_before = out.len();
+    let table = &raw.table;
+    if let Err(message) = check_name(NameKind::Index, &table.value) {
+        out.push(file.at(table, message));
+    } else if table.value != ctx.file_stem {
+        out.push(file.at(
+            table,
+            format!(
+                "index `{}` is defined in file `{}` (expected the file to be named `{}.yaml`)",
+                table.value, ctx.file_stem, table.value
+            ),
+        ));
+    }
+
+    let datastore = &raw.datastore;
+    if datastore.value != ctx.datastore {
+        let message = if ctx.all_datastores.contains(&datastore.value) {
+            format!(
+                "index for datastore `{}` is under datastore `{}` (expected `{}`, or move the file to {}/indexes/)",
+                datastore.value, ctx.datastore, ctx.datastore, datastore.value
+            )
+        } else {
+            format!(
+                "unknown datastore `{}` (expected `{}`, the datastore whose directory holds this file)",
+                datastore.value.escape_debug(),
+                ctx.datastore
+            )
+        };
+        out.push(file.at(datastore, message));
+    }
+
+    if raw.column_defs.value.is_empty() {
+        out.push(file.at(
+            &raw.column_defs,
+            "index has no column definitions (expected at least one `- column_key: ...` with `fields:`)",
+        ));
+    }
+
+    let mut declared: Vec<(Declared<'_>, &str)> = Vec::new();
+    let mut columns_used: Vec<String> = Vec::new();
+    let mut names_seen: HashMap<String, usize> = HashMap::new();
+    for def in &raw.column_defs.value {
+        let key = &def.column_key;
+        // Column keys are only checked against a datastore that parsed, has columns and is the
+        // one the index names; otherwise the real problem is already reported.
+        let columns = ctx
+            .columns
+            .filter(|c| !c.is_empty() && datastore.value == ctx.datastore);
+        if let Some(columns) = columns {
+            if !columns.contains(&key.value) {
+                out.push(file.at(
+                    key,
+                    format!(
+                        "unknown column `{}` in datastore `{}` (expected one of {})",
+                        key.value.escape_debug(),
+                        ctx.datastore,
+                        columns.join(", ")
+                    ),
+                ));
+            }
+        }
+        if !columns_used.contains(&key.value) {
+            columns_used.push(key.value.clone());
+        }
+        if def.fields.value.is_empty() {
+            out.push(file.at(
+                &def.fields,
+                format!(
+                    "column `{}` lists no fields (expected at least one `{{ field: ..., type: ... }}`)",
+                    key.value
+                ),
+            ));
+        }
+        for field in &def.fields.value {
+            let mut ok = true;
+            let path = match parse_path(&field.field.value) {
+                Ok(path) => Some(path),
+                Err(e) => {
+                    ok = false;
+                    out.push(file.inside(
+                        &field.field,
+                        e.column - 1,
+                        1,
+                        format!(
+                            "malformed field path `{}`: {}",
+                            field.field.value.escape_debug(),
+                            e.message
+                        ),
+                    ));
+                    None
+                }
+            };
+            let ty = match parse_type(&field.ty.value) {
+                Ok(ty) => Some(ty),
+                Err(e) => {
+                    ok = false;
+                    out.push(file.at(&field.ty, e.message));
+                    None
+                }
+            };
+            let (name, anchor) = match (&field.name, &path) {
+                (Some(name), _) => {
+                    if let Err(message) = check_name(NameKind::Field, &name.value) {
+                        ok = false;
+                        out.push(file.at(name, message));
+                    }
+                    (name.value.clone(), name)
+                }
+                (None, Some(path)) => {
+                    let name = path.default_name();
+                    if let Err(message) = check_name(NameKind::Field, &name) {
+                        ok = false;
+                        let hint = if path.is_nested() {
+                            format!("; the name `{name}` is derived from the path, set `name:` to choose another)")
+                        } else {
+                            "; set `name:` to choose another)".to_owned()
+                        };
+                        let message = message.strip_suffix(')').unwrap_or(&message);
+                        out.push(file.at(&field.field, format!("{message}{hint}")));
+                    }
+                    (name, &field.field)
+                }
+                (None, None) => (field.field.value.clone(), &field.field),
+            };
+            let folded = name.to_ascii_lowercase();
+            if check_name(NameKind::Field, &name).is_err() {
+                // Already reported; a duplicate of an invalid name is noise.
+            } else if let Some(line) = names_seen.get(&folded) {
+                ok = false;
+                out.push(file.at(
+                    anchor,
+                    format!(
+                        "duplicate field name `{name}` in index `{}` (already declared on line {line}; field names are case-insensitive)",
+                        table.value
+                    ),
+                ));
+            } else {
+                names_seen.insert(folded, line_of(anchor));
+            }
+            declared.push((
+                Declared {
+                    name,
+                    path_text: &field.field.value,
+                    path,
+                    ty,
+                    ok,
+                    type_value: &field.ty,
+                },
+                &key.value,
+            ));
+        }
+    }
+
+    let shard_position = shard_field(file, raw, &declared, out);
+
+    if out.len() != errors_before {
+        return None;
+    }
+    let fields = declared
+        .into_iter()
+        .filter_map(|(d, column)| {
+            Some(IndexField {
+                path: d.path?,
+                ty: d.ty?,
+                name: d.name,
+                column: column.to_owned(),
+            })
+        })
+        .collect::<Vec<_>>();
+    let shard_field = shard_position?;
+    (shard_field < fields.len()).then(|| Index {
+        name: raw.table.value.clone(),
+        datastore: raw.datastore.value.clone(),
+        description: raw.description.clone(),
+        fields,
+        shard_field,
+        columns: columns_used,
+    })
+}
+
+/// Resolves the shard field: `shard_field:` by name, then by path text, else the first field.
+fn shard_field(
+    file: &SourceFile,
+    raw: &RawIndex,
+    declared: &[(Declared<'_>, &str)],
+    out: &mut Vec<Diagnostic>,
+) -> Option<usize> {
+    let position = match &raw.shard_field {
+        Some(wanted) => {
+            let found = declared
+                .iter()
+                .position(|(d, _)| d.name == wanted.value)
+                .or_else(|| {
+                    declared
+                        .iter()
+                        .position(|(d, _)| d.path_text == wanted.value)
+                });
+            if found.is_none() {
+                let message = if parse_path(&wanted.value).is_err() {
+                    format!(
+                        "invalid shard field `{}` (expected the name or path of a field of this index)",
+                        wanted.value.escape_debug()
+                    )
+                } else {
+                    let names: Vec<&str> = declared.iter().map(|(d, _)| d.name.as_str()).collect();
+                    format!(
+                        "shard field `{}` names no field of index `{}` (expected one of {})",
+                        wanted.value,
+                        raw.table.value,
+                        names.join(", ")
+                    )
+                };
+                out.push(file.at(wanted, message));
+            }
+            found?
+        }
+        None if declared.is_empty() => return None,
+        None => 0,
+    };
+    let (field, _) = &declared[position];
+    if field.ok && field.ty == Some(FieldType::Bool) {
+        let message = format!(
+            "bool field `{}` cannot be the shard field: its two values would put every entry in one of two shards (pick a UUID, string or int field{})",
+            field.name,
+            if raw.shard_field.is_some() { "" } else { ", or name one with `shard_field:`; the default is the first field" }
+        );
+        out.push(match &raw.shard_field {
+            Some(wanted) => file.at(wanted, message),
+            None => file.at(field.type_value, message),
+        });
+    }
+    Some(position)
+}
+
+fn line_of<T>(value: &Spanned<T>) -> usize {
+    usize::try_from(value.referenced.line()).unwrap_or(0)
+}
