@@ -136,11 +136,14 @@ impl Error {
         std::sync::Arc::try_unwrap(shared).unwrap_or_else(Error::Shared)
     }
 
-    /// True when a write failed only because another writer inserted the
-    /// same unique key first; the caller retries its transaction.
-    pub(crate) fn is_unique_violation(&self) -> bool {
+    /// True when a transaction failed only because of a concurrent one: a
+    /// unique key inserted first, a deadlock, or a serialization failure.
+    /// The caller retries the whole transaction.
+    pub(crate) fn is_retryable(&self) -> bool {
         match self {
-            Error::Storage(sqlx::Error::Database(db)) => db.is_unique_violation(),
+            Error::Storage(sqlx::Error::Database(db)) => {
+                db.is_unique_violation() || matches!(db.code().as_deref(), Some("40001" | "40P01"))
+            }
             _ => false,
         }
     }

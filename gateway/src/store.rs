@@ -100,10 +100,7 @@ impl Store {
             for stmt in ddl::cluster_ddl(master.dialect()) {
                 master.execute(&raw(master.dialect(), &stmt)).await?;
             }
-            clusters.push(Cluster {
-                master,
-                replicas,
-            });
+            clusters.push(Cluster { master, replicas });
         }
         if config.buffer_count > 0 && clusters.len() < 2 {
             return Err(Error::Config(
@@ -123,12 +120,13 @@ impl Store {
                 Some(ranges) => {
                     let mut resolved = Vec::new();
                     for range in ranges {
-                        let cluster = *cluster_index.get(range.cluster.as_str()).ok_or_else(|| {
-                            Error::Config(format!(
-                                "shard range of `{}` names unknown cluster `{}`",
-                                def.name, range.cluster
-                            ))
-                        })?;
+                        let cluster =
+                            *cluster_index.get(range.cluster.as_str()).ok_or_else(|| {
+                                Error::Config(format!(
+                                    "shard range of `{}` names unknown cluster `{}`",
+                                    def.name, range.cluster
+                                ))
+                            })?;
                         resolved.push((range.first, range.last, cluster));
                     }
                     ShardMap::from_ranges(def.shards, &resolved)
@@ -260,7 +258,11 @@ impl Store {
         buffer_only: bool,
     ) -> Result<()> {
         // The key of a buffer-only table set lives above the real shard range.
-        let key_shard = if buffer_only { shard + (1 << 20) } else { shard };
+        let key_shard = if buffer_only {
+            shard + (1 << 20)
+        } else {
+            shard
+        };
         let key = (ds.def.name.clone(), key_shard, cluster);
         if self.inner.ready.lock().expect("ready set").contains(&key) {
             return Ok(());
@@ -281,7 +283,9 @@ impl Store {
                 "{:016x}",
                 xxhash_rust::xxh3::xxh3_64(statements.join(";").as_bytes())
             );
-            if self.registered_fingerprint(backend.as_ref(), &ds.def.name, shard).await?
+            if self
+                .registered_fingerprint(backend.as_ref(), &ds.def.name, shard)
+                .await?
                 != Some(fingerprint.clone())
             {
                 for stmt in &statements {
@@ -289,13 +293,17 @@ impl Store {
                 }
                 let (seed_meta, register) = ddl::shard_seed(dialect, &ds.def.name, shard);
                 let seed = vec![Value::Int(1), Value::Int(0)];
-                backend.execute(&with_params(dialect, &seed_meta, seed)).await?;
+                backend
+                    .execute(&with_params(dialect, &seed_meta, seed))
+                    .await?;
                 let registration = vec![
                     Value::Text(ds.def.name.clone()),
                     Value::Int(i64::from(shard)),
                     Value::DateTime(Utc::now()),
                 ];
-                backend.execute(&with_params(dialect, &register, registration)).await?;
+                backend
+                    .execute(&with_params(dialect, &register, registration))
+                    .await?;
                 let mut update = Sql::new(dialect);
                 update
                     .push("UPDATE ")
@@ -382,4 +390,13 @@ pub(crate) fn with_params(dialect: Dialect, text: &str, values: Vec<Value>) -> S
     sql.push(text);
     sql.set_params(values);
     sql
+}
+
+/// Waits a little before retrying a transaction that lost a race; the
+/// delay grows with the attempt and is jittered so racers spread out.
+pub(crate) async fn backoff(attempt: u32) {
+    use rand::Rng;
+    let base = 2u64 << attempt.min(6);
+    let jitter = rand::thread_rng().gen_range(0..=base);
+    tokio::time::sleep(std::time::Duration::from_millis(base + jitter)).await;
 }

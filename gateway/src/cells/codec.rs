@@ -104,7 +104,10 @@ mod tests {
     fn rejects_non_objects_and_unknown_formats() {
         assert!(encode(&serde_json::json!([1, 2])).is_err());
         assert_eq!(decode(&[]).unwrap_err(), "empty body");
-        assert_eq!(decode(&[9, 1, 2]).unwrap_err(), "unknown body format byte 9");
+        assert_eq!(
+            decode(&[9, 1, 2]).unwrap_err(),
+            "unknown body format byte 9"
+        );
         let mut bytes = encode(&serde_json::json!({"a": 1})).unwrap();
         bytes.truncate(4);
         assert!(decode(&bytes).unwrap_err().starts_with("zlib"));

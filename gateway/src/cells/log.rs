@@ -56,7 +56,9 @@ impl Store {
             Location::AddedId(id) => id,
             Location::Timestamp(at) => self.added_id_before(&ds, shard, at).await?,
         };
-        let cells = self.log_after(&ds, shard, after, limit.clamp(1, MAX_LOG_PAGE)).await?;
+        let cells = self
+            .log_after(&ds, shard, after, limit.clamp(1, MAX_LOG_PAGE))
+            .await?;
         let next = Location::AddedId(cells.last().map_or(after, |c| c.added_id));
         Ok(LogPage { cells, next })
     }
@@ -86,7 +88,12 @@ impl Store {
     }
 
     /// The `added_id` just before the first cell created at or after `at`.
-    async fn added_id_before(&self, ds: &DatastoreRuntime, shard: u32, at: DateTime<Utc>) -> Result<i64> {
+    async fn added_id_before(
+        &self,
+        ds: &DatastoreRuntime,
+        shard: u32,
+        at: DateTime<Utc>,
+    ) -> Result<i64> {
         let master = self.master(ds, shard);
         let table = ddl::cells_table(&ds.def.name, shard);
         let mut sql = Sql::new(master.dialect());

@@ -117,7 +117,9 @@ impl Store {
 
     async fn fetch_cells(&self, ds: &DatastoreRuntime, shard: u32, sql: &Sql) -> Result<Vec<Cell>> {
         let rows = self.master(ds, shard).fetch(sql, &CELL_TYPES).await?;
-        rows.into_iter().map(|row| cell_from_row(row, shard)).collect()
+        rows.into_iter()
+            .map(|row| cell_from_row(row, shard))
+            .collect()
     }
 
     /// The cell at `key`, if it exists.
@@ -144,7 +146,10 @@ impl Store {
         row_key: Uuid,
         column: &str,
     ) -> Result<Option<Cell>> {
-        Ok(self.history(datastore, row_key, column, 1, None).await?.pop())
+        Ok(self
+            .history(datastore, row_key, column, 1, None)
+            .await?
+            .pop())
     }
 
     /// Versions of `(row_key, column)`, newest first, at most `limit`, with

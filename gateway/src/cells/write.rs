@@ -91,7 +91,9 @@ impl Store {
         // A key repeated inside the batch: same body is a duplicate of the
         // first occurrence, a different body a conflict with it.
         for (index, first, same_body, key) in repeats {
-            let first_result = results[first].clone().expect("first occurrence has a result");
+            let first_result = results[first]
+                .clone()
+                .expect("first occurrence has a result");
             results[index] = Some(match (same_body, first_result) {
                 (false, _) => Err(Arc::new(Error::CellConflict {
                     row_key: key.row_key,
@@ -132,7 +134,10 @@ impl Store {
             let mut attempt = 0;
             loop {
                 match commit_primary(master.as_ref(), &ds.def.name, shard, &group).await {
-                    Err(err) if err.is_unique_violation() && attempt < 5 => attempt += 1,
+                    Err(err) if err.is_retryable() && attempt < 8 => {
+                        attempt += 1;
+                        crate::store::backoff(attempt).await;
+                    }
                     other => return other,
                 }
             }
@@ -197,7 +202,12 @@ impl Store {
 
     /// Deletes buffered copies once the primary has the cells (or refused
     /// them for good). Best effort: a leftover copy is replayed harmlessly.
-    async fn release_buffers(&self, ds: &DatastoreRuntime, shard: u32, copies: Vec<(usize, Vec<i64>)>) {
+    async fn release_buffers(
+        &self,
+        ds: &DatastoreRuntime,
+        shard: u32,
+        copies: Vec<(usize, Vec<i64>)>,
+    ) {
         for (cluster, ids) in copies {
             let backend = &self.inner.clusters[cluster].master;
             let mut sql = Sql::new(backend.dialect());
@@ -359,8 +369,12 @@ async fn existing_bodies(
         let cols = [ColType::Uuid, ColType::Text, ColType::Int, ColType::Bytes];
         for row in tx.fetch(&sql, &cols).await? {
             let mut row = row.into_iter();
-            let (Some(Value::Uuid(row_key)), Some(Value::Text(column)), Some(Value::Int(ref_key)), Some(Value::Bytes(body))) =
-                (row.next(), row.next(), row.next(), row.next())
+            let (
+                Some(Value::Uuid(row_key)),
+                Some(Value::Text(column)),
+                Some(Value::Int(ref_key)),
+                Some(Value::Bytes(body)),
+            ) = (row.next(), row.next(), row.next(), row.next())
             else {
                 continue;
             };

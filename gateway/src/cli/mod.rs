@@ -1,1 +1,137 @@
-//! Command line.
+//! The `cellgate` command line: argument parsing and one file per command.
+//!
+//! Arguments are parsed with clap's derive API; every flag has a
+//! `CELLGATE_*` environment twin so a deployment can be configured entirely
+//! through its environment, and the `--help` texts are the manual. Commands
+//! return an [`ExitCode`] for outcomes they have already reported (invalid
+//! definitions, a stale schema file) and an `anyhow` error for everything
+//! else, which `main` prints with `{:#}` on one line and turns into exit
+//! code 1. Nothing here panics on bad input.
+//!
+//! `main.rs` only parses the arguments and runs [`run`] on a tokio runtime,
+//! so that the commands are also reachable from the library (and a future
+//! `serve` command slots in as one more [`Command`] variant and file).
+
+mod check;
+mod ddl;
+mod migrate;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use index_dsl::Definitions;
+
+pub use check::CheckArgs;
+pub use ddl::DdlArgs;
+pub use migrate::MigrateArgs;
+
+/// Default directory of the datastore and index definitions.
+pub const DEFAULT_DATASTORES: &str = "./datastores";
+
+/// Log filter used when neither `--log` nor `RUST_LOG` is set.
+const DEFAULT_LOG: &str = "warn,cellgate=info";
+
+/// A sharded, append-only cell store on SQL databases, with secondary indexes
+/// declared in YAML.
+#[derive(Debug, Parser)]
+#[command(name = "cellgate", version, propagate_version = true)]
+pub struct Cli {
+    /// Log filter in `RUST_LOG` syntax, e.g. `debug` or `warn,cellgate=trace`.
+    /// Logs go to stderr. When unset, `RUST_LOG` is used, and failing that
+    /// `warn,cellgate=info`.
+    #[arg(long, global = true, env = "CELLGATE_LOG", value_name = "FILTER")]
+    pub log: Option<String>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate the datastore and index definitions and summarize them.
+    ///
+    /// Loads every `<datastore>/datastore.yaml` and
+    /// `<datastore>/indexes/*.yaml` under DIR, reports all problems at once
+    /// (rustc-style, with file, line and column) and exits 1 if there are
+    /// any; otherwise prints what is defined and exits 0.
+    Check(CheckArgs),
+    /// Write the reference SQL schema of every dialect.
+    ///
+    /// Writes `<OUT>/sqlite.sql`, `<OUT>/mysql.sql` and `<OUT>/postgres.sql`:
+    /// the cluster tables and the tables of shard 0 of every datastore, as
+    /// `cellgate migrate` would create them. With `--check`, writes nothing
+    /// and exits 1 if any file is missing or out of date.
+    Ddl(DdlArgs),
+    /// Create the storage tables in the configured database.
+    ///
+    /// Always creates the cluster tables (the `cellgate_shards` registry).
+    /// Shard tables are otherwise created on the first write to a shard;
+    /// `--all-shards` creates the tables of every shard of every datastore
+    /// now, and updates shards whose definitions changed (a new index).
+    /// Safe to run again.
+    Migrate(MigrateArgs),
+}
+
+/// Runs a parsed command line; errors are for `main` to print.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    init_logging(cli.log.as_deref())?;
+    match cli.command {
+        Command::Check(args) => check::run(args),
+        Command::Ddl(args) => ddl::run(args),
+        Command::Migrate(args) => migrate::run(args).await,
+    }
+}
+
+/// Sends `tracing` output to stderr, filtered by `filter`, else `RUST_LOG`,
+/// else [`DEFAULT_LOG`].
+fn init_logging(filter: Option<&str>) -> anyhow::Result<()> {
+    use tracing_subscriber::EnvFilter;
+
+    let from_env = std::env::var("RUST_LOG").ok().filter(|s| !s.is_empty());
+    let (directives, origin) = match (filter, from_env) {
+        (Some(f), _) => (f.to_string(), "--log"),
+        (None, Some(f)) => (f, "RUST_LOG"),
+        (None, None) => (DEFAULT_LOG.to_string(), "default"),
+    };
+    let filter = EnvFilter::try_new(&directives)
+        .with_context(|| format!("invalid log filter `{directives}` (from {origin})"))?;
+    // Fails only if a subscriber is already installed (when `run` is called
+    // twice in one process); the first one keeps working.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    Ok(())
+}
+
+/// Loads the definitions under `dir`. Invalid definitions are printed to
+/// stderr, every problem at once, and give `Ok(None)`: the caller exits 1
+/// without printing more.
+fn load_definitions(dir: &Path) -> anyhow::Result<Option<Definitions>> {
+    if !dir.is_dir() {
+        let what = if dir.exists() {
+            "is not a directory"
+        } else {
+            "does not exist"
+        };
+        anyhow::bail!(
+            "datastores directory `{}` {what} (give the definitions directory, \
+             or set CELLGATE_DATASTORES)",
+            dir.display()
+        );
+    }
+    match index_dsl::load_dir(dir) {
+        Ok(defs) => Ok(Some(defs)),
+        Err(diagnostics) => {
+            eprintln!("{diagnostics}");
+            Ok(None)
+        }
+    }
+}
+
+/// `1 index`, `2 indexes`: `n` with the word that fits it.
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}

@@ -68,12 +68,11 @@ pub fn literal_value(literal: &Literal, field: &IndexField) -> Result<Value, Str
     };
     Ok(match (field.ty, literal) {
         (_, Literal::Null) => Value::Null(col_type(field.ty)),
-        (FieldType::Uuid, Literal::String(s)) => Value::Uuid(
-            uuid::Uuid::parse_str(s).map_err(|_| format!("`{s}` is not a valid UUID"))?,
-        ),
+        (FieldType::Uuid, Literal::String(s)) => {
+            Value::Uuid(uuid::Uuid::parse_str(s).map_err(|_| format!("`{s}` is not a valid UUID"))?)
+        }
         (FieldType::DateTime, Literal::String(s)) => Value::DateTime(
-            parse_datetime(s)
-                .ok_or_else(|| format!("`{s}` is not an RFC 3339 datetime"))?,
+            parse_datetime(s).ok_or_else(|| format!("`{s}` is not an RFC 3339 datetime"))?,
         ),
         (FieldType::String, Literal::String(s)) => Value::Text(s.clone()),
         (FieldType::Int, Literal::Int(i)) => Value::Int(*i),

@@ -265,7 +265,12 @@ impl Store {
         let last = cells.last().map_or(0, |c| c.added_id);
         let mut locator_changes: Vec<(usize, Uuid, Option<u32>)> = Vec::new();
         if !affected.is_empty() {
-            let rows: Vec<Uuid> = affected.iter().map(|(_, r)| *r).collect::<BTreeSet<_>>().into_iter().collect();
+            let rows: Vec<Uuid> = affected
+                .iter()
+                .map(|(_, r)| *r)
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
             let columns: Vec<String> = affected
                 .iter()
                 .flat_map(|(i, _)| indexes[*i].columns.iter().cloned())
@@ -294,7 +299,10 @@ impl Store {
                     work.entry(old).or_default().deletes.push((i, row));
                 }
                 if let Some(target) = target {
-                    work.entry(target).or_default().upserts.push((i, row, entry));
+                    work.entry(target)
+                        .or_default()
+                        .upserts
+                        .push((i, row, entry));
                 }
                 if previous != target {
                     locator_changes.push((i, row, target));
@@ -391,7 +399,12 @@ impl Store {
     }
 
     /// Deletes and upserts entries in one index shard, in one transaction.
-    async fn apply_shard_work(&self, ds: &DatastoreRuntime, index_shard: u32, work: ShardWork) -> Result<()> {
+    async fn apply_shard_work(
+        &self,
+        ds: &DatastoreRuntime,
+        index_shard: u32,
+        work: ShardWork,
+    ) -> Result<()> {
         self.ensure_shard(ds, index_shard).await?;
         let master = self.master(ds, index_shard);
         let mut attempt = 0;
@@ -400,7 +413,10 @@ impl Store {
             let result = apply_in_tx(tx.as_mut(), master.dialect(), ds, index_shard, &work).await;
             match result {
                 Ok(()) => return tx.commit().await,
-                Err(err) if err.is_unique_violation() && attempt < 5 => attempt += 1,
+                Err(err) if err.is_retryable() && attempt < 8 => {
+                    attempt += 1;
+                    crate::store::backoff(attempt).await;
+                }
                 Err(err) => return Err(err),
             }
         }
@@ -440,7 +456,11 @@ async fn apply_in_tx(
     for &(i, row) in &work.deletes {
         let mut sql = Sql::new(dialect);
         sql.push("DELETE FROM ")
-            .ident(&ddl::index_table(&ds.def.name, index_shard, &indexes[i].name))
+            .ident(&ddl::index_table(
+                &ds.def.name,
+                index_shard,
+                &indexes[i].name,
+            ))
             .push(" WHERE ")
             .ident("row_key")
             .push(" = ")
@@ -479,10 +499,16 @@ async fn apply_in_tx(
                 }
                 sql.push("UPDATE ").ident(&table).push(" SET ");
                 for (field, value) in index.fields.iter().zip(&entry.fields) {
-                    sql.ident(&field.name).push(" = ").bind(value.clone()).push(", ");
+                    sql.ident(&field.name)
+                        .push(" = ")
+                        .bind(value.clone())
+                        .push(", ");
                 }
                 for (col, value) in ref_columns.iter().zip(&entry.refs) {
-                    sql.ident(col).push(" = ").bind(ref_value(*value)).push(", ");
+                    sql.ident(col)
+                        .push(" = ")
+                        .bind(ref_value(*value))
+                        .push(", ");
                 }
                 sql.ident("_updated_at")
                     .push(" = ")
@@ -493,7 +519,10 @@ async fn apply_in_tx(
                     .bind(Value::Uuid(*row));
             }
             None => {
-                sql.push("INSERT INTO ").ident(&table).push(" (").ident("row_key");
+                sql.push("INSERT INTO ")
+                    .ident(&table)
+                    .push(" (")
+                    .ident("row_key");
                 for field in &index.fields {
                     sql.push(", ").ident(&field.name);
                 }

@@ -80,10 +80,12 @@ pub struct QueryPlan {
 impl QueryPlan {
     /// Checks a query against the datastore's definitions and plans it.
     pub fn build(datastore: &Datastore, query: &IndexQuery) -> Result<QueryPlan> {
-        let index = datastore.index(&query.index).ok_or_else(|| Error::UnknownIndex {
-            datastore: datastore.name.clone(),
-            index: query.index.clone(),
-        })?;
+        let index = datastore
+            .index(&query.index)
+            .ok_or_else(|| Error::UnknownIndex {
+                datastore: datastore.name.clone(),
+                index: query.index.clone(),
+            })?;
         let mut conditions = query.conditions.clone();
         if let Some(filter) = query.filter.as_deref().filter(|f| !f.trim().is_empty()) {
             let parsed = index_dsl::parse_filter(filter)
@@ -132,8 +134,11 @@ impl QueryPlan {
             }
         }
         predicates.sort_by(|a, b| {
-            (a.field, a.op as u8, format!("{:?}", a.values))
-                .cmp(&(b.field, b.op as u8, format!("{:?}", b.values)))
+            (a.field, a.op as u8, format!("{:?}", a.values)).cmp(&(
+                b.field,
+                b.op as u8,
+                format!("{:?}", b.values),
+            ))
         });
         predicates.dedup();
         let mut order = Vec::new();
@@ -227,7 +232,11 @@ fn find_field<'i>(index: &'i Index, name: &str) -> Result<(usize, &'i index_dsl:
         })
 }
 
-fn predicate(position: usize, field: &index_dsl::IndexField, condition: Condition) -> Result<Predicate> {
+fn predicate(
+    position: usize,
+    field: &index_dsl::IndexField,
+    condition: Condition,
+) -> Result<Predicate> {
     let ordered = matches!(
         condition.op,
         CompareOp::Lt | CompareOp::Le | CompareOp::Gt | CompareOp::Ge

@@ -107,7 +107,11 @@ impl QueryPlan {
                 .push(", ");
         }
         sql.ident("row_key")
-            .push(if self.row_key_descending() { " DESC" } else { " ASC" })
+            .push(if self.row_key_descending() {
+                " DESC"
+            } else {
+                " ASC"
+            })
             .push(&format!(" LIMIT {}", self.limit + 1));
         sql
     }
@@ -156,8 +160,14 @@ impl QueryPlan {
                     }
                 }
             } else {
-                let op = if self.row_key_descending() { " < " } else { " > " };
-                term.ident("row_key").push(op).bind(Value::Uuid(after.row_key));
+                let op = if self.row_key_descending() {
+                    " < "
+                } else {
+                    " > "
+                };
+                term.ident("row_key")
+                    .push(op)
+                    .bind(Value::Uuid(after.row_key));
             }
             if possible {
                 terms.push(term);
@@ -180,7 +190,11 @@ impl QueryPlan {
     /// plan's order.
     fn compare(&self, a: &[Value], b: &[Value]) -> Ordering {
         for &(p, descending) in &self.order {
-            let at = 1 + self.projection.iter().position(|x| *x == p).expect("order field projected");
+            let at = 1 + self
+                .projection
+                .iter()
+                .position(|x| *x == p)
+                .expect("order field projected");
             let ord = a[at].sort_cmp(&b[at]);
             let ord = if descending { ord.reverse() } else { ord };
             if ord != Ordering::Equal {
@@ -201,7 +215,11 @@ impl QueryPlan {
                 .order
                 .iter()
                 .map(|(p, _)| {
-                    let at = 1 + self.projection.iter().position(|x| x == p).expect("projected");
+                    let at = 1 + self
+                        .projection
+                        .iter()
+                        .position(|x| x == p)
+                        .expect("projected");
                     row[at].clone()
                 })
                 .collect(),
@@ -221,7 +239,10 @@ fn append(sql: &mut Sql, part: &Sql) {
             let mut next = 0;
             while let Some(at) = rest.find('$') {
                 sql.push(&rest[..at]);
-                let digits: String = rest[at + 1..].chars().take_while(char::is_ascii_digit).collect();
+                let digits: String = rest[at + 1..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
                 sql.bind(params[next].clone());
                 next += 1;
                 rest = &rest[at + 1 + digits.len()..];
@@ -260,14 +281,20 @@ impl Store {
             });
         }
         let mut types = vec![ColType::Uuid];
-        types.extend(plan.projection.iter().map(|&p| col_type(plan.index.fields[p].ty)));
+        types.extend(
+            plan.projection
+                .iter()
+                .map(|&p| col_type(plan.index.fields[p].ty)),
+        );
         let reads = plan.shards.keys().map(|&shard| {
             let ds = ds.clone();
             let types = &types;
             async move {
                 self.ensure_shard(&ds, shard).await?;
                 let master = self.master(&ds, shard);
-                master.fetch(&plan.shard_sql(master.dialect(), shard), types).await
+                master
+                    .fetch(&plan.shard_sql(master.dialect(), shard), types)
+                    .await
             }
         });
         let mut rows: Vec<Vec<Value>> = futures::future::try_join_all(reads)

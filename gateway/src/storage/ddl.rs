@@ -45,7 +45,11 @@ pub fn cells_table(datastore: &str, shard: u32) -> String {
 }
 
 pub fn index_table(datastore: &str, shard: u32, index: &str) -> String {
-    format!("{}_ix_{}", prefix(datastore, shard), index.to_ascii_lowercase())
+    format!(
+        "{}_ix_{}",
+        prefix(datastore, shard),
+        index.to_ascii_lowercase()
+    )
 }
 
 pub fn offsets_table(datastore: &str, shard: u32) -> String {
@@ -160,7 +164,11 @@ impl<'a> TableDef<'a> {
     }
 
     fn col(mut self, name: &str, col: Col, not_null: bool) -> Self {
-        let mut text = format!("{} {}", self.dialect.quote(name), col_type(self.dialect, col));
+        let mut text = format!(
+            "{} {}",
+            self.dialect.quote(name),
+            col_type(self.dialect, col)
+        );
         if not_null && !matches!(col, Col::AutoId) {
             text.push_str(" NOT NULL");
         }
@@ -328,7 +336,10 @@ pub fn buffer_ddl(dialect: Dialect, datastore: &str, shard: u32) -> Vec<String> 
         .col("ref_key", Col::BigInt, true)
         .col("body", Col::Blob, true)
         .col("created_at", Col::DateTime, true)
-        .index("key", vec!["row_key".into(), "column_name".into(), "ref_key".into()])
+        .index(
+            "key",
+            vec!["row_key".into(), "column_name".into(), "ref_key".into()],
+        )
         .build()
 }
 
@@ -363,7 +374,11 @@ pub fn index_ddl(dialect: Dialect, index: &Index, shard: u32) -> Vec<String> {
 pub fn shard_seed(dialect: Dialect, datastore: &str, shard: u32) -> (String, String) {
     (
         insert_ignore(dialect, &meta_table(datastore, shard), &["id", "writes"]),
-        insert_ignore(dialect, REGISTRY_TABLE, &["datastore", "shard", "created_at"]),
+        insert_ignore(
+            dialect,
+            REGISTRY_TABLE,
+            &["datastore", "shard", "created_at"],
+        ),
     )
 }
 

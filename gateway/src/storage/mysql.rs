@@ -55,8 +55,16 @@ fn decode(row: &sqlx::mysql::MySqlRow, i: usize, ty: ColType) -> Result<Value, s
         ColType::Bool => row.try_get::<Option<bool>, _>(i)?.map_or(null, Value::Bool),
         ColType::Int => row.try_get::<Option<i64>, _>(i)?.map_or(null, Value::Int),
         ColType::Float => row.try_get::<Option<f64>, _>(i)?.map_or(null, Value::Float),
-        ColType::Text => row.try_get::<Option<String>, _>(i)?.map_or(null, Value::Text),
-        ColType::Bytes => row.try_get::<Option<Vec<u8>>, _>(i)?.map_or(null, Value::Bytes),
+        // Binary-collated text reaches the driver flagged as VARBINARY.
+        ColType::Text => match row.try_get_unchecked::<Option<Vec<u8>>, _>(i)? {
+            None => null,
+            Some(bytes) => {
+                Value::Text(String::from_utf8(bytes).map_err(|e| sqlx::Error::Decode(Box::new(e)))?)
+            }
+        },
+        ColType::Bytes => row
+            .try_get::<Option<Vec<u8>>, _>(i)?
+            .map_or(null, Value::Bytes),
         ColType::Uuid => match row.try_get::<Option<Vec<u8>>, _>(i)? {
             None => null,
             Some(bytes) => Value::Uuid(

@@ -62,9 +62,15 @@ fn decode(row: &sqlx::postgres::PgRow, i: usize, ty: ColType) -> Result<Value, s
         ColType::Bool => row.try_get::<Option<bool>, _>(i)?.map_or(null, Value::Bool),
         ColType::Int => row.try_get::<Option<i64>, _>(i)?.map_or(null, Value::Int),
         ColType::Float => row.try_get::<Option<f64>, _>(i)?.map_or(null, Value::Float),
-        ColType::Text => row.try_get::<Option<String>, _>(i)?.map_or(null, Value::Text),
-        ColType::Bytes => row.try_get::<Option<Vec<u8>>, _>(i)?.map_or(null, Value::Bytes),
-        ColType::Uuid => row.try_get::<Option<uuid::Uuid>, _>(i)?.map_or(null, Value::Uuid),
+        ColType::Text => row
+            .try_get::<Option<String>, _>(i)?
+            .map_or(null, Value::Text),
+        ColType::Bytes => row
+            .try_get::<Option<Vec<u8>>, _>(i)?
+            .map_or(null, Value::Bytes),
+        ColType::Uuid => row
+            .try_get::<Option<uuid::Uuid>, _>(i)?
+            .map_or(null, Value::Uuid),
         ColType::DateTime => row
             .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>(i)?
             .map_or(null, Value::DateTime),
@@ -76,7 +82,11 @@ async fn insert_returning_id(
     sql: &Sql,
     id_column: &str,
 ) -> Result<i64, sqlx::Error> {
-    let text = format!("{} RETURNING {}", sql.text(), Dialect::Postgres.quote(id_column));
+    let text = format!(
+        "{} RETURNING {}",
+        sql.text(),
+        Dialect::Postgres.quote(id_column)
+    );
     let mut query = sqlx::query(&text);
     for value in sql.params() {
         query = bind(query, value);

@@ -30,7 +30,9 @@ impl Dialect {
     /// Quotes an identifier that has already been validated against
     /// `[A-Za-z_][A-Za-z0-9_]*`; quoting guards against reserved words.
     pub fn quote(self, ident: &str) -> String {
-        debug_assert!(ident.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+        debug_assert!(ident
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_'));
         match self {
             Dialect::MySql => format!("`{ident}`"),
             Dialect::Sqlite | Dialect::Postgres => format!("\"{ident}\""),

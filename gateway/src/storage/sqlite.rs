@@ -11,9 +11,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row as _, Sqlite};
 
 use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Sql, Value};
@@ -82,8 +80,12 @@ fn decode(row: &sqlx::sqlite::SqliteRow, i: usize, ty: ColType) -> Result<Value,
         ColType::Bool => row.try_get::<Option<bool>, _>(i)?.map_or(null, Value::Bool),
         ColType::Int => row.try_get::<Option<i64>, _>(i)?.map_or(null, Value::Int),
         ColType::Float => row.try_get::<Option<f64>, _>(i)?.map_or(null, Value::Float),
-        ColType::Text => row.try_get::<Option<String>, _>(i)?.map_or(null, Value::Text),
-        ColType::Bytes => row.try_get::<Option<Vec<u8>>, _>(i)?.map_or(null, Value::Bytes),
+        ColType::Text => row
+            .try_get::<Option<String>, _>(i)?
+            .map_or(null, Value::Text),
+        ColType::Bytes => row
+            .try_get::<Option<Vec<u8>>, _>(i)?
+            .map_or(null, Value::Bytes),
         ColType::Uuid => match row.try_get::<Option<Vec<u8>>, _>(i)? {
             None => null,
             Some(bytes) => Value::Uuid(
