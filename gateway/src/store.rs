@@ -97,9 +97,6 @@ impl Store {
             for url in &cluster.replicas {
                 replicas.push(storage::connect(url, &connect).await?);
             }
-            for stmt in ddl::cluster_ddl(master.dialect()) {
-                master.execute(&raw(master.dialect(), &stmt)).await?;
-            }
             clusters.push(Cluster { master, replicas });
         }
         if config.buffer_count > 0 && clusters.len() < 2 {
@@ -197,7 +194,8 @@ impl Store {
         &self.inner.clusters[ds.map.cluster_of(shard)].master
     }
 
-    /// Every shard of a datastore whose tables exist, across clusters.
+    /// Every shard of a datastore whose tables exist, across the reachable
+    /// clusters.
     pub async fn existing_shards(&self, datastore: &str) -> Result<Vec<u32>> {
         let ds = self.datastore(datastore)?;
         let mut shards = Vec::new();
@@ -211,7 +209,15 @@ impl Store {
                 .ident("datastore")
                 .push(" = ")
                 .bind(Value::Text(ds.def.name.clone()));
-            for row in cluster.master.fetch(&sql, &[ColType::Int]).await? {
+            let rows = match cluster.master.fetch(&sql, &[ColType::Int]).await {
+                Ok(rows) => rows,
+                Err(err @ Error::Unavailable { .. }) => {
+                    tracing::warn!(datastore, error = %err, "skipping an unreachable cluster");
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
+            for row in rows {
                 let shard = row[0].as_int().unwrap_or(-1);
                 if shard >= 0 && ds.map.cluster_of(shard as u32) == i {
                     shards.push(shard as u32);
@@ -222,15 +228,38 @@ impl Store {
         Ok(shards)
     }
 
-    /// Reads every cluster's registry; returns the shards that exist.
+    /// Creates every reachable cluster's registry and reads it; returns the
+    /// shards that exist. An unreachable cluster is logged and skipped: its
+    /// shards fail their own requests until it is back, and its registry is
+    /// created with its first shard.
     async fn load_registry(&self) -> Result<Vec<(String, u32)>> {
+        for cluster in &self.inner.clusters {
+            match self.ensure_registry(cluster.master.as_ref()).await {
+                Ok(()) => {}
+                Err(err @ Error::Unavailable { .. }) => {
+                    tracing::warn!(cluster = %cluster.master.cluster(), error = %err, "storage cluster unreachable at start-up");
+                }
+                Err(err) => return Err(err),
+            }
+        }
         let mut existing = Vec::new();
         for ds in self.inner.datastores.values() {
-            for shard in self.existing_shards(&ds.def.name).await? {
-                existing.push((ds.def.name.clone(), shard));
+            match self.existing_shards(&ds.def.name).await {
+                Ok(shards) => existing.extend(shards.into_iter().map(|s| (ds.def.name.clone(), s))),
+                Err(err @ Error::Unavailable { .. }) => {
+                    tracing::warn!(datastore = %ds.def.name, error = %err, "cannot list shards; their indexes catch up on the next write");
+                }
+                Err(err) => return Err(err),
             }
         }
         Ok(existing)
+    }
+
+    async fn ensure_registry(&self, backend: &dyn Backend) -> Result<()> {
+        for stmt in ddl::cluster_ddl(backend.dialect()) {
+            backend.execute(&raw(backend.dialect(), &stmt)).await?;
+        }
+        Ok(())
     }
 
     /// Makes sure the tables of `shard` exist on its cluster and match the
@@ -273,6 +302,7 @@ impl Store {
         }
         let backend = &self.inner.clusters[cluster].master;
         let dialect = backend.dialect();
+        self.ensure_registry(backend.as_ref()).await?;
         if buffer_only {
             for stmt in ddl::buffer_ddl(dialect, &ds.def.name, shard) {
                 backend.execute(&raw(dialect, &stmt)).await?;

@@ -90,6 +90,8 @@ impl Default for ConnectOptions {
 }
 
 /// Opens the database at `url` (`sqlite:`, `mysql:`/`mariadb:`, `postgres:`).
+/// Server pools connect lazily, so a database that is down at start-up is
+/// reported by the requests that need it, not by refusing to start.
 pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Backend>> {
     let scheme = url.split(':').next().unwrap_or_default();
     match scheme {
@@ -105,9 +107,10 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Back
 }
 
 /// Implements [`Backend`] and [`Tx`] for one sqlx driver. The driver module
-/// supplies `bind`, `decode` and `insert_returning_id` functions.
+/// supplies `bind`, `decode` and `insert_returning_id` functions, and the
+/// statement that opens a write transaction when it is not plain `BEGIN`.
 macro_rules! sqlx_backend {
-    ($backend:ident, $tx:ident, $db:ty, $dialect:expr) => {
+    ($backend:ident, $tx:ident, $db:ty, $dialect:expr, $begin:expr) => {
         pub struct $backend {
             /// Pool for writes (a single connection on SQLite).
             writer: sqlx::Pool<$db>,
@@ -174,11 +177,12 @@ macro_rules! sqlx_backend {
             }
 
             async fn begin(&self) -> $crate::Result<Box<dyn $crate::storage::Tx>> {
-                let tx = self
-                    .writer
-                    .begin()
-                    .await
-                    .map_err(|e| $crate::Error::from_sqlx(&self.cluster, e))?;
+                let begin: Option<&'static str> = $begin;
+                let tx = match begin {
+                    Some(statement) => self.writer.begin_with(statement).await,
+                    None => self.writer.begin().await,
+                }
+                .map_err(|e| $crate::Error::from_sqlx(&self.cluster, e))?;
                 Ok(Box::new($tx {
                     tx,
                     cluster: self.cluster.clone(),

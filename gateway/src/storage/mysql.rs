@@ -10,7 +10,7 @@ use std::str::FromStr;
 
 use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Sql, Value};
 
-sqlx_backend!(MySqlBackend, MySqlTx, MySql, Dialect::MySql);
+sqlx_backend!(MySqlBackend, MySqlTx, MySql, Dialect::MySql, None);
 
 impl MySqlBackend {
     pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
@@ -22,9 +22,7 @@ impl MySqlBackend {
         let pool = MySqlPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
-            .connect_with(connect)
-            .await
-            .map_err(|e| crate::Error::from_sqlx(&options.cluster, e))?;
+            .connect_lazy_with(connect);
         Ok(MySqlBackend {
             writer: pool.clone(),
             reader: pool,

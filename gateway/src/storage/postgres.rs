@@ -11,7 +11,13 @@ use sqlx::{Postgres, Row as _};
 
 use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Sql, Value};
 
-sqlx_backend!(PostgresBackend, PostgresTx, Postgres, Dialect::Postgres);
+sqlx_backend!(
+    PostgresBackend,
+    PostgresTx,
+    Postgres,
+    Dialect::Postgres,
+    None
+);
 
 impl PostgresBackend {
     pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
@@ -21,9 +27,7 @@ impl PostgresBackend {
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
-            .connect_with(connect)
-            .await
-            .map_err(|e| crate::Error::from_sqlx(&options.cluster, e))?;
+            .connect_lazy_with(connect);
         Ok(PostgresBackend {
             writer: pool.clone(),
             reader: pool,

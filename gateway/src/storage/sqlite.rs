@@ -16,7 +16,16 @@ use sqlx::{Row as _, Sqlite};
 
 use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Sql, Value};
 
-sqlx_backend!(SqliteBackend, SqliteTx, Sqlite, Dialect::Sqlite);
+// `BEGIN IMMEDIATE` takes the write lock at the start: a transaction that
+// reads and then writes can otherwise fail with SQLITE_BUSY_SNAPSHOT when
+// another process wrote in between, and the busy timeout cannot help it.
+sqlx_backend!(
+    SqliteBackend,
+    SqliteTx,
+    Sqlite,
+    Dialect::Sqlite,
+    Some("BEGIN IMMEDIATE")
+);
 
 impl SqliteBackend {
     pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {

@@ -1,0 +1,405 @@
+//! Store behaviour that needs a specific setup: corrupt bodies, clusters
+//! that are down, the buffer step, the SQL plan of index queries, and
+//! property tests of latest-version and index maintenance semantics.
+
+#[path = "contract/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use cellgate::cells::{NewCell, PutStatus};
+use cellgate::config::{ClusterConfig, StorageConfig};
+use cellgate::indexes::{IndexQuery, OrderBy, QueryPlan};
+use cellgate::storage::Dialect;
+use cellgate::{Store, StoreOptions};
+use index_dsl::{CompareOp, Condition, Literal};
+use proptest::prelude::*;
+use serde_json::json;
+use sqlx::Connection;
+use uuid::Uuid;
+
+fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {
+    NewCell {
+        row_key,
+        column: column.into(),
+        ref_key,
+        body,
+    }
+}
+
+async fn open(dir: &Path, maintain: bool) -> Store {
+    let mut options = StoreOptions::new(StorageConfig::embedded(dir));
+    options.maintain_indexes = maintain;
+    Store::open(harness::definitions(), options).await.unwrap()
+}
+
+async fn sqlite(dir: &Path) -> sqlx::SqliteConnection {
+    let url = format!("sqlite://{}", dir.join("cellgate.db").display());
+    sqlx::SqliteConnection::connect(&url).await.unwrap()
+}
+
+#[tokio::test]
+async fn corrupt_body_is_an_error_naming_the_cell() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), true).await;
+    let row = Uuid::new_v4();
+    let driver = Uuid::new_v4();
+    store
+        .put_cell(
+            "trips",
+            cell(
+                row,
+                "BASE",
+                1,
+                json!({"driver_partner_uuid": driver.to_string()}),
+            ),
+        )
+        .await
+        .unwrap();
+    let shard = cellgate::shards::row_shard(&row, 8);
+    let mut conn = sqlite(dir.path()).await;
+    for garbage in [&b"\x01\xff\xfe"[..], &b""[..], &b"\x07abc"[..]] {
+        sqlx::query(&format!("UPDATE trips_s{shard}_cells SET body = ?"))
+            .bind(garbage)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let err = store
+            .get_cell_latest("trips", row, "BASE")
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "CORRUPT_BODY");
+        assert!(err.to_string().contains(&row.to_string()), "{err}");
+    }
+    // Index maintenance skips the cell instead of stalling the shard.
+    let other = Uuid::from_u128(row.as_u128() ^ 1);
+    store.sync_indexes().await.unwrap();
+    let lag = store.index_lag("trips").await.unwrap();
+    assert!(lag.iter().all(|l| l.pending_cells == 0), "{lag:?} {other}");
+}
+
+/// Two clusters: an SQLite file and a server that is not there.
+fn split_topology(dir: &Path, buffer_count: usize) -> StorageConfig {
+    StorageConfig {
+        buffer_count,
+        clusters: vec![
+            ClusterConfig {
+                name: "up".into(),
+                master: format!("sqlite://{}", dir.join("up.db").display()),
+                replicas: vec![],
+            },
+            ClusterConfig {
+                name: "down".into(),
+                master: "mysql://root@127.0.0.1:1/nothing".into(),
+                replicas: vec![],
+            },
+        ],
+        ..StorageConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn a_down_cluster_fails_only_its_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        harness::definitions(),
+        StoreOptions::new(split_topology(dir.path(), 0)),
+    )
+    .await
+    .expect("the gateway starts while a cluster is down");
+    let rows: Vec<Uuid> = (0..24).map(|_| Uuid::new_v4()).collect();
+    let batch = rows
+        .iter()
+        .map(|r| cell(*r, "NOTES", 1, json!({"n": 1})))
+        .collect();
+    let results = store.put_cells("trips", batch).await.unwrap();
+    for (row, result) in rows.iter().zip(&results) {
+        // Shards 0-3 live on `up`, 4-7 on `down`.
+        if cellgate::shards::row_shard(row, 8) < 4 {
+            assert_eq!(result.as_ref().unwrap(), &PutStatus::Written);
+            assert!(store
+                .get_cell_latest("trips", *row, "NOTES")
+                .await
+                .unwrap()
+                .is_some());
+        } else {
+            let err = result.as_ref().unwrap_err();
+            assert_eq!(err.code(), "STORAGE_UNAVAILABLE");
+            assert_eq!(
+                err.client_message(),
+                "storage cluster `down` is unavailable"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn writes_are_buffered_while_their_primary_is_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        harness::definitions(),
+        StoreOptions::new(split_topology(dir.path(), 1)),
+    )
+    .await
+    .unwrap();
+    let rows: Vec<Uuid> = (0..24).map(|_| Uuid::new_v4()).collect();
+    let batch = rows
+        .iter()
+        .map(|r| cell(*r, "NOTES", 1, json!({"n": 1})))
+        .collect();
+    let results = store.put_cells("trips", batch).await.unwrap();
+    let mut buffered = 0;
+    for (row, result) in rows.iter().zip(&results) {
+        if cellgate::shards::row_shard(row, 8) < 4 {
+            // Its buffer copy would go to the down cluster: refused.
+            assert_eq!(result.as_ref().unwrap_err().code(), "STORAGE_UNAVAILABLE");
+        } else {
+            assert_eq!(result.as_ref().unwrap(), &PutStatus::Buffered);
+            assert!(!PutStatus::Buffered.readable());
+            buffered += 1;
+        }
+    }
+    let mut conn = sqlx::SqliteConnection::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("up.db").display()
+    ))
+    .await
+    .unwrap();
+    let mut stored = 0;
+    for shard in 4..8 {
+        let table = format!("trips_s{shard}_buffer");
+        let exists: Option<(String,)> =
+            sqlx::query_as("SELECT name FROM sqlite_master WHERE name = ?")
+                .bind(&table)
+                .fetch_optional(&mut conn)
+                .await
+                .unwrap();
+        if exists.is_some() {
+            let (n,): (i64,) = sqlx::query_as(&format!("SELECT COUNT(*) FROM {table}"))
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            stored += n;
+        }
+    }
+    assert_eq!(
+        stored, buffered,
+        "every buffered cell is kept on the secondary"
+    );
+}
+
+#[tokio::test]
+async fn index_query_is_an_index_range_scan() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), true).await;
+    let driver = Uuid::new_v4();
+    store
+        .put_cell("trips", cell(Uuid::new_v4(), "BASE", 1, json!({"driver_partner_uuid": driver.to_string(), "trip_created_at": "2024-01-01T00:00:00Z"})))
+        .await
+        .unwrap();
+    store.sync_indexes().await.unwrap();
+    let defs = harness::definitions();
+    let query = IndexQuery {
+        index: "driver_partner_index".into(),
+        filter: Some(format!(
+            r#"driver_partner_uuid = "{driver}" and trip_created_at >= "2024-01-01T00:00:00Z""#
+        )),
+        order_by: vec![OrderBy {
+            field: "trip_created_at".into(),
+            descending: false,
+        }],
+        fields: vec!["city_uuid".into()],
+        ..Default::default()
+    };
+    let plan = QueryPlan::build(defs.datastore("trips").unwrap(), &query).unwrap();
+    let (&shard, _) = plan.shards.iter().next().unwrap();
+    let sql = plan.shard_sql(Dialect::Sqlite, shard);
+    assert!(!sql.text().contains("OFFSET"));
+    let mut conn = sqlite(dir.path()).await;
+    let rows: Vec<(i64, i64, i64, String)> =
+        sqlx::query_as(&format!("EXPLAIN QUERY PLAN {}", sql.text()))
+            .bind(driver.as_bytes().as_slice())
+            .bind(0i64)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    let detail: Vec<String> = rows.into_iter().map(|r| r.3).collect();
+    let expected = format!("SEARCH trips_s{shard}_ix_driver_partner_index USING INDEX trips_s{shard}_ix_driver_partner_index_k3 (driver_partner_uuid=? AND trip_created_at>?)");
+    assert_eq!(detail, vec![expected], "one index range scan, no sort");
+}
+
+#[test]
+fn filter_string_and_typed_where_compile_to_one_plan() {
+    let defs = harness::definitions();
+    let items = defs.datastore("items").unwrap();
+    let typed = IndexQuery {
+        index: "items_index".into(),
+        conditions: vec![
+            Condition {
+                field: "s".into(),
+                op: CompareOp::In,
+                values: vec![Literal::String("a".into()), Literal::String("b".into())],
+                column: 1,
+            },
+            Condition {
+                field: "owner".into(),
+                op: CompareOp::Eq,
+                values: vec![Literal::String("alice".into())],
+                column: 1,
+            },
+            Condition {
+                field: "t".into(),
+                op: CompareOp::Ge,
+                values: vec![Literal::String("2024-01-01T01:00:00+01:00".into())],
+                column: 1,
+            },
+            Condition {
+                field: "x".into(),
+                op: CompareOp::Lt,
+                values: vec![Literal::Int(30)],
+                column: 1,
+            },
+            Condition {
+                field: "b".into(),
+                op: CompareOp::Ne,
+                values: vec![Literal::Bool(true)],
+                column: 1,
+            },
+        ],
+        ..Default::default()
+    };
+    let text = IndexQuery {
+        index: "items_index".into(),
+        filter: Some(r#"b != true and x < 30.0 and owner = "alice" and t >= "2024-01-01T00:00:00Z" and s in ("a", "b")"#.into()),
+        ..Default::default()
+    };
+    let a = QueryPlan::build(items, &typed).unwrap();
+    let b = QueryPlan::build(items, &text).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(a.predicates.len(), 4);
+}
+
+/// The writes of a property test: row, column, ref key, body choice.
+fn ops() -> impl Strategy<Value = Vec<(usize, bool, i64, usize)>> {
+    prop::collection::vec((0usize..5, any::<bool>(), 0i64..6, 0usize..4), 1..40)
+}
+
+fn rows() -> Vec<Uuid> {
+    (1..=5).map(|i| Uuid::from_u128(0x1000 + i)).collect()
+}
+
+fn drivers() -> Vec<Uuid> {
+    (1..=3).map(|i| Uuid::from_u128(0xd000 + i)).collect()
+}
+
+/// Body choice 3 has no driver: the row leaves the index.
+fn base_body(choice: usize) -> serde_json::Value {
+    match drivers().get(choice) {
+        Some(driver) => {
+            json!({"driver_partner_uuid": driver.to_string(), "city_uuid": Uuid::from_u128(0xc000 + choice as u128).to_string()})
+        }
+        None => json!({"note": "no driver"}),
+    }
+}
+
+fn status_body(choice: usize) -> serde_json::Value {
+    let status = ["requested", "accepted", "completed", "canceled"][choice];
+    json!({ "status": status })
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Whatever the order of writes, the latest cell is the one with the
+    /// highest ref key, the first body written for a key wins, and retries
+    /// are reported as duplicates or conflicts.
+    #[test]
+    fn latest_is_the_highest_ref_key(ops in ops()) {
+        runtime().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let store = open(dir.path(), false).await;
+            let rows = rows();
+            let mut model: BTreeMap<(usize, i64), usize> = BTreeMap::new();
+            for (row, _, ref_key, body) in &ops {
+                let result = store.put_cell("trips", cell(rows[*row], "NOTES", *ref_key, json!({"b": body}))).await;
+                match model.get(&(*row, *ref_key)) {
+                    None => { prop_assert_eq!(result.unwrap(), PutStatus::Written); model.insert((*row, *ref_key), *body); }
+                    Some(first) if first == body => prop_assert_eq!(result.unwrap(), PutStatus::Duplicate),
+                    Some(_) => prop_assert_eq!(result.unwrap_err().code(), "CELL_CONFLICT"),
+                }
+            }
+            for (i, row) in rows.iter().enumerate() {
+                let expected = model.range((i, i64::MIN)..=(i, i64::MAX)).next_back();
+                let latest = store.get_cell_latest("trips", *row, "NOTES").await.unwrap();
+                match (expected, latest) {
+                    (None, None) => {}
+                    (Some(((_, ref_key), body)), Some(cell)) => {
+                        prop_assert_eq!(cell.ref_key, *ref_key);
+                        prop_assert_eq!(cell.body, json!({"b": body}));
+                    }
+                    (e, l) => prop_assert!(false, "expected {:?}, got {:?}", e, l),
+                }
+                let history = store.history("trips", *row, "NOTES", 100, None).await.unwrap();
+                let refs: Vec<i64> = history.iter().map(|c| c.ref_key).collect();
+                let want: Vec<i64> = model.range((i, i64::MIN)..=(i, i64::MAX)).rev().map(|((_, r), _)| *r).collect();
+                prop_assert_eq!(refs, want);
+            }
+            Ok(())
+        })?;
+    }
+
+    /// After random writes, with the process "crashing" between cell
+    /// commits and index writes part-way, the indexes equal a from-scratch
+    /// recomputation from the latest cells.
+    #[test]
+    fn indexes_equal_a_recomputation(ops in ops(), crash_at in 0usize..40, resume_at in 0usize..40) {
+        runtime().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let rows = rows();
+            let (crash_at, resume_at) = (crash_at.min(ops.len()), resume_at.min(ops.len()).max(crash_at.min(ops.len())));
+            let mut first_body: BTreeMap<(usize, bool, i64), usize> = BTreeMap::new();
+            // Phases: indexed normally, then cells only (maintenance "dead"), then indexed again.
+            for (phase, range) in [(true, 0..crash_at), (false, crash_at..resume_at), (true, resume_at..ops.len())] {
+                let store = open(dir.path(), phase).await;
+                for (row, is_base, ref_key, body) in &ops[range] {
+                    let (column, value) = if *is_base { ("BASE", base_body(*body)) } else { ("STATUS", status_body(*body)) };
+                    let _ = store.put_cell("trips", cell(rows[*row], column, *ref_key, value)).await;
+                    first_body.entry((*row, *is_base, *ref_key)).or_insert(*body);
+                }
+            }
+            let store = open(dir.path(), true).await;
+            store.sync_indexes().await.unwrap();
+            // The model: latest body choice per (row, column).
+            let latest = |row: usize, base: bool| first_body.range((row, base, i64::MIN)..=(row, base, i64::MAX)).next_back().map(|(_, b)| *b);
+            for (d, driver) in drivers().iter().enumerate() {
+                let expected: BTreeSet<Uuid> = (0..rows.len()).filter(|r| latest(*r, true) == Some(d)).map(|r| rows[r]).collect();
+                let query = IndexQuery { index: "driver_partner_index".into(), shard_values: vec![Literal::String(driver.to_string())], first: Some(100), ..Default::default() };
+                let page = store.query_index("trips", &query).await.unwrap();
+                let got: BTreeSet<Uuid> = page.entries.iter().map(|e| e.row_key).collect();
+                prop_assert_eq!(&got, &expected, "driver_partner_index for driver {}", d);
+                // city_trips_index joins BASE (city) and STATUS (status).
+                let city = Uuid::from_u128(0xc000 + d as u128);
+                let query = IndexQuery { index: "city_trips_index".into(), shard_values: vec![Literal::String(city.to_string())], first: Some(100), ..Default::default() };
+                let page = store.query_index("trips", &query).await.unwrap();
+                let got: BTreeMap<Uuid, cellgate::storage::Value> = page.entries.iter().map(|e| (e.row_key, e.fields.iter().find(|f| f.0 == "status").unwrap().1.clone())).collect();
+                let want: BTreeMap<Uuid, cellgate::storage::Value> = expected.iter().map(|row| {
+                    let r = rows.iter().position(|x| x == row).unwrap();
+                    let status = latest(r, false).map_or(cellgate::storage::Value::Null(cellgate::storage::ColType::Text), |s| cellgate::storage::Value::Text(status_body(s)["status"].as_str().unwrap().into()));
+                    (*row, status)
+                }).collect();
+                prop_assert_eq!(got, want, "city_trips_index for city {}", d);
+            }
+            Ok(())
+        })?;
+    }
+}
