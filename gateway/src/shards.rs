@@ -116,10 +116,10 @@ mod tests {
         ];
         expect_test::expect![[r#"
             [
-                1313,
-                2007,
-                1187,
-                3007,
+                1402,
+                4017,
+                172,
+                3289,
             ]
         "#]]
         .assert_debug_eq(&pinned);

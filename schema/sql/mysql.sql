@@ -42,16 +42,6 @@ CREATE TABLE IF NOT EXISTS `payments_s0_meta` (
   PRIMARY KEY (`id`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
-CREATE TABLE IF NOT EXISTS `payments_s0_buffer` (
-  `buffer_id` BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-  `row_key` BINARY(16) NOT NULL,
-  `column_name` VARCHAR(128) COLLATE utf8mb4_bin NOT NULL,
-  `ref_key` BIGINT NOT NULL,
-  `body` LONGBLOB NOT NULL,
-  `created_at` DATETIME(6) NOT NULL,
-  KEY `key` (`row_key`, `column_name`, `ref_key`)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
-
 CREATE TABLE IF NOT EXISTS `payments_s0_ix_merchant_payments_index` (
   `row_key` BINARY(16) NOT NULL,
   `merchant_uuid` BINARY(16),
@@ -121,16 +111,6 @@ CREATE TABLE IF NOT EXISTS `trips_s0_meta` (
   `id` INTEGER NOT NULL,
   `writes` BIGINT NOT NULL,
   PRIMARY KEY (`id`)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
-
-CREATE TABLE IF NOT EXISTS `trips_s0_buffer` (
-  `buffer_id` BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-  `row_key` BINARY(16) NOT NULL,
-  `column_name` VARCHAR(128) COLLATE utf8mb4_bin NOT NULL,
-  `ref_key` BIGINT NOT NULL,
-  `body` LONGBLOB NOT NULL,
-  `created_at` DATETIME(6) NOT NULL,
-  KEY `key` (`row_key`, `column_name`, `ref_key`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS `trips_s0_ix_city_trips_index` (

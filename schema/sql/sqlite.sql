@@ -44,17 +44,6 @@ CREATE TABLE IF NOT EXISTS "payments_s0_meta" (
   PRIMARY KEY ("id")
 );
 
-CREATE TABLE IF NOT EXISTS "payments_s0_buffer" (
-  "buffer_id" INTEGER PRIMARY KEY AUTOINCREMENT,
-  "row_key" BLOB NOT NULL,
-  "column_name" TEXT NOT NULL,
-  "ref_key" INTEGER NOT NULL,
-  "body" BLOB NOT NULL,
-  "created_at" INTEGER NOT NULL
-);
-
-CREATE INDEX IF NOT EXISTS "payments_s0_buffer_key" ON "payments_s0_buffer" ("row_key", "column_name", "ref_key");
-
 CREATE TABLE IF NOT EXISTS "payments_s0_ix_merchant_payments_index" (
   "row_key" BLOB NOT NULL,
   "merchant_uuid" BLOB,
@@ -138,17 +127,6 @@ CREATE TABLE IF NOT EXISTS "trips_s0_meta" (
   "writes" INTEGER NOT NULL,
   PRIMARY KEY ("id")
 );
-
-CREATE TABLE IF NOT EXISTS "trips_s0_buffer" (
-  "buffer_id" INTEGER PRIMARY KEY AUTOINCREMENT,
-  "row_key" BLOB NOT NULL,
-  "column_name" TEXT NOT NULL,
-  "ref_key" INTEGER NOT NULL,
-  "body" BLOB NOT NULL,
-  "created_at" INTEGER NOT NULL
-);
-
-CREATE INDEX IF NOT EXISTS "trips_s0_buffer_key" ON "trips_s0_buffer" ("row_key", "column_name", "ref_key");
 
 CREATE TABLE IF NOT EXISTS "trips_s0_ix_city_trips_index" (
   "row_key" BLOB NOT NULL,

@@ -26,7 +26,7 @@ pub struct CheckArgs {
 }
 
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let Some(defs) = load_definitions(&args.datastores)? else {
+    let Some(defs) = load_definitions(&args.datastores, "the DIR argument")? else {
         return Ok(ExitCode::FAILURE);
     };
     print!("{}", summary(&args.datastores, &defs));

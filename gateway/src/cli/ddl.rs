@@ -41,12 +41,17 @@ pub struct DdlArgs {
 
     /// Write nothing; exit 1 if any file is missing or differs from what
     /// would be written (for CI).
-    #[arg(long, env = "CELLGATE_DDL_CHECK")]
+    // `BoolishValueParser`: the variable may be `1`/`0`, `yes`/`no`, `on`/`off`.
+    #[arg(
+        long,
+        env = "CELLGATE_DDL_CHECK",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub check: bool,
 }
 
 pub fn run(args: DdlArgs) -> anyhow::Result<ExitCode> {
-    let Some(defs) = load_definitions(&args.datastores)? else {
+    let Some(defs) = load_definitions(&args.datastores, "--datastores")? else {
         return Ok(ExitCode::FAILURE);
     };
     let files: Vec<(PathBuf, String)> = Dialect::ALL

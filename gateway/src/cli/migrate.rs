@@ -19,6 +19,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::config::StorageConfig;
 use crate::storage::ddl::REGISTRY_TABLE;
+use crate::storage::{self, ConnectOptions};
 use crate::{Store, StoreOptions};
 
 use super::{load_definitions, plural, DEFAULT_DATASTORES};
@@ -47,28 +48,52 @@ pub struct MigrateArgs {
     /// URL of the one database cluster to use instead of the embedded
     /// SQLite database: `sqlite://PATH`, `mysql://USER:PASS@HOST/DB`,
     /// `mariadb://…` or `postgres://USER:PASS@HOST/DB`.
-    #[arg(long, value_name = "URL", env = "CELLGATE_DATABASE_URL")]
+    // The URL may hold a password: `--help` must not print it.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "CELLGATE_DATABASE_URL",
+        hide_env_values = true
+    )]
     pub database: Option<String>,
 
     /// Create the tables of every shard of every datastore now, instead of
     /// on each shard's first write.
-    #[arg(long, env = "CELLGATE_ALL_SHARDS")]
+    // `BoolishValueParser`: the variable may be `1`/`0`, `yes`/`no`, `on`/`off`.
+    #[arg(
+        long,
+        env = "CELLGATE_ALL_SHARDS",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub all_shards: bool,
 }
 
 pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
-    let Some(defs) = load_definitions(&args.datastores)? else {
+    let Some(defs) = load_definitions(&args.datastores, "--datastores")? else {
         return Ok(ExitCode::FAILURE);
     };
-    let (storage, shown) = match &args.database {
+    let (config, shown) = match &args.database {
         Some(url) => (StorageConfig::single(url), redact(url)),
         None => {
-            let config = StorageConfig::embedded(&args.data);
-            let shown = config.clusters[0].master.clone();
-            (config, shown)
+            let embedded = StorageConfig::embedded(&args.data);
+            let shown = embedded.clusters[0].master.clone();
+            (embedded, shown)
         }
     };
-    let mut options = StoreOptions::new(storage);
+    // The store tolerates unreachable clusters (their shards fail their own
+    // requests), but a migration that cannot reach a master has failed.
+    for cluster in &config.clusters {
+        let options = ConnectOptions {
+            cluster: cluster.name.clone(),
+            ..ConnectOptions::default()
+        };
+        let reached = match storage::connect(&cluster.master, &options).await {
+            Ok(backend) => backend.ping().await,
+            Err(e) => Err(e),
+        };
+        reached.map_err(|e| anyhow::anyhow!("cannot open storage at {shown}: {e}"))?;
+    }
+    let mut options = StoreOptions::new(config);
     options.maintain_indexes = false;
     let store = Store::open(defs, options)
         .await
@@ -85,10 +110,9 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         let had = before.get(&datastore.name).copied().unwrap_or(0);
         let has = after.get(&datastore.name).copied().unwrap_or(0);
         println!(
-            "{}: {} of {} exist ({} created now)",
+            "{}: {has} of {} exist ({} created now)",
             datastore.name,
-            plural(has, "shard", "shards"),
-            total,
+            plural(total, "shard", "shards"),
             has - had.min(has)
         );
     }

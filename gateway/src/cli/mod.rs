@@ -16,6 +16,7 @@ mod check;
 mod ddl;
 mod migrate;
 
+use std::io::IsTerminal as _;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -102,14 +103,16 @@ fn init_logging(filter: Option<&str>) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
     Ok(())
 }
 
 /// Loads the definitions under `dir`. Invalid definitions are printed to
 /// stderr, every problem at once, and give `Ok(None)`: the caller exits 1
-/// without printing more.
-fn load_definitions(dir: &Path) -> anyhow::Result<Option<Definitions>> {
+/// without printing more. `flag` is how the user gives the directory, for
+/// the message when it does not exist.
+fn load_definitions(dir: &Path, flag: &str) -> anyhow::Result<Option<Definitions>> {
     if !dir.is_dir() {
         let what = if dir.exists() {
             "is not a directory"
@@ -117,8 +120,7 @@ fn load_definitions(dir: &Path) -> anyhow::Result<Option<Definitions>> {
             "does not exist"
         };
         anyhow::bail!(
-            "datastores directory `{}` {what} (give the definitions directory, \
-             or set CELLGATE_DATASTORES)",
+            "datastores directory `{}` {what} (give it with {flag} or CELLGATE_DATASTORES)",
             dir.display()
         );
     }

@@ -54,11 +54,14 @@ pub struct ShardLag {
     pub lag_ms: u64,
 }
 
+/// Held while one cell shard is being maintained in this process.
+type ShardLock = Arc<tokio::sync::Mutex<()>>;
+
 /// The maintainer's shared state: its wake-up queue, per-shard locks, and a
 /// histogram of apply delays.
 pub(crate) struct Maintainer {
     wake: mpsc::UnboundedSender<(String, u32)>,
-    locks: Mutex<HashMap<(String, u32), Arc<tokio::sync::Mutex<()>>>>,
+    locks: Mutex<HashMap<(String, u32), ShardLock>>,
     delays_us: Mutex<hdrhistogram::Histogram<u64>>,
 }
 
@@ -82,7 +85,7 @@ impl Maintainer {
         let _ = self.wake.send((datastore.to_string(), shard));
     }
 
-    fn lock(&self, datastore: &str, shard: u32) -> Arc<tokio::sync::Mutex<()>> {
+    fn lock(&self, datastore: &str, shard: u32) -> ShardLock {
         self.locks
             .lock()
             .expect("maintainer locks")

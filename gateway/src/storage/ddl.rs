@@ -278,7 +278,8 @@ pub fn cluster_ddl(dialect: Dialect) -> Vec<String> {
         .build()
 }
 
-/// The cell-log tables of one shard: entity, offsets, locator, meta.
+/// The tables of one shard on its primary: entity, offsets, locator, meta
+/// and one table per index.
 pub fn shard_ddl(dialect: Dialect, datastore: &Datastore, shard: u32) -> Vec<String> {
     let ds = &datastore.name;
     let cells = cells_table(ds, shard);
@@ -318,15 +319,14 @@ pub fn shard_ddl(dialect: Dialect, datastore: &Datastore, shard: u32) -> Vec<Str
             .primary_key(&["id"])
             .build(),
     );
-    out.extend(buffer_ddl(dialect, ds, shard));
     for index in &datastore.indexes {
         out.extend(index_ddl(dialect, index, shard));
     }
     out
 }
 
-/// The buffer table of one shard. It is created with the shard's other
-/// tables and, on a secondary cluster, on its own.
+/// The buffer table of one shard, created on the secondary clusters that
+/// receive its buffered writes.
 pub fn buffer_ddl(dialect: Dialect, datastore: &str, shard: u32) -> Vec<String> {
     let buffer = buffer_table(datastore, shard);
     TableDef::new(dialect, &buffer)
