@@ -76,6 +76,22 @@ pub(crate) struct DatastoreRuntime {
     pub(crate) map: ShardMap,
 }
 
+impl DatastoreRuntime {
+    /// Fails with `UNKNOWN_COLUMN`, listing the declared columns, unless
+    /// `column` is one of them.
+    pub(crate) fn check_column(&self, column: &str) -> Result<()> {
+        if self.def.column(column).is_some() {
+            return Ok(());
+        }
+        let expected: Vec<&str> = self.def.columns.iter().map(|c| c.name.as_str()).collect();
+        Err(Error::UnknownColumn {
+            datastore: self.def.name.clone(),
+            column: column.to_string(),
+            expected: expected.join(", "),
+        })
+    }
+}
+
 impl Store {
     /// Connects to every database of the topology, creates the cluster
     /// tables, and starts index maintenance (which first catches up on any
@@ -233,8 +249,12 @@ impl Store {
     /// shards fail their own requests until it is back, and its registry is
     /// created with its first shard.
     async fn load_registry(&self) -> Result<Vec<(String, u32)>> {
-        for cluster in &self.inner.clusters {
-            match self.ensure_registry(cluster.master.as_ref()).await {
+        for (index, cluster) in self.inner.clusters.iter().enumerate() {
+            let ready = async {
+                self.ensure_registry(cluster.master.as_ref()).await?;
+                self.load_ready(index).await
+            };
+            match ready.await {
                 Ok(()) => {}
                 Err(err @ Error::Unavailable { .. }) => {
                     tracing::warn!(cluster = %cluster.master.cluster(), error = %err, "storage cluster unreachable at start-up");
@@ -301,91 +321,111 @@ impl Store {
             return Ok(());
         }
         let backend = &self.inner.clusters[cluster].master;
-        let dialect = backend.dialect();
         self.ensure_registry(backend.as_ref()).await?;
         if buffer_only {
+            let dialect = backend.dialect();
             for stmt in ddl::buffer_ddl(dialect, &ds.def.name, shard) {
                 backend.execute(&raw(dialect, &stmt)).await?;
             }
+            self.inner.ready.lock().expect("ready set").insert(key);
         } else {
-            let statements = ddl::shard_ddl(dialect, &ds.def, shard);
-            let fingerprint = format!(
-                "{:016x}",
-                xxhash_rust::xxh3::xxh3_64(statements.join(";").as_bytes())
-            );
-            if self
-                .registered_fingerprint(backend.as_ref(), &ds.def.name, shard)
-                .await?
-                != Some(fingerprint.clone())
-            {
-                for stmt in &statements {
-                    backend.execute(&raw(dialect, stmt)).await?;
-                }
-                let (seed_meta, register) = ddl::shard_seed(dialect, &ds.def.name, shard);
-                let seed = vec![Value::Int(1), Value::Int(0)];
-                backend
-                    .execute(&with_params(dialect, &seed_meta, seed))
-                    .await?;
-                let registration = vec![
-                    Value::Text(ds.def.name.clone()),
-                    Value::Int(i64::from(shard)),
-                    Value::DateTime(Utc::now()),
-                ];
-                backend
-                    .execute(&with_params(dialect, &register, registration))
-                    .await?;
-                let mut update = Sql::new(dialect);
-                update
-                    .push("UPDATE ")
-                    .ident(ddl::REGISTRY_TABLE)
-                    .push(" SET ")
-                    .ident("schema_hash")
-                    .push(" = ")
-                    .bind(Value::Text(fingerprint))
-                    .push(" WHERE ")
-                    .ident("datastore")
-                    .push(" = ")
-                    .bind(Value::Text(ds.def.name.clone()))
-                    .push(" AND ")
-                    .ident("shard")
-                    .push(" = ")
-                    .bind(Value::Int(i64::from(shard)));
-                backend.execute(&update).await?;
-            }
+            self.create_shards(ds, cluster, &[shard]).await?;
         }
-        self.inner.ready.lock().expect("ready set").insert(key);
         Ok(())
     }
 
-    async fn registered_fingerprint(
+    /// Creates (or completes, after a definition change) the tables of
+    /// `shards`, all on `cluster`, in one transaction, and registers them.
+    /// One transaction matters on SQLite: every committed schema change makes
+    /// each other connection re-read the whole schema.
+    async fn create_shards(
         &self,
-        backend: &dyn Backend,
-        datastore: &str,
-        shard: u32,
-    ) -> Result<Option<String>> {
-        let mut sql = Sql::new(backend.dialect());
+        ds: &DatastoreRuntime,
+        cluster: usize,
+        shards: &[u32],
+    ) -> Result<()> {
+        let backend = &self.inner.clusters[cluster].master;
+        let dialect = backend.dialect();
+        let fingerprint = shape_fingerprint(dialect, &ds.def);
+        let mut tx = backend.begin().await?;
+        for &shard in shards {
+            for stmt in ddl::shard_ddl(dialect, &ds.def, shard) {
+                tx.execute(&raw(dialect, &stmt)).await?;
+            }
+            let (seed_meta, register) = ddl::shard_seed(dialect, &ds.def.name, shard);
+            let seed = vec![Value::Int(1), Value::Int(0)];
+            tx.execute(&with_params(dialect, &seed_meta, seed)).await?;
+            let registration = vec![
+                Value::Text(ds.def.name.clone()),
+                Value::Int(i64::from(shard)),
+                Value::DateTime(Utc::now()),
+            ];
+            tx.execute(&with_params(dialect, &register, registration))
+                .await?;
+            let mut update = Sql::new(dialect);
+            update
+                .push("UPDATE ")
+                .ident(ddl::REGISTRY_TABLE)
+                .push(" SET ")
+                .ident("schema_hash")
+                .push(" = ")
+                .bind(Value::Text(fingerprint.clone()))
+                .push(" WHERE ")
+                .ident("datastore")
+                .push(" = ")
+                .bind(Value::Text(ds.def.name.clone()))
+                .push(" AND ")
+                .ident("shard")
+                .push(" = ")
+                .bind(Value::Int(i64::from(shard)));
+            tx.execute(&update).await?;
+        }
+        tx.commit().await?;
+        let mut ready = self.inner.ready.lock().expect("ready set");
+        for &shard in shards {
+            ready.insert((ds.def.name.clone(), shard, cluster));
+        }
+        Ok(())
+    }
+
+    /// Marks the registered shards whose tables match the definitions as
+    /// ready, so they need no DDL.
+    async fn load_ready(&self, cluster: usize) -> Result<()> {
+        let backend = &self.inner.clusters[cluster].master;
+        let dialect = backend.dialect();
+        let mut sql = Sql::new(dialect);
         sql.push("SELECT ")
+            .ident("datastore")
+            .push(", ")
+            .ident("shard")
+            .push(", ")
             .ident("schema_hash")
             .push(" FROM ")
-            .ident(ddl::REGISTRY_TABLE)
-            .push(" WHERE ")
-            .ident("datastore")
-            .push(" = ")
-            .bind(Value::Text(datastore.to_string()))
-            .push(" AND ")
-            .ident("shard")
-            .push(" = ")
-            .bind(Value::Int(i64::from(shard)));
-        let rows = backend.fetch(&sql, &[ColType::Text]).await?;
-        Ok(rows
-            .into_iter()
-            .next()
-            .and_then(|row| row[0].as_text().map(str::to_string)))
+            .ident(ddl::REGISTRY_TABLE);
+        let rows = backend
+            .fetch(&sql, &[ColType::Text, ColType::Int, ColType::Text])
+            .await?;
+        let mut ready = self.inner.ready.lock().expect("ready set");
+        for row in rows {
+            let (Some(name), Some(shard), Some(hash)) =
+                (row[0].as_text(), row[1].as_int(), row[2].as_text())
+            else {
+                continue;
+            };
+            if let Some(ds) = self.inner.datastores.get(name) {
+                if hash == shape_fingerprint(dialect, &ds.def) {
+                    ready.insert((name.to_string(), shard as u32, cluster));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Creates the tables of every shard of every datastore up front (the
     /// `migrate --all-shards` path), reporting progress through `progress`.
+    /// Shards are created in batches, one transaction each.
     pub async fn create_all_shards(&self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
+        const BATCH: usize = 64;
         let total: u64 = self
             .inner
             .datastores
@@ -397,14 +437,41 @@ impl Store {
         names.sort();
         for name in names {
             let ds = self.datastore(&name)?;
-            for shard in 0..ds.def.shards {
-                self.ensure_shard(&ds, shard).await?;
-                done += 1;
+            for cluster in 0..self.inner.clusters.len() {
+                self.ensure_registry(self.inner.clusters[cluster].master.as_ref())
+                    .await?;
+                let missing: Vec<u32> = {
+                    let ready = self.inner.ready.lock().expect("ready set");
+                    (0..ds.def.shards)
+                        .filter(|s| ds.map.cluster_of(*s) == cluster)
+                        .filter(|s| !ready.contains(&(name.clone(), *s, cluster)))
+                        .collect()
+                };
+                let owned = (0..ds.def.shards)
+                    .filter(|s| ds.map.cluster_of(*s) == cluster)
+                    .count() as u64;
+                done += owned - missing.len() as u64;
                 progress(done, total);
+                for chunk in missing.chunks(BATCH) {
+                    let _guard = self.inner.ddl_lock.lock().await;
+                    self.create_shards(&ds, cluster, chunk).await?;
+                    done += chunk.len() as u64;
+                    progress(done, total);
+                }
             }
         }
         Ok(())
     }
+}
+
+/// A fingerprint of a datastore's table shapes in a dialect: equal for all
+/// shards, different as soon as an index or column type changes.
+fn shape_fingerprint(dialect: Dialect, def: &Datastore) -> String {
+    let statements = ddl::shard_ddl(dialect, def, 0);
+    format!(
+        "{:016x}",
+        xxhash_rust::xxh3::xxh3_64(statements.join(";").as_bytes())
+    )
 }
 
 /// A statement without parameters.

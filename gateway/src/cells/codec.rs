@@ -31,7 +31,9 @@ pub fn encode(body: &serde_json::Value) -> Result<Vec<u8>, String> {
     }
     let mut out = Vec::with_capacity(packed.len() / 2 + 16);
     out.push(FORMAT_MSGPACK_ZLIB);
-    let mut encoder = ZlibEncoder::new(out, Compression::default());
+    // The fastest level: on cell-sized bodies it compresses within a few
+    // percent of the default level at a fraction of the CPU.
+    let mut encoder = ZlibEncoder::new(out, Compression::fast());
     encoder
         .write_all(&packed)
         .map_err(|e| format!("cannot compress body: {e}"))?;

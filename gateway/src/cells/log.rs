@@ -31,6 +31,15 @@ pub struct LogPage {
     pub next: Location,
 }
 
+/// A log entry without its body.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LogKey {
+    pub added_id: i64,
+    pub row_key: uuid::Uuid,
+    pub column: String,
+    pub created_at: DateTime<Utc>,
+}
+
 /// Largest page the log hands out.
 pub const MAX_LOG_PAGE: u32 = 1000;
 
@@ -110,6 +119,64 @@ impl Store {
             Some(id) => Ok(id - 1),
             None => self.max_added_id(ds, shard).await,
         }
+    }
+
+    /// The keys of the cells of `shard` with `added_id > after`, oldest
+    /// first, without their bodies: what index maintenance needs, and a
+    /// corrupt body cannot stop it.
+    pub(crate) async fn log_keys_after(
+        &self,
+        ds: &DatastoreRuntime,
+        shard: u32,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<LogKey>> {
+        let master = self.master(ds, shard);
+        let mut sql = Sql::new(master.dialect());
+        sql.push("SELECT ")
+            .ident("added_id")
+            .push(", ")
+            .ident("row_key")
+            .push(", ")
+            .ident("column_name")
+            .push(", ")
+            .ident("created_at")
+            .push(" FROM ")
+            .ident(&ddl::cells_table(&ds.def.name, shard))
+            .push(" WHERE ")
+            .ident("added_id")
+            .push(" > ")
+            .bind(Value::Int(after))
+            .push(" ORDER BY ")
+            .ident("added_id")
+            .push(&format!(" LIMIT {limit}"));
+        let types = [
+            ColType::Int,
+            ColType::Uuid,
+            ColType::Text,
+            ColType::DateTime,
+        ];
+        let rows = master.fetch(&sql, &types).await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|row| {
+                let mut row = row.into_iter();
+                match (row.next()?, row.next()?, row.next()?, row.next()?) {
+                    (
+                        Value::Int(added_id),
+                        Value::Uuid(row_key),
+                        Value::Text(column),
+                        Value::DateTime(created_at),
+                    ) => Some(LogKey {
+                        added_id,
+                        row_key,
+                        column,
+                        created_at,
+                    }),
+                    _ => None,
+                }
+            })
+            .collect())
     }
 
     /// The highest `added_id` of a shard (0 when empty).

@@ -14,6 +14,7 @@ mod write;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+pub(crate) use log::LogKey;
 pub use log::{Location, LogPage};
 
 /// The full address of a cell.

@@ -98,23 +98,6 @@ fn key_condition(sql: &mut Sql, row_key: Uuid, column: &str) {
 }
 
 impl Store {
-    fn check_column(&self, ds: &DatastoreRuntime, column: &str) -> Result<()> {
-        if ds.def.column(column).is_some() {
-            return Ok(());
-        }
-        Err(Error::UnknownColumn {
-            datastore: ds.def.name.clone(),
-            column: column.to_string(),
-            expected: ds
-                .def
-                .columns
-                .iter()
-                .map(|c| c.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
-    }
-
     async fn fetch_cells(&self, ds: &DatastoreRuntime, shard: u32, sql: &Sql) -> Result<Vec<Cell>> {
         let rows = self.master(ds, shard).fetch(sql, &CELL_TYPES).await?;
         rows.into_iter()
@@ -125,7 +108,7 @@ impl Store {
     /// The cell at `key`, if it exists.
     pub async fn get_cell(&self, datastore: &str, key: &CellKey) -> Result<Option<Cell>> {
         let ds = self.datastore(datastore)?;
-        self.check_column(&ds, &key.column)?;
+        ds.check_column(&key.column)?;
         let shard = row_shard(&key.row_key, ds.def.shards);
         self.ensure_shard(&ds, shard).await?;
         let master = self.master(&ds, shard);
@@ -163,7 +146,7 @@ impl Store {
         before: Option<i64>,
     ) -> Result<Vec<Cell>> {
         let ds = self.datastore(datastore)?;
-        self.check_column(&ds, column)?;
+        ds.check_column(column)?;
         let shard = row_shard(&row_key, ds.def.shards);
         self.ensure_shard(&ds, shard).await?;
         let master = self.master(&ds, shard);
@@ -187,7 +170,7 @@ impl Store {
         let ds = self.datastore(datastore)?;
         let mut by_shard: BTreeMap<u32, Vec<&CellKey>> = BTreeMap::new();
         for key in keys {
-            self.check_column(&ds, &key.column)?;
+            ds.check_column(&key.column)?;
             by_shard
                 .entry(row_shard(&key.row_key, ds.def.shards))
                 .or_default()
@@ -230,7 +213,7 @@ impl Store {
         let ds = self.datastore(datastore)?;
         let mut by_shard: BTreeMap<u32, Vec<&(Uuid, String)>> = BTreeMap::new();
         for pair in wanted {
-            self.check_column(&ds, &pair.1)?;
+            ds.check_column(&pair.1)?;
             by_shard
                 .entry(row_shard(&pair.0, ds.def.shards))
                 .or_default()

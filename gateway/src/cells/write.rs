@@ -225,19 +225,7 @@ impl Store {
 }
 
 fn prepare(ds: &DatastoreRuntime, index: usize, cell: NewCell) -> Result<Prepared> {
-    if ds.def.column(&cell.column).is_none() {
-        return Err(Error::UnknownColumn {
-            datastore: ds.def.name.clone(),
-            column: cell.column,
-            expected: ds
-                .def
-                .columns
-                .iter()
-                .map(|c| c.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-        });
-    }
+    ds.check_column(&cell.column)?;
     let encoded = codec::encode(&cell.body).map_err(|reason| Error::InvalidBody {
         row_key: cell.row_key,
         column: cell.column.clone(),

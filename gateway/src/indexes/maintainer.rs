@@ -26,13 +26,12 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use chrono::Utc;
-use futures::StreamExt;
 use index_dsl::Index;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::entry::{col_type, extract};
-use crate::cells::Cell;
+use crate::cells::{Cell, LogKey};
 use crate::error::Result;
 use crate::shards::value_shard;
 use crate::storage::{ddl, ColType, Sql, Tx, Value};
@@ -61,6 +60,8 @@ type ShardLock = Arc<tokio::sync::Mutex<()>>;
 /// histogram of apply delays.
 pub(crate) struct Maintainer {
     wake: mpsc::UnboundedSender<(String, u32)>,
+    /// Shards sent to the task and not yet started.
+    queued: Mutex<std::collections::HashSet<(String, u32)>>,
     locks: Mutex<HashMap<(String, u32), ShardLock>>,
     delays_us: Mutex<hdrhistogram::Histogram<u64>>,
 }
@@ -70,6 +71,7 @@ impl Maintainer {
         let (wake, wakeups) = mpsc::unbounded_channel();
         let maintainer = Maintainer {
             wake,
+            queued: Mutex::new(std::collections::HashSet::new()),
             locks: Mutex::new(HashMap::new()),
             delays_us: Mutex::new(
                 hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
@@ -81,8 +83,18 @@ impl Maintainer {
 
     /// Asks the background task to bring `shard` up to date.
     pub(crate) fn wake(&self, datastore: &str, shard: u32) {
-        // The receiver is gone only while the store shuts down.
-        let _ = self.wake.send((datastore.to_string(), shard));
+        let key = (datastore.to_string(), shard);
+        if self.queued.lock().expect("queued set").insert(key.clone()) {
+            // The receiver is gone only while the store shuts down.
+            let _ = self.wake.send(key);
+        }
+    }
+
+    fn dequeue(&self, datastore: &str, shard: u32) {
+        self.queued
+            .lock()
+            .expect("queued set")
+            .remove(&(datastore.to_string(), shard));
     }
 
     fn lock(&self, datastore: &str, shard: u32) -> ShardLock {
@@ -95,32 +107,31 @@ impl Maintainer {
     }
 }
 
-/// The background task: applies woken shards until the store is dropped.
+/// The background task: one worker per woken shard, at most
+/// [`CONCURRENCY`] at a time, until the store is dropped. A shard woken
+/// again while it is queued is not queued twice; one woken while it is being
+/// maintained runs once more afterwards and picks up the new cells.
 pub(crate) async fn run(store: Weak<Inner>, mut wakeups: mpsc::UnboundedReceiver<(String, u32)>) {
-    while let Some(first) = wakeups.recv().await {
-        let mut batch = BTreeSet::from([first]);
-        while let Ok(next) = wakeups.try_recv() {
-            batch.insert(next);
-        }
+    let permits = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
+    while let Some((datastore, shard)) = wakeups.recv().await {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
         let Some(inner) = store.upgrade() else { return };
-        let handle = Store { inner };
-        futures::stream::iter(batch)
-            .for_each_concurrent(CONCURRENCY, |(datastore, shard)| {
-                let handle = handle.clone();
-                let weak = store.clone();
-                async move {
-                    if let Err(err) = handle.maintain_shard(&datastore, shard).await {
-                        tracing::warn!(%datastore, shard, error = %err, "index maintenance failed; retrying");
-                        tokio::spawn(async move {
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                            if let Some(inner) = weak.upgrade() {
-                                inner.maintainer.wake(&datastore, shard);
-                            }
-                        });
-                    }
+        let weak = store.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            inner.maintainer.dequeue(&datastore, shard);
+            let handle = Store { inner };
+            if let Err(err) = handle.maintain_shard(&datastore, shard).await {
+                tracing::warn!(%datastore, shard, error = %err, "index maintenance failed; retrying");
+                drop(handle);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if let Some(inner) = weak.upgrade() {
+                    inner.maintainer.wake(&datastore, shard);
                 }
-            })
-            .await;
+            }
+        });
     }
 }
 
@@ -167,7 +178,7 @@ impl Store {
             let applied = offsets.iter().copied().min().unwrap_or(0);
             let head = self.max_added_id(&ds, shard).await?;
             let lag_ms = if head > applied {
-                let oldest = self.log_after(&ds, shard, applied, 1).await?;
+                let oldest = self.log_keys_after(&ds, shard, applied, 1).await?;
                 oldest.first().map_or(0, |c| {
                     (Utc::now() - c.created_at).num_milliseconds().max(0) as u64
                 })
@@ -208,7 +219,7 @@ impl Store {
         let mut offsets = self.read_offsets(&ds, shard).await?;
         loop {
             let from = offsets.iter().copied().min().unwrap_or(0);
-            let cells = self.log_after(&ds, shard, from, PAGE).await?;
+            let cells = self.log_keys_after(&ds, shard, from, PAGE).await?;
             let Some(last) = cells.last().map(|c| c.added_id) else {
                 return Ok(());
             };
@@ -218,7 +229,9 @@ impl Store {
             }
             let now = Utc::now();
             let mut delays = self.inner.maintainer.delays_us.lock().expect("histogram");
-            for cell in &cells {
+            let indexed =
+                |c: &&LogKey| ds.def.indexes.iter().any(|i| i.columns.contains(&c.column));
+            for cell in cells.iter().filter(indexed) {
                 let delay = (now - cell.created_at).num_microseconds().unwrap_or(0);
                 let _ = delays.record(delay.max(1) as u64);
             }
@@ -254,7 +267,7 @@ impl Store {
         ds: &DatastoreRuntime,
         shard: u32,
         offsets: &[i64],
-        cells: &[Cell],
+        cells: &[LogKey],
     ) -> Result<()> {
         let indexes = &ds.def.indexes;
         let mut affected: BTreeSet<(usize, Uuid)> = BTreeSet::new();
@@ -267,6 +280,7 @@ impl Store {
         }
         let last = cells.last().map_or(0, |c| c.added_id);
         let mut locator_changes: Vec<(usize, Uuid, Option<u32>)> = Vec::new();
+        let mut work: BTreeMap<u32, ShardWork> = BTreeMap::new();
         if !affected.is_empty() {
             let rows: Vec<Uuid> = affected
                 .iter()
@@ -292,7 +306,6 @@ impl Store {
                 }
             }
             let located = self.read_locators(ds, shard, &rows).await?;
-            let mut work: BTreeMap<u32, ShardWork> = BTreeMap::new();
             for &(i, row) in &affected {
                 let index = &indexes[i];
                 let entry = compute_entry(index, row, &latest);
@@ -311,58 +324,64 @@ impl Store {
                     locator_changes.push((i, row, target));
                 }
             }
-            for (index_shard, work) in work {
-                self.apply_shard_work(ds, index_shard, work).await?;
+            for &index_shard in work.keys() {
+                self.ensure_shard(ds, index_shard).await?;
             }
+        }
+        let master = self.master(ds, shard);
+        let cluster = ds.map.cluster_of(shard);
+        if work.keys().all(|s| ds.map.cluster_of(*s) == cluster) {
+            // Everything lives on the cell shard's database (always, with one
+            // cluster): entries, locators and offsets commit together.
+            let mut attempt = 0;
+            loop {
+                let mut tx = master.begin().await?;
+                let mut result = Ok(());
+                for (&index_shard, shard_work) in &work {
+                    result =
+                        apply_in_tx(tx.as_mut(), master.dialect(), ds, index_shard, shard_work)
+                            .await;
+                    if result.is_err() {
+                        break;
+                    }
+                }
+                if result.is_ok() {
+                    result = write_progress(
+                        tx.as_mut(),
+                        master.dialect(),
+                        ds,
+                        shard,
+                        &locator_changes,
+                        offsets,
+                        last,
+                    )
+                    .await;
+                }
+                match result {
+                    Ok(()) => return tx.commit().await,
+                    Err(err) if err.is_retryable() && attempt < 8 => {
+                        attempt += 1;
+                        crate::store::backoff(attempt).await;
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+        }
+        for (&index_shard, shard_work) in &work {
+            self.apply_shard_work(ds, index_shard, shard_work).await?;
         }
         // Locators and offsets move together, on the cell shard.
-        let master = self.master(ds, shard);
-        let dialect = master.dialect();
         let mut tx = master.begin().await?;
-        let locator = ddl::locator_table(&ds.def.name, shard);
-        for (i, row, target) in locator_changes {
-            let name = Value::Text(indexes[i].name.clone());
-            let mut delete = Sql::new(dialect);
-            delete
-                .push("DELETE FROM ")
-                .ident(&locator)
-                .push(" WHERE ")
-                .ident("index_name")
-                .push(" = ")
-                .bind(name.clone())
-                .push(" AND ")
-                .ident("row_key")
-                .push(" = ")
-                .bind(Value::Uuid(row));
-            tx.execute(&delete).await?;
-            if let Some(target) = target {
-                let mut insert = Sql::new(dialect);
-                insert
-                    .push("INSERT INTO ")
-                    .ident(&locator)
-                    .push(" (")
-                    .ident("index_name")
-                    .push(", ")
-                    .ident("row_key")
-                    .push(", ")
-                    .ident("index_shard")
-                    .push(") VALUES (")
-                    .bind(name)
-                    .push(", ")
-                    .bind(Value::Uuid(row))
-                    .push(", ")
-                    .bind(Value::Int(i64::from(target)))
-                    .push(")");
-                tx.execute(&insert).await?;
-            }
-        }
-        let offsets_table = ddl::offsets_table(&ds.def.name, shard);
-        for (i, index) in indexes.iter().enumerate() {
-            if offsets[i] >= last {
-                continue;
-            }
-            write_offset(tx.as_mut(), dialect, &offsets_table, &consumer(index), last).await?;
-        }
+        write_progress(
+            tx.as_mut(),
+            master.dialect(),
+            ds,
+            shard,
+            &locator_changes,
+            offsets,
+            last,
+        )
+        .await?;
         tx.commit().await
     }
 
@@ -406,14 +425,14 @@ impl Store {
         &self,
         ds: &DatastoreRuntime,
         index_shard: u32,
-        work: ShardWork,
+        work: &ShardWork,
     ) -> Result<()> {
         self.ensure_shard(ds, index_shard).await?;
         let master = self.master(ds, index_shard);
         let mut attempt = 0;
         loop {
             let mut tx = master.begin().await?;
-            let result = apply_in_tx(tx.as_mut(), master.dialect(), ds, index_shard, &work).await;
+            let result = apply_in_tx(tx.as_mut(), master.dialect(), ds, index_shard, work).await;
             match result {
                 Ok(()) => return tx.commit().await,
                 Err(err) if err.is_retryable() && attempt < 8 => {
@@ -424,6 +443,65 @@ impl Store {
             }
         }
     }
+}
+
+/// Records the new locators and advances the offsets of the indexes that
+/// were behind `last`, inside the caller's transaction on the cell shard.
+async fn write_progress(
+    tx: &mut dyn Tx,
+    dialect: crate::storage::Dialect,
+    ds: &DatastoreRuntime,
+    shard: u32,
+    locator_changes: &[(usize, Uuid, Option<u32>)],
+    offsets: &[i64],
+    last: i64,
+) -> Result<()> {
+    let indexes = &ds.def.indexes;
+    let locator = ddl::locator_table(&ds.def.name, shard);
+    for &(i, row, target) in locator_changes {
+        let name = Value::Text(indexes[i].name.clone());
+        let mut delete = Sql::new(dialect);
+        delete
+            .push("DELETE FROM ")
+            .ident(&locator)
+            .push(" WHERE ")
+            .ident("index_name")
+            .push(" = ")
+            .bind(name.clone())
+            .push(" AND ")
+            .ident("row_key")
+            .push(" = ")
+            .bind(Value::Uuid(row));
+        tx.execute(&delete).await?;
+        if let Some(target) = target {
+            let mut insert = Sql::new(dialect);
+            insert
+                .push("INSERT INTO ")
+                .ident(&locator)
+                .push(" (")
+                .ident("index_name")
+                .push(", ")
+                .ident("row_key")
+                .push(", ")
+                .ident("index_shard")
+                .push(") VALUES (")
+                .bind(name)
+                .push(", ")
+                .bind(Value::Uuid(row))
+                .push(", ")
+                .bind(Value::Int(i64::from(target)))
+                .push(")");
+            tx.execute(&insert).await?;
+        }
+    }
+    let offsets_table = ddl::offsets_table(&ds.def.name, shard);
+    for (i, index) in indexes.iter().enumerate() {
+        if offsets[i] >= last {
+            continue;
+        }
+        write_offset(tx, dialect, &offsets_table, &consumer(index), last).await?;
+    }
+    Ok(())
 }
 
 fn compute_entry(index: &Index, row: Uuid, latest: &HashMap<(Uuid, String), Cell>) -> Entry {

@@ -8,6 +8,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{MySql, Row as _};
 use std::str::FromStr;
 
+use super::value::uuid_from_bytes;
 use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Sql, Value};
 
 sqlx_backend!(MySqlBackend, MySqlTx, MySql, Dialect::MySql, None);
@@ -63,12 +64,7 @@ fn decode(row: &sqlx::mysql::MySqlRow, i: usize, ty: ColType) -> Result<Value, s
         ColType::Bytes => row
             .try_get::<Option<Vec<u8>>, _>(i)?
             .map_or(null, Value::Bytes),
-        ColType::Uuid => match row.try_get::<Option<Vec<u8>>, _>(i)? {
-            None => null,
-            Some(bytes) => Value::Uuid(
-                uuid::Uuid::from_slice(&bytes).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-            ),
-        },
+        ColType::Uuid => uuid_from_bytes(row.try_get(i)?)?,
         ColType::DateTime => row
             .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>(i)?
             .map_or(null, Value::DateTime),

@@ -14,6 +14,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row as _, Sqlite};
 
+use super::value::uuid_from_bytes;
 use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Sql, Value};
 
 // `BEGIN IMMEDIATE` takes the write lock at the start: a transaction that
@@ -95,12 +96,7 @@ fn decode(row: &sqlx::sqlite::SqliteRow, i: usize, ty: ColType) -> Result<Value,
         ColType::Bytes => row
             .try_get::<Option<Vec<u8>>, _>(i)?
             .map_or(null, Value::Bytes),
-        ColType::Uuid => match row.try_get::<Option<Vec<u8>>, _>(i)? {
-            None => null,
-            Some(bytes) => Value::Uuid(
-                uuid::Uuid::from_slice(&bytes).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-            ),
-        },
+        ColType::Uuid => uuid_from_bytes(row.try_get(i)?)?,
         ColType::DateTime => match row.try_get::<Option<i64>, _>(i)? {
             None => null,
             Some(micros) => Value::DateTime(

@@ -116,3 +116,13 @@ impl Value {
 pub fn truncate_to_micros(t: DateTime<Utc>) -> DateTime<Utc> {
     DateTime::from_timestamp_micros(t.timestamp_micros()).unwrap_or(t)
 }
+
+/// A UUID stored as 16 bytes (SQLite `BLOB`, MySQL `BINARY(16)`).
+pub(crate) fn uuid_from_bytes(bytes: Option<Vec<u8>>) -> Result<Value, sqlx::Error> {
+    match bytes {
+        None => Ok(Value::Null(ColType::Uuid)),
+        Some(bytes) => Uuid::from_slice(&bytes)
+            .map(Value::Uuid)
+            .map_err(|e| sqlx::Error::Decode(Box::new(e))),
+    }
+}
