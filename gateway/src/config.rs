@@ -1,6 +1,17 @@
-//! Storage configuration: the clusters and which shards each one holds.
+//! `cellgate.yaml`: where the server listens, where its data lives, the
+//! storage topology (clusters and which shards each one holds) and the
+//! admission limits of the HTTP gateway.
+//!
+//! Every struct rejects unknown keys and takes its defaults at struct level,
+//! so an empty file is the default configuration, and a typo is an error
+//! rather than a silently ignored option. `cellgate.example.yaml` at the
+//! repository root is the commented reference; a test checks that it parses
+//! to exactly [`Config::default`].
 //!
 //! ```yaml
+//! listen: 127.0.0.1:8080
+//! data: ./data
+//! datastores: ./datastores
 //! storage:
 //!   # Secondary clusters a write is buffered to before the primary master
 //!   # (0 = no buffering; needs at least two clusters).
@@ -13,28 +24,195 @@
 //!   shards:
 //!     trips:
 //!       - { first: 0, last: 2047, cluster: main }
+//! limits:
+//!   max_body_bytes: 1048576
 //! ```
 //!
-//! With no configuration everything lives in one embedded SQLite cluster
-//! under the data directory.
+//! With no storage clusters configured everything lives in one embedded
+//! SQLite cluster under the data directory.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::graphql::GraphqlLimits;
+
+/// The whole `cellgate.yaml`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address and port the HTTP server binds; port 0 picks a free port.
+    ///
+    /// ```yaml
+    /// listen: 0.0.0.0:8080
+    /// ```
+    pub listen: SocketAddr,
+    /// Directory of the embedded SQLite database (`<data>/cellgate.db`),
+    /// used when `storage.clusters` is empty.
+    ///
+    /// ```yaml
+    /// data: /var/lib/cellgate
+    /// ```
+    pub data: PathBuf,
+    /// Directory of the datastore and index definitions.
+    ///
+    /// ```yaml
+    /// datastores: ./datastores
+    /// ```
+    pub datastores: PathBuf,
+    /// Storage topology; see [`StorageConfig`].
+    ///
+    /// ```yaml
+    /// storage:
+    ///   clusters:
+    ///     - { name: main, master: "postgres://cellgate@db1/cells" }
+    /// ```
+    pub storage: StorageConfig,
+    /// Admission limits of the HTTP gateway; see [`LimitsConfig`].
+    ///
+    /// ```yaml
+    /// limits:
+    ///   max_concurrent_requests: 512
+    /// ```
+    pub limits: LimitsConfig,
+}
+
+/// Default address of `cellgate serve`.
+pub const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), 8080);
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: DEFAULT_LISTEN,
+            data: PathBuf::from("./data"),
+            datastores: PathBuf::from("./datastores"),
+            storage: StorageConfig::default(),
+            limits: LimitsConfig::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Parses a `cellgate.yaml` text; `origin` names it in the error.
+    pub fn from_yaml(text: &str, origin: &Path) -> crate::Result<Config> {
+        serde_saphyr::from_str::<Config>(text)
+            .map_err(|e| crate::Error::Config(format!("invalid file {}: {e}", origin.display())))
+    }
+
+    /// Reads and parses a `cellgate.yaml` file.
+    pub fn load(path: &Path) -> crate::Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| crate::Error::Config(format!("cannot read {}: {e}", path.display())))?;
+        Config::from_yaml(&text, path)
+    }
+}
+
+/// Admission control of the HTTP gateway: requests beyond a limit are
+/// answered at once with an error code instead of queueing.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest accepted request body in bytes; larger ones get 413
+    /// `PAYLOAD_TOO_LARGE`.
+    ///
+    /// ```yaml
+    /// max_body_bytes: 1048576
+    /// ```
+    pub max_body_bytes: usize,
+    /// Deepest selection nesting of a GraphQL query.
+    ///
+    /// ```yaml
+    /// max_depth: 12
+    /// ```
+    pub max_depth: usize,
+    /// Largest GraphQL query complexity (each selected field counts 1).
+    ///
+    /// ```yaml
+    /// max_complexity: 2000
+    /// ```
+    pub max_complexity: usize,
+    /// GraphQL requests executed at once; one more gets 503 `OVERLOADED`
+    /// immediately (0 = no limit).
+    ///
+    /// ```yaml
+    /// max_concurrent_requests: 256
+    /// ```
+    pub max_concurrent_requests: usize,
+    /// GraphQL requests per second accepted from one client IP address
+    /// (bursts of the same size allowed); more get 429 `RATE_LIMITED`
+    /// (0 = no limit).
+    ///
+    /// ```yaml
+    /// rate_limit_per_second: 1000
+    /// ```
+    pub rate_limit_per_second: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        let graphql = GraphqlLimits::default();
+        LimitsConfig {
+            max_body_bytes: 1024 * 1024,
+            max_depth: graphql.depth,
+            max_complexity: graphql.complexity,
+            max_concurrent_requests: 256,
+            rate_limit_per_second: 1000,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// The limits the GraphQL schema enforces.
+    pub fn graphql(&self) -> GraphqlLimits {
+        GraphqlLimits {
+            depth: self.max_depth,
+            complexity: self.max_complexity,
+        }
+    }
+}
+
 /// Storage section of the configuration.
+///
+/// ```yaml
+/// storage:
+///   buffer_count: 1
+///   clusters:
+///     - { name: a, master: "mysql://cellgate@db1/cells" }
+///     - { name: b, master: "mysql://cellgate@db2/cells" }
+/// ```
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
     /// How many secondary clusters receive a copy of each write in their
     /// buffer table before the primary master is written.
+    ///
+    /// ```yaml
+    /// buffer_count: 0
+    /// ```
     pub buffer_count: usize,
     /// Storage clusters; the first is the default home of every shard.
+    /// Empty: one embedded SQLite cluster in the data directory.
+    ///
+    /// ```yaml
+    /// clusters:
+    ///   - { name: main, master: "sqlite://./data/cellgate.db" }
+    /// ```
     pub clusters: Vec<ClusterConfig>,
     /// Explicit shard ranges per datastore.
+    ///
+    /// ```yaml
+    /// shards:
+    ///   trips: [{ first: 0, last: 4095, cluster: main }]
+    /// ```
     pub shards: BTreeMap<String, Vec<ShardRange>>,
     /// Largest number of pooled connections per database.
+    ///
+    /// ```yaml
+    /// max_connections: 16
+    /// ```
     pub max_connections: u32,
 }
 
@@ -63,11 +241,18 @@ pub struct ClusterConfig {
 }
 
 /// Shards `first..=last` of a datastore live on `cluster`.
+///
+/// ```yaml
+/// { first: 0, last: 2047, cluster: main }
+/// ```
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ShardRange {
+    /// First shard of the range.
     pub first: u32,
+    /// Last shard of the range, included.
     pub last: u32,
+    /// Name of the cluster that holds the range.
     pub cluster: String,
 }
 

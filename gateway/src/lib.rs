@@ -8,11 +8,14 @@
 pub mod cells;
 pub mod cli;
 pub mod config;
+pub mod demo;
 mod error;
+pub mod graphql;
+pub mod http;
 pub mod indexes;
 pub mod shards;
 pub mod storage;
 mod store;
 
 pub use error::{Error, Result};
-pub use store::{Store, StoreOptions};
+pub use store::{DatastoreMetrics, Store, StoreMetrics, StoreOptions};

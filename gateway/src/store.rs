@@ -63,6 +63,27 @@ pub(crate) struct Inner {
     pub(crate) maintainer: Maintainer,
 }
 
+/// Counters of one datastore since the process started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatastoreMetrics {
+    pub name: String,
+    pub cells_written: u64,
+    /// Writes answered as duplicates of stored cells.
+    pub cells_duplicate: u64,
+}
+
+/// A snapshot for monitoring.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreMetrics {
+    pub datastores: Vec<DatastoreMetrics>,
+    /// Delay from cell commit to index update since start, in microseconds:
+    /// `(quantile, value)` for 0.5, 0.9, 0.99 and 1.0, plus the sample count.
+    pub index_delay_us: (Vec<(f64, u64)>, u64),
+    /// Shards with index work outstanding: datastore, shard, age in ms of
+    /// the oldest unapplied write seen by this process.
+    pub index_lag_ms: Vec<(String, u32, u64)>,
+}
+
 /// One storage cluster.
 pub(crate) struct Cluster {
     pub(crate) master: Arc<dyn Backend>,
@@ -74,6 +95,10 @@ pub(crate) struct Cluster {
 pub(crate) struct DatastoreRuntime {
     pub(crate) def: Datastore,
     pub(crate) map: ShardMap,
+    /// Cells stored by this process, for metrics.
+    pub(crate) cells_written: std::sync::atomic::AtomicU64,
+    /// Cells refused or found identical, for metrics.
+    pub(crate) cells_duplicate: std::sync::atomic::AtomicU64,
 }
 
 impl DatastoreRuntime {
@@ -151,6 +176,8 @@ impl Store {
                 Arc::new(DatastoreRuntime {
                     def: def.clone(),
                     map,
+                    cells_written: Default::default(),
+                    cells_duplicate: Default::default(),
                 }),
             );
         }
@@ -195,6 +222,47 @@ impl Store {
             cluster.master.ping().await?;
         }
         Ok(())
+    }
+
+    /// A snapshot of the store's counters and index lag, for `/metrics`.
+    pub fn metrics(&self) -> StoreMetrics {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut datastores: Vec<DatastoreMetrics> = self
+            .inner
+            .datastores
+            .values()
+            .map(|ds| DatastoreMetrics {
+                name: ds.def.name.clone(),
+                cells_written: ds.cells_written.load(Relaxed),
+                cells_duplicate: ds.cells_duplicate.load(Relaxed),
+            })
+            .collect();
+        datastores.sort_by(|a, b| a.name.cmp(&b.name));
+        let (index_delay_us, index_lag_ms) = self.inner.maintainer.snapshot();
+        StoreMetrics {
+            datastores,
+            index_delay_us,
+            index_lag_ms,
+        }
+    }
+
+    /// Where the shards of `datastore` live: contiguous `(first, last,
+    /// cluster name)` ranges. Empty for an unknown datastore.
+    pub fn topology(&self, datastore: &str) -> Vec<(u32, u32, String)> {
+        let Ok(ds) = self.datastore(datastore) else {
+            return Vec::new();
+        };
+        let mut ranges: Vec<(u32, u32, String)> = Vec::new();
+        for shard in 0..ds.def.shards {
+            let cluster = self.inner.clusters[ds.map.cluster_of(shard)]
+                .master
+                .cluster();
+            match ranges.last_mut() {
+                Some(last) if last.2 == cluster && last.1 + 1 == shard => last.1 = shard,
+                _ => ranges.push((shard, shard, cluster.to_string())),
+            }
+        }
+        ranges
     }
 
     pub(crate) fn datastore(&self, name: &str) -> Result<Arc<DatastoreRuntime>> {

@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 pub(crate) use log::LogKey;
-pub use log::{Location, LogPage};
+pub use log::{Location, LogPage, MAX_LOG_PAGE};
 
 /// The full address of a cell.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -145,7 +145,19 @@ impl Store {
         .await;
         match primary {
             Ok(statuses) => {
-                if statuses.iter().any(|s| matches!(s, Ok(PutStatus::Written))) {
+                use std::sync::atomic::Ordering::Relaxed;
+                let count = |wanted: PutStatus| {
+                    statuses
+                        .iter()
+                        .filter(|s| matches!(s, Ok(st) if *st == wanted))
+                        .count() as u64
+                };
+                let written = count(PutStatus::Written);
+                ds.cells_written.fetch_add(written, Relaxed);
+                ds.cells_duplicate
+                    .fetch_add(count(PutStatus::Duplicate), Relaxed);
+                if written > 0 {
+                    self.inner.maintainer.note_write(&ds.def.name, shard);
                     self.inner.maintainer.wake(&ds.def.name, shard);
                 }
                 self.release_buffers(ds, shard, buffered).await;

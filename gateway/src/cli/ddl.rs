@@ -8,12 +8,11 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use clap::Args;
 
 use crate::storage::{ddl, Dialect};
 
-use super::{load_definitions, DEFAULT_DATASTORES};
+use super::{generated, load_definitions, DEFAULT_DATASTORES};
 
 /// Default directory of the schema files.
 const DEFAULT_OUT: &str = "./schema/sql";
@@ -62,52 +61,11 @@ pub fn run(args: DdlArgs) -> anyhow::Result<ExitCode> {
         })
         .collect();
     if args.check {
-        check(&args, &files)
+        generated::check(&files, &fix_command(&args))
     } else {
-        write(&args.out, &files)?;
+        generated::write(&files)?;
         Ok(ExitCode::SUCCESS)
     }
-}
-
-fn write(out: &Path, files: &[(PathBuf, String)]) -> anyhow::Result<()> {
-    std::fs::create_dir_all(out)
-        .with_context(|| format!("cannot create directory `{}`", out.display()))?;
-    for (path, content) in files {
-        // Leave an up-to-date file alone so its modification time stays.
-        if read(path)?.as_deref() == Some(content.as_str()) {
-            println!("{} is up to date", path.display());
-            continue;
-        }
-        std::fs::write(path, content)
-            .with_context(|| format!("cannot write `{}`", path.display()))?;
-        println!("wrote {}", path.display());
-    }
-    Ok(())
-}
-
-fn check(args: &DdlArgs, files: &[(PathBuf, String)]) -> anyhow::Result<ExitCode> {
-    let fix = fix_command(args);
-    let mut outdated = 0;
-    for (path, content) in files {
-        match read(path)? {
-            Some(existing) if existing == *content => {
-                println!("{} is up to date", path.display());
-            }
-            Some(_) => {
-                eprintln!("error: {} is stale: run `{fix}`", path.display());
-                outdated += 1;
-            }
-            None => {
-                eprintln!("error: {} is missing: run `{fix}`", path.display());
-                outdated += 1;
-            }
-        }
-    }
-    Ok(if outdated == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
 }
 
 /// The command that regenerates the files, with the directories the check
@@ -121,13 +79,4 @@ fn fix_command(args: &DdlArgs) -> String {
         command.push_str(&format!(" --out {}", args.out.display()));
     }
     command
-}
-
-/// The file's content, `None` if it does not exist.
-fn read(path: &Path) -> anyhow::Result<Option<String>> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("cannot read `{}`", path.display())),
-    }
 }

@@ -12,9 +12,13 @@
 //! so that the commands are also reachable from the library (and a future
 //! `serve` command slots in as one more [`Command`] variant and file).
 
+mod bench;
 mod check;
 mod ddl;
+mod generated;
 mod migrate;
+mod schema;
+mod serve;
 
 use std::io::IsTerminal as _;
 use std::path::Path;
@@ -24,9 +28,12 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use index_dsl::Definitions;
 
+pub use bench::BenchArgs;
 pub use check::CheckArgs;
 pub use ddl::DdlArgs;
 pub use migrate::MigrateArgs;
+pub use schema::SchemaArgs;
+pub use serve::ServeArgs;
 
 /// Default directory of the datastore and index definitions.
 pub const DEFAULT_DATASTORES: &str = "./datastores";
@@ -65,6 +72,11 @@ pub enum Command {
     /// `cellgate migrate` would create them. With `--check`, writes nothing
     /// and exits 1 if any file is missing or out of date.
     Ddl(DdlArgs),
+    /// Write the GraphQL SDL of the definitions to `schema/schema.graphql`.
+    ///
+    /// Frontend clients generate code against this file. With `--check`,
+    /// writes nothing and exits 1 if it is missing or out of date.
+    Schema(SchemaArgs),
     /// Create the storage tables in the configured database.
     ///
     /// Always creates the cluster tables (the `cellgate_shards` registry).
@@ -73,6 +85,23 @@ pub enum Command {
     /// now, and updates shards whose definitions changed (a new index).
     /// Safe to run again.
     Migrate(MigrateArgs),
+    /// Serve the GraphQL API over HTTP.
+    ///
+    /// Loads the definitions, opens the store, and serves `POST/GET
+    /// /graphql`, a GraphQL playground at `/`, `/healthz`, `/readyz` and
+    /// `/metrics` until Ctrl-C or SIGTERM. Settings come from the flags,
+    /// then `--config FILE`, then the defaults.
+    Serve(ServeArgs),
+    /// Measure the HTTP gateway against the Rust API on a fresh store.
+    ///
+    /// Loads trips into a new SQLite store (a temporary directory unless
+    /// `--data` is given), starts `cellgate serve` on a free port of
+    /// 127.0.0.1, runs an index query and a batched write through it for
+    /// `--duration` seconds each at `--concurrency`, runs the same work
+    /// in-process through the Rust API, and prints requests, req/s, p50 and
+    /// p99 latency and errors per workload and path. Exits 1 if any request
+    /// failed.
+    Bench(BenchArgs),
 }
 
 /// Runs a parsed command line; errors are for `main` to print.
@@ -81,7 +110,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Check(args) => check::run(args),
         Command::Ddl(args) => ddl::run(args),
+        Command::Schema(args) => schema::run(args),
         Command::Migrate(args) => migrate::run(args).await,
+        Command::Serve(args) => serve::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
     }
 }
 

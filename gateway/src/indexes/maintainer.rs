@@ -53,6 +53,9 @@ pub struct ShardLag {
     pub lag_ms: u64,
 }
 
+/// Delay quantiles `(quantile, microseconds)` and the sample count.
+pub(crate) type DelayQuantiles = (Vec<(f64, u64)>, u64);
+
 /// Held while one cell shard is being maintained in this process.
 type ShardLock = Arc<tokio::sync::Mutex<()>>;
 
@@ -63,6 +66,10 @@ pub(crate) struct Maintainer {
     /// Shards sent to the task and not yet started.
     queued: Mutex<std::collections::HashSet<(String, u32)>>,
     locks: Mutex<HashMap<(String, u32), ShardLock>>,
+    /// Per shard, when the oldest write not yet applied was noted.
+    pending: Mutex<HashMap<(String, u32), chrono::DateTime<Utc>>>,
+    /// Apply delays since start, for metrics.
+    delays_total_us: Mutex<hdrhistogram::Histogram<u64>>,
     delays_us: Mutex<hdrhistogram::Histogram<u64>>,
 }
 
@@ -73,6 +80,11 @@ impl Maintainer {
             wake,
             queued: Mutex::new(std::collections::HashSet::new()),
             locks: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            delays_total_us: Mutex::new(
+                hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                    .expect("valid histogram bounds"),
+            ),
             delays_us: Mutex::new(
                 hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
                     .expect("valid histogram bounds"),
@@ -88,6 +100,50 @@ impl Maintainer {
             // The receiver is gone only while the store shuts down.
             let _ = self.wake.send(key);
         }
+    }
+
+    /// Records that `shard` has a committed write the indexes have not seen.
+    pub(crate) fn note_write(&self, datastore: &str, shard: u32) {
+        self.pending
+            .lock()
+            .expect("pending map")
+            .entry((datastore.to_string(), shard))
+            .or_insert_with(Utc::now);
+    }
+
+    /// Forgets the pending mark of `shard` if it is older than `caught_up`,
+    /// the moment the maintainer found the log empty.
+    fn caught_up(&self, datastore: &str, shard: u32, caught_up: chrono::DateTime<Utc>) {
+        let mut pending = self.pending.lock().expect("pending map");
+        let key = (datastore.to_string(), shard);
+        if pending.get(&key).is_some_and(|noted| *noted <= caught_up) {
+            pending.remove(&key);
+        }
+    }
+
+    /// Delay quantiles since start and the currently lagging shards.
+    pub(crate) fn snapshot(&self) -> (DelayQuantiles, Vec<(String, u32, u64)>) {
+        let histogram = self.delays_total_us.lock().expect("histogram");
+        let quantiles = [0.5, 0.9, 0.99, 1.0]
+            .into_iter()
+            .map(|q| (q, histogram.value_at_quantile(q)))
+            .collect();
+        let now = Utc::now();
+        let mut lagging: Vec<(String, u32, u64)> = self
+            .pending
+            .lock()
+            .expect("pending map")
+            .iter()
+            .map(|((ds, shard), since)| {
+                (
+                    ds.clone(),
+                    *shard,
+                    (now - *since).num_milliseconds().max(0) as u64,
+                )
+            })
+            .collect();
+        lagging.sort();
+        ((quantiles, histogram.len()), lagging)
     }
 
     fn dequeue(&self, datastore: &str, shard: u32) {
@@ -219,8 +275,10 @@ impl Store {
         let mut offsets = self.read_offsets(&ds, shard).await?;
         loop {
             let from = offsets.iter().copied().min().unwrap_or(0);
+            let started = Utc::now();
             let cells = self.log_keys_after(&ds, shard, from, PAGE).await?;
             let Some(last) = cells.last().map(|c| c.added_id) else {
+                self.inner.maintainer.caught_up(datastore, shard, started);
                 return Ok(());
             };
             self.apply_page(&ds, shard, &offsets, &cells).await?;
@@ -231,9 +289,19 @@ impl Store {
             let mut delays = self.inner.maintainer.delays_us.lock().expect("histogram");
             let indexed =
                 |c: &&LogKey| ds.def.indexes.iter().any(|i| i.columns.contains(&c.column));
+            let mut totals = self
+                .inner
+                .maintainer
+                .delays_total_us
+                .lock()
+                .expect("histogram");
             for cell in cells.iter().filter(indexed) {
-                let delay = (now - cell.created_at).num_microseconds().unwrap_or(0);
-                let _ = delays.record(delay.max(1) as u64);
+                let delay = (now - cell.created_at)
+                    .num_microseconds()
+                    .unwrap_or(0)
+                    .max(1) as u64;
+                let _ = delays.record(delay);
+                let _ = totals.record(delay);
             }
         }
     }

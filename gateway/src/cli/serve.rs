@@ -1,0 +1,242 @@
+//! `cellgate serve`: the GraphQL gateway over HTTP.
+//!
+//! Settings come from three layers, strongest first: command-line flags
+//! (and their `CELLGATE_*` twins), the `--config` file, and the defaults of
+//! [`Config`]. Flags therefore have no clap defaults: an absent flag must
+//! not override a value from the file; `--help` names the defaults in text.
+//!
+//! Start-up is ordered so that every mistake is reported before the port is
+//! bound: definitions (printed as diagnostics, exit 1), storage, the
+//! optional demo data, the schema. The line announcing the address is the
+//! signal that the server is ready; tests and scripts wait for it, so it is
+//! flushed at once and names the bound port, also when `--listen` asked for
+//! port 0.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Args;
+
+use crate::config::{Config, StorageConfig};
+use crate::http::Gateway;
+use crate::{Store, StoreOptions};
+
+use super::{load_definitions, plural};
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address and port to listen on; port 0 picks a free port (the
+    /// address printed at start-up has the real one).
+    /// [default: 127.0.0.1:8080]
+    #[arg(long, value_name = "ADDR", env = "CELLGATE_LISTEN")]
+    pub listen: Option<SocketAddr>,
+
+    /// Data directory of the embedded SQLite database (`<DIR>/cellgate.db`,
+    /// created if missing). Ignored when `--database` is given or the
+    /// configuration file lists storage clusters. [default: ./data]
+    #[arg(long, value_name = "DIR", env = "CELLGATE_DATA")]
+    pub data: Option<PathBuf>,
+
+    /// Directory of the datastore and index definitions.
+    /// [default: ./datastores]
+    #[arg(long, value_name = "DIR", env = "CELLGATE_DATASTORES")]
+    pub datastores: Option<PathBuf>,
+
+    /// URL of the one database cluster to use instead of the embedded
+    /// SQLite database or the configured clusters: `sqlite://PATH`,
+    /// `mysql://USER:PASS@HOST/DB`, `mariadb://…` or
+    /// `postgres://USER:PASS@HOST/DB`.
+    // The URL may hold a password: `--help` must not print it.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "CELLGATE_DATABASE_URL",
+        hide_env_values = true
+    )]
+    pub database: Option<String>,
+
+    /// Load a small sample of trips and payments if the store is empty.
+    #[arg(
+        long,
+        env = "CELLGATE_DEMO",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub demo: bool,
+
+    /// Configuration file (`cellgate.yaml`; see `cellgate.example.yaml`).
+    /// Flags and their environment variables override its values.
+    #[arg(long, value_name = "FILE", env = "CELLGATE_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+/// The file's configuration with the flags applied.
+fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?,
+        None => Config::default(),
+    };
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(data) = &args.data {
+        config.data = data.clone();
+    }
+    if let Some(datastores) = &args.datastores {
+        config.datastores = datastores.clone();
+    }
+    let file_storage = std::mem::take(&mut config.storage);
+    config.storage = if let Some(url) = &args.database {
+        StorageConfig {
+            max_connections: file_storage.max_connections,
+            ..StorageConfig::single(url)
+        }
+    } else if file_storage.clusters.is_empty() {
+        StorageConfig {
+            buffer_count: file_storage.buffer_count,
+            shards: file_storage.shards,
+            max_connections: file_storage.max_connections,
+            ..StorageConfig::embedded(&config.data)
+        }
+    } else {
+        file_storage
+    };
+    Ok(config)
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let config = resolve(&args)?;
+    let Some(defs) = load_definitions(&config.datastores, "--datastores")? else {
+        return Ok(ExitCode::FAILURE);
+    };
+    let clusters: Vec<&str> = config
+        .storage
+        .clusters
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    let clusters = clusters.join(", ");
+    let store = Store::open(defs, StoreOptions::new(config.storage.clone()))
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open storage (clusters {clusters}): {e}"))?;
+
+    if args.demo {
+        let loaded = crate::demo::load_demo(&store)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot load the demo data: {e}"))?;
+        match loaded {
+            Some(summary) => println!(
+                "demo data loaded: {}, {} ({})",
+                plural(summary.trips, "trip", "trips"),
+                plural(summary.payments, "payment", "payments"),
+                plural(summary.cells, "cell", "cells"),
+            ),
+            None => println!("demo data not loaded: the store already holds cells"),
+        }
+    }
+
+    let schema = crate::graphql::build_schema(&store, config.limits.graphql())
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let address = listener
+        .local_addr()
+        .context("cannot read the bound address")?;
+    let gateway = Arc::new(Gateway::new(store, schema, &config.limits));
+    let shutdown = shutdown_signal()?;
+
+    println!("cellgate listening on http://{address} — GraphQL playground at http://{address}/");
+    std::io::stdout()
+        .flush()
+        .context("cannot write to stdout")?;
+    tracing::info!(%address, "serving");
+
+    crate::http::serve(listener, gateway, shutdown)
+        .await
+        .context("the HTTP server failed")?;
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A future that resolves on Ctrl-C or SIGTERM. The handlers are installed
+/// now, not when the future is first polled, so a signal sent right after
+/// the listening line is printed is not lost (it would kill the process).
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    #[cfg(unix)]
+    let (mut interrupt, mut terminate) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
+            signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
+        )
+    };
+    Ok(async move {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down: finishing requests in flight");
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(config: Option<PathBuf>) -> ServeArgs {
+        ServeArgs {
+            listen: None,
+            data: None,
+            datastores: None,
+            database: None,
+            demo: false,
+            config,
+        }
+    }
+
+    #[test]
+    fn without_flags_or_file_the_store_is_embedded_in_the_data_directory() {
+        let config = resolve(&args(None)).unwrap();
+        assert_eq!(config.listen, crate::config::DEFAULT_LISTEN);
+        assert_eq!(
+            config.storage,
+            StorageConfig::embedded(std::path::Path::new("./data"))
+        );
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cellgate.yaml");
+        std::fs::write(
+            &file,
+            "listen: 0.0.0.0:9000\ndata: /srv/cells\nlimits:\n  max_depth: 5\n",
+        )
+        .unwrap();
+        let from_file = resolve(&args(Some(file.clone()))).unwrap();
+        assert_eq!(from_file.listen.port(), 9000);
+        assert_eq!(from_file.limits.max_depth, 5);
+        assert_eq!(
+            from_file.storage,
+            StorageConfig::embedded(std::path::Path::new("/srv/cells"))
+        );
+
+        let mut flags = args(Some(file));
+        flags.listen = Some("127.0.0.1:0".parse().unwrap());
+        flags.database = Some("sqlite://other.db".into());
+        let overridden = resolve(&flags).unwrap();
+        assert_eq!(overridden.listen.port(), 0);
+        assert_eq!(
+            overridden.storage,
+            StorageConfig::single("sqlite://other.db")
+        );
+        assert_eq!(overridden.limits.max_depth, 5);
+    }
+}

@@ -1,0 +1,26 @@
+//! Errors as clients see them: a message and a stable `extensions.code`.
+//!
+//! Store errors map through [`crate::Error::code`] and
+//! [`crate::Error::client_message`], so SQL, driver texts and paths stay in
+//! the logs; internal errors are logged here with their full text.
+
+use async_graphql::ErrorExtensions;
+
+/// A client-facing error with `code`.
+pub fn coded(code: &'static str, message: impl Into<String>) -> async_graphql::Error {
+    async_graphql::Error::new(message.into()).extend_with(|_, e| e.set("code", code))
+}
+
+/// `BAD_USER_INPUT` with a message.
+pub fn bad_input(message: impl Into<String>) -> async_graphql::Error {
+    coded("BAD_USER_INPUT", message)
+}
+
+/// Converts a store error, logging what the client does not see.
+pub fn from_store(err: &crate::Error) -> async_graphql::Error {
+    let code = err.code();
+    if matches!(code, "INTERNAL" | "STORAGE_UNAVAILABLE" | "CORRUPT_BODY") {
+        tracing::error!(code, error = %err, "request failed");
+    }
+    coded(code, err.client_message())
+}

@@ -1,0 +1,35 @@
+//! The GraphQL schema, generated at start-up from the definitions.
+//!
+//! Only this module knows async-graphql. `build_schema` (in `schema.rs`)
+//! turns the definitions into a dynamic schema; `execute` runs one request
+//! with its per-request data: the store and a DataLoader (`loaders.rs`)
+//! that batches cell reads per shard. `scalars.rs` holds the custom scalars
+//! and `errors.rs` the mapping of store errors to stable codes.
+
+mod errors;
+mod loaders;
+mod scalars;
+mod schema;
+
+use async_graphql::dataloader::DataLoader;
+
+pub use schema::{build_schema, camel, pascal, sdl, GraphqlLimits};
+
+use crate::Store;
+
+/// Runs one GraphQL request against the schema.
+pub async fn execute(
+    schema: &async_graphql::dynamic::Schema,
+    store: &Store,
+    request: async_graphql::Request,
+) -> async_graphql::Response {
+    let loader = DataLoader::new(
+        loaders::CellLoader {
+            store: store.clone(),
+        },
+        tokio::spawn,
+    );
+    schema
+        .execute(request.data(store.clone()).data(loader))
+        .await
+}

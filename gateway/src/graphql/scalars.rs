@@ -1,0 +1,111 @@
+//! The custom scalars: `UUID`, `DateTime` (RFC 3339), `JSON`, and `Int64`
+//! (accepts an integer or a decimal string, returns a decimal string so it
+//! stays exact in JavaScript), with the conversions resolvers use.
+
+use async_graphql::dynamic::{Scalar, ValueAccessor};
+use async_graphql::{Name, Value};
+use chrono::{DateTime, SecondsFormat, Utc};
+use uuid::Uuid;
+
+use super::errors::bad_input;
+use crate::storage::Value as SqlValue;
+
+pub const UUID: &str = "UUID";
+pub const DATETIME: &str = "DateTime";
+pub const JSON: &str = "JSON";
+pub const INT64: &str = "Int64";
+
+pub fn scalars() -> Vec<Scalar> {
+    vec![
+        Scalar::new(UUID)
+            .description("A UUID in its canonical text form, e.g. `7d0b2b1e-4c3a-4a8e-9b59-1a2b3c4d5e6f`.")
+            .specified_by_url("https://www.rfc-editor.org/rfc/rfc4122")
+            .validator(|v| matches!(v, Value::String(s) if Uuid::parse_str(s).is_ok())),
+        Scalar::new(DATETIME)
+            .description("An RFC 3339 date and time, e.g. `2024-01-01T00:00:00Z`; returned in UTC.")
+            .specified_by_url("https://www.rfc-editor.org/rfc/rfc3339")
+            .validator(|v| matches!(v, Value::String(s) if parse_datetime(s).is_some())),
+        Scalar::new(JSON).description("Any JSON value."),
+        Scalar::new(INT64)
+            .description("A signed 64-bit integer. Accepts a number or a decimal string; returned as a decimal string so JavaScript keeps it exact.")
+            .validator(|v| int64_of(v).is_some()),
+    ]
+}
+
+fn parse_datetime(s: &str) -> Option<DateTime<Utc>> {
+    crate::indexes::entry::parse_datetime(s)
+}
+
+fn int64_of(value: &Value) -> Option<i64> {
+    match value {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+/// Reads an `Int64` argument.
+pub fn int64(arg: &ValueAccessor<'_>, name: &str) -> async_graphql::Result<i64> {
+    int64_of(arg.as_value()).ok_or_else(|| {
+        bad_input(format!(
+            "`{name}` must be a 64-bit integer or a decimal string"
+        ))
+    })
+}
+
+/// Reads a `UUID` argument.
+pub fn uuid(arg: &ValueAccessor<'_>, name: &str) -> async_graphql::Result<Uuid> {
+    match arg.as_value() {
+        Value::String(s) => Uuid::parse_str(s)
+            .map_err(|_| bad_input(format!("`{name}`: `{s}` is not a valid UUID"))),
+        _ => Err(bad_input(format!("`{name}` must be a UUID string"))),
+    }
+}
+
+/// Reads a `DateTime` argument.
+pub fn datetime(arg: &ValueAccessor<'_>, name: &str) -> async_graphql::Result<DateTime<Utc>> {
+    match arg.as_value() {
+        Value::String(s) => parse_datetime(s)
+            .ok_or_else(|| bad_input(format!("`{name}`: `{s}` is not an RFC 3339 datetime"))),
+        _ => Err(bad_input(format!(
+            "`{name}` must be an RFC 3339 datetime string"
+        ))),
+    }
+}
+
+pub fn int64_value(v: i64) -> Value {
+    Value::String(v.to_string())
+}
+
+pub fn datetime_value(t: DateTime<Utc>) -> Value {
+    Value::String(t.to_rfc3339_opts(SecondsFormat::AutoSi, true))
+}
+
+/// A GraphQL value from JSON.
+pub fn json_value(json: serde_json::Value) -> Value {
+    Value::from_json(json).unwrap_or(Value::Null)
+}
+
+/// A typed storage value as the GraphQL value of its index field.
+pub fn sql_value(value: &SqlValue) -> Value {
+    match value {
+        SqlValue::Null(_) => Value::Null,
+        SqlValue::Bool(b) => Value::Boolean(*b),
+        SqlValue::Int(i) => int64_value(*i),
+        SqlValue::Float(f) => Value::from(*f),
+        SqlValue::Text(s) => Value::String(s.clone()),
+        SqlValue::Bytes(b) => Value::String(base64_encode(b)),
+        SqlValue::Uuid(u) => Value::String(u.to_string()),
+        SqlValue::DateTime(t) => datetime_value(*t),
+    }
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// `Name` helper for building object values.
+pub fn name(s: &str) -> Name {
+    Name::new(s)
+}

@@ -1,0 +1,1342 @@
+//! Builds the dynamic schema from the definitions.
+//!
+//! Names clients can rely on, for a datastore `trips` with an index
+//! `driver_partner_index` (shard field `driver_partner_uuid`):
+//!
+//! - `Query.trips: TripsQuery!` with `row`, `rows`, `cell`, `latestCell`,
+//!   `history`, `cellsForShard`, and `driverPartnerIndex(driverPartnerUuid,
+//!   driverPartnerUuidIn, where, filter, orderBy, first, after)` returning a
+//!   Relay connection `TripsDriverPartnerIndexConnection`;
+//! - `TripsRow` with `rowKey` and one field per column in camelCase
+//!   (`base`, `fareAdjustment`) returning the latest `Cell`, or the version
+//!   given by `refKey`;
+//! - `TripsColumn` enum, `TripsCellInput`, and
+//!   `Mutation.tripsPutCells(cells: [TripsCellInput!]!): [PutCellResult!]!`;
+//! - `Query.datastores` describing definitions and topology.
+//!
+//! Index field resolvers read only what the query selected: the connection
+//! resolver looks ahead at `edges.node` and asks the store for those fields
+//! alone. `row` fields go through the per-request [`CellLoader`].
+
+use std::sync::Arc;
+
+use async_graphql::dataloader::DataLoader;
+use async_graphql::dynamic::{
+    Enum, EnumItem, Field, FieldFuture, FieldValue, InputObject, InputValue, Object,
+    ResolverContext, Schema, TypeRef, ValueAccessor,
+};
+use async_graphql::{PathSegment, Value};
+use index_dsl::{CompareOp, Condition, Datastore, FieldType, Index, Literal};
+use uuid::Uuid;
+
+use super::errors::{bad_input, coded, from_store};
+use super::loaders::{CellLoader, CellRequest};
+use super::scalars::{
+    self, datetime, datetime_value, int64, int64_value, json_value, sql_value, DATETIME, INT64,
+    JSON, UUID,
+};
+use crate::cells::{Cell, CellKey, Location, LogPage, NewCell, PutStatus};
+use crate::indexes::{IndexEntry, IndexPage, IndexQuery, OrderBy};
+use crate::Store;
+
+/// Limits enforced by the schema on every request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphqlLimits {
+    /// Deepest selection nesting accepted.
+    pub depth: usize,
+    /// Largest query complexity accepted (each selected field counts 1).
+    pub complexity: usize,
+}
+
+impl Default for GraphqlLimits {
+    fn default() -> Self {
+        GraphqlLimits {
+            depth: 12,
+            complexity: 2_000,
+        }
+    }
+}
+
+/// Most rows one `rows` call may ask for.
+const MAX_ROWS: usize = 1000;
+
+/// `snake_case` or `SCREAMING_CASE` to `camelCase`.
+pub fn camel(name: &str) -> String {
+    let mut out = String::new();
+    for (i, part) in name.split('_').filter(|p| !p.is_empty()).enumerate() {
+        let lower = if part.chars().any(|c| c.is_ascii_lowercase()) {
+            part.to_string()
+        } else {
+            part.to_ascii_lowercase()
+        };
+        if i == 0 {
+            let mut chars = lower.chars();
+            if let Some(first) = chars.next() {
+                out.extend(first.to_lowercase());
+                out.push_str(chars.as_str());
+            }
+        } else {
+            let mut chars = lower.chars();
+            if let Some(first) = chars.next() {
+                out.extend(first.to_uppercase());
+                out.push_str(chars.as_str());
+            }
+        }
+    }
+    out
+}
+
+/// `snake_case` to `PascalCase`.
+pub fn pascal(name: &str) -> String {
+    let camel = camel(name);
+    let mut chars = camel.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+fn parent<'a, T: std::any::Any>(ctx: &ResolverContext<'a>) -> async_graphql::Result<&'a T> {
+    ctx.parent_value.try_downcast_ref::<T>()
+}
+
+/// A field computed from the parent value of type `T`.
+fn from_parent<T, F>(name: &str, ty: TypeRef, f: F) -> Field
+where
+    T: std::any::Any + Send + Sync,
+    F: Fn(&T) -> Value + Send + Sync + 'static,
+{
+    let f = Arc::new(f);
+    Field::new(name, ty, move |ctx| {
+        let f = f.clone();
+        FieldFuture::new(async move {
+            let value = f(parent::<T>(&ctx)?);
+            Ok(Some(FieldValue::value(value)))
+        })
+    })
+}
+
+/// A field of a metadata object: reads `name` from the parent `Value`.
+fn meta_field(name: &'static str, ty: TypeRef) -> Field {
+    Field::new(name, ty, move |ctx| {
+        FieldFuture::new(async move {
+            let value = match ctx.parent_value.as_value() {
+                Some(Value::Object(map)) => map.get(name).cloned().unwrap_or(Value::Null),
+                _ => Value::Null,
+            };
+            Ok(Some(meta_value(value)))
+        })
+    })
+}
+
+fn meta_value(value: Value) -> FieldValue<'static> {
+    match value {
+        Value::List(items) => FieldValue::list(items.into_iter().map(meta_value)),
+        other => FieldValue::value(other),
+    }
+}
+
+/// Marker parent value of `Query.<datastore>`.
+struct DatastoreRoot;
+
+/// Parent value of a row object.
+struct RowRef {
+    row_key: Uuid,
+}
+
+/// Parent value of one mutation result.
+struct PutOutcome {
+    row_key: Uuid,
+    column: String,
+    ref_key: i64,
+    /// The status, or the refused cell's error code and message.
+    result: Result<PutStatus, (&'static str, String)>,
+}
+
+/// The schema for the store's definitions.
+pub fn build_schema(store: &Store, limits: GraphqlLimits) -> crate::Result<Schema> {
+    let topology = |ds: &str| store.topology(ds);
+    schema_for(store.definitions(), &topology, limits)
+}
+
+/// The SDL of the schema for `defs`, as exported to `schema/schema.graphql`.
+pub fn sdl(defs: &index_dsl::Definitions) -> crate::Result<String> {
+    let schema = schema_for(defs, &|_| Vec::new(), GraphqlLimits::default())?;
+    Ok(schema.sdl())
+}
+
+/// Shard ranges per datastore: `(first, last, cluster)`.
+type Topology<'t> = &'t dyn Fn(&str) -> Vec<(u32, u32, String)>;
+
+fn schema_for(
+    defs: &index_dsl::Definitions,
+    topology: Topology<'_>,
+    limits: GraphqlLimits,
+) -> crate::Result<Schema> {
+    let defs = defs.clone();
+    let mut builder = Schema::build(
+        "Query",
+        (!defs.datastores.is_empty()).then_some("Mutation"),
+        None,
+    );
+    for scalar in scalars::scalars() {
+        builder = builder.register(scalar);
+    }
+    builder = builder
+        .register(cell_type())
+        .register(log_page_type())
+        .register(page_info_type())
+        .register(put_result_type())
+        .register(put_error_type())
+        .register(
+            Enum::new("PutStatus")
+                .description("What happened to a written cell.")
+                .item(EnumItem::new("WRITTEN").description("stored now"))
+                .item(
+                    EnumItem::new("DUPLICATE").description("an identical cell was already stored"),
+                )
+                .item(EnumItem::new("BUFFERED").description(
+                    "kept in a buffer while its primary is down; readable once replayed",
+                )),
+        )
+        .register(
+            Enum::new("SortDirection")
+                .item(EnumItem::new("ASC"))
+                .item(EnumItem::new("DESC")),
+        );
+    for ty in [
+        FieldType::Uuid,
+        FieldType::String,
+        FieldType::Int,
+        FieldType::Float,
+        FieldType::Bool,
+        FieldType::DateTime,
+    ] {
+        builder = builder.register(filter_input(ty));
+    }
+    for object in metadata_types() {
+        builder = builder.register(object);
+    }
+    let mut query = Object::new("Query").description("Reads of every datastore.");
+    query = query.field(datastores_field(topology, &defs));
+    let mut mutation = Object::new("Mutation").description("Writes of every datastore.");
+    let mut seen = std::collections::HashSet::from(["datastores".to_string()]);
+    for datastore in &defs.datastores {
+        let ds: Arc<str> = Arc::from(datastore.name.as_str());
+        if !seen.insert(camel(&datastore.name)) {
+            return Err(name_clash(&format!("Query.{}", camel(&datastore.name))));
+        }
+        let types = DatastoreTypes::new(datastore);
+        builder = builder
+            .register(types.column_enum(datastore))
+            .register(types.row_type(datastore, &ds)?)
+            .register(types.cell_input(datastore))
+            .register(types.query_type(datastore, &ds)?);
+        for index in &datastore.indexes {
+            for object in index_types(datastore, index, &ds)? {
+                builder = builder.register(object);
+            }
+        }
+        query = query.field(
+            Field::new(
+                camel(&datastore.name),
+                TypeRef::named_nn(&types.query),
+                |_| FieldFuture::new(async { Ok(Some(FieldValue::owned_any(DatastoreRoot))) }),
+            )
+            .description(
+                datastore
+                    .description
+                    .clone()
+                    .unwrap_or_else(|| format!("The `{}` datastore.", datastore.name)),
+            ),
+        );
+        mutation = mutation.field(put_cells_field(datastore, &types, &ds));
+    }
+    builder = builder.register(query);
+    if !defs.datastores.is_empty() {
+        builder = builder.register(mutation);
+    }
+    builder
+        .limit_depth(limits.depth)
+        .limit_complexity(limits.complexity)
+        .finish()
+        .map_err(|e| crate::Error::Config(format!("cannot build the GraphQL schema: {e}")))
+}
+
+fn name_clash(what: &str) -> crate::Error {
+    crate::Error::Config(format!(
+        "two definitions map to the GraphQL name `{what}`; rename one of them"
+    ))
+}
+
+/// Type names generated for one datastore.
+struct DatastoreTypes {
+    query: String,
+    row: String,
+    column: String,
+    cell_input: String,
+}
+
+impl DatastoreTypes {
+    fn new(datastore: &Datastore) -> Self {
+        let p = pascal(&datastore.name);
+        DatastoreTypes {
+            query: format!("{p}Query"),
+            row: format!("{p}Row"),
+            column: format!("{p}Column"),
+            cell_input: format!("{p}CellInput"),
+        }
+    }
+
+    fn column_enum(&self, datastore: &Datastore) -> Enum {
+        let mut e = Enum::new(&self.column)
+            .description(format!("Columns of the `{}` datastore.", datastore.name));
+        for column in &datastore.columns {
+            let mut item = EnumItem::new(&column.name);
+            if let Some(d) = &column.description {
+                item = item.description(d);
+            }
+            e = e.item(item);
+        }
+        e
+    }
+
+    fn row_type(&self, datastore: &Datastore, ds: &Arc<str>) -> crate::Result<Object> {
+        let mut row = Object::new(&self.row)
+            .description(format!(
+                "A row of `{}`: its latest cell per column, or the version given by `refKey`.",
+                datastore.name
+            ))
+            .field(from_parent::<RowRef, _>(
+                "rowKey",
+                TypeRef::named_nn(UUID),
+                |r| Value::String(r.row_key.to_string()),
+            ));
+        let mut seen = std::collections::HashSet::from(["rowKey".to_string()]);
+        for column in &datastore.columns {
+            let field_name = camel(&column.name);
+            if !seen.insert(field_name.clone()) {
+                return Err(name_clash(&format!("{}.{field_name}", self.row)));
+            }
+            let ds = ds.clone();
+            let column_name: Arc<str> = Arc::from(column.name.as_str());
+            let field = Field::new(field_name, TypeRef::named("Cell"), move |ctx| {
+                let ds = ds.clone();
+                let column = column_name.clone();
+                FieldFuture::new(async move {
+                    let row = parent::<RowRef>(&ctx)?;
+                    let loader = ctx.data::<DataLoader<CellLoader>>()?;
+                    let request = match ctx.args.get("refKey").filter(|v| !v.is_null()) {
+                        Some(v) => CellRequest::Exact {
+                            datastore: ds,
+                            key: CellKey {
+                                row_key: row.row_key,
+                                column: column.to_string(),
+                                ref_key: int64(&v, "refKey")?,
+                            },
+                        },
+                        None => CellRequest::Latest {
+                            datastore: ds,
+                            row_key: row.row_key,
+                            column,
+                        },
+                    };
+                    let cell = loader.load_one(request).await.map_err(|e| from_store(&e))?;
+                    Ok(cell.map(FieldValue::owned_any))
+                })
+            })
+            .argument(
+                InputValue::new("refKey", TypeRef::named(INT64))
+                    .description("A specific version; the latest when omitted."),
+            )
+            .description(
+                column
+                    .description
+                    .clone()
+                    .unwrap_or_else(|| format!("The `{}` cell of this row.", column.name)),
+            );
+            row = row.field(field);
+        }
+        Ok(row)
+    }
+
+    fn cell_input(&self, datastore: &Datastore) -> InputObject {
+        InputObject::new(&self.cell_input)
+            .description(format!("A cell to write to `{}`.", datastore.name))
+            .field(InputValue::new("rowKey", TypeRef::named_nn(UUID)))
+            .field(InputValue::new("column", TypeRef::named_nn(&self.column)))
+            .field(InputValue::new("refKey", TypeRef::named_nn(INT64)))
+            .field(InputValue::new("body", TypeRef::named_nn(JSON)).description("a JSON object"))
+    }
+
+    fn query_type(&self, datastore: &Datastore, ds: &Arc<str>) -> crate::Result<Object> {
+        let mut object = Object::new(&self.query)
+            .description(format!("Reads of the `{}` datastore.", datastore.name));
+        let d = ds.clone();
+        object = object.field(
+            Field::new("row", TypeRef::named_nn(&self.row), move |ctx| {
+                let _ = &d;
+                FieldFuture::new(async move {
+                    let row_key = scalars::uuid(&ctx.args.try_get("rowKey")?, "rowKey")?;
+                    Ok(Some(FieldValue::owned_any(RowRef { row_key })))
+                })
+            })
+            .argument(InputValue::new("rowKey", TypeRef::named_nn(UUID)))
+            .description("One row; its column fields are null where the row has no cell."),
+        );
+        object = object.field(
+            Field::new("rows", TypeRef::named_nn_list_nn(&self.row), |ctx| {
+                FieldFuture::new(async move {
+                    let keys = ctx.args.try_get("rowKeys")?.list()?;
+                    if keys.len() > MAX_ROWS {
+                        return Err(coded(
+                            "LIMIT_EXCEEDED",
+                            format!("at most {MAX_ROWS} row keys per call"),
+                        ));
+                    }
+                    let mut rows = Vec::with_capacity(keys.len());
+                    for key in keys.iter() {
+                        let row_key = scalars::uuid(&key, "rowKeys")?;
+                        rows.push(FieldValue::owned_any(RowRef { row_key }));
+                    }
+                    Ok(Some(FieldValue::list(rows)))
+                })
+            })
+            .argument(InputValue::new("rowKeys", TypeRef::named_nn_list_nn(UUID)))
+            .description(
+                "Several rows, in the order asked; cells are fetched in one query per shard.",
+            ),
+        );
+        let d = ds.clone();
+        object = object.field(
+            Field::new("cell", TypeRef::named("Cell"), move |ctx| {
+                let ds = d.clone();
+                FieldFuture::new(async move {
+                    let store = ctx.data::<Store>()?;
+                    let key = CellKey {
+                        row_key: scalars::uuid(&ctx.args.try_get("rowKey")?, "rowKey")?,
+                        column: ctx.args.try_get("column")?.enum_name()?.to_string(),
+                        ref_key: int64(&ctx.args.try_get("refKey")?, "refKey")?,
+                    };
+                    let cell = store
+                        .get_cell(&ds, &key)
+                        .await
+                        .map_err(|e| from_store(&e))?;
+                    Ok(cell.map(FieldValue::owned_any))
+                })
+            })
+            .argument(InputValue::new("rowKey", TypeRef::named_nn(UUID)))
+            .argument(InputValue::new("column", TypeRef::named_nn(&self.column)))
+            .argument(InputValue::new("refKey", TypeRef::named_nn(INT64)))
+            .description("One version of a cell."),
+        );
+        let d = ds.clone();
+        object = object.field(
+            Field::new("latestCell", TypeRef::named("Cell"), move |ctx| {
+                let ds = d.clone();
+                FieldFuture::new(async move {
+                    let store = ctx.data::<Store>()?;
+                    let row_key = scalars::uuid(&ctx.args.try_get("rowKey")?, "rowKey")?;
+                    let column = ctx.args.try_get("column")?.enum_name()?.to_string();
+                    let cell = store
+                        .get_cell_latest(&ds, row_key, &column)
+                        .await
+                        .map_err(|e| from_store(&e))?;
+                    Ok(cell.map(FieldValue::owned_any))
+                })
+            })
+            .argument(InputValue::new("rowKey", TypeRef::named_nn(UUID)))
+            .argument(InputValue::new("column", TypeRef::named_nn(&self.column)))
+            .description("The version of a cell with the highest ref key."),
+        );
+        let d = ds.clone();
+        object = object.field(
+            Field::new("history", TypeRef::named_nn_list_nn("Cell"), move |ctx| {
+                let ds = d.clone();
+                FieldFuture::new(async move {
+                    let store = ctx.data::<Store>()?;
+                    let row_key = scalars::uuid(&ctx.args.try_get("rowKey")?, "rowKey")?;
+                    let column = ctx.args.try_get("column")?.enum_name()?.to_string();
+                    let first = page_size(&ctx, "first", 20, 1000)?;
+                    let before = match ctx.args.get("before").filter(|v| !v.is_null()) {
+                        Some(v) => Some(int64(&v, "before")?),
+                        None => None,
+                    };
+                    let cells = store
+                        .history(&ds, row_key, &column, first, before)
+                        .await
+                        .map_err(|e| from_store(&e))?;
+                    Ok(Some(FieldValue::list(
+                        cells.into_iter().map(FieldValue::owned_any),
+                    )))
+                })
+            })
+            .argument(InputValue::new("rowKey", TypeRef::named_nn(UUID)))
+            .argument(InputValue::new("column", TypeRef::named_nn(&self.column)))
+            .argument(
+                InputValue::new("first", TypeRef::named(TypeRef::INT))
+                    .default_value(Value::from(20))
+                    .description("at most 1000"),
+            )
+            .argument(
+                InputValue::new("before", TypeRef::named(INT64))
+                    .description("only versions with a lower ref key (the previous page's last)"),
+            )
+            .description("Versions of a cell, newest first."),
+        );
+        let d = ds.clone();
+        object = object.field(
+            Field::new(
+                "cellsForShard",
+                TypeRef::named_nn("CellLogPage"),
+                move |ctx| {
+                    let ds = d.clone();
+                    FieldFuture::new(async move {
+                        let store = ctx.data::<Store>()?;
+                        let shard = ctx.args.try_get("shard")?.i64()?;
+                        let shard = u32::try_from(shard)
+                            .map_err(|_| bad_input(format!("shard {shard} does not exist")))?;
+                        let after = ctx.args.get("after").filter(|v| !v.is_null());
+                        let since = ctx.args.get("since").filter(|v| !v.is_null());
+                        let location = match (after, since) {
+                            (Some(_), Some(_)) => {
+                                return Err(bad_input("give `after` or `since`, not both"))
+                            }
+                            (Some(after), None) => Location::AddedId(int64(&after, "after")?),
+                            (None, Some(since)) => Location::Timestamp(datetime(&since, "since")?),
+                            (None, None) => Location::AddedId(0),
+                        };
+                        let limit = page_size(&ctx, "limit", 100, crate::cells::MAX_LOG_PAGE)?;
+                        let page = store
+                            .cells_for_shard(&ds, shard, location, limit)
+                            .await
+                            .map_err(|e| from_store(&e))?;
+                        Ok(Some(FieldValue::owned_any(page)))
+                    })
+                },
+            )
+            .argument(InputValue::new("shard", TypeRef::named_nn(TypeRef::INT)))
+            .argument(
+                InputValue::new("after", TypeRef::named(INT64))
+                    .description("continue after this added id (the previous page's `next`)"),
+            )
+            .argument(
+                InputValue::new("since", TypeRef::named(DATETIME))
+                    .description("start at the first cell created at or after this time"),
+            )
+            .argument(
+                InputValue::new("limit", TypeRef::named(TypeRef::INT))
+                    .default_value(Value::from(100))
+                    .description("at most 1000"),
+            )
+            .description("A shard's cells in insertion order: the cell log."),
+        );
+        let mut seen: std::collections::HashSet<String> = [
+            "row",
+            "rows",
+            "cell",
+            "latestCell",
+            "history",
+            "cellsForShard",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        for index in &datastore.indexes {
+            let name = camel(&index.name);
+            if !seen.insert(name.clone()) {
+                return Err(name_clash(&format!("{}.{name}", self.query)));
+            }
+            object = object.field(index_field(datastore, index, ds, &self.row));
+        }
+        Ok(object)
+    }
+}
+
+/// Reads a page-size argument, with its default and maximum.
+fn page_size(
+    ctx: &ResolverContext<'_>,
+    name: &str,
+    default: u32,
+    max: u32,
+) -> async_graphql::Result<u32> {
+    let value = match ctx.args.get(name).filter(|v| !v.is_null()) {
+        Some(v) => v.i64()?,
+        None => i64::from(default),
+    };
+    if value < 0 {
+        return Err(bad_input(format!("`{name}` must not be negative")));
+    }
+    if value > i64::from(max) {
+        return Err(coded(
+            "LIMIT_EXCEEDED",
+            format!("`{name}` is at most {max}"),
+        ));
+    }
+    Ok(value as u32)
+}
+
+fn cell_type() -> Object {
+    Object::new("Cell")
+        .description("An immutable version of a column of a row.")
+        .field(from_parent::<Cell, _>(
+            "rowKey",
+            TypeRef::named_nn(UUID),
+            |c| Value::String(c.row_key.to_string()),
+        ))
+        .field(from_parent::<Cell, _>(
+            "column",
+            TypeRef::named_nn(TypeRef::STRING),
+            |c| Value::String(c.column.clone()),
+        ))
+        .field(from_parent::<Cell, _>(
+            "refKey",
+            TypeRef::named_nn(INT64),
+            |c| int64_value(c.ref_key),
+        ))
+        .field(from_parent::<Cell, _>(
+            "body",
+            TypeRef::named_nn(JSON),
+            |c| json_value(c.body.clone()),
+        ))
+        .field(from_parent::<Cell, _>(
+            "createdAt",
+            TypeRef::named_nn(DATETIME),
+            |c| datetime_value(c.created_at),
+        ))
+        .field(from_parent::<Cell, _>(
+            "shard",
+            TypeRef::named_nn(TypeRef::INT),
+            |c| Value::from(c.shard),
+        ))
+        .field(from_parent::<Cell, _>(
+            "addedId",
+            TypeRef::named_nn(INT64),
+            |c| int64_value(c.added_id),
+        ))
+}
+
+fn log_page_type() -> Object {
+    Object::new("CellLogPage")
+        .description("A page of a shard's cell log.")
+        .field(Field::new(
+            "cells",
+            TypeRef::named_nn_list_nn("Cell"),
+            |ctx| {
+                FieldFuture::new(async move {
+                    let page = parent::<LogPage>(&ctx)?;
+                    Ok(Some(FieldValue::list(
+                        page.cells.iter().cloned().map(FieldValue::owned_any),
+                    )))
+                })
+            },
+        ))
+        .field(
+            from_parent::<LogPage, _>("next", TypeRef::named_nn(INT64), |p| match p.next {
+                Location::AddedId(id) => int64_value(id),
+                Location::Timestamp(_) => Value::Null,
+            })
+            .description("pass as `after` to read on"),
+        )
+}
+
+fn page_info_type() -> Object {
+    Object::new("PageInfo")
+        .field(from_parent::<IndexPage, _>(
+            "hasNextPage",
+            TypeRef::named_nn(TypeRef::BOOLEAN),
+            |p| Value::Boolean(p.has_next_page),
+        ))
+        .field(from_parent::<IndexPage, _>(
+            "endCursor",
+            TypeRef::named(TypeRef::STRING),
+            |p| p.end_cursor.clone().map_or(Value::Null, Value::String),
+        ))
+}
+
+fn put_result_type() -> Object {
+    Object::new("PutCellResult")
+        .description("The outcome of one written cell.")
+        .field(from_parent::<PutOutcome, _>(
+            "rowKey",
+            TypeRef::named_nn(UUID),
+            |p| Value::String(p.row_key.to_string()),
+        ))
+        .field(from_parent::<PutOutcome, _>(
+            "column",
+            TypeRef::named_nn(TypeRef::STRING),
+            |p| Value::String(p.column.clone()),
+        ))
+        .field(from_parent::<PutOutcome, _>(
+            "refKey",
+            TypeRef::named_nn(INT64),
+            |p| int64_value(p.ref_key),
+        ))
+        .field(
+            from_parent::<PutOutcome, _>("status", TypeRef::named("PutStatus"), |p| {
+                match &p.result {
+                    Ok(status) => Value::Enum(async_graphql::Name::new(match status {
+                        PutStatus::Written => "WRITTEN",
+                        PutStatus::Duplicate => "DUPLICATE",
+                        PutStatus::Buffered => "BUFFERED",
+                    })),
+                    Err(_) => Value::Null,
+                }
+            })
+            .description("null when the cell was refused (see `error`)"),
+        )
+        .field(
+            from_parent::<PutOutcome, _>("readable", TypeRef::named_nn(TypeRef::BOOLEAN), |p| {
+                Value::Boolean(p.result.as_ref().is_ok_and(|s| s.readable()))
+            })
+            .description("whether the cell can be read back now"),
+        )
+        .field(
+            from_parent::<PutOutcome, _>("error", TypeRef::named("PutCellError"), |p| {
+                match &p.result {
+                    Ok(_) => Value::Null,
+                    Err((code, message)) => obj(vec![
+                        ("code", Value::String(code.to_string())),
+                        ("message", Value::String(message.clone())),
+                    ]),
+                }
+            })
+            .description("why the cell was refused; also reported in `errors` with its index"),
+        )
+}
+
+fn put_error_type() -> Object {
+    Object::new("PutCellError")
+        .description("Why a cell was not written.")
+        .field(
+            meta_field("code", TypeRef::named_nn(TypeRef::STRING))
+                .description("a stable code, e.g. CELL_CONFLICT"),
+        )
+        .field(meta_field("message", TypeRef::named_nn(TypeRef::STRING)))
+}
+
+fn scalar_of(ty: FieldType) -> &'static str {
+    match ty {
+        FieldType::Uuid => UUID,
+        FieldType::String => TypeRef::STRING,
+        FieldType::Int => INT64,
+        FieldType::Float => TypeRef::FLOAT,
+        FieldType::Bool => TypeRef::BOOLEAN,
+        FieldType::DateTime => DATETIME,
+    }
+}
+
+fn filter_name(ty: FieldType) -> String {
+    format!("{}Filter", scalar_of(ty))
+}
+
+/// `UUIDFilter`, `StringFilter`, `Int64Filter`, `FloatFilter`,
+/// `BooleanFilter`, `DateTimeFilter`: the conditions on one index field.
+fn filter_input(ty: FieldType) -> InputObject {
+    let scalar = scalar_of(ty);
+    let mut input = InputObject::new(filter_name(ty))
+        .description(format!(
+            "Conditions on a {} index field, combined with AND.",
+            ty.name()
+        ))
+        .field(InputValue::new("eq", TypeRef::named(scalar)))
+        .field(
+            InputValue::new("ne", TypeRef::named(scalar))
+                .description("also matches entries without a value"),
+        )
+        .field(InputValue::new("in", TypeRef::named_nn_list(scalar)));
+    if ty.is_ordered() {
+        for op in ["gt", "gte", "lt", "lte"] {
+            input = input.field(InputValue::new(op, TypeRef::named(scalar)));
+        }
+    }
+    input.field(
+        InputValue::new("isNull", TypeRef::named(TypeRef::BOOLEAN))
+            .description("true: entries without a value; false: entries with one"),
+    )
+}
+
+/// Converts a GraphQL value of an index field to a filter literal.
+fn literal(value: &ValueAccessor<'_>, ty: FieldType, what: &str) -> async_graphql::Result<Literal> {
+    let value = value.as_value();
+    Ok(match (ty, value) {
+        (_, Value::Null) => Literal::Null,
+        (FieldType::Uuid | FieldType::String | FieldType::DateTime, Value::String(s)) => {
+            Literal::String(s.clone())
+        }
+        (FieldType::Int, Value::Number(n)) if n.as_i64().is_some() => {
+            Literal::Int(n.as_i64().unwrap_or_default())
+        }
+        (FieldType::Int, Value::String(s)) => Literal::Int(
+            s.trim()
+                .parse()
+                .map_err(|_| bad_input(format!("{what}: `{s}` is not a 64-bit integer")))?,
+        ),
+        (FieldType::Float, Value::Number(n)) => Literal::Float(n.as_f64().unwrap_or_default()),
+        (FieldType::Bool, Value::Boolean(b)) => Literal::Bool(*b),
+        _ => {
+            return Err(bad_input(format!(
+                "{what}: wrong type, expected {}",
+                ty.name()
+            )))
+        }
+    })
+}
+
+/// Type names generated for one index.
+struct IndexTypes {
+    connection: String,
+    edge: String,
+    entry: String,
+    where_input: String,
+    order_input: String,
+    field_enum: String,
+}
+
+impl IndexTypes {
+    fn new(datastore: &Datastore, index: &Index) -> Self {
+        let p = format!("{}{}", pascal(&datastore.name), pascal(&index.name));
+        IndexTypes {
+            connection: format!("{p}Connection"),
+            edge: format!("{p}Edge"),
+            entry: format!("{p}Entry"),
+            where_input: format!("{p}Where"),
+            order_input: format!("{p}Order"),
+            field_enum: format!("{p}Field"),
+        }
+    }
+}
+
+fn screaming(name: &str) -> String {
+    name.to_ascii_uppercase()
+}
+
+/// The types of one index: connection, edge, entry, where, order, field enum.
+fn index_types(
+    datastore: &Datastore,
+    index: &Index,
+    ds: &Arc<str>,
+) -> crate::Result<Vec<async_graphql::dynamic::Type>> {
+    let names = IndexTypes::new(datastore, index);
+    let row_type = DatastoreTypes::new(datastore).row;
+    let mut entry = Object::new(&names.entry)
+        .description(format!("An entry of the `{}` index.", index.name))
+        .field(from_parent::<IndexEntry, _>(
+            "rowKey",
+            TypeRef::named_nn(UUID),
+            |e| Value::String(e.row_key.to_string()),
+        ));
+    let mut seen = std::collections::HashSet::from(["rowKey".to_string(), "row".to_string()]);
+    for field in &index.fields {
+        let gql = camel(&field.name);
+        if !seen.insert(gql.clone()) {
+            return Err(name_clash(&format!("{}.{gql}", names.entry)));
+        }
+        let name = field.name.clone();
+        entry = entry.field(
+            from_parent::<IndexEntry, _>(&gql, TypeRef::named(scalar_of(field.ty)), move |e| {
+                e.fields
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map_or(Value::Null, |(_, v)| sql_value(v))
+            })
+            .description(format!(
+                "`{}` of the latest `{}` cell",
+                field.path, field.column
+            )),
+        );
+    }
+    let _ = ds;
+    entry = entry.field(
+        Field::new("row", TypeRef::named_nn(&row_type), |ctx| {
+            FieldFuture::new(async move {
+                let e = parent::<IndexEntry>(&ctx)?;
+                Ok(Some(FieldValue::owned_any(RowRef { row_key: e.row_key })))
+            })
+        })
+        .description("The row's cells, fetched in batches per shard."),
+    );
+    let edge = Object::new(&names.edge)
+        .field(from_parent::<IndexEntry, _>(
+            "cursor",
+            TypeRef::named_nn(TypeRef::STRING),
+            |e| Value::String(e.cursor.clone()),
+        ))
+        .field(Field::new("node", TypeRef::named_nn(&names.entry), |ctx| {
+            FieldFuture::new(async move {
+                let e = parent::<IndexEntry>(&ctx)?;
+                Ok(Some(FieldValue::owned_any(e.clone())))
+            })
+        }));
+    let connection = Object::new(&names.connection)
+        .field(Field::new(
+            "edges",
+            TypeRef::named_nn_list_nn(&names.edge),
+            |ctx| {
+                FieldFuture::new(async move {
+                    let page = parent::<IndexPage>(&ctx)?;
+                    Ok(Some(FieldValue::list(
+                        page.entries.iter().cloned().map(FieldValue::owned_any),
+                    )))
+                })
+            },
+        ))
+        .field(Field::new(
+            "pageInfo",
+            TypeRef::named_nn("PageInfo"),
+            |ctx| {
+                FieldFuture::new(async move {
+                    let page = parent::<IndexPage>(&ctx)?;
+                    Ok(Some(FieldValue::owned_any(page.clone())))
+                })
+            },
+        ));
+    let mut where_input = InputObject::new(&names.where_input).description(format!(
+        "Conditions on `{}` entries, combined with AND.",
+        index.name
+    ));
+    let mut field_enum = Enum::new(&names.field_enum);
+    for field in &index.fields {
+        where_input = where_input.field(InputValue::new(
+            camel(&field.name),
+            TypeRef::named(filter_name(field.ty)),
+        ));
+        field_enum = field_enum.item(EnumItem::new(screaming(&field.name)));
+    }
+    let order = InputObject::new(&names.order_input)
+        .field(InputValue::new(
+            "field",
+            TypeRef::named_nn(&names.field_enum),
+        ))
+        .field(
+            InputValue::new("direction", TypeRef::named_nn("SortDirection"))
+                .default_value(Value::Enum(async_graphql::Name::new("ASC"))),
+        );
+    Ok(vec![
+        entry.into(),
+        edge.into(),
+        connection.into(),
+        where_input.into(),
+        order.into(),
+        field_enum.into(),
+    ])
+}
+
+/// `Query.<datastore>.<index>`: the index as a Relay connection.
+fn index_field(datastore: &Datastore, index: &Index, ds: &Arc<str>, _row_type: &str) -> Field {
+    let names = IndexTypes::new(datastore, index);
+    let shard_field = index.shard_field().clone();
+    let shard_arg = camel(&shard_field.name);
+    let shard_list_arg = format!("{shard_arg}In");
+    let index = Arc::new(index.clone());
+    let ds = ds.clone();
+    let (arg, list_arg) = (shard_arg.clone(), shard_list_arg.clone());
+    let resolver_index = index.clone();
+    Field::new(camel(&index.name), TypeRef::named_nn(&names.connection), move |ctx| {
+        let index = resolver_index.clone();
+        let ds = ds.clone();
+        let (arg, list_arg) = (arg.clone(), list_arg.clone());
+        FieldFuture::new(async move {
+            let store = ctx.data::<Store>()?;
+            let query = index_query(&ctx, &index, &arg, &list_arg)?;
+            let page = store.query_index(&ds, &query).await.map_err(|e| from_store(&e))?;
+            Ok(Some(FieldValue::owned_any(page)))
+        })
+    })
+    .description(index.description.clone().unwrap_or_else(|| {
+        format!(
+            "The `{}` index. Give the shard field `{shard_arg}` (or a short `{shard_list_arg}` list).",
+            index.name
+        )
+    }))
+    .argument(
+        InputValue::new(&shard_arg, TypeRef::named(scalar_of(shard_field.ty)))
+            .description("the shard field: every query names it (or the list form)"),
+    )
+    .argument(
+        InputValue::new(&shard_list_arg, TypeRef::named_nn_list(scalar_of(shard_field.ty)))
+            .description("several shard field values, read in parallel (at most 64)"),
+    )
+    .argument(InputValue::new("where", TypeRef::named(&names.where_input)))
+    .argument(
+        InputValue::new("filter", TypeRef::named(TypeRef::STRING)).description(
+            "conditions as text, e.g. `trip_created_at >= \"2024-01-01T00:00:00Z\" and fare_total < 30.5`",
+        ),
+    )
+    .argument(InputValue::new("orderBy", TypeRef::named_nn_list(&names.order_input)))
+    .argument(
+        InputValue::new("first", TypeRef::named(TypeRef::INT))
+            .default_value(Value::from(crate::indexes::plan::DEFAULT_PAGE))
+            .description("page size, at most 1000"),
+    )
+    .argument(
+        InputValue::new("after", TypeRef::named(TypeRef::STRING))
+            .description("the `endCursor` of the previous page"),
+    )
+}
+
+/// Turns the arguments of an index field into an [`IndexQuery`].
+fn index_query(
+    ctx: &ResolverContext<'_>,
+    index: &Index,
+    shard_arg: &str,
+    shard_list_arg: &str,
+) -> async_graphql::Result<IndexQuery> {
+    let shard_field = index.shard_field();
+    let mut query = IndexQuery {
+        index: index.name.clone(),
+        ..IndexQuery::default()
+    };
+    if let Some(value) = ctx.args.get(shard_arg).filter(|v| !v.is_null()) {
+        query
+            .shard_values
+            .push(literal(&value, shard_field.ty, shard_arg)?);
+    }
+    if let Some(list) = ctx.args.get(shard_list_arg).filter(|v| !v.is_null()) {
+        for value in list.list()?.iter() {
+            query
+                .shard_values
+                .push(literal(&value, shard_field.ty, shard_list_arg)?);
+        }
+    }
+    if let Some(conditions) = ctx.args.get("where").filter(|v| !v.is_null()) {
+        let conditions = conditions.object()?;
+        for field in &index.fields {
+            let Some(filter) = conditions.get(&camel(&field.name)).filter(|v| !v.is_null()) else {
+                continue;
+            };
+            for (op, value) in filter.object()?.iter() {
+                let what = format!("where.{}.{}", camel(&field.name), op.as_str());
+                if value.is_null() {
+                    continue;
+                }
+                let condition = |op, values| Condition {
+                    field: field.name.clone(),
+                    op,
+                    values,
+                    column: 1,
+                };
+                let op = match op.as_str() {
+                    "eq" => CompareOp::Eq,
+                    "ne" => CompareOp::Ne,
+                    "gt" => CompareOp::Gt,
+                    "gte" => CompareOp::Ge,
+                    "lt" => CompareOp::Lt,
+                    "lte" => CompareOp::Le,
+                    "in" => {
+                        let values = value
+                            .list()?
+                            .iter()
+                            .map(|v| literal(&v, field.ty, &what))
+                            .collect::<async_graphql::Result<Vec<_>>>()?;
+                        if values.is_empty() {
+                            return Err(bad_input(format!("{what}: the list is empty")));
+                        }
+                        query.conditions.push(condition(CompareOp::In, values));
+                        continue;
+                    }
+                    "isNull" => {
+                        let op = if value.boolean()? {
+                            CompareOp::Eq
+                        } else {
+                            CompareOp::Ne
+                        };
+                        query.conditions.push(condition(op, vec![Literal::Null]));
+                        continue;
+                    }
+                    other => return Err(bad_input(format!("unknown condition `{other}`"))),
+                };
+                let literal = literal(&value, field.ty, &what)?;
+                query.conditions.push(condition(op, vec![literal]));
+            }
+        }
+    }
+    if let Some(filter) = ctx.args.get("filter").filter(|v| !v.is_null()) {
+        query.filter = Some(filter.string()?.to_string());
+    }
+    if let Some(order) = ctx.args.get("orderBy").filter(|v| !v.is_null()) {
+        for key in order.list()?.iter() {
+            let key = key.object()?;
+            let item = key.try_get("field")?.enum_name()?.to_string();
+            let field = index
+                .fields
+                .iter()
+                .find(|f| screaming(&f.name) == item)
+                .ok_or_else(|| bad_input(format!("unknown order field `{item}`")))?;
+            let descending = match key.get("direction") {
+                Some(d) if !d.is_null() => d.enum_name()? == "DESC",
+                _ => false,
+            };
+            query.order_by.push(OrderBy {
+                field: field.name.clone(),
+                descending,
+            });
+        }
+    }
+    let first = page_size(
+        ctx,
+        "first",
+        crate::indexes::plan::DEFAULT_PAGE,
+        crate::indexes::plan::MAX_PAGE,
+    )?;
+    query.first = Some(first);
+    if let Some(after) = ctx.args.get("after").filter(|v| !v.is_null()) {
+        query.after = Some(after.string()?.to_string());
+    }
+    // Projection: read only the fields the query selects under edges.node.
+    let node = ctx.look_ahead().field("edges").field("node");
+    query.fields = index
+        .fields
+        .iter()
+        .filter(|f| node.field(&camel(&f.name)).exists())
+        .map(|f| f.name.clone())
+        .collect();
+    if query.fields.is_empty() {
+        query.fields.push(shard_field.name.clone());
+    }
+    Ok(query)
+}
+
+/// `Mutation.<datastore>PutCells`.
+fn put_cells_field(datastore: &Datastore, types: &DatastoreTypes, ds: &Arc<str>) -> Field {
+    let ds = ds.clone();
+    Field::new(
+        format!("{}PutCells", camel(&datastore.name)),
+        TypeRef::named_nn_list_nn("PutCellResult"),
+        move |ctx| {
+            let ds = ds.clone();
+            FieldFuture::new(async move {
+                let store = ctx.data::<Store>()?;
+                let inputs = ctx.args.try_get("cells")?.list()?;
+                let mut cells = Vec::with_capacity(inputs.len());
+                for (i, input) in inputs.iter().enumerate() {
+                    let input = input.object()?;
+                    let what = |f: &str| format!("cells[{i}].{f}");
+                    let body = input.try_get("body")?.as_value().clone().into_json().map_err(|_| {
+                        bad_input(format!("{}: not representable as JSON", what("body")))
+                    })?;
+                    cells.push(NewCell {
+                        row_key: scalars::uuid(&input.try_get("rowKey")?, &what("rowKey"))?,
+                        column: input.try_get("column")?.enum_name()?.to_string(),
+                        ref_key: int64(&input.try_get("refKey")?, &what("refKey"))?,
+                        body,
+                    });
+                }
+                let keys: Vec<(Uuid, String, i64)> = cells
+                    .iter()
+                    .map(|c| (c.row_key, c.column.clone(), c.ref_key))
+                    .collect();
+                let results = store.put_cells(&ds, cells).await.map_err(|e| from_store(&e))?;
+                let response_key = ctx.item.node.response_key().node.to_string();
+                let mut items = Vec::with_capacity(results.len());
+                for (i, ((row_key, column, ref_key), result)) in keys.into_iter().zip(results).enumerate() {
+                    let result = result.map_err(|err| {
+                        // Reported once in `errors`, with the cell's index.
+                        let mut error = from_store(&err).into_server_error(ctx.item.pos);
+                        error.path = vec![
+                            PathSegment::Field(response_key.clone()),
+                            PathSegment::Index(i),
+                        ];
+                        ctx.add_error(error);
+                        (err.code(), err.client_message())
+                    });
+                    items.push(FieldValue::owned_any(PutOutcome {
+                        row_key,
+                        column,
+                        ref_key,
+                        result,
+                    }));
+                }
+                Ok(Some(FieldValue::list(items)))
+            })
+        },
+    )
+    .argument(InputValue::new("cells", TypeRef::named_nn_list_nn(&types.cell_input)))
+    .description(format!(
+        "Writes cells to `{}`: one transaction per shard, a result per cell in input order. \
+         A refused cell (e.g. CELL_CONFLICT: same key, different body) has a null `status` and an `error`, \
+         and is reported in `errors` with its index.",
+        datastore.name
+    ))
+}
+
+fn metadata_types() -> Vec<Object> {
+    vec![
+        Object::new("DatastoreInfo")
+            .description("A datastore's definition and where its shards live.")
+            .field(meta_field("name", TypeRef::named_nn(TypeRef::STRING)))
+            .field(meta_field("description", TypeRef::named(TypeRef::STRING)))
+            .field(meta_field(
+                "graphqlField",
+                TypeRef::named_nn(TypeRef::STRING),
+            ))
+            .field(meta_field("shards", TypeRef::named_nn(TypeRef::INT)))
+            .field(meta_field(
+                "columns",
+                TypeRef::named_nn_list_nn("ColumnInfo"),
+            ))
+            .field(meta_field(
+                "indexes",
+                TypeRef::named_nn_list_nn("IndexInfo"),
+            ))
+            .field(meta_field(
+                "topology",
+                TypeRef::named_nn_list_nn("ShardRangeInfo"),
+            )),
+        Object::new("ColumnInfo")
+            .field(meta_field("name", TypeRef::named_nn(TypeRef::STRING)))
+            .field(meta_field("description", TypeRef::named(TypeRef::STRING)))
+            .field(meta_field(
+                "graphqlName",
+                TypeRef::named_nn(TypeRef::STRING),
+            )),
+        Object::new("IndexInfo")
+            .field(meta_field("name", TypeRef::named_nn(TypeRef::STRING)))
+            .field(meta_field("description", TypeRef::named(TypeRef::STRING)))
+            .field(meta_field(
+                "graphqlField",
+                TypeRef::named_nn(TypeRef::STRING),
+            ))
+            .field(meta_field("shardField", TypeRef::named_nn(TypeRef::STRING)))
+            .field(meta_field(
+                "columns",
+                TypeRef::named_nn_list_nn(TypeRef::STRING),
+            ))
+            .field(meta_field(
+                "fields",
+                TypeRef::named_nn_list_nn("IndexFieldInfo"),
+            )),
+        Object::new("IndexFieldInfo")
+            .field(meta_field("name", TypeRef::named_nn(TypeRef::STRING)))
+            .field(meta_field(
+                "graphqlName",
+                TypeRef::named_nn(TypeRef::STRING),
+            ))
+            .field(meta_field("path", TypeRef::named_nn(TypeRef::STRING)))
+            .field(meta_field("type", TypeRef::named_nn(TypeRef::STRING)))
+            .field(meta_field("column", TypeRef::named_nn(TypeRef::STRING))),
+        Object::new("ShardRangeInfo")
+            .field(meta_field("first", TypeRef::named_nn(TypeRef::INT)))
+            .field(meta_field("last", TypeRef::named_nn(TypeRef::INT)))
+            .field(meta_field("cluster", TypeRef::named_nn(TypeRef::STRING))),
+    ]
+}
+
+fn obj(entries: Vec<(&str, Value)>) -> Value {
+    Value::Object(
+        entries
+            .into_iter()
+            .map(|(k, v)| (scalars::name(k), v))
+            .collect(),
+    )
+}
+
+fn opt(s: &Option<String>) -> Value {
+    s.clone().map_or(Value::Null, Value::String)
+}
+
+/// `Query.datastores`: definitions and topology, for tools and the explorer.
+fn datastores_field(topology: Topology<'_>, defs: &index_dsl::Definitions) -> Field {
+    let value = Value::List(
+        defs.datastores
+            .iter()
+            .map(|d| {
+                let topology = topology(&d.name)
+                    .into_iter()
+                    .map(|(first, last, cluster)| {
+                        obj(vec![
+                            ("first", Value::from(first)),
+                            ("last", Value::from(last)),
+                            ("cluster", Value::String(cluster)),
+                        ])
+                    })
+                    .collect();
+                obj(vec![
+                    ("name", Value::String(d.name.clone())),
+                    ("description", opt(&d.description)),
+                    ("graphqlField", Value::String(camel(&d.name))),
+                    ("shards", Value::from(d.shards)),
+                    (
+                        "columns",
+                        Value::List(
+                            d.columns
+                                .iter()
+                                .map(|c| {
+                                    obj(vec![
+                                        ("name", Value::String(c.name.clone())),
+                                        ("description", opt(&c.description)),
+                                        ("graphqlName", Value::String(camel(&c.name))),
+                                    ])
+                                })
+                                .collect(),
+                        ),
+                    ),
+                    (
+                        "indexes",
+                        Value::List(d.indexes.iter().map(index_info).collect()),
+                    ),
+                    ("topology", Value::List(topology)),
+                ])
+            })
+            .collect(),
+    );
+    Field::new(
+        "datastores",
+        TypeRef::named_nn_list_nn("DatastoreInfo"),
+        move |_| {
+            let value = value.clone();
+            FieldFuture::new(async move { Ok(Some(meta_value(value))) })
+        },
+    )
+    .description("Every datastore's definition, indexes and shard topology.")
+}
+
+fn index_info(index: &Index) -> Value {
+    obj(vec![
+        ("name", Value::String(index.name.clone())),
+        ("description", opt(&index.description)),
+        ("graphqlField", Value::String(camel(&index.name))),
+        (
+            "shardField",
+            Value::String(index.shard_field().name.clone()),
+        ),
+        (
+            "columns",
+            Value::List(index.columns.iter().cloned().map(Value::String).collect()),
+        ),
+        (
+            "fields",
+            Value::List(
+                index
+                    .fields
+                    .iter()
+                    .map(|f| {
+                        obj(vec![
+                            ("name", Value::String(f.name.clone())),
+                            ("graphqlName", Value::String(camel(&f.name))),
+                            ("path", Value::String(f.path.to_string())),
+                            ("type", Value::String(f.ty.name().to_string())),
+                            ("column", Value::String(f.column.clone())),
+                        ])
+                    })
+                    .collect(),
+            ),
+        ),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(camel("driver_partner_index"), "driverPartnerIndex");
+        assert_eq!(camel("FARE_ADJUSTMENT"), "fareAdjustment");
+        assert_eq!(camel("BASE"), "base");
+        assert_eq!(camel("trips"), "trips");
+        assert_eq!(pascal("trips"), "Trips");
+        assert_eq!(pascal("driver_partner_index"), "DriverPartnerIndex");
+        assert_eq!(camel("fareTotal"), "fareTotal");
+    }
+}

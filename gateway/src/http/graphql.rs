@@ -1,0 +1,525 @@
+//! `GET /graphql` and `POST /graphql` per the GraphQL-over-HTTP spec.
+//!
+//! A request goes through these steps, each of which can end it:
+//! 1. **negotiation** of the response media type from `Accept`:
+//!    `application/graphql-response+json` when the client accepts it at
+//!    least as much as `application/json`, `application/json` for `*/*`, a
+//!    missing header or `application/json`; anything else is 406;
+//! 2. **admission** (rate and concurrency limits, `admission.rs`): 429, 503;
+//! 3. **request parsing**: a POST needs `Content-Type: application/json`
+//!    (415), a body within the size limit (413) holding a JSON object (400)
+//!    whose `query` is a string and whose `operationName`, `variables` and
+//!    `extensions` are absent, null or of the right type (400); a GET takes
+//!    the same from its URL, `variables` and `extensions` as JSON text;
+//! 4. **document parsing**: a syntax error is a request error
+//!    (`GRAPHQL_PARSE_FAILED`); over GET, only queries run (405 with
+//!    `Allow: POST` otherwise), since GETs must be safe to repeat and cache;
+//! 5. **execution**, through [`crate::graphql::execute`]. async-graphql
+//!    validates the document and coerces variables before executing; a
+//!    failure there comes back as a response with errors, `null` data and no
+//!    error path, which is a request error (`GRAPHQL_VALIDATION_FAILED`).
+//!
+//! Request errors have no `data` entry. With `application/graphql-response+json`
+//! they are answered 400; with `application/json`, 200 (the legacy media
+//! type is read by clients that ignore the status), except for the HTTP-level
+//! failures of step 3, which are 4xx in both. Execution errors are 200 with
+//! `data`. Every error carries `extensions.code`: this module sets the codes
+//! of the failures it detects and leaves the schema's own codes alone.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use poem::http::{header, HeaderValue, StatusCode};
+use poem::web::Data;
+use poem::{handler, Body, Request, Response};
+use serde_json::{json, Map, Value};
+
+use super::admission::Rejection;
+use super::metrics::Outcome;
+use super::Gateway;
+
+const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
+const JSON: &str = "application/json";
+
+/// The media type of the response body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MediaType {
+    GraphqlResponseJson,
+    Json,
+}
+
+impl MediaType {
+    fn content_type(self) -> &'static str {
+        match self {
+            MediaType::GraphqlResponseJson => "application/graphql-response+json; charset=utf-8",
+            MediaType::Json => "application/json; charset=utf-8",
+        }
+    }
+}
+
+/// A request that ends before execution, with its HTTP status.
+struct Failure {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    outcome: Outcome,
+    /// Extra response headers (`Allow`, `Retry-After`).
+    headers: Vec<(header::HeaderName, String)>,
+}
+
+impl Failure {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Failure {
+        Failure {
+            status,
+            code,
+            message: message.into(),
+            outcome: Outcome::Invalid,
+            headers: Vec::new(),
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Failure {
+        Failure::new(StatusCode::BAD_REQUEST, "BAD_REQUEST", message)
+    }
+}
+
+/// The GraphQL parameters of a request, checked for type.
+struct Params {
+    query: String,
+    operation_name: Option<String>,
+    variables: Option<Map<String, Value>>,
+    extensions: Option<Map<String, Value>>,
+}
+
+#[handler]
+pub(super) async fn graphql_get(request: &Request, Data(gateway): Data<&Arc<Gateway>>) -> Response {
+    handle(gateway, request, None).await
+}
+
+#[handler]
+pub(super) async fn graphql_post(
+    request: &Request,
+    body: Body,
+    Data(gateway): Data<&Arc<Gateway>>,
+) -> Response {
+    handle(gateway, request, Some(body)).await
+}
+
+/// Answers one request and records it in the metrics. `body` is `None`
+/// for a GET.
+async fn handle(gateway: &Gateway, request: &Request, body: Option<Body>) -> Response {
+    let start = Instant::now();
+    let mut operation = None;
+    let media = negotiate(request.header(header::ACCEPT));
+    let (response, outcome) = match media {
+        None => {
+            let failure = Failure::new(
+                StatusCode::NOT_ACCEPTABLE,
+                "NOT_ACCEPTABLE",
+                format!("responses are {GRAPHQL_RESPONSE_JSON} or {JSON}; the Accept header allows neither"),
+            );
+            failure_response(MediaType::Json, failure)
+        }
+        Some(media) => match respond(gateway, request, body, media, &mut operation).await {
+            Ok(answer) => answer,
+            Err(failure) => failure_response(media, failure),
+        },
+    };
+    gateway
+        .metrics
+        .record(operation.as_deref(), outcome, start.elapsed());
+    response
+}
+
+/// Steps 2 to 5 of the module doc. `operation` receives the operation name
+/// as soon as it is known, for the metrics.
+async fn respond(
+    gateway: &Gateway,
+    request: &Request,
+    body: Option<Body>,
+    media: MediaType,
+    operation: &mut Option<String>,
+) -> Result<(Response, Outcome), Failure> {
+    let client = request.remote_addr().as_socket_addr().map(|a| a.ip());
+    let _permit = gateway.admission.admit(client).map_err(rejected)?;
+
+    let params = match body {
+        None => get_params(request)?,
+        Some(body) => post_params(request, body, gateway.max_body_bytes).await?,
+    };
+    *operation = params.operation_name.clone();
+    let is_get = request.method() == poem::http::Method::GET;
+
+    let mut graphql_request: async_graphql::Request = serde_json::from_value(json!({
+        "query": params.query,
+        "operationName": params.operation_name,
+        "variables": params.variables.unwrap_or_default(),
+        "extensions": params.extensions.unwrap_or_default(),
+    }))
+    .map_err(|_| Failure::bad_request("invalid GraphQL request parameters"))?;
+
+    let requested_name = graphql_request.operation_name.clone();
+    let document = match graphql_request.parsed_query() {
+        Ok(document) => document,
+        Err(error) => {
+            let errors = vec![with_code(
+                serde_json::to_value(&error).unwrap_or_default(),
+                "GRAPHQL_PARSE_FAILED",
+            )];
+            return Ok((request_error(media, errors), Outcome::Invalid));
+        }
+    };
+    let selected = select_operation(document, requested_name.as_deref());
+    if operation.is_none() {
+        *operation = selected.and_then(|(name, _)| name.map(str::to_string));
+    }
+    if is_get {
+        if let Some((_, kind)) = selected {
+            if kind != async_graphql::parser::types::OperationType::Query {
+                let mut failure = Failure::new(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "METHOD_NOT_ALLOWED",
+                    format!("{kind} operations cannot be sent with GET; use POST"),
+                );
+                failure.headers.push((header::ALLOW, "POST".to_string()));
+                return Err(failure);
+            }
+        }
+    }
+
+    let response = crate::graphql::execute(&gateway.schema, &gateway.store, graphql_request).await;
+    // Validation and variable coercion run before execution, and their
+    // errors are the only ones without a path and with no data at all.
+    let before_execution = response.data == async_graphql::Value::Null
+        && !response.errors.is_empty()
+        && response.errors.iter().all(|e| e.path.is_empty());
+    let mut value = serde_json::to_value(&response).unwrap_or_else(|_| json!({}));
+    if before_execution {
+        let errors = take_errors(&mut value)
+            .into_iter()
+            .map(|error| {
+                let code = validation_code(&error);
+                with_code(error, code)
+            })
+            .collect();
+        return Ok((request_error(media, errors), Outcome::Invalid));
+    }
+    let outcome = if response.errors.is_empty() {
+        Outcome::Ok
+    } else {
+        Outcome::Error
+    };
+    if let Some(Value::Array(errors)) = value.get_mut("errors") {
+        for error in errors.iter_mut() {
+            *error = with_code(std::mem::take(error), "INTERNAL_SERVER_ERROR");
+        }
+    }
+    Ok((json_response(StatusCode::OK, media, &value), outcome))
+}
+
+/// The response media type for an `Accept` header, `None` for 406.
+fn negotiate(accept: Option<&str>) -> Option<MediaType> {
+    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
+        return Some(MediaType::Json);
+    };
+    // The best quality the header gives each of our two types.
+    let (mut graphql, mut json) = (0.0f32, 0.0f32);
+    for range in accept.split(',') {
+        let mut parts = range.split(';');
+        let essence = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+        let mut quality = 1.0f32;
+        for param in parts {
+            if let Some((name, value)) = param.split_once('=') {
+                if name.trim().eq_ignore_ascii_case("q") {
+                    quality = value.trim().parse().unwrap_or(0.0);
+                }
+            }
+        }
+        match essence.as_str() {
+            GRAPHQL_RESPONSE_JSON => graphql = graphql.max(quality),
+            JSON => json = json.max(quality),
+            // Wildcards mean the client does not care: the widely
+            // understood legacy type is the safe answer.
+            "*/*" | "application/*" => json = json.max(quality),
+            _ => {}
+        }
+    }
+    if graphql > 0.0 && graphql >= json {
+        Some(MediaType::GraphqlResponseJson)
+    } else if json > 0.0 {
+        Some(MediaType::Json)
+    } else {
+        None
+    }
+}
+
+fn rejected(rejection: Rejection) -> Failure {
+    match rejection {
+        Rejection::RateLimited { retry_after } => {
+            let mut failure = Failure::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "RATE_LIMITED",
+                "too many requests from this client; retry later",
+            );
+            failure.outcome = Outcome::RateLimited;
+            failure
+                .headers
+                .push((header::RETRY_AFTER, retry_seconds(retry_after).to_string()));
+            failure
+        }
+        Rejection::Overloaded => {
+            let mut failure = Failure::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "OVERLOADED",
+                "the server is at its request limit; retry later",
+            );
+            failure.outcome = Outcome::Overloaded;
+            failure.headers.push((header::RETRY_AFTER, "1".to_string()));
+            failure
+        }
+    }
+}
+
+/// Whole seconds to wait, at least 1 (`Retry-After` has no fractions).
+fn retry_seconds(wait: Duration) -> u64 {
+    (wait.as_millis() as u64).div_ceil(1000).max(1)
+}
+
+/// The parameters of a GET from its query string.
+fn get_params(request: &Request) -> Result<Params, Failure> {
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(request.uri().query().unwrap_or(""))
+            .map_err(|_| Failure::bad_request("malformed query string"))?;
+    let mut params = Map::new();
+    for (name, value) in pairs {
+        let value = match name.as_str() {
+            "variables" | "extensions" if !value.is_empty() => serde_json::from_str(&value)
+                .map_err(|_| Failure::bad_request(format!("`{name}` is not valid JSON")))?,
+            "variables" | "extensions" => Value::Null,
+            _ => Value::String(value),
+        };
+        params.insert(name, value);
+    }
+    checked_params(params)
+}
+
+/// The parameters of a POST from its JSON body.
+async fn post_params(request: &Request, body: Body, limit: usize) -> Result<Params, Failure> {
+    let content_type = request.header(header::CONTENT_TYPE).unwrap_or("");
+    if !is_json_utf8(content_type) {
+        return Err(Failure::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UNSUPPORTED_MEDIA_TYPE",
+            "the request body must be application/json (UTF-8)",
+        ));
+    }
+    let too_large = || {
+        Failure::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "PAYLOAD_TOO_LARGE",
+            format!("request body exceeds {limit} bytes"),
+        )
+    };
+    let declared = request
+        .header(header::CONTENT_LENGTH)
+        .and_then(|n| n.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let bytes = body.into_bytes_limit(limit).await.map_err(|e| match e {
+        poem::error::ReadBodyError::PayloadTooLarge => too_large(),
+        _ => Failure::bad_request("cannot read the request body"),
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(Failure::bad_request("the request body is empty"));
+    }
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(params)) => checked_params(params),
+        Ok(Value::Array(_)) => Err(Failure::bad_request("batched requests are not supported")),
+        Ok(_) => Err(Failure::bad_request(
+            "the request body must be a JSON object",
+        )),
+        Err(_) => Err(Failure::bad_request("the request body is not valid JSON")),
+    }
+}
+
+/// `application/json`, with no charset or UTF-8.
+fn is_json_utf8(content_type: &str) -> bool {
+    let mut parts = content_type.split(';');
+    if !parts
+        .next()
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case(JSON))
+    {
+        return false;
+    }
+    parts.all(|param| match param.split_once('=') {
+        Some((name, value)) if name.trim().eq_ignore_ascii_case("charset") => {
+            value.trim().trim_matches('"').eq_ignore_ascii_case("utf-8")
+        }
+        _ => true,
+    })
+}
+
+fn checked_params(mut params: Map<String, Value>) -> Result<Params, Failure> {
+    let query = match params.remove("query") {
+        Some(Value::String(query)) => query,
+        Some(_) => return Err(Failure::bad_request("`query` must be a string")),
+        None => return Err(Failure::bad_request("the `query` parameter is required")),
+    };
+    let operation_name = match params.remove("operationName") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(name)) => Some(name),
+        Some(_) => return Err(Failure::bad_request("`operationName` must be a string")),
+    };
+    let mut map = |name: &str| match params.remove(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(map)) => Ok(Some(map)),
+        Some(_) => Err(Failure::bad_request(format!(
+            "`{name}` must be a JSON object"
+        ))),
+    };
+    let variables = map("variables")?;
+    let extensions = map("extensions")?;
+    Ok(Params {
+        query,
+        operation_name,
+        variables,
+        extensions,
+    })
+}
+
+/// The operation a request runs, with its name, if the document names it
+/// unambiguously; an unknown name is left for validation to report.
+fn select_operation<'d>(
+    document: &'d async_graphql::parser::types::ExecutableDocument,
+    name: Option<&str>,
+) -> Option<(Option<&'d str>, async_graphql::parser::types::OperationType)> {
+    use async_graphql::parser::types::DocumentOperations;
+    match (&document.operations, name) {
+        (DocumentOperations::Single(op), _) => Some((None, op.node.ty)),
+        (DocumentOperations::Multiple(ops), Some(name)) => ops
+            .iter()
+            .find(|(n, _)| n.as_str() == name)
+            .map(|(n, op)| (Some(n.as_str()), op.node.ty)),
+        (DocumentOperations::Multiple(ops), None) if ops.len() == 1 => ops
+            .iter()
+            .next()
+            .map(|(n, op)| (Some(n.as_str()), op.node.ty)),
+        (DocumentOperations::Multiple(_), None) => None,
+    }
+}
+
+/// The code of an error found before execution. The depth and complexity
+/// limits are told apart from other validation failures by async-graphql's
+/// fixed messages.
+fn validation_code(error: &Value) -> &'static str {
+    match error.get("message").and_then(Value::as_str) {
+        Some("Query is nested too deep.") => "QUERY_TOO_DEEP",
+        Some("Query is too complex.") => "QUERY_TOO_COMPLEX",
+        _ => "GRAPHQL_VALIDATION_FAILED",
+    }
+}
+
+/// `error` with `extensions.code` set to `code` unless it has one.
+fn with_code(mut error: Value, code: &str) -> Value {
+    if let Value::Object(fields) = &mut error {
+        let extensions = fields
+            .entry("extensions")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(extensions) = extensions {
+            extensions
+                .entry("code")
+                .or_insert_with(|| Value::String(code.to_string()));
+        }
+    }
+    error
+}
+
+fn take_errors(response: &mut Value) -> Vec<Value> {
+    match response.get_mut("errors").map(Value::take) {
+        Some(Value::Array(errors)) => errors,
+        _ => Vec::new(),
+    }
+}
+
+/// A response for a request error: no `data` entry.
+fn request_error(media: MediaType, errors: Vec<Value>) -> Response {
+    let status = match media {
+        MediaType::GraphqlResponseJson => StatusCode::BAD_REQUEST,
+        MediaType::Json => StatusCode::OK,
+    };
+    json_response(status, media, &json!({ "errors": errors }))
+}
+
+fn failure_response(media: MediaType, failure: Failure) -> (Response, Outcome) {
+    let body = json!({
+        "errors": [{
+            "message": failure.message,
+            "extensions": { "code": failure.code },
+        }]
+    });
+    let mut response = json_response(failure.status, media, &body);
+    for (name, value) in failure.headers {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    (response, failure.outcome)
+}
+
+fn json_response(status: StatusCode, media: MediaType, body: &Value) -> Response {
+    Response::builder()
+        .status(status)
+        .content_type(media.content_type())
+        .header(header::VARY, "accept")
+        .body(serde_json::to_vec(body).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negotiation_prefers_the_graphql_type_and_defaults_to_json() {
+        use MediaType::*;
+        assert_eq!(negotiate(None), Some(Json));
+        assert_eq!(negotiate(Some("*/*")), Some(Json));
+        assert_eq!(negotiate(Some("application/json")), Some(Json));
+        assert_eq!(
+            negotiate(Some("application/graphql-response+json")),
+            Some(GraphqlResponseJson)
+        );
+        assert_eq!(
+            negotiate(Some(
+                "application/graphql-response+json, application/json;q=0.9"
+            )),
+            Some(GraphqlResponseJson)
+        );
+        assert_eq!(
+            negotiate(Some(
+                "application/json, application/graphql-response+json;q=0.5"
+            )),
+            Some(Json)
+        );
+        assert_eq!(negotiate(Some("text/html")), None);
+        assert_eq!(negotiate(Some("application/json;q=0")), None);
+    }
+
+    #[test]
+    fn only_utf8_json_bodies_are_accepted() {
+        assert!(is_json_utf8("application/json"));
+        assert!(is_json_utf8("Application/JSON; charset=UTF-8"));
+        assert!(is_json_utf8("application/json; charset=\"utf-8\""));
+        assert!(!is_json_utf8("application/json; charset=latin1"));
+        assert!(!is_json_utf8("text/plain"));
+        assert!(!is_json_utf8(""));
+    }
+
+    #[test]
+    fn retry_after_is_rounded_up_to_a_second() {
+        assert_eq!(retry_seconds(Duration::from_millis(1)), 1);
+        assert_eq!(retry_seconds(Duration::ZERO), 1);
+        assert_eq!(retry_seconds(Duration::from_millis(1500)), 2);
+        assert_eq!(retry_seconds(Duration::from_secs(3)), 3);
+    }
+}

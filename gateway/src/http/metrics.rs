@@ -1,0 +1,253 @@
+//! `GET /metrics`: Prometheus metrics in the OpenMetrics text format.
+//!
+//! The gateway's own metrics (requests by operation and outcome, request
+//! latency) are kept in `prometheus-client` metrics; the store's counters
+//! and index lag are read from [`Store::metrics`] at each scrape by a
+//! collector, so there is one source of truth for them. `prometheus-client`
+//! rather than a hand-written encoder: histograms, label escaping and the
+//! `_total` suffixes are easy to get subtly wrong, and the crate is the
+//! Prometheus project's own.
+//!
+//! Operation names come from clients, so they are capped: names must look
+//! like GraphQL names, be at most 64 characters long, and only the first
+//! [`MAX_OPERATIONS`] distinct names get their own series; later ones are
+//! counted as `other`.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use poem::web::Data;
+use poem::{handler, IntoResponse, Response};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use super::Gateway;
+use crate::Store;
+
+/// Distinct operation names with their own series.
+const MAX_OPERATIONS: usize = 256;
+
+/// What became of a GraphQL request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Executed without errors.
+    Ok,
+    /// Executed, with errors in the response.
+    Error,
+    /// Not executed: bad HTTP input, a parse or a validation failure.
+    Invalid,
+    /// Refused by the per-client rate limit.
+    RateLimited,
+    /// Refused by the concurrency limit.
+    Overloaded,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Invalid => "invalid",
+            Outcome::RateLimited => "rate_limited",
+            Outcome::Overloaded => "overloaded",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RequestLabels {
+    operation: String,
+    outcome: &'static str,
+}
+
+/// The gateway's metrics registry.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Histogram,
+    operations: Mutex<HashSet<String>>,
+}
+
+impl Metrics {
+    /// Metrics of a gateway in front of `store`.
+    pub fn new(store: Store) -> Metrics {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "cellgate_graphql_requests",
+            "GraphQL requests by operation name and outcome",
+            requests.clone(),
+        );
+        // 0.5 ms to about 16 s.
+        let latency = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        registry.register(
+            "cellgate_graphql_request_duration_seconds",
+            "Time from receiving a GraphQL request to its response",
+            latency.clone(),
+        );
+        registry.register_collector(Box::new(StoreCollector(store)));
+        Metrics {
+            registry,
+            requests,
+            latency,
+            operations: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Counts one GraphQL request.
+    pub fn record(&self, operation: Option<&str>, outcome: Outcome, elapsed: Duration) {
+        let operation = self.operation_label(operation);
+        self.requests
+            .get_or_create(&RequestLabels {
+                operation,
+                outcome: outcome.as_str(),
+            })
+            .inc();
+        self.latency.observe(elapsed.as_secs_f64());
+    }
+
+    fn operation_label(&self, operation: Option<&str>) -> String {
+        let Some(name) = operation.filter(|n| !n.is_empty()) else {
+            return "anonymous".to_string();
+        };
+        let graphql_name = name.len() <= 64
+            && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !graphql_name {
+            return "other".to_string();
+        }
+        let mut known = self.operations.lock().unwrap_or_else(|e| e.into_inner());
+        if known.contains(name) {
+            return name.to_string();
+        }
+        if known.len() < MAX_OPERATIONS {
+            known.insert(name.to_string());
+            return name.to_string();
+        }
+        "other".to_string()
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}
+
+#[handler]
+pub(super) fn metrics(Data(gateway): Data<&Arc<Gateway>>) -> Response {
+    gateway
+        .metrics
+        .encode()
+        .with_content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
+        .into_response()
+}
+
+/// Reads the store's counters at each scrape.
+struct StoreCollector(Store);
+
+impl std::fmt::Debug for StoreCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreCollector")
+    }
+}
+
+impl Collector for StoreCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let snapshot = self.0.metrics();
+
+        let mut family = encoder.encode_descriptor(
+            "cellgate_cells_written",
+            "Cells stored by this process, per datastore",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for ds in &snapshot.datastores {
+            let labels = [("datastore", ds.name.as_str())];
+            ConstCounter::new(ds.cells_written).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "cellgate_cells_duplicate",
+            "Cell writes answered as duplicates of stored cells, per datastore",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for ds in &snapshot.datastores {
+            let labels = [("datastore", ds.name.as_str())];
+            ConstCounter::new(ds.cells_duplicate).encode(family.encode_family(&labels)?)?;
+        }
+
+        let (quantiles, samples) = &snapshot.index_delay_us;
+        let mut family = encoder.encode_descriptor(
+            "cellgate_index_delay_microseconds",
+            "Delay from cell commit to index update since start, by quantile",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (quantile, value) in quantiles {
+            let labels = [("quantile", quantile.to_string())];
+            ConstGauge::new(*value as i64).encode(family.encode_family(&labels)?)?;
+        }
+        ConstCounter::new(*samples).encode(encoder.encode_descriptor(
+            "cellgate_index_delay_samples",
+            "Index updates measured for cellgate_index_delay_microseconds",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?)?;
+
+        let mut family = encoder.encode_descriptor(
+            "cellgate_index_lag_ms",
+            "Age of the oldest unapplied write of each lagging shard",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (datastore, shard, age_ms) in &snapshot.index_lag_ms {
+            let labels = [
+                ("datastore", datastore.clone()),
+                ("shard", shard.to_string()),
+            ];
+            ConstGauge::new(*age_ms as i64).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "cellgate_index_lag_max_ms",
+            "Largest index lag of any shard of a datastore (0: none lagging)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for ds in &snapshot.datastores {
+            let max = snapshot
+                .index_lag_ms
+                .iter()
+                .filter(|(name, _, _)| *name == ds.name)
+                .map(|(_, _, age)| *age)
+                .max()
+                .unwrap_or(0);
+            let labels = [("datastore", ds.name.as_str())];
+            ConstGauge::new(max as i64).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "cellgate_index_lagging_shards",
+            "Shards of a datastore with index work outstanding",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for ds in &snapshot.datastores {
+            let count = snapshot
+                .index_lag_ms
+                .iter()
+                .filter(|(name, _, _)| *name == ds.name)
+                .count();
+            let labels = [("datastore", ds.name.as_str())];
+            ConstGauge::new(count as i64).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,125 @@
+//! The HTTP gateway: poem routes in front of the GraphQL schema.
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /graphql`, `GET /graphql` | GraphQL over HTTP (`graphql.rs`) |
+//! | `GET /` | the GraphiQL playground |
+//! | `GET /healthz`, `GET /readyz` | liveness and readiness (`health.rs`) |
+//! | `GET /metrics` | Prometheus metrics (`metrics.rs`) |
+//!
+//! Admission control (`admission.rs`) applies to `/graphql` only: health
+//! probes and metric scrapes must keep answering while the gateway sheds
+//! load. Every request is logged once, with its method, path, status and
+//! latency, by [`log_requests`].
+//!
+//! The GraphQL handler is written here rather than taken from
+//! `async-graphql-poem` because the GraphQL-over-HTTP spec ties status codes
+//! to the kind of failure (request error, parse or validation failure,
+//! execution error) and to the negotiated media type, which that crate does
+//! not distinguish.
+
+mod admission;
+mod graphql;
+mod health;
+mod metrics;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use poem::listener::TcpAcceptor;
+use poem::web::Html;
+use poem::{
+    get, handler, Endpoint, EndpointExt as _, IntoEndpoint, IntoResponse, Request, Response, Route,
+};
+
+use crate::config::LimitsConfig;
+use crate::Store;
+
+pub use admission::Admission;
+pub use metrics::Metrics;
+
+/// Everything a request handler needs; shared by all requests.
+pub struct Gateway {
+    store: Store,
+    schema: async_graphql::dynamic::Schema,
+    admission: Admission,
+    metrics: Metrics,
+    max_body_bytes: usize,
+}
+
+impl Gateway {
+    /// A gateway serving `schema` (built from `store`'s definitions) under
+    /// the given limits. Needs a tokio runtime (it starts the rate limiter's
+    /// cleanup task).
+    pub fn new(
+        store: Store,
+        schema: async_graphql::dynamic::Schema,
+        limits: &LimitsConfig,
+    ) -> Gateway {
+        Gateway {
+            metrics: Metrics::new(store.clone()),
+            store,
+            schema,
+            admission: Admission::new(limits),
+            max_body_bytes: limits.max_body_bytes,
+        }
+    }
+}
+
+/// The routes of the gateway.
+pub fn routes(gateway: Arc<Gateway>) -> impl IntoEndpoint {
+    Route::new()
+        .at(
+            "/graphql",
+            get(graphql::graphql_get).post(graphql::graphql_post),
+        )
+        .at("/", get(playground))
+        .at("/healthz", get(health::healthz))
+        .at("/readyz", get(health::readyz))
+        .at("/metrics", get(metrics::metrics))
+        .data(gateway)
+        .around(|endpoint, request| async move { log_requests(endpoint, request).await })
+}
+
+/// Serves the gateway on an already bound listener until `shutdown`
+/// resolves, then lets requests in flight finish (for at most 10 seconds).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    gateway: Arc<Gateway>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let acceptor = TcpAcceptor::from_tokio(listener)?;
+    poem::Server::new_with_acceptor(acceptor)
+        .run_with_graceful_shutdown(routes(gateway), shutdown, Some(Duration::from_secs(10)))
+        .await
+}
+
+#[handler]
+fn playground() -> Html<String> {
+    Html(
+        async_graphql::http::GraphiQLSource::build()
+            .endpoint("/graphql")
+            .title("cellgate")
+            .finish(),
+    )
+}
+
+/// Logs one line per request. Errors that poem turns into responses (404,
+/// 405 for an unrouted method) are logged with their status too.
+async fn log_requests<E: Endpoint>(endpoint: Arc<E>, request: Request) -> poem::Result<Response> {
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let start = Instant::now();
+    let response = match endpoint.call(request).await {
+        Ok(response) => response.into_response(),
+        Err(error) => error.into_response(),
+    };
+    tracing::info!(
+        method = %method,
+        path = %path,
+        status = response.status().as_u16(),
+        latency_ms = start.elapsed().as_secs_f64() * 1000.0,
+        "request"
+    );
+    Ok(response)
+}

@@ -1,0 +1,417 @@
+//! Cells over GraphQL: writes, versions, rows, the cell log and `Int64`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::harness::{assert_code, Defs, Env, Server};
+
+pub const PUT_TRIPS: &str = "mutation($cells: [TripsCellInput!]!) {
+  tripsPutCells(cells: $cells) { rowKey column refKey status readable }
+}";
+
+pub fn cell(row_key: Uuid, column: &str, ref_key: i64, body: Value) -> Value {
+    json!({ "rowKey": row_key, "column": column, "refKey": ref_key, "body": body })
+}
+
+/// Writes cells to `trips` and asserts every one was written.
+pub async fn put_trips(server: &Server, cells: Vec<Value>) {
+    let count = cells.len();
+    let data = server.data(PUT_TRIPS, json!({ "cells": cells })).await;
+    let results = data["tripsPutCells"].as_array().expect("results");
+    assert_eq!(results.len(), count, "{data}");
+    for result in results {
+        assert_eq!(result["status"], "WRITTEN", "{data}");
+    }
+}
+
+pub async fn put_cells_reports_written_duplicate_and_conflict(env: Arc<Env>) {
+    let server = env.serve(Defs::Small, &[]);
+    let row = Uuid::new_v4();
+    let other = Uuid::new_v4();
+    let first = cell(row, "BASE", 1, json!({"city": "Lisbon", "fare": 12.5}));
+
+    let data = server.data(PUT_TRIPS, json!({ "cells": [first] })).await;
+    assert_eq!(
+        data["tripsPutCells"],
+        json!([{ "rowKey": row.to_string(), "column": "BASE", "refKey": "1", "status": "WRITTEN", "readable": true }])
+    );
+
+    let data = server.data(PUT_TRIPS, json!({ "cells": [first] })).await;
+    assert_eq!(
+        data["tripsPutCells"],
+        json!([{ "rowKey": row.to_string(), "column": "BASE", "refKey": "1", "status": "DUPLICATE", "readable": true }])
+    );
+
+    // The conflicting cell sits between two good ones: only it fails.
+    let conflicting = cell(row, "BASE", 1, json!({"city": "Porto"}));
+    let response = server
+        .request(
+            PUT_TRIPS,
+            json!({ "cells": [
+                cell(other, "BASE", 1, json!({"city": "Faro"})),
+                conflicting,
+                cell(row, "STATUS", 1, json!({"status": "requested"})),
+            ] }),
+        )
+        .await;
+    assert_code(&response, "CELL_CONFLICT");
+    let errors = response["errors"].as_array().expect("errors");
+    assert_eq!(errors.len(), 1, "{response}");
+    assert_eq!(errors[0]["path"], json!(["tripsPutCells", 1]), "{response}");
+    let results = response["data"]["tripsPutCells"]
+        .as_array()
+        .unwrap_or_else(|| panic!("the results list is null: {response}"));
+    assert_eq!(results.len(), 3, "{response}");
+    assert_eq!(results[0]["status"], "WRITTEN", "{response}");
+    assert!(results[1].is_null(), "{response}");
+    assert_eq!(results[2]["status"], "WRITTEN", "{response}");
+    assert_eq!(results[2]["readable"], true, "{response}");
+
+    // Nothing was overwritten.
+    let data = server
+        .data(
+            "query($row: UUID!) { trips { cell(rowKey: $row, column: BASE, refKey: 1) { body } } }",
+            json!({ "row": row }),
+        )
+        .await;
+    assert_eq!(
+        data["trips"]["cell"]["body"],
+        json!({"city": "Lisbon", "fare": 12.5})
+    );
+
+    // A body that is not a JSON object is refused with a code.
+    let response = server
+        .request(
+            PUT_TRIPS,
+            json!({ "cells": [cell(Uuid::new_v4(), "NOTES", 1, json!([1, 2]))] }),
+        )
+        .await;
+    assert_code(&response, "INVALID_BODY");
+    assert_eq!(response["errors"][0]["path"], json!(["tripsPutCells", 0]));
+    assert_eq!(
+        response["data"]["tripsPutCells"],
+        json!([null]),
+        "{response}"
+    );
+}
+
+pub async fn latest_cell_history_and_versions(env: Arc<Env>) {
+    let server = env.serve(Defs::Small, &[]);
+    let row = Uuid::new_v4();
+    for ref_key in [1, 3, 2] {
+        put_trips(
+            &server,
+            vec![cell(
+                row,
+                "STATUS",
+                ref_key,
+                json!({"status": format!("v{ref_key}")}),
+            )],
+        )
+        .await;
+    }
+    let data = server
+        .data(
+            r#"query($row: UUID!) { trips {
+                latestCell(rowKey: $row, column: STATUS) { rowKey column refKey body }
+                history(rowKey: $row, column: STATUS) { refKey body }
+                before3: history(rowKey: $row, column: STATUS, before: 3) { refKey }
+                newest: history(rowKey: $row, column: STATUS, first: 1) { refKey }
+                cell(rowKey: $row, column: STATUS, refKey: 2) { refKey body }
+                missing: cell(rowKey: $row, column: STATUS, refKey: 4) { refKey }
+                otherColumn: latestCell(rowKey: $row, column: BASE) { refKey }
+                row(rowKey: $row) {
+                  rowKey
+                  status(refKey: "1") { body }
+                  latest: status { refKey }
+                  base { refKey }
+                }
+            } }"#,
+            json!({ "row": row }),
+        )
+        .await;
+    let trips = &data["trips"];
+    assert_eq!(
+        trips["latestCell"],
+        json!({"rowKey": row.to_string(), "column": "STATUS", "refKey": "3", "body": {"status": "v3"}})
+    );
+    assert_eq!(
+        trips["history"],
+        json!([
+            {"refKey": "3", "body": {"status": "v3"}},
+            {"refKey": "2", "body": {"status": "v2"}},
+            {"refKey": "1", "body": {"status": "v1"}},
+        ])
+    );
+    assert_eq!(trips["before3"], json!([{"refKey": "2"}, {"refKey": "1"}]));
+    assert_eq!(trips["newest"], json!([{"refKey": "3"}]));
+    assert_eq!(
+        trips["cell"],
+        json!({"refKey": "2", "body": {"status": "v2"}})
+    );
+    assert_eq!(trips["missing"], Value::Null);
+    assert_eq!(trips["otherColumn"], Value::Null);
+    assert_eq!(
+        trips["row"],
+        json!({
+            "rowKey": row.to_string(),
+            "status": {"body": {"status": "v1"}},
+            "latest": {"refKey": "3"},
+            "base": null,
+        })
+    );
+}
+
+pub async fn int64_accepts_numbers_and_strings_exactly(env: Arc<Env>) {
+    let server = env.serve(Defs::Small, &[]);
+    let row = Uuid::new_v4();
+    let huge: i64 = 9_007_199_254_740_993;
+    // refKey as a JSON number, as a string, and beyond 2^53 both ways.
+    let data = server
+        .data(
+            PUT_TRIPS,
+            json!({ "cells": [
+                {"rowKey": row, "column": "NOTES", "refKey": 5, "body": {"n": 5}},
+                {"rowKey": row, "column": "NOTES", "refKey": "6", "body": {"n": 6}},
+                {"rowKey": row, "column": "NOTES", "refKey": huge, "body": {"n": "huge"}},
+                {"rowKey": row, "column": "NOTES", "refKey": i64::MAX.to_string(), "body": {"n": "max"}},
+            ] }),
+        )
+        .await;
+    let ref_keys: Vec<&Value> = data["tripsPutCells"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| &r["refKey"])
+        .collect();
+    assert_eq!(
+        ref_keys,
+        [
+            &json!("5"),
+            &json!("6"),
+            &json!("9007199254740993"),
+            &json!("9223372036854775807")
+        ]
+    );
+
+    // Literals: a number, a string, a huge number, and the same via variables.
+    let data = server
+        .data(
+            &format!(
+                r#"query($big: Int64!, $bigText: Int64!) {{ trips {{
+                    a: cell(rowKey: "{row}", column: NOTES, refKey: 5) {{ refKey body }}
+                    b: cell(rowKey: "{row}", column: NOTES, refKey: "6") {{ refKey body }}
+                    c: cell(rowKey: "{row}", column: NOTES, refKey: 9007199254740993) {{ refKey body }}
+                    d: cell(rowKey: "{row}", column: NOTES, refKey: $big) {{ refKey }}
+                    e: cell(rowKey: "{row}", column: NOTES, refKey: $bigText) {{ refKey }}
+                    off: cell(rowKey: "{row}", column: NOTES, refKey: 9007199254740992) {{ refKey }}
+                    latestCell(rowKey: "{row}", column: NOTES) {{ refKey body }}
+                    history(rowKey: "{row}", column: NOTES, before: "9223372036854775807") {{ refKey }}
+                }} }}"#
+            ),
+            json!({ "big": huge, "bigText": huge.to_string() }),
+        )
+        .await;
+    let trips = &data["trips"];
+    assert_eq!(trips["a"], json!({"refKey": "5", "body": {"n": 5}}));
+    assert_eq!(trips["b"], json!({"refKey": "6", "body": {"n": 6}}));
+    assert_eq!(
+        trips["c"],
+        json!({"refKey": "9007199254740993", "body": {"n": "huge"}})
+    );
+    assert_eq!(trips["d"], json!({"refKey": "9007199254740993"}));
+    assert_eq!(trips["e"], json!({"refKey": "9007199254740993"}));
+    assert_eq!(trips["off"], Value::Null, "2^53 must not round to 2^53+1");
+    assert_eq!(
+        trips["latestCell"],
+        json!({"refKey": "9223372036854775807", "body": {"n": "max"}})
+    );
+    assert_eq!(
+        trips["history"],
+        json!([{"refKey": "9007199254740993"}, {"refKey": "6"}, {"refKey": "5"}])
+    );
+
+    // Not an Int64: as a literal, via a variable, and out of range.
+    let literal = server
+        .request(
+            &format!(r#"{{ trips {{ cell(rowKey: "{row}", column: NOTES, refKey: "12x") {{ refKey }} }} }}"#),
+            json!({}),
+        )
+        .await;
+    let variable = server
+        .request(
+            &format!(
+                r#"query($r: Int64!) {{ trips {{ cell(rowKey: "{row}", column: NOTES, refKey: $r) {{ refKey }} }} }}"#
+            ),
+            json!({ "r": "12x" }),
+        )
+        .await;
+    let overflow = server
+        .request(
+            &format!(
+                r#"{{ trips {{ cell(rowKey: "{row}", column: NOTES, refKey: "9223372036854775808") {{ refKey }} }} }}"#
+            ),
+            json!({}),
+        )
+        .await;
+    let fraction = server
+        .request(
+            PUT_TRIPS,
+            json!({ "cells": [{"rowKey": row, "column": "NOTES", "refKey": 1.5, "body": {}}] }),
+        )
+        .await;
+    for response in [literal, variable, overflow, fraction] {
+        let codes = crate::harness::codes(&response);
+        assert!(
+            !codes.is_empty()
+                && codes
+                    .iter()
+                    .all(|c| c == "GRAPHQL_VALIDATION_FAILED" || c == "BAD_USER_INPUT"),
+            "{response}"
+        );
+        assert!(
+            response["data"].is_null(),
+            "no field may run with an invalid Int64: {response}"
+        );
+    }
+}
+
+pub async fn rows_in_order_and_cell_log_pages(env: Arc<Env>) {
+    let server = env.serve(Defs::Small, &[]);
+    let keys: Vec<Uuid> = (0..12).map(|_| Uuid::new_v4()).collect();
+    let mut cells = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        cells.push(cell(*key, "BASE", 1, json!({"i": i})));
+        if i % 2 == 0 {
+            cells.push(cell(*key, "STATUS", 7, json!({"status": format!("s{i}")})));
+        }
+    }
+    put_trips(&server, cells).await;
+
+    // `rows` follows the order asked, repeats included; unknown rows are empty.
+    let unknown = Uuid::new_v4();
+    let asked = vec![keys[3], keys[0], unknown, keys[7], keys[0], keys[10]];
+    let data = server
+        .data(
+            "query($keys: [UUID!]!) { trips { rows(rowKeys: $keys) { rowKey base { body } status { refKey body } } } }",
+            json!({ "keys": asked }),
+        )
+        .await;
+    let rows = data["trips"]["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), asked.len(), "{data}");
+    for (row, key) in rows.iter().zip(&asked) {
+        assert_eq!(row["rowKey"], key.to_string(), "{data}");
+        match keys.iter().position(|k| k == key) {
+            None => {
+                assert_eq!(row["base"], Value::Null, "{data}");
+                assert_eq!(row["status"], Value::Null, "{data}");
+            }
+            Some(i) => {
+                assert_eq!(row["base"]["body"], json!({"i": i}), "{data}");
+                if i % 2 == 0 {
+                    assert_eq!(
+                        row["status"],
+                        json!({"refKey": "7", "body": {"status": format!("s{i}")}}),
+                        "{data}"
+                    );
+                } else {
+                    assert_eq!(row["status"], Value::Null, "{data}");
+                }
+            }
+        }
+    }
+
+    // Where did each cell land? Read every written cell's shard and added id.
+    let data = server
+        .data(
+            "query($keys: [UUID!]!) { trips { rows(rowKeys: $keys) { base { rowKey column refKey shard addedId } status { rowKey column refKey shard addedId } } } }",
+            json!({ "keys": keys }),
+        )
+        .await;
+    let mut by_shard: BTreeMap<i64, BTreeSet<(String, String, String, String)>> = BTreeMap::new();
+    for row in data["trips"]["rows"].as_array().expect("rows") {
+        for c in [&row["base"], &row["status"]] {
+            if c.is_null() {
+                continue;
+            }
+            let shard = c["shard"].as_i64().expect("shard");
+            assert!((0..8).contains(&shard), "{c}");
+            by_shard.entry(shard).or_default().insert((
+                c["addedId"]
+                    .as_str()
+                    .expect("addedId is a string")
+                    .to_string(),
+                c["rowKey"].as_str().expect("rowKey").to_string(),
+                c["column"].as_str().expect("column").to_string(),
+                c["refKey"].as_str().expect("refKey").to_string(),
+            ));
+        }
+    }
+    let (shard, expected) = by_shard
+        .iter()
+        .max_by_key(|(_, cells)| cells.len())
+        .expect("some shard");
+    assert!(expected.len() >= 2, "{by_shard:?}");
+
+    // Page through the shard's log two cells at a time with `next`.
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..=expected.len() + 1 {
+        let data = server
+            .data(
+                "query($shard: Int!, $after: Int64) { trips { cellsForShard(shard: $shard, after: $after, limit: 2) { cells { rowKey column refKey addedId shard } next } } }",
+                json!({ "shard": shard, "after": after }),
+            )
+            .await;
+        let page = &data["trips"]["cellsForShard"];
+        let cells = page["cells"].as_array().expect("cells");
+        assert!(cells.len() <= 2, "{page}");
+        if cells.is_empty() {
+            break;
+        }
+        for c in cells {
+            assert_eq!(c["shard"].as_i64(), Some(*shard), "{page}");
+            seen.push((
+                c["addedId"].as_str().expect("addedId").to_string(),
+                c["rowKey"].as_str().expect("rowKey").to_string(),
+                c["column"].as_str().expect("column").to_string(),
+                c["refKey"].as_str().expect("refKey").to_string(),
+            ));
+        }
+        let next = page["next"].as_str().expect("next is an Int64 string");
+        assert_eq!(
+            next,
+            cells.last().expect("last")["addedId"].as_str().expect("id"),
+            "{page}"
+        );
+        after = Some(next.to_string());
+    }
+    // Reading from a time on gives the same log, and a `next` to go on with.
+    let data = server
+        .data(
+            "query($shard: Int!) { trips { cellsForShard(shard: $shard, since: \"2000-01-01T00:00:00Z\", limit: 1) { cells { addedId } next } } }",
+            json!({ "shard": shard }),
+        )
+        .await;
+    let page = &data["trips"]["cellsForShard"];
+    assert_eq!(
+        page["cells"][0]["addedId"].as_str(),
+        Some(seen[0].0.as_str()),
+        "{page}"
+    );
+    assert_eq!(page["next"].as_str(), Some(seen[0].0.as_str()), "{page}");
+
+    let ids: Vec<i64> = seen
+        .iter()
+        .map(|c| c.0.parse().expect("numeric added id"))
+        .collect();
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "log out of order or repeated: {ids:?}"
+    );
+    let seen: BTreeSet<_> = seen.into_iter().collect();
+    assert_eq!(&seen, expected, "the log of shard {shard}");
+}

@@ -1,0 +1,27 @@
+//! End-to-end tests of `cellgate serve`: each test starts the real binary on
+//! a free port against a fresh database and talks GraphQL over HTTP to it,
+//! checking the contract in `schema/schema.graphql`. Every test runs on
+//! SQLite, and on MariaDB/MySQL and PostgreSQL when
+//! `CELLGATE_TEST_MYSQL_URL` / `CELLGATE_TEST_POSTGRES_URL` are set (see
+//! `harness.rs`).
+
+mod cells;
+mod errors;
+mod harness;
+mod indexes;
+mod meta;
+
+e2e_suite!(
+    cells::put_cells_reports_written_duplicate_and_conflict,
+    cells::latest_cell_history_and_versions,
+    cells::int64_accepts_numbers_and_strings_exactly,
+    cells::rows_in_order_and_cell_log_pages,
+    indexes::every_operator_on_every_type_where_and_filter_agree,
+    indexes::projection_returns_only_selected_fields,
+    indexes::pagination_has_no_gaps_or_repeats,
+    indexes::index_entries_fetch_their_rows,
+    errors::invalid_inputs_are_coded_errors,
+    errors::query_errors_have_stable_codes,
+    meta::datastores_describe_definitions_and_topology,
+    meta::demo_server_answers_the_first_query,
+);
