@@ -304,7 +304,7 @@ impl Case {
         let cmp = |v: &V| value.and_then(|x| x.compare(v));
         match self.op {
             Op::Eq => cmp(&self.values[0]) == Some(Ordering::Equal),
-            Op::Ne => cmp(&self.values[0]).is_some_and(|o| o != Ordering::Equal),
+            Op::Ne => cmp(&self.values[0]) != Some(Ordering::Equal),
             Op::In => self.values.iter().any(|v| cmp(v) == Some(Ordering::Equal)),
             Op::Gt => cmp(&self.values[0]) == Some(Ordering::Greater),
             Op::Gte => matches!(
