@@ -202,9 +202,7 @@ impl Env {
             }
             Defs::Repo => root().join("datastores"),
         };
-        let mut command = Command::new(
-            std::env::var("E2E_TMP_BIN").unwrap_or(env!("CARGO_BIN_EXE_cellgate").into()),
-        );
+        let mut command = Command::new(env!("CARGO_BIN_EXE_cellgate"));
         command.current_dir(run_dir.path());
         for (name, _) in std::env::vars_os() {
             let text = name.to_string_lossy();

@@ -110,8 +110,12 @@ where
     Field::new(name, ty, move |ctx| {
         let f = f.clone();
         FieldFuture::new(async move {
-            let value = f(parent::<T>(&ctx)?);
-            Ok(Some(FieldValue::value(value)))
+            // `None`, not a null value: the dynamic schema resolves a present
+            // value of an object or enum type even when it is null.
+            Ok(match f(parent::<T>(&ctx)?) {
+                Value::Null => None,
+                value => Some(FieldValue::value(value)),
+            })
         })
     })
 }
@@ -124,7 +128,10 @@ fn meta_field(name: &'static str, ty: TypeRef) -> Field {
                 Some(Value::Object(map)) => map.get(name).cloned().unwrap_or(Value::Null),
                 _ => Value::Null,
             };
-            Ok(Some(meta_value(value)))
+            Ok(match value {
+                Value::Null => None,
+                value => Some(meta_value(value)),
+            })
         })
     })
 }
