@@ -9,7 +9,7 @@ use uuid::Uuid;
 use crate::harness::{assert_code, Defs, Env, Server};
 
 pub const PUT_TRIPS: &str = "mutation($cells: [TripsCellInput!]!) {
-  tripsPutCells(cells: $cells) { rowKey column refKey status readable }
+  tripsPutCells(cells: $cells) { rowKey column refKey status readable error { code message } }
 }";
 
 pub fn cell(row_key: Uuid, column: &str, ref_key: i64, body: Value) -> Value {
@@ -36,13 +36,13 @@ pub async fn put_cells_reports_written_duplicate_and_conflict(env: Arc<Env>) {
     let data = server.data(PUT_TRIPS, json!({ "cells": [first] })).await;
     assert_eq!(
         data["tripsPutCells"],
-        json!([{ "rowKey": row.to_string(), "column": "BASE", "refKey": "1", "status": "WRITTEN", "readable": true }])
+        json!([{ "rowKey": row.to_string(), "column": "BASE", "refKey": "1", "status": "WRITTEN", "readable": true, "error": null }])
     );
 
     let data = server.data(PUT_TRIPS, json!({ "cells": [first] })).await;
     assert_eq!(
         data["tripsPutCells"],
-        json!([{ "rowKey": row.to_string(), "column": "BASE", "refKey": "1", "status": "DUPLICATE", "readable": true }])
+        json!([{ "rowKey": row.to_string(), "column": "BASE", "refKey": "1", "status": "DUPLICATE", "readable": true, "error": null }])
     );
 
     // The conflicting cell sits between two good ones: only it fails.
@@ -66,9 +66,50 @@ pub async fn put_cells_reports_written_duplicate_and_conflict(env: Arc<Env>) {
         .unwrap_or_else(|| panic!("the results list is null: {response}"));
     assert_eq!(results.len(), 3, "{response}");
     assert_eq!(results[0]["status"], "WRITTEN", "{response}");
-    assert!(results[1].is_null(), "{response}");
+    assert_eq!(results[0]["error"], Value::Null, "{response}");
+    // The refused cell: no status, not readable, and the same error as in
+    // `errors`.
+    let refused = &results[1];
+    assert_eq!(
+        (
+            &refused["rowKey"],
+            &refused["column"],
+            &refused["refKey"],
+            &refused["status"],
+            &refused["readable"],
+            &refused["error"]["code"],
+        ),
+        (
+            &json!(row.to_string()),
+            &json!("BASE"),
+            &json!("1"),
+            &Value::Null,
+            &json!(false),
+            &json!("CELL_CONFLICT"),
+        ),
+        "{response}"
+    );
+    assert_eq!(
+        refused["error"]["message"], errors[0]["message"],
+        "{response}"
+    );
     assert_eq!(results[2]["status"], "WRITTEN", "{response}");
     assert_eq!(results[2]["readable"], true, "{response}");
+
+    // Under an alias, the error's path names the alias.
+    let response = server
+        .request(
+            "mutation($cells: [TripsCellInput!]!) { w: tripsPutCells(cells: $cells) { status } }",
+            json!({ "cells": [cell(row, "BASE", 1, json!({"city": "Braga"}))] }),
+        )
+        .await;
+    assert_code(&response, "CELL_CONFLICT");
+    assert_eq!(response["errors"][0]["path"], json!(["w", 0]), "{response}");
+    assert_eq!(
+        response["data"]["w"],
+        json!([{"status": null}]),
+        "{response}"
+    );
 
     // Nothing was overwritten.
     let data = server
@@ -91,11 +132,10 @@ pub async fn put_cells_reports_written_duplicate_and_conflict(env: Arc<Env>) {
         .await;
     assert_code(&response, "INVALID_BODY");
     assert_eq!(response["errors"][0]["path"], json!(["tripsPutCells", 0]));
-    assert_eq!(
-        response["data"]["tripsPutCells"],
-        json!([null]),
-        "{response}"
-    );
+    let refused = &response["data"]["tripsPutCells"][0];
+    assert_eq!(refused["status"], Value::Null, "{response}");
+    assert_eq!(refused["readable"], false, "{response}");
+    assert_eq!(refused["error"]["code"], "INVALID_BODY", "{response}");
 }
 
 pub async fn latest_cell_history_and_versions(env: Arc<Env>) {

@@ -147,6 +147,10 @@ pub async fn invalid_inputs_are_coded_errors(env: Arc<Env>) {
             "query($k: UUID!) { trips { row(rowKey: $k) { rowKey } } }".to_string(),
             json!({}),
         ),
+        (
+            "query($k: UUID!) { trips { row(rowKey: $k) { rowKey } } }".to_string(),
+            json!({ "k": null }),
+        ),
         ("{ trips { nope } }".to_string(), json!({})),
         (format!("{{ trips {{ row(rowKey: \"{row}\", nope: 1) {{ rowKey }} }} }}"), json!({})),
         ("{ trips { row { rowKey } } }".to_string(), json!({})),

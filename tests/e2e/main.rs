@@ -23,5 +23,5 @@ e2e_suite!(
     errors::invalid_inputs_are_coded_errors,
     errors::query_errors_have_stable_codes,
     meta::datastores_describe_definitions_and_topology,
-    meta::demo_server_answers_the_first_query,
+    meta::demo_server_answers_the_readme_query,
 );

@@ -159,6 +159,11 @@ async fn respond(
     .map_err(|_| Failure::bad_request("invalid GraphQL request parameters"))?;
 
     let requested_name = graphql_request.operation_name.clone();
+    let provided: Vec<String> = graphql_request
+        .variables
+        .keys()
+        .map(|name| name.to_string())
+        .collect();
     let document = match graphql_request.parsed_query() {
         Ok(document) => document,
         Err(error) => {
@@ -169,6 +174,21 @@ async fn respond(
             return Ok((request_error(media, errors), Outcome::Invalid));
         }
     };
+    // Variable coercion is part of the request: a required variable that
+    // is not given fails the whole request before execution.
+    let missing = missing_variables(document, requested_name.as_deref(), &provided);
+    if !missing.is_empty() {
+        let errors = missing
+            .into_iter()
+            .map(|(name, ty)| {
+                json!({
+                    "message": format!("variable `${name}` of required type `{ty}` was not provided"),
+                    "extensions": {"code": "GRAPHQL_VALIDATION_FAILED"},
+                })
+            })
+            .collect();
+        return Ok((request_error(media, errors), Outcome::Invalid));
+    }
     let selected = select_operation(document, requested_name.as_deref());
     if operation.is_none() {
         *operation = selected.and_then(|(name, _)| name.map(str::to_string));
@@ -407,6 +427,41 @@ fn select_operation<'d>(
             .map(|(n, op)| (Some(n.as_str()), op.node.ty)),
         (DocumentOperations::Multiple(_), None) => None,
     }
+}
+
+/// Required variables (non-null, no default) of the selected operation that
+/// the request does not give, with their types.
+fn missing_variables(
+    document: &async_graphql::parser::types::ExecutableDocument,
+    name: Option<&str>,
+    provided: &[String],
+) -> Vec<(String, String)> {
+    use async_graphql::parser::types::DocumentOperations;
+    let operation = match (&document.operations, name) {
+        (DocumentOperations::Single(op), _) => Some(op),
+        (DocumentOperations::Multiple(ops), Some(name)) => ops
+            .iter()
+            .find(|(n, _)| n.as_str() == name)
+            .map(|(_, op)| op),
+        (DocumentOperations::Multiple(ops), None) if ops.len() == 1 => ops.values().next(),
+        (DocumentOperations::Multiple(_), None) => None,
+    };
+    let Some(operation) = operation else {
+        return Vec::new();
+    };
+    operation
+        .node
+        .variable_definitions
+        .iter()
+        .filter(|var| !var.node.var_type.node.nullable && var.node.default_value.is_none())
+        .filter(|var| !provided.iter().any(|p| p == var.node.name.node.as_str()))
+        .map(|var| {
+            (
+                var.node.name.node.to_string(),
+                var.node.var_type.node.to_string(),
+            )
+        })
+        .collect()
 }
 
 /// The code of an error found before execution. The depth and complexity
