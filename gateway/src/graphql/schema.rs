@@ -211,14 +211,7 @@ fn schema_for(
                 .item(EnumItem::new("ASC"))
                 .item(EnumItem::new("DESC")),
         );
-    for ty in [
-        FieldType::Uuid,
-        FieldType::String,
-        FieldType::Int,
-        FieldType::Float,
-        FieldType::Bool,
-        FieldType::DateTime,
-    ] {
+    for ty in FieldType::ALL {
         builder = builder.register(filter_input(ty));
     }
     for object in metadata_types() {
