@@ -117,6 +117,8 @@ macro_rules! sqlx_backend {
             /// Pool for reads outside transactions.
             reader: sqlx::Pool<$db>,
             cluster: String,
+            /// Dropped with the backend, which stops its background tasks.
+            _stop: Option<tokio::sync::oneshot::Sender<()>>,
         }
 
         pub struct $tx {

@@ -28,6 +28,7 @@ impl MySqlBackend {
             writer: pool.clone(),
             reader: pool,
             cluster: options.cluster.clone(),
+            _stop: None,
         })
     }
 }

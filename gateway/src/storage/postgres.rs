@@ -32,6 +32,7 @@ impl PostgresBackend {
             writer: pool.clone(),
             reader: pool,
             cluster: options.cluster.clone(),
+            _stop: None,
         })
     }
 }

@@ -36,7 +36,10 @@ impl SqliteBackend {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
-            .statement_cache_capacity(1024);
+            .statement_cache_capacity(1024)
+            // Checkpoints run in the background (see `checkpoint_in_background`),
+            // not inside whichever commit crosses the WAL size threshold.
+            .pragma("wal_autocheckpoint", "0");
         if let Some(parent) = connect.get_filename().parent() {
             if !parent.as_os_str().is_empty() {
                 std::fs::create_dir_all(parent).map_err(|e| {
@@ -60,12 +63,41 @@ impl SqliteBackend {
             .connect_with(connect)
             .await
             .map_err(err)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        checkpoint_in_background(&reader, stopped);
         Ok(SqliteBackend {
             writer,
             reader,
             cluster: options.cluster.clone(),
+            _stop: Some(stop),
         })
     }
+}
+
+/// Copies the WAL back into the database file every few hundred
+/// milliseconds with a passive checkpoint, which never blocks writers. Left
+/// to SQLite, the commit that crosses the WAL threshold would do it inline
+/// and stall every writer behind it for milliseconds. Stops when the
+/// backend is dropped.
+fn checkpoint_in_background(
+    reader: &sqlx::SqlitePool,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let pool = reader.clone();
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(Duration::from_millis(250));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return,
+                _ = interval.tick() => {}
+            }
+            let checkpoint = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)");
+            if let Err(err) = checkpoint.execute(&pool).await {
+                tracing::debug!(error = %err, "background WAL checkpoint failed");
+            }
+        }
+    });
 }
 
 fn bind<'q>(
