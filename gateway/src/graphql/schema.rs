@@ -860,7 +860,7 @@ fn index_types(
         .field(from_parent::<IndexEntry, _>(
             "cursor",
             TypeRef::named_nn(TypeRef::STRING),
-            |e| Value::String(e.cursor.clone()),
+            |e| Value::String(e.cursor()),
         ))
         .field(Field::new("node", TypeRef::named_nn(&names.entry), |ctx| {
             FieldFuture::new(async move {

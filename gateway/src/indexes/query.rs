@@ -25,8 +25,17 @@ pub struct IndexEntry {
     pub row_key: Uuid,
     /// The projected fields, by name, in index order.
     pub fields: Vec<(String, Value)>,
-    /// Position of this entry, for `after`.
-    pub cursor: String,
+    /// Position of this entry in the query's order; encoded into a cursor
+    /// only when asked for, since most entries' cursors are never read.
+    position: Position,
+    signature: u64,
+}
+
+impl IndexEntry {
+    /// The opaque cursor of this entry, for `after`.
+    pub fn cursor(&self) -> String {
+        cursor::encode(self.signature, &self.position)
+    }
 }
 
 /// One page of an index query.
@@ -311,7 +320,7 @@ impl Store {
         let entries: Vec<IndexEntry> = rows
             .into_iter()
             .map(|row| {
-                let cursor = cursor::encode(signature, &plan.position_of(&row));
+                let position = plan.position_of(&row);
                 let row_key = row[0].as_uuid().unwrap_or_default();
                 let fields = plan
                     .projection
@@ -322,11 +331,12 @@ impl Store {
                 IndexEntry {
                     row_key,
                     fields,
-                    cursor,
+                    position,
+                    signature,
                 }
             })
             .collect();
-        let end_cursor = entries.last().map(|e| e.cursor.clone());
+        let end_cursor = entries.last().map(IndexEntry::cursor);
         Ok(IndexPage {
             entries,
             has_next_page,
