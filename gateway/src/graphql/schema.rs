@@ -233,7 +233,7 @@ fn schema_for(
             .register(types.cell_input(datastore))
             .register(types.query_type(datastore, &ds)?);
         for index in &datastore.indexes {
-            for object in index_types(datastore, index, &ds)? {
+            for object in index_types(datastore, index)? {
                 builder = builder.register(object);
             }
         }
@@ -372,10 +372,8 @@ impl DatastoreTypes {
     fn query_type(&self, datastore: &Datastore, ds: &Arc<str>) -> crate::Result<Object> {
         let mut object = Object::new(&self.query)
             .description(format!("Reads of the `{}` datastore.", datastore.name));
-        let d = ds.clone();
         object = object.field(
-            Field::new("row", TypeRef::named_nn(&self.row), move |ctx| {
-                let _ = &d;
+            Field::new("row", TypeRef::named_nn(&self.row), |ctx| {
                 FieldFuture::new(async move {
                     let row_key = scalars::uuid(&ctx.args.try_get("rowKey")?, "rowKey")?;
                     Ok(Some(FieldValue::owned_any(RowRef { row_key })))
@@ -547,7 +545,7 @@ impl DatastoreTypes {
             if !seen.insert(name.clone()) {
                 return Err(name_clash(&format!("{}.{name}", self.query)));
             }
-            object = object.field(index_field(datastore, index, ds, &self.row));
+            object = object.field(index_field(datastore, index, ds));
         }
         Ok(object)
     }
@@ -815,7 +813,6 @@ fn screaming(name: &str) -> String {
 fn index_types(
     datastore: &Datastore,
     index: &Index,
-    ds: &Arc<str>,
 ) -> crate::Result<Vec<async_graphql::dynamic::Type>> {
     let names = IndexTypes::new(datastore, index);
     let row_type = DatastoreTypes::new(datastore).row;
@@ -846,7 +843,6 @@ fn index_types(
             )),
         );
     }
-    let _ = ds;
     entry = entry.field(
         Field::new("row", TypeRef::named_nn(&row_type), |ctx| {
             FieldFuture::new(async move {
@@ -923,7 +919,7 @@ fn index_types(
 }
 
 /// `Query.<datastore>.<index>`: the index as a Relay connection.
-fn index_field(datastore: &Datastore, index: &Index, ds: &Arc<str>, _row_type: &str) -> Field {
+fn index_field(datastore: &Datastore, index: &Index, ds: &Arc<str>) -> Field {
     let names = IndexTypes::new(datastore, index);
     let shard_field = index.shard_field().clone();
     let shard_arg = camel(&shard_field.name);
