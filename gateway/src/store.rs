@@ -54,9 +54,9 @@ pub(crate) struct Inner {
     pub(crate) clusters: Vec<Cluster>,
     pub(crate) buffer_count: usize,
     pub(crate) max_batch: usize,
-    /// Shards whose tables are known to exist and match the definitions,
-    /// keyed by datastore, shard and cluster.
-    ready: Mutex<HashSet<(String, u32, usize)>>,
+    /// Table sets known to exist (and, for shards, to match the
+    /// definitions), keyed by datastore, shard, cluster and which set.
+    ready: Mutex<HashSet<(String, u32, usize, TableSet)>>,
     /// Serializes DDL in this process: concurrent `CREATE TABLE IF NOT
     /// EXISTS` of one table can fail on PostgreSQL.
     ddl_lock: tokio::sync::Mutex<()>,
@@ -84,9 +84,20 @@ pub struct StoreMetrics {
     pub index_lag_ms: Vec<(String, u32, u64)>,
 }
 
+/// Which tables of a shard a cluster holds: all of them on the shard's
+/// primary, only the buffer table on a secondary that buffers its writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum TableSet {
+    Shard,
+    Buffer,
+}
+
 /// One storage cluster.
 pub(crate) struct Cluster {
     pub(crate) master: Arc<dyn Backend>,
+    /// Opened at start-up so a malformed replica URL stops the gateway
+    /// there. Reads do not use replicas yet: replica reads and failover to
+    /// them are not built.
     #[allow(dead_code)]
     pub(crate) replicas: Vec<Arc<dyn Backend>>,
 }
@@ -374,13 +385,12 @@ impl Store {
         cluster: usize,
         buffer_only: bool,
     ) -> Result<()> {
-        // The key of a buffer-only table set lives above the real shard range.
-        let key_shard = if buffer_only {
-            shard + (1 << 20)
+        let set = if buffer_only {
+            TableSet::Buffer
         } else {
-            shard
+            TableSet::Shard
         };
-        let key = (ds.def.name.clone(), key_shard, cluster);
+        let key = (ds.def.name.clone(), shard, cluster, set);
         if self.inner.ready.lock().expect("ready set").contains(&key) {
             return Ok(());
         }
@@ -451,7 +461,7 @@ impl Store {
         tx.commit().await?;
         let mut ready = self.inner.ready.lock().expect("ready set");
         for &shard in shards {
-            ready.insert((ds.def.name.clone(), shard, cluster));
+            ready.insert((ds.def.name.clone(), shard, cluster, TableSet::Shard));
         }
         Ok(())
     }
@@ -482,7 +492,7 @@ impl Store {
             };
             if let Some(ds) = self.inner.datastores.get(name) {
                 if hash == shape_fingerprint(dialect, &ds.def) {
-                    ready.insert((name.to_string(), shard as u32, cluster));
+                    ready.insert((name.to_string(), shard as u32, cluster, TableSet::Shard));
                 }
             }
         }
@@ -512,7 +522,7 @@ impl Store {
                     let ready = self.inner.ready.lock().expect("ready set");
                     (0..ds.def.shards)
                         .filter(|s| ds.map.cluster_of(*s) == cluster)
-                        .filter(|s| !ready.contains(&(name.clone(), *s, cluster)))
+                        .filter(|s| !ready.contains(&(name.clone(), *s, cluster, TableSet::Shard)))
                         .collect()
                 };
                 let owned = (0..ds.def.shards)

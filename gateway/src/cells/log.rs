@@ -83,13 +83,7 @@ impl Store {
         let master = self.master(ds, shard);
         let mut sql = Sql::new(master.dialect());
         select_cells(&mut sql, &ddl::cells_table(&ds.def.name, shard), None);
-        sql.push(" WHERE ")
-            .ident("added_id")
-            .push(" > ")
-            .bind(Value::Int(after))
-            .push(" ORDER BY ")
-            .ident("added_id")
-            .push(&format!(" LIMIT {limit}"));
+        page_after(&mut sql, after, limit);
         let rows = master.fetch(&sql, &super::read::CELL_TYPES).await?;
         rows.into_iter()
             .map(|row| super::read::cell_from_row(row, shard))
@@ -142,14 +136,8 @@ impl Store {
             .push(", ")
             .ident("created_at")
             .push(" FROM ")
-            .ident(&ddl::cells_table(&ds.def.name, shard))
-            .push(" WHERE ")
-            .ident("added_id")
-            .push(" > ")
-            .bind(Value::Int(after))
-            .push(" ORDER BY ")
-            .ident("added_id")
-            .push(&format!(" LIMIT {limit}"));
+            .ident(&ddl::cells_table(&ds.def.name, shard));
+        page_after(&mut sql, after, limit);
         let types = [
             ColType::Int,
             ColType::Uuid,
@@ -190,4 +178,16 @@ impl Store {
         let rows = master.fetch(&sql, &[ColType::Int]).await?;
         Ok(rows.first().and_then(|row| row[0].as_int()).unwrap_or(0))
     }
+}
+
+/// Appends the log-page condition: cells after `after`, in insertion order,
+/// at most `limit`.
+fn page_after(sql: &mut Sql, after: i64, limit: u32) {
+    sql.push(" WHERE ")
+        .ident("added_id")
+        .push(" > ")
+        .bind(Value::Int(after))
+        .push(" ORDER BY ")
+        .ident("added_id")
+        .push(&format!(" LIMIT {limit}"));
 }

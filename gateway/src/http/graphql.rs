@@ -174,36 +174,35 @@ async fn respond(
             return Ok((request_error(media, errors), Outcome::Invalid));
         }
     };
-    // Variable coercion is part of the request: a required variable that
-    // is not given fails the whole request before execution.
-    let missing = missing_variables(document, requested_name.as_deref(), &provided);
-    if !missing.is_empty() {
-        let errors = missing
-            .into_iter()
-            .map(|(name, ty)| {
-                json!({
-                    "message": format!("variable `${name}` of required type `{ty}` was not provided"),
-                    "extensions": {"code": "GRAPHQL_VALIDATION_FAILED"},
-                })
-            })
-            .collect();
-        return Ok((request_error(media, errors), Outcome::Invalid));
-    }
     let selected = select_operation(document, requested_name.as_deref());
     if operation.is_none() {
         *operation = selected.and_then(|(name, _)| name.map(str::to_string));
     }
-    if is_get {
-        if let Some((_, kind)) = selected {
-            if kind != async_graphql::parser::types::OperationType::Query {
-                let mut failure = Failure::new(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "METHOD_NOT_ALLOWED",
-                    format!("{kind} operations cannot be sent with GET; use POST"),
-                );
-                failure.headers.push((header::ALLOW, "POST".to_string()));
-                return Err(failure);
-            }
+    if let Some((_, definition)) = selected {
+        let kind = definition.node.ty;
+        if is_get && kind != async_graphql::parser::types::OperationType::Query {
+            let mut failure = Failure::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "METHOD_NOT_ALLOWED",
+                format!("{kind} operations cannot be sent with GET; use POST"),
+            );
+            failure.headers.push((header::ALLOW, "POST".to_string()));
+            return Err(failure);
+        }
+        // Variable coercion is part of the request: a required variable
+        // that is not given fails the whole request before execution.
+        let missing = missing_variables(&definition.node, &provided);
+        if !missing.is_empty() {
+            let errors = missing
+                .into_iter()
+                .map(|(name, ty)| {
+                    json!({
+                        "message": format!("variable `${name}` of required type `{ty}` was not provided"),
+                        "extensions": {"code": "GRAPHQL_VALIDATION_FAILED"},
+                    })
+                })
+                .collect();
+            return Ok((request_error(media, errors), Outcome::Invalid));
         }
     }
 
@@ -413,44 +412,31 @@ fn checked_params(mut params: Map<String, Value>) -> Result<Params, Failure> {
 fn select_operation<'d>(
     document: &'d async_graphql::parser::types::ExecutableDocument,
     name: Option<&str>,
-) -> Option<(Option<&'d str>, async_graphql::parser::types::OperationType)> {
+) -> Option<(
+    Option<&'d str>,
+    &'d async_graphql::Positioned<async_graphql::parser::types::OperationDefinition>,
+)> {
     use async_graphql::parser::types::DocumentOperations;
     match (&document.operations, name) {
-        (DocumentOperations::Single(op), _) => Some((None, op.node.ty)),
+        (DocumentOperations::Single(op), _) => Some((None, op)),
         (DocumentOperations::Multiple(ops), Some(name)) => ops
             .iter()
             .find(|(n, _)| n.as_str() == name)
-            .map(|(n, op)| (Some(n.as_str()), op.node.ty)),
-        (DocumentOperations::Multiple(ops), None) if ops.len() == 1 => ops
-            .iter()
-            .next()
-            .map(|(n, op)| (Some(n.as_str()), op.node.ty)),
+            .map(|(n, op)| (Some(n.as_str()), op)),
+        (DocumentOperations::Multiple(ops), None) if ops.len() == 1 => {
+            ops.iter().next().map(|(n, op)| (Some(n.as_str()), op))
+        }
         (DocumentOperations::Multiple(_), None) => None,
     }
 }
 
-/// Required variables (non-null, no default) of the selected operation that
-/// the request does not give, with their types.
+/// Required variables (non-null, no default) of `operation` that the
+/// request does not give, with their types.
 fn missing_variables(
-    document: &async_graphql::parser::types::ExecutableDocument,
-    name: Option<&str>,
+    operation: &async_graphql::parser::types::OperationDefinition,
     provided: &[String],
 ) -> Vec<(String, String)> {
-    use async_graphql::parser::types::DocumentOperations;
-    let operation = match (&document.operations, name) {
-        (DocumentOperations::Single(op), _) => Some(op),
-        (DocumentOperations::Multiple(ops), Some(name)) => ops
-            .iter()
-            .find(|(n, _)| n.as_str() == name)
-            .map(|(_, op)| op),
-        (DocumentOperations::Multiple(ops), None) if ops.len() == 1 => ops.values().next(),
-        (DocumentOperations::Multiple(_), None) => None,
-    };
-    let Some(operation) = operation else {
-        return Vec::new();
-    };
     operation
-        .node
         .variable_definitions
         .iter()
         .filter(|var| !var.node.var_type.node.nullable && var.node.default_value.is_none())
