@@ -455,3 +455,31 @@ pub async fn rows_in_order_and_cell_log_pages(env: Arc<Env>) {
     let seen: BTreeSet<_> = seen.into_iter().collect();
     assert_eq!(&seen, expected, "the log of shard {shard}");
 }
+
+// Regression: a body compressing more than ~4x was acknowledged `WRITTEN`
+// and then every read answered CORRUPT_BODY ("deflate decompression error").
+pub async fn compressible_and_deep_bodies_read_back(env: Arc<Env>) {
+    let server = env.serve(Defs::Small, &[]);
+    let mut deep = json!({"leaf": "€"});
+    for _ in 0..99 {
+        deep = json!({ "n": deep });
+    }
+    let bodies = [
+        json!({"s": "a".repeat(256)}),
+        json!({"s": "a".repeat(100_000)}),
+        json!({"s": "€".repeat(85)}),
+        json!({"s": "\u{0}".repeat(1000), "k\u{0}€": [0, 0, 0, 0, 0, 0, 0, 0]}),
+        deep,
+    ];
+    for body in bodies {
+        let row = Uuid::new_v4();
+        put_trips(&server, vec![cell(row, "NOTES", 1, body.clone())]).await;
+        let data = server
+            .data(
+                "query($row: UUID!) { trips { latestCell(rowKey: $row, column: NOTES) { body } } }",
+                json!({ "row": row }),
+            )
+            .await;
+        assert_eq!(data["trips"]["latestCell"]["body"], body, "{data}");
+    }
+}

@@ -16,6 +16,7 @@ e2e_suite!(
     cells::latest_cell_history_and_versions,
     cells::int64_accepts_numbers_and_strings_exactly,
     cells::rows_in_order_and_cell_log_pages,
+    cells::compressible_and_deep_bodies_read_back,
     indexes::every_operator_on_every_type_where_and_filter_agree,
     indexes::projection_returns_only_selected_fields,
     indexes::pagination_has_no_gaps_or_repeats,

@@ -16,13 +16,27 @@ use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, 
 /// MessagePack (rmp-serde) compressed with zlib (flate2).
 pub const FORMAT_MSGPACK_ZLIB: u8 = 1;
 
-/// Largest body accepted, measured as its MessagePack encoding.
-pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+/// Largest body accepted, measured as its MessagePack encoding. Stored
+/// bytes are at most a few bytes more (zlib never grows data by more than
+/// 5 bytes per 16 KiB block), which keeps one body well inside the 16 MiB
+/// packet that MySQL and MariaDB accept by default.
+pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 
-/// Encodes a body; fails when it is not a JSON object or too large.
+/// Deepest nesting of objects and arrays in a body: what a JSON parser
+/// with serde_json's default recursion limit accepts. Checked before any
+/// recursive step, so a hostile body cannot overflow the stack.
+pub const MAX_BODY_DEPTH: usize = 128;
+
+/// Encodes a body; fails when it is not a JSON object, too large or too
+/// deeply nested, or when it would not decode back to itself.
 pub fn encode(body: &serde_json::Value) -> Result<Vec<u8>, String> {
     if !body.is_object() {
         return Err("a cell body must be a JSON object".to_string());
+    }
+    if depth_exceeds(body, MAX_BODY_DEPTH) {
+        return Err(format!(
+            "body nests objects and arrays more than {MAX_BODY_DEPTH} levels deep"
+        ));
     }
     let packed = rmp_serde::to_vec(body).map_err(|e| format!("cannot encode body: {e}"))?;
     if packed.len() > MAX_BODY_BYTES {
@@ -45,10 +59,36 @@ pub fn encode(body: &serde_json::Value) -> Result<Vec<u8>, String> {
                 .compress_vec(&packed[consumed..], &mut out, FlushCompress::Finish)
                 .map_err(|e| format!("cannot compress body: {e}"))?;
             if status == Status::StreamEnd {
-                return Ok(out);
+                break;
             }
         }
-    })
+        Ok::<(), String>(())
+    })?;
+    // Never acknowledge a body that would not read back: decode what is
+    // about to be stored and compare it with what was given.
+    match decode(&out) {
+        Ok(decoded) if decoded == *body => Ok(out),
+        Ok(_) => Err("body does not survive encoding unchanged".to_string()),
+        Err(reason) => Err(format!("body cannot be stored readably: {reason}")),
+    }
+}
+
+/// Whether `value` nests deeper than `limit` levels, found without
+/// recursion.
+fn depth_exceeds(value: &serde_json::Value, limit: usize) -> bool {
+    let mut stack = vec![(value, 1usize)];
+    while let Some((value, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &serde_json::Value>> = match value {
+            serde_json::Value::Object(map) => Box::new(map.values()),
+            serde_json::Value::Array(items) => Box::new(items.iter()),
+            _ => continue,
+        };
+        if depth > limit {
+            return true;
+        }
+        stack.extend(children.map(|child| (child, depth + 1)));
+    }
+    false
 }
 
 thread_local! {
@@ -59,31 +99,40 @@ thread_local! {
 }
 
 /// Inflates a zlib stream, refusing to grow beyond [`MAX_BODY_BYTES`].
+///
+/// The stream is fed with `FlushDecompress::None` and the output grown
+/// whenever it fills: with `Finish`, zlib treats an output buffer too small
+/// for the whole stream as an error, which made every body that compresses
+/// more than the initial guess unreadable.
 fn inflate(input: &[u8]) -> Result<Vec<u8>, String> {
     DECOMPRESS.with(|decompress| {
         let mut decompress = decompress.borrow_mut();
         decompress.reset(true);
-        let mut out = Vec::with_capacity((input.len() * 4).clamp(256, MAX_BODY_BYTES));
+        let mut out = Vec::with_capacity((input.len() * 4).clamp(256, MAX_BODY_BYTES + 1));
         loop {
             if out.len() > MAX_BODY_BYTES {
                 return Err("body inflates beyond the size limit".to_string());
             }
             if out.capacity() == out.len() {
-                out.reserve(out.capacity());
+                let grow = out.capacity().min(MAX_BODY_BYTES + 1 - out.len()).max(256);
+                out.reserve(grow);
             }
             let consumed = decompress.total_in() as usize;
             let before = (consumed, out.len());
             let status = decompress
-                .decompress_vec(&input[consumed..], &mut out, FlushDecompress::Finish)
+                .decompress_vec(&input[consumed..], &mut out, FlushDecompress::None)
                 .map_err(|e| format!("zlib: {e}"))?;
-            match status {
-                Status::StreamEnd => return Ok(out),
-                _ if (decompress.total_in() as usize, out.len()) == before
-                    && out.capacity() > out.len() =>
-                {
-                    return Err("zlib: truncated stream".to_string());
+            if status == Status::StreamEnd {
+                if (decompress.total_in() as usize) < input.len() {
+                    return Err("zlib: trailing bytes after the stream".to_string());
                 }
-                _ => {}
+                return Ok(out);
+            }
+            // No progress with room left in the output: the input ran out
+            // before the end of the stream.
+            let progressed = (decompress.total_in() as usize, out.len()) != before;
+            if !progressed && out.capacity() > out.len() {
+                return Err("zlib: truncated stream".to_string());
             }
         }
     })
@@ -106,6 +155,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Arbitrary JSON objects, the shapes a client may send.
     fn json() -> impl Strategy<Value = serde_json::Value> {
         let leaf = prop_oneof![
             Just(serde_json::Value::Null),
@@ -136,10 +186,68 @@ mod tests {
             prop_assert_eq!(decode(&bytes).unwrap(), body);
         }
 
+        // Regression: bodies compressing more than ~4x were stored but
+        // every read failed with "deflate decompression error".
+        #[test]
+        fn adversarial_bodies_round_trip(body in crate::cells::testing::adversarial_body()) {
+            let bytes = encode(&body).unwrap();
+            prop_assert_eq!(decode(&bytes).unwrap(), body);
+        }
+
         #[test]
         fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode(&bytes);
         }
+    }
+
+    // Regression: `{"s": "a" × 256}` and `{"s": "€" × 85}` came back
+    // CORRUPT_BODY. These are the exact bytes the encoder stored before the
+    // fix; they are valid zlib and must read back.
+    #[test]
+    fn cells_stored_before_the_inflate_fix_read_back() {
+        let stored = [
+            (
+                "017801e5c0810000000c02b01f35860842492b9a409accfc615c012f0a6371",
+                serde_json::json!({"s": "a".repeat(256)}),
+            ),
+            (
+                "017801e5c2311100000802c0d026d026ee1462a50804e1eef787d6a1590032edb2be",
+                serde_json::json!({"s": "€".repeat(85)}),
+            ),
+        ];
+        for (hex, body) in stored {
+            let bytes: Vec<u8> = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect();
+            assert_eq!(decode(&bytes).unwrap(), body);
+            assert_eq!(encode(&body).unwrap(), bytes, "the encoding is stable");
+        }
+    }
+
+    #[test]
+    fn the_size_limit_is_exact_and_limit_sized_bodies_read_back() {
+        // A map with one key `s` and a string: 1 (map) + 2 (key) + 5 (str32
+        // header) bytes around the string.
+        let at_limit = serde_json::json!({"s": "x".repeat(MAX_BODY_BYTES - 8)});
+        assert_eq!(rmp_serde::to_vec(&at_limit).unwrap().len(), MAX_BODY_BYTES);
+        let bytes = encode(&at_limit).unwrap();
+        assert_eq!(decode(&bytes).unwrap(), at_limit);
+        let over = serde_json::json!({"s": "x".repeat(MAX_BODY_BYTES - 7)});
+        assert!(encode(&over).unwrap_err().contains("more than the limit"));
+    }
+
+    #[test]
+    fn incompressible_limit_sized_bodies_read_back() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let text: String = (0..MAX_BODY_BYTES - 8)
+            .map(|_| char::from(rng.gen_range(b'!'..=b'~')))
+            .collect();
+        let body = serde_json::json!({ "s": text });
+        let bytes = encode(&body).unwrap();
+        assert!(bytes.len() < MAX_BODY_BYTES + 4096);
+        assert_eq!(decode(&bytes).unwrap(), body);
     }
 
     #[test]
@@ -153,5 +261,50 @@ mod tests {
         let mut bytes = encode(&serde_json::json!({"a": 1})).unwrap();
         bytes.truncate(4);
         assert!(decode(&bytes).unwrap_err().starts_with("zlib"));
+    }
+
+    #[test]
+    fn trailing_bytes_and_bombs_are_refused() {
+        let mut bytes = encode(&serde_json::json!({"a": 1})).unwrap();
+        bytes.push(0);
+        assert!(decode(&bytes).unwrap_err().contains("trailing"));
+        // 64 MiB of zeros deflates to ~64 KiB: a bomb past the limit.
+        let mut bomb = vec![FORMAT_MSGPACK_ZLIB];
+        let mut compress = Compress::new(Compression::best(), true);
+        let zeros = vec![0u8; 64 * 1024 * 1024];
+        let mut out = Vec::with_capacity(1 << 20);
+        compress
+            .compress_vec(&zeros, &mut out, FlushCompress::Finish)
+            .unwrap();
+        bomb.extend_from_slice(&out);
+        assert!(decode(&bomb).unwrap_err().contains("size limit"));
+    }
+
+    #[test]
+    fn nesting_is_limited_without_recursion() {
+        let nest = |levels: usize| {
+            let mut body = serde_json::json!({});
+            for i in 1..levels - 1 {
+                body = if i % 2 == 0 {
+                    serde_json::json!({ "n": body })
+                } else {
+                    serde_json::json!([body])
+                };
+            }
+            serde_json::json!({ "n": body })
+        };
+        let deepest = nest(MAX_BODY_DEPTH);
+        assert_eq!(decode(&encode(&deepest).unwrap()).unwrap(), deepest);
+        let err = encode(&nest(MAX_BODY_DEPTH + 1)).unwrap_err();
+        assert!(err.contains("more than 128 levels"), "{err}");
+        // Far deeper than any stack would survive in a recursive check.
+        let mut body = serde_json::json!({"leaf": true});
+        for _ in 0..200_000 {
+            // Not `json!`, which would copy the value recursively.
+            body = serde_json::Value::Object([("n".to_string(), body)].into_iter().collect());
+        }
+        assert!(encode(&body).unwrap_err().contains("levels deep"));
+        // Dropping the value would recurse 200,000 deep.
+        std::mem::forget(body);
     }
 }

@@ -9,6 +9,9 @@
 pub mod codec;
 mod log;
 mod read;
+#[cfg(test)]
+#[path = "../../tests/support/bodies.rs"]
+pub(crate) mod testing;
 mod write;
 
 use chrono::{DateTime, Utc};

@@ -1,6 +1,8 @@
 //! The storage contract: the behaviour of the cell store, written once and
 //! run on SQLite, MariaDB/MySQL and PostgreSQL (see `harness.rs`).
 
+#[path = "../support/bodies.rs"]
+mod bodies;
 mod harness;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,6 +49,8 @@ contract_suite!(
     fan_out_over_shard_values,
     query_errors_are_typed,
     index_lag_reports_pending_cells,
+    adversarial_bodies_read_back,
+    limit_sized_bodies_read_back,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {
@@ -1098,4 +1102,122 @@ async fn index_lag_reports_pending_cells(env: Arc<Env>) {
         lag.iter().all(|l| l.pending_cells == 0 && l.lag_ms == 0),
         "{lag:?}"
     );
+}
+
+// Regression: bodies that compress more than ~4x (`"a" × 256`, `"€" × 85`,
+// 100-deep nesting) were acknowledged `Written` but every read returned
+// CORRUPT_BODY, and index maintenance skipped them.
+async fn adversarial_bodies_read_back(env: Arc<Env>) {
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::TestRunner;
+
+    let store = env.open().await;
+    let mut runner = TestRunner::deterministic();
+    let strategy = bodies::adversarial_body();
+    let owner = format!("adv-{}", Uuid::new_v4());
+    let mut named = vec![
+        json!({"s": "a".repeat(256)}),
+        json!({"s": "€".repeat(85)}),
+        json!({"s": "\0".repeat(10_000)}),
+    ];
+    let mut deep = json!({"leaf": 1});
+    for _ in 0..99 {
+        deep = json!({ "n": deep });
+    }
+    named.push(deep);
+    let mut bodies = named;
+    for _ in 0..60 {
+        bodies.push(strategy.new_tree(&mut runner).unwrap().current());
+    }
+    // Every body also carries the index's shard field, so each row must get
+    // an index entry: a body maintenance could not read would be missing.
+    let cells: Vec<NewCell> = bodies
+        .iter()
+        .map(|body| {
+            let mut body = body.clone();
+            body.as_object_mut()
+                .unwrap()
+                .insert("owner".into(), json!(owner));
+            cell(Uuid::new_v4(), "DATA", 1, body)
+        })
+        .collect();
+    for chunk in cells.chunks(16) {
+        let results = store.put_cells("items", chunk.to_vec()).await.unwrap();
+        for result in results {
+            assert_eq!(result.unwrap(), PutStatus::Written);
+        }
+    }
+    let keys: Vec<CellKey> = cells.iter().map(|c| c.key()).collect();
+    let fetched = store.get_cells("items", &keys).await.unwrap();
+    for (written, read) in cells.iter().zip(fetched) {
+        let read = read.expect("acknowledged cell is readable");
+        assert_eq!(
+            serde_json::to_string(&read.body).unwrap(),
+            serde_json::to_string(&written.body).unwrap(),
+            "byte-identical JSON"
+        );
+        let latest = store
+            .get_cell_latest("items", written.row_key, "DATA")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(latest.body, written.body);
+    }
+    store.sync_indexes().await.unwrap();
+    let mut indexed = BTreeSet::new();
+    let mut after = None;
+    loop {
+        let page = store
+            .query_index(
+                "items",
+                &IndexQuery {
+                    index: "items_index".into(),
+                    shard_values: vec![Literal::String(owner.clone())],
+                    first: Some(100),
+                    after: after.clone(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        indexed.extend(rows_of(&page));
+        if !page.has_next_page {
+            break;
+        }
+        after = page.end_cursor;
+    }
+    let written: BTreeSet<Uuid> = cells.iter().map(|c| c.row_key).collect();
+    assert_eq!(indexed, written, "every acknowledged cell is indexed");
+}
+
+/// Bodies at the size limit, compressible and not, on every backend.
+async fn limit_sized_bodies_read_back(env: Arc<Env>) {
+    use rand::{Rng, SeedableRng};
+    let store = env.open().await;
+    let limit = cellgate::cells::codec::MAX_BODY_BYTES;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let noise: String = (0..limit - 8)
+        .map(|_| char::from(rng.gen_range(b'!'..=b'~')))
+        .collect();
+    for text in [noise, "a".repeat(limit - 8)] {
+        let row = Uuid::new_v4();
+        let body = json!({ "s": text });
+        let status = store
+            .put_cell("items", cell(row, "DATA", 1, body.clone()))
+            .await
+            .unwrap();
+        assert_eq!(status, PutStatus::Written);
+        let read = store
+            .get_cell_latest("items", row, "DATA")
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(read.body == body, "limit-sized body reads back");
+    }
+    let over = json!({ "s": "a".repeat(limit) });
+    let err = store
+        .put_cell("items", cell(Uuid::new_v4(), "DATA", 1, over))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "INVALID_BODY");
 }
