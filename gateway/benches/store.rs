@@ -1,22 +1,18 @@
 //! Store benchmarks on embedded SQLite, each paired with a raw sqlx
 //! baseline that runs the same SQL on its own pool:
 //!
-//! - `put_100/*`: `put_cells` of 100 new BASE trip cells spread over ~100
-//!   shards and all in one shard (one row key, 100 ref keys), with index
-//!   maintenance off and on, vs raw sqlx doing per shard one transaction of
-//!   meta-row `UPDATE`, existence `SELECT` and one `INSERT` per pre-encoded
-//!   cell.
+//! - `put_100/*`: `put_cells` of 100 new BASE trip cells with random row
+//!   keys over all 4096 shards and all in one shard (one row key, 100 ref
+//!   keys), with index maintenance off and on, vs raw sqlx running the same
+//!   cluster transaction on pre-encoded bodies: lock the shard counter rows,
+//!   look up existing keys, advance the counters, one multi-row `INSERT`.
 //! - `query/*`: `query_index` on `driver_partner_index` (driver equality and
 //!   a time range, 20 entries; a one-field projection; a 3-driver `in`
 //!   fan-out) over 5,000 trips of 50 drivers, vs raw sqlx running the plan's
-//!   exact per-shard SQL and decoding the rows.
-//! - `codec/encode`: body encoding alone, to attribute the write gap.
+//!   exact SQL and decoding the rows.
+//! - `codec/*`: body encoding and decoding alone, to attribute the write gap.
 //!
 //! It also prints (not timed) the size of trip bodies as JSON and encoded.
-//! Every store starts from a copy of one SQLite file where the tables of
-//! 256 of the 4096 `trips` shards exist, and every row key, driver and city
-//! is drawn to hash into those shards (`common::live_uuid`), so no run pays
-//! for lazy DDL; a spread batch of 100 cells touches ~83 shards.
 //!
 //! Run: `cargo bench -p cellgate --bench store` (about 2 minutes on 2
 //! cores; filter with e.g. `-- put_100`).
@@ -24,7 +20,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -40,11 +35,10 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use sqlx::{Row as _, SqlitePool};
 use uuid::Uuid;
 
-/// State shared by the bench functions: the runtime and the shard template.
+/// State shared by the bench functions: the runtime and a scratch dir.
 struct Env {
     rt: tokio::runtime::Runtime,
     root: tempfile::TempDir,
-    template: PathBuf,
 }
 
 fn env() -> &'static Env {
@@ -56,62 +50,32 @@ fn env() -> &'static Env {
             .build()
             .expect("tokio runtime");
         let root = tempfile::tempdir().expect("tempdir");
-        let template = rt.block_on(template(root.path()));
-        Env { rt, root, template }
+        Env { rt, root }
     })
 }
 
-/// Opens a store on a fresh copy of the template and marks the live shards
-/// ready (one registry read per shard, no DDL).
+/// Opens a store in a fresh directory.
 fn open_store(name: &str, maintain: bool) -> Store {
     let env = env();
-    let dir = copy_template(&env.template, env.root.path(), name);
+    let dir = env.root.path().join(name);
     env.rt.block_on(async {
-        let store = Store::open(defs(), options(&dir, maintain))
+        Store::open(defs(), options(&dir, maintain))
             .await
-            .expect("open store");
-        ensure_live_shards(&store).await;
-        if maintain {
-            wait_maintainer_idle(&store).await;
-        }
-        store
+            .expect("open store")
     })
-}
-
-/// Waits until the maintainer has finished the start-up sweep of every
-/// shard: a fresh write is only indexed after the current batch of wake-ups.
-async fn wait_maintainer_idle(store: &Store) {
-    let driver = live_uuid();
-    let cell = NewCell {
-        row_key: live_uuid(),
-        column: "BASE".into(),
-        ref_key: 1,
-        body: small_body(driver, live_uuid(), &created_at(0)),
-    };
-    store.put_cell("trips", cell).await.expect("put");
-    let query = IndexQuery {
-        index: "driver_partner_index".into(),
-        filter: Some(format!("driver_partner_uuid = \"{driver}\"")),
-        ..Default::default()
-    };
-    while store
-        .query_index("trips", &query)
-        .await
-        .expect("query")
-        .entries
-        .is_empty()
-    {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn new_cells(one_shard: bool) -> Vec<NewCell> {
-    let shared_row = live_uuid();
+    let shared_row = Uuid::new_v4();
     (0..100)
         .map(|i| {
-            let body = trip_body(live_uuid(), live_uuid(), &created_at(i));
+            let body = trip_body(Uuid::new_v4(), Uuid::new_v4(), &created_at(i));
             NewCell {
-                row_key: if one_shard { shared_row } else { live_uuid() },
+                row_key: if one_shard {
+                    shared_row
+                } else {
+                    Uuid::new_v4()
+                },
                 column: "BASE".into(),
                 ref_key: if one_shard { i + 1 } else { 1 },
                 body,
@@ -122,80 +86,129 @@ fn new_cells(one_shard: bool) -> Vec<NewCell> {
 
 /// A pre-encoded cell for the raw baseline.
 struct RawCell {
+    shard: u32,
     row_key: Uuid,
     ref_key: i64,
     body: Vec<u8>,
 }
 
-/// The same cells grouped by shard, bodies encoded (not timed).
-fn raw_batch(one_shard: bool) -> BTreeMap<u32, Vec<RawCell>> {
-    let mut groups: BTreeMap<u32, Vec<RawCell>> = BTreeMap::new();
-    for cell in new_cells(one_shard) {
-        groups
-            .entry(row_shard(&cell.row_key, TRIP_SHARDS))
-            .or_default()
-            .push(RawCell {
-                row_key: cell.row_key,
-                ref_key: cell.ref_key,
-                body: codec::encode(&cell.body).expect("encode"),
-            });
-    }
-    groups
+/// The same cells sorted by shard, bodies encoded (not timed).
+fn raw_batch(one_shard: bool) -> Vec<RawCell> {
+    let mut cells: Vec<RawCell> = new_cells(one_shard)
+        .into_iter()
+        .map(|cell| RawCell {
+            shard: row_shard(&cell.row_key, TRIP_SHARDS),
+            row_key: cell.row_key,
+            ref_key: cell.ref_key,
+            body: codec::encode(&cell.body).expect("encode"),
+        })
+        .collect();
+    cells.sort_by_key(|c| c.shard);
+    cells
 }
 
 fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
-/// What `commit_primary` does, in plain sqlx: per shard one transaction.
-async fn raw_put(pool: &SqlitePool, groups: BTreeMap<u32, Vec<RawCell>>) {
+/// What the write path does on one cluster, in plain sqlx: one
+/// transaction that locks the shard counters, looks up existing keys,
+/// advances the counters and inserts every cell with one statement.
+async fn raw_put(pool: &SqlitePool, cells: Vec<RawCell>) {
     let now = chrono::Utc::now().timestamp_micros();
-    for (shard, cells) in groups {
-        let mut tx = pool.begin().await.expect("begin");
-        sqlx::query(&format!(
-            r#"UPDATE "trips_s{shard}_meta" SET "writes" = "writes" + 1 WHERE "id" = 1"#
-        ))
-        .execute(&mut *tx)
+    let mut shards: Vec<u32> = cells.iter().map(|c| c.shard).collect();
+    shards.dedup();
+    let mut conn = pool.acquire().await.expect("acquire");
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *conn)
         .await
-        .expect("lock");
-        let mut rows: Vec<Uuid> = cells.iter().map(|c| c.row_key).collect();
-        rows.dedup();
-        let refs: Vec<i64> = cells
-            .iter()
-            .map(|c| c.ref_key)
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let select = format!(
-            r#"SELECT "row_key", "column_name", "ref_key", "body" FROM "trips_s{shard}_cells" WHERE "row_key" IN ({}) AND "ref_key" IN ({})"#,
-            placeholders(rows.len()),
-            placeholders(refs.len())
-        );
-        let mut query = sqlx::query(&select);
-        for row in &rows {
-            query = query.bind(row.as_bytes().as_slice());
-        }
-        for r in &refs {
-            query = query.bind(*r);
-        }
-        let found = query.fetch_all(&mut *tx).await.expect("lookup");
-        assert!(found.is_empty(), "cells are new");
-        let insert = format!(
-            r#"INSERT INTO "trips_s{shard}_cells" ("row_key", "column_name", "ref_key", "body", "created_at") VALUES (?, ?, ?, ?, ?)"#
-        );
-        for cell in &cells {
-            sqlx::query(&insert)
-                .bind(cell.row_key.as_bytes().as_slice())
-                .bind("BASE")
-                .bind(cell.ref_key)
-                .bind(cell.body.as_slice())
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .expect("insert");
-        }
-        tx.commit().await.expect("commit");
+        .expect("begin");
+    let select = format!(
+        r#"SELECT "shard", "next_added_id" FROM "trips_shards" WHERE "shard" IN ({}) ORDER BY "shard""#,
+        placeholders(shards.len())
+    );
+    let mut query = sqlx::query(&select);
+    for shard in &shards {
+        query = query.bind(i64::from(*shard));
     }
+    let mut next: BTreeMap<u32, i64> = query
+        .fetch_all(&mut *conn)
+        .await
+        .expect("lock")
+        .iter()
+        .map(|row| (row.get::<i64, _>(0) as u32, row.get::<i64, _>(1)))
+        .collect();
+    let rows: Vec<Uuid> = cells
+        .iter()
+        .map(|c| c.row_key)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let refs: Vec<i64> = cells
+        .iter()
+        .map(|c| c.ref_key)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let lookup = format!(
+        r#"SELECT "row_key", "column_name", "ref_key", "body" FROM "trips_cells" WHERE "row_key" IN ({}) AND "column_name" IN (?) AND "ref_key" IN ({})"#,
+        placeholders(rows.len()),
+        placeholders(refs.len())
+    );
+    let mut query = sqlx::query(&lookup);
+    for row in &rows {
+        query = query.bind(row.as_bytes().as_slice());
+    }
+    query = query.bind("BASE");
+    for r in &refs {
+        query = query.bind(*r);
+    }
+    let found = query.fetch_all(&mut *conn).await.expect("lookup");
+    assert!(found.is_empty(), "cells are new");
+    let ids: Vec<i64> = cells
+        .iter()
+        .map(|c| {
+            let id = next[&c.shard];
+            next.insert(c.shard, id + 1);
+            id
+        })
+        .collect();
+    let mut update = String::from(r#"UPDATE "trips_shards" SET "next_added_id" = CASE "shard""#);
+    for _ in &shards {
+        update.push_str(" WHEN ? THEN ?");
+    }
+    update.push_str(&format!(
+        r#" END WHERE "shard" IN ({})"#,
+        placeholders(shards.len())
+    ));
+    let mut query = sqlx::query(&update);
+    for shard in &shards {
+        query = query.bind(i64::from(*shard)).bind(next[shard]);
+    }
+    for shard in &shards {
+        query = query.bind(i64::from(*shard));
+    }
+    query.execute(&mut *conn).await.expect("advance");
+    let insert = format!(
+        r#"INSERT INTO "trips_cells" ("shard", "added_id", "row_key", "column_name", "ref_key", "body", "created_at") VALUES {}"#,
+        vec!["(?, ?, ?, ?, ?, ?, ?)"; cells.len()].join(", ")
+    );
+    let mut query = sqlx::query(&insert);
+    for (cell, id) in cells.iter().zip(&ids) {
+        query = query
+            .bind(i64::from(cell.shard))
+            .bind(*id)
+            .bind(cell.row_key.as_bytes().as_slice())
+            .bind("BASE")
+            .bind(cell.ref_key)
+            .bind(cell.body.as_slice())
+            .bind(now);
+    }
+    query.execute(&mut *conn).await.expect("insert");
+    sqlx::query("COMMIT")
+        .execute(&mut *conn)
+        .await
+        .expect("commit");
 }
 
 async fn store_put(store: &Store, cells: Vec<NewCell>) {
@@ -206,8 +219,14 @@ async fn store_put(store: &Store, cells: Vec<NewCell>) {
 fn body_sizes(_c: &mut Criterion) {
     let created = created_at(0);
     for (name, body) in [
-        ("realistic", trip_body(live_uuid(), live_uuid(), &created)),
-        ("small", small_body(live_uuid(), live_uuid(), &created)),
+        (
+            "realistic",
+            trip_body(Uuid::new_v4(), Uuid::new_v4(), &created),
+        ),
+        (
+            "small",
+            small_body(Uuid::new_v4(), Uuid::new_v4(), &created),
+        ),
     ] {
         let json = serde_json::to_vec(&body).expect("json").len();
         let encoded = codec::encode(&body).expect("encode").len();
@@ -225,7 +244,7 @@ fn codec_bench(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(2))
         .throughput(Throughput::Elements(1));
-    let body = trip_body(live_uuid(), live_uuid(), &created_at(0));
+    let body = trip_body(Uuid::new_v4(), Uuid::new_v4(), &created_at(0));
     let encoded = codec::encode(&body).expect("encode");
     group.bench_function("encode/realistic", |b| b.iter(|| codec::encode(&body)));
     group.bench_function("decode/realistic", |b| b.iter(|| codec::decode(&encoded)));
@@ -242,8 +261,9 @@ fn writes(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(5))
         .throughput(Throughput::Elements(100));
 
-    let raw_dir = copy_template(&env.template, env.root.path(), "raw_writes");
-    let raw_pool = rt.block_on(pool(&db_file(&raw_dir), 1));
+    // The raw baseline writes into the tables of a store of its own.
+    drop(open_store("raw_writes", false));
+    let raw_pool = rt.block_on(pool(&db_file(&env.root.path().join("raw_writes")), 1));
     for (label, one_shard) in [("spread", false), ("one_shard", true)] {
         group.bench_function(format!("raw_sqlx/{label}"), |b| {
             b.to_async(rt).iter_batched(
@@ -293,8 +313,8 @@ struct QueryFixture {
 fn query_fixture() -> QueryFixture {
     let env = env();
     let store = open_store("queries", false);
-    let drivers: Vec<Uuid> = (0..50).map(|_| live_uuid()).collect();
-    let cities: Vec<Uuid> = (0..10).map(|_| live_uuid()).collect();
+    let drivers: Vec<Uuid> = (0..50).map(|_| Uuid::new_v4()).collect();
+    let cities: Vec<Uuid> = (0..10).map(|_| Uuid::new_v4()).collect();
     env.rt.block_on(async {
         let mut cells = Vec::new();
         for trip in 0..5000i64 {
@@ -303,7 +323,7 @@ fn query_fixture() -> QueryFixture {
             // 100 trips per driver, one a day.
             let body = trip_body(driver, city, &created_at((trip / 50) * 1440 + trip % 50));
             cells.push(NewCell {
-                row_key: live_uuid(),
+                row_key: Uuid::new_v4(),
                 column: "BASE".into(),
                 ref_key: 1,
                 body,
@@ -326,24 +346,20 @@ fn query_fixture() -> QueryFixture {
     }
 }
 
-/// One prepared per-shard statement of a plan.
+/// One prepared statement of a plan.
 struct RawShardQuery {
     text: String,
     params: Vec<Value>,
 }
 
+/// The plan's statement for the one (embedded) cluster.
 fn raw_plan(plan: &QueryPlan) -> (Vec<RawShardQuery>, Vec<ColType>) {
-    let queries = plan
-        .shards
-        .keys()
-        .map(|&shard| {
-            let sql = plan.shard_sql(Dialect::Sqlite, shard);
-            RawShardQuery {
-                text: sql.text().to_string(),
-                params: sql.params().to_vec(),
-            }
-        })
-        .collect();
+    let values: Vec<Value> = plan.shards.values().flatten().cloned().collect();
+    let sql = plan.sql(Dialect::Sqlite, "trips_ix_driver_partner_index", &values);
+    let queries = vec![RawShardQuery {
+        text: sql.text().to_string(),
+        params: sql.params().to_vec(),
+    }];
     let types = plan
         .projection
         .iter()
@@ -400,9 +416,7 @@ async fn raw_query(
         .into_iter()
         .flatten()
         .collect();
-    if queries.len() > 1 {
-        rows.sort_by(|a, b| a.0.sort_cmp(&b.0));
-    }
+    rows.sort_by(|a, b| a.0.sort_cmp(&b.0));
     rows.truncate(limit);
     rows.len()
 }

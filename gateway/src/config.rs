@@ -77,6 +77,72 @@ pub struct Config {
     ///   max_concurrent_requests: 512
     /// ```
     pub limits: LimitsConfig,
+    /// Index maintenance; see [`IndexesConfig`].
+    ///
+    /// ```yaml
+    /// indexes:
+    ///   lease_time_ms: 10000
+    /// ```
+    pub indexes: IndexesConfig,
+}
+
+/// Index maintenance: several gateways on one store share the work through
+/// leases on buckets of shards.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IndexesConfig {
+    /// Whether this gateway maintains indexes. A gateway that does not
+    /// still serves queries and reports the index lag in `/metrics`.
+    ///
+    /// ```yaml
+    /// maintain: true
+    /// ```
+    pub maintain: bool,
+    /// How long a gateway holds its buckets of shards without renewing
+    /// them; when one stops, the others take its shards over within this
+    /// time.
+    ///
+    /// ```yaml
+    /// lease_time_ms: 10000
+    /// ```
+    pub lease_time_ms: u64,
+    /// How often every shard's log head is compared with the index offsets
+    /// (picks up work of other gateways and anything missed).
+    ///
+    /// ```yaml
+    /// sweep_interval_ms: 1000
+    /// ```
+    pub sweep_interval_ms: u64,
+    /// Failed attempts after which an index entry is moved to the
+    /// quarantine so its shard keeps flowing.
+    ///
+    /// ```yaml
+    /// quarantine_after: 3
+    /// ```
+    pub quarantine_after: u32,
+}
+
+impl Default for IndexesConfig {
+    fn default() -> Self {
+        let defaults = crate::indexes::MaintainerOptions::default();
+        IndexesConfig {
+            maintain: true,
+            lease_time_ms: defaults.lease_time.as_millis() as u64,
+            sweep_interval_ms: defaults.sweep_every.as_millis() as u64,
+            quarantine_after: defaults.quarantine_after,
+        }
+    }
+}
+
+impl IndexesConfig {
+    /// The maintainer settings.
+    pub fn maintainer(&self) -> crate::indexes::MaintainerOptions {
+        crate::indexes::MaintainerOptions {
+            lease_time: std::time::Duration::from_millis(self.lease_time_ms.max(100)),
+            sweep_every: std::time::Duration::from_millis(self.sweep_interval_ms.max(10)),
+            quarantine_after: self.quarantine_after.max(1),
+        }
+    }
 }
 
 /// Default address of `cellgate serve`.
@@ -91,6 +157,7 @@ impl Default for Config {
             datastores: PathBuf::from("./datastores"),
             storage: StorageConfig::default(),
             limits: LimitsConfig::default(),
+            indexes: IndexesConfig::default(),
         }
     }
 }

@@ -37,7 +37,7 @@ fn key(name: &str) -> Uuid {
 pub async fn load_demo(store: &Store) -> Result<Option<DemoSummary>> {
     let defs = store.definitions();
     for ds in &defs.datastores {
-        if !store.existing_shards(&ds.name).await?.is_empty() {
+        if store.has_cells(&ds.name).await? {
             return Ok(None);
         }
     }

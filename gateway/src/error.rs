@@ -81,6 +81,30 @@ pub enum Error {
     /// Invalid datastore or index definitions.
     #[error("{0}")]
     Definitions(#[from] index_dsl::Diagnostics),
+    /// A cluster that is not serving yet: unreachable at start-up and not
+    /// prepared since, or refused by its catalog.
+    #[error("storage cluster `{cluster}` is not serving: {reason}")]
+    ClusterNotReady { cluster: String, reason: String },
+    /// The definitions or topology disagree with what a cluster's tables
+    /// were built from (a new shard count, shards routed elsewhere).
+    #[error("{0}")]
+    Catalog(String),
+    /// The store uses the per-shard table layout of earlier versions.
+    #[error("{0}")]
+    LayoutUpgradeRequired(String),
+    /// An index that is still being filled from the cell log.
+    #[error("index `{index}` of `{datastore}` is still being built from the cell log ({pending} cells to go); retry when it is ready")]
+    IndexBuilding {
+        datastore: String,
+        index: String,
+        pending: i64,
+    },
+    /// A maintenance pass found that another process took its lease.
+    #[error("lease `{0}` is held by another process")]
+    LeaseLost(String),
+    /// A broken invariant of the store (never caused by client input).
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl Error {
@@ -102,6 +126,22 @@ impl Error {
             Error::Config(_) => "CONFIG",
             Error::Definitions(_) => "INVALID_DEFINITIONS",
             Error::Shared(inner) => inner.code(),
+            Error::ClusterNotReady { .. } => "STORAGE_UNAVAILABLE",
+            Error::Catalog(_) => "CATALOG_MISMATCH",
+            Error::LayoutUpgradeRequired(_) => "LAYOUT_UPGRADE_REQUIRED",
+            Error::IndexBuilding { .. } => "INDEX_BUILDING",
+            Error::LeaseLost(_) => "LEASE_LOST",
+            Error::Internal(_) => "INTERNAL",
+        }
+    }
+
+    /// True when the error says a database could not be reached (the
+    /// request may succeed later), as opposed to a refusal of the request.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Error::Unavailable { .. } | Error::ClusterNotReady { .. } => true,
+            Error::Shared(inner) => inner.is_unavailable(),
+            _ => false,
         }
     }
 
@@ -112,7 +152,12 @@ impl Error {
             Error::Unavailable { cluster, .. } => {
                 format!("storage cluster `{cluster}` is unavailable")
             }
-            Error::Storage(_) => "internal storage error".to_string(),
+            Error::Storage(_) | Error::Internal(_) | Error::LeaseLost(_) => {
+                "internal storage error".to_string()
+            }
+            Error::ClusterNotReady { cluster, .. } => {
+                format!("storage cluster `{cluster}` is unavailable")
+            }
             Error::Shared(inner) => inner.client_message(),
             other => other.to_string(),
         }

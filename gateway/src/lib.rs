@@ -5,6 +5,7 @@
 //! definitions and a [`config::StorageConfig`], then put and read cells,
 //! read a shard's log, and query indexes. The `cellgate` binary wraps it.
 
+mod catalog;
 pub mod cells;
 pub mod cli;
 pub mod config;
@@ -13,9 +14,13 @@ mod error;
 pub mod graphql;
 pub mod http;
 pub mod indexes;
+mod leases;
+mod retry;
 pub mod shards;
 pub mod storage;
 mod store;
+mod topology;
+pub mod upgrade;
 
 pub use error::{Error, Result};
-pub use store::{DatastoreMetrics, Store, StoreMetrics, StoreOptions};
+pub use store::{DatastoreMetrics, IndexStatus, Store, StoreMetrics, StoreOptions};

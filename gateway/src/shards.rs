@@ -98,6 +98,39 @@ impl ShardMap {
     pub fn shards(&self) -> u32 {
         self.cluster_of.len() as u32
     }
+
+    /// The contiguous `(first, last)` shard ranges held by `cluster`.
+    pub fn ranges_of(&self, cluster: usize) -> Vec<(u32, u32)> {
+        let mut ranges: Vec<(u32, u32)> = Vec::new();
+        for (shard, owner) in self.cluster_of.iter().enumerate() {
+            if *owner as usize != cluster {
+                continue;
+            }
+            let shard = shard as u32;
+            match ranges.last_mut() {
+                Some(last) if last.1 + 1 == shard => last.1 = shard,
+                _ => ranges.push((shard, shard)),
+            }
+        }
+        ranges
+    }
+
+    /// The clusters holding at least one shard, in increasing order.
+    pub fn clusters(&self) -> Vec<usize> {
+        let mut clusters: Vec<usize> = self.cluster_of.iter().map(|c| *c as usize).collect();
+        clusters.sort_unstable();
+        clusters.dedup();
+        clusters
+    }
+}
+
+/// `0-2047,3000-3100`: shard ranges as text (the catalog's form).
+pub fn format_ranges(ranges: &[(u32, u32)]) -> String {
+    ranges
+        .iter()
+        .map(|(first, last)| format!("{first}-{last}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[cfg(test)]
@@ -135,6 +168,15 @@ mod tests {
         let map = ShardMap::even(10, 3);
         let owners: Vec<_> = (0..10).map(|s| map.cluster_of(s)).collect();
         assert_eq!(owners, vec![0, 0, 0, 0, 1, 1, 1, 2, 2, 2]);
+    }
+
+    #[test]
+    fn ranges_of_a_cluster_are_contiguous_runs() {
+        let map = ShardMap::from_ranges(8, &[(0, 1, 0), (2, 4, 1), (5, 7, 0)]).unwrap();
+        assert_eq!(map.ranges_of(0), vec![(0, 1), (5, 7)]);
+        assert_eq!(map.ranges_of(1), vec![(2, 4)]);
+        assert_eq!(map.clusters(), vec![0, 1]);
+        assert_eq!(format_ranges(&map.ranges_of(0)), "0-1,5-7");
     }
 
     #[test]

@@ -1,35 +1,53 @@
-//! The [`Store`]: definitions, storage clusters and shard routing put
-//! together, and the entry point of the Rust API.
+//! The [`Store`]: the entry point of the Rust API, a thin façade over the
+//! topology (`topology.rs`), the cell paths (`cells/`), the index queries
+//! and the index maintainer (`indexes/`).
 //!
-//! A `Store` is cheap to clone. It owns one [`Backend`] per database, knows
-//! which cluster holds each shard of each datastore, creates a shard's tables
-//! the first time the shard is used (recording it in the cluster's
-//! `cellgate_shards` registry with a fingerprint of its DDL, so a new index
-//! file adds its tables to existing shards), and runs the index maintainer in
-//! the background. Cell reads and writes are in `cells/`, index queries and
-//! maintenance in `indexes/`; both are `impl Store` blocks.
+//! Opening a store connects to every database of the topology, checks each
+//! reachable cluster's catalog against the definitions and prepares its
+//! tables (`catalog.rs`), then starts index maintenance. The store itself
+//! holds no logic of its own: each method delegates to the module that owns
+//! the concept, so the modules depend on the topology and never on the
+//! store.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, Weak};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
 
-use chrono::Utc;
-use index_dsl::{Datastore, Definitions};
+use index_dsl::Definitions;
+use uuid::Uuid;
 
+use crate::catalog;
+use crate::cells::{self, Cell, CellKey, Location, LogPage, NewCell, PutResult, PutStatus};
 use crate::config::StorageConfig;
 use crate::error::{Error, Result};
-use crate::indexes::maintainer::{self, Maintainer};
+use crate::indexes::{
+    lag, maintainer, query, IndexPage, IndexQuery, MaintainerOptions, MaintenanceMetrics,
+    QueryPlan, ShardLag,
+};
 use crate::shards::ShardMap;
-use crate::storage::{self, ddl, Backend, ColType, ConnectOptions, Dialect, Sql, Value};
+use crate::storage::{self, ConnectOptions};
+use crate::topology::{ClusterState, DatastoreRuntime, Events, IndexRuntime, Topology};
 
 /// How a store is opened.
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     pub storage: StorageConfig,
-    /// Run index maintenance in the background (the normal mode). Tests
-    /// turn it off to leave cells unindexed, as a crash would.
+    /// Run index maintenance in the background (the normal mode). Without
+    /// it the store still measures the index lag; tests turn it off to
+    /// leave cells unindexed, as a crash would, and commands that only
+    /// manage tables turn it off too.
     pub maintain_indexes: bool,
     /// Largest number of cells in one put.
     pub max_batch: usize,
+    /// Leases, sweep and quarantine settings of index maintenance.
+    pub maintenance: MaintainerOptions,
+    /// Fail when a cluster cannot be reached, instead of preparing it in
+    /// the background once it answers (for commands that manage tables).
+    pub require_all_clusters: bool,
+    /// Open a store that `cellgate migrate --from-v1` is converting (its
+    /// indexes stay unbuilt). Only that command sets it.
+    #[doc(hidden)]
+    pub converting_v1: bool,
 }
 
 impl StoreOptions {
@@ -38,38 +56,53 @@ impl StoreOptions {
             storage,
             maintain_indexes: true,
             max_batch: 1000,
+            maintenance: MaintainerOptions::default(),
+            require_all_clusters: false,
+            converting_v1: false,
         }
     }
 }
 
-/// Handle to the cell store.
+/// Handle to the cell store; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    pub(crate) defs: Definitions,
-    pub(crate) datastores: HashMap<String, Arc<DatastoreRuntime>>,
-    pub(crate) clusters: Vec<Cluster>,
-    pub(crate) buffer_count: usize,
-    pub(crate) max_batch: usize,
-    /// Table sets known to exist (and, for shards, to match the
-    /// definitions), keyed by datastore, shard, cluster and which set.
-    ready: Mutex<HashSet<(String, u32, usize, TableSet)>>,
-    /// Serializes DDL in this process: concurrent `CREATE TABLE IF NOT
-    /// EXISTS` of one table can fail on PostgreSQL.
-    ddl_lock: tokio::sync::Mutex<()>,
-    pub(crate) maintainer: Maintainer,
+struct Inner {
+    topology: Arc<Topology>,
+    maintainer: Arc<maintainer::Maintainer>,
+    maintaining: bool,
+    /// Definition changes worth a warning (superseded or removed indexes).
+    warnings: Vec<String>,
+    /// Dropped with the store, which stops the maintenance workers.
+    _shutdown: tokio::sync::watch::Sender<bool>,
 }
 
-/// Counters of one datastore since the process started.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Counters of one datastore.
+#[derive(Debug, Clone, PartialEq)]
 pub struct DatastoreMetrics {
     pub name: String,
+    /// Cells stored by this process.
     pub cells_written: u64,
     /// Writes answered as duplicates of stored cells.
     pub cells_duplicate: u64,
+    /// Index maintenance figures (lag from the latest sweep).
+    pub maintenance: MaintenanceMetrics,
+}
+
+/// The state of one index as the store serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexStatus {
+    pub name: String,
+    /// Version of its table; a new version is built when the index's
+    /// fields or shard field change.
+    pub version: u32,
+    pub table: String,
+    /// Complete and queryable (otherwise still being built).
+    pub ready: bool,
+    /// Cells still to apply while building.
+    pub pending_cells: i64,
 }
 
 /// A snapshot for monitoring.
@@ -79,66 +112,35 @@ pub struct StoreMetrics {
     /// Delay from cell commit to index update since start, in microseconds:
     /// `(quantile, value)` for 0.5, 0.9, 0.99 and 1.0, plus the sample count.
     pub index_delay_us: (Vec<(f64, u64)>, u64),
-    /// Shards with index work outstanding: datastore, shard, age in ms of
-    /// the oldest unapplied write seen by this process.
-    pub index_lag_ms: Vec<(String, u32, u64)>,
-}
-
-/// Which tables of a shard a cluster holds: all of them on the shard's
-/// primary, only the buffer table on a secondary that buffers its writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum TableSet {
-    Shard,
-    Buffer,
-}
-
-/// One storage cluster.
-pub(crate) struct Cluster {
-    pub(crate) master: Arc<dyn Backend>,
-    /// Opened at start-up so a malformed replica URL stops the gateway
-    /// there. Reads do not use replicas yet: replica reads and failover to
-    /// them are not built.
-    #[allow(dead_code)]
-    pub(crate) replicas: Vec<Arc<dyn Backend>>,
-}
-
-/// A datastore's definition with its routing.
-pub(crate) struct DatastoreRuntime {
-    pub(crate) def: Datastore,
-    pub(crate) map: ShardMap,
-    /// Cells stored by this process, for metrics.
-    pub(crate) cells_written: std::sync::atomic::AtomicU64,
-    /// Cells refused or found identical, for metrics.
-    pub(crate) cells_duplicate: std::sync::atomic::AtomicU64,
-}
-
-impl DatastoreRuntime {
-    /// Fails with `UNKNOWN_COLUMN`, listing the declared columns, unless
-    /// `column` is one of them.
-    pub(crate) fn check_column(&self, column: &str) -> Result<()> {
-        if self.def.column(column).is_some() {
-            return Ok(());
-        }
-        let expected: Vec<&str> = self.def.columns.iter().map(|c| c.name.as_str()).collect();
-        Err(Error::UnknownColumn {
-            datastore: self.def.name.clone(),
-            column: column.to_string(),
-            expected: expected.join(", "),
-        })
-    }
+    /// Clusters and whether each is serving.
+    pub clusters: Vec<(String, bool)>,
 }
 
 impl Store {
-    /// Connects to every database of the topology, creates the cluster
-    /// tables, and starts index maintenance (which first catches up on any
-    /// cells written but not yet indexed, e.g. before a crash).
+    /// Connects to every database of the topology, checks and prepares the
+    /// reachable clusters, and starts index maintenance (which first
+    /// catches up on any cells written but not yet indexed, e.g. before a
+    /// crash). Fails when the definitions disagree with a cluster's
+    /// catalog; a cluster that cannot be reached is prepared later, in the
+    /// background.
     pub async fn open(defs: Definitions, options: StoreOptions) -> Result<Store> {
         let config = &options.storage;
         if config.clusters.is_empty() {
             return Err(Error::Config("no storage cluster configured".into()));
         }
+        if config.buffer_count > 0 && config.clusters.len() < 2 {
+            return Err(Error::Config(
+                "buffer_count > 0 needs at least two clusters".into(),
+            ));
+        }
         let mut clusters = Vec::new();
-        for cluster in &config.clusters {
+        for (index, cluster) in config.clusters.iter().enumerate() {
+            if !index_dsl::is_identifier(&cluster.name) || cluster.name.len() > 32 {
+                return Err(Error::Config(format!(
+                    "cluster name `{}` must be letters, digits and `_` (at most 32)",
+                    cluster.name
+                )));
+            }
             let connect = ConnectOptions {
                 cluster: cluster.name.clone(),
                 max_connections: config.max_connections,
@@ -149,429 +151,418 @@ impl Store {
             for url in &cluster.replicas {
                 replicas.push(storage::connect(url, &connect).await?);
             }
-            clusters.push(Cluster { master, replicas });
-        }
-        if config.buffer_count > 0 && clusters.len() < 2 {
-            return Err(Error::Config(
-                "buffer_count > 0 needs at least two clusters".into(),
+            clusters.push(crate::topology::Cluster::new(
+                index,
+                cluster.name.clone(),
+                master,
+                replicas,
             ));
         }
-        let cluster_index: HashMap<&str, usize> = config
-            .clusters
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.name.as_str(), i))
-            .collect();
-        let mut datastores = HashMap::new();
-        for def in &defs.datastores {
-            let map = match config.shards.get(&def.name) {
-                None => ShardMap::even(def.shards, clusters.len()),
-                Some(ranges) => {
-                    let mut resolved = Vec::new();
-                    for range in ranges {
-                        let cluster =
-                            *cluster_index.get(range.cluster.as_str()).ok_or_else(|| {
-                                Error::Config(format!(
-                                    "shard range of `{}` names unknown cluster `{}`",
-                                    def.name, range.cluster
-                                ))
-                            })?;
-                        resolved.push((range.first, range.last, cluster));
-                    }
-                    ShardMap::from_ranges(def.shards, &resolved)
-                        .map_err(|e| Error::Config(format!("datastore `{}`: {e}", def.name)))?
+        let maps = shard_maps(&defs, config)?;
+        let mut catalogs = Vec::new();
+        for cluster in &clusters {
+            match catalog::open_cluster(cluster.master.as_ref(), options.converting_v1).await {
+                Ok(found) => catalogs.push(Some(found)),
+                Err(err) if err.is_unavailable() && !options.require_all_clusters => {
+                    tracing::warn!(cluster = %cluster.name, error = %err, "storage cluster unreachable at start-up; its shards are unavailable until it answers");
+                    cluster.set_state(ClusterState::Pending(err.client_message()));
+                    catalogs.push(None);
                 }
-            };
-            datastores.insert(
-                def.name.clone(),
-                Arc::new(DatastoreRuntime {
-                    def: def.clone(),
-                    map,
-                    cells_written: Default::default(),
-                    cells_duplicate: Default::default(),
-                }),
-            );
-        }
-        for name in config.shards.keys() {
-            if !datastores.contains_key(name) {
-                return Err(Error::Config(format!(
-                    "shard ranges given for unknown datastore `{name}`"
-                )));
+                Err(err) => return Err(err),
             }
         }
-        let (maintainer, wakeups) = Maintainer::new();
-        let inner = Arc::new(Inner {
+        let mut warnings = Vec::new();
+        let reachable: Vec<&catalog::Catalog> = catalogs.iter().flatten().collect();
+        let plans = catalog::plan_indexes(&defs, &reachable, &mut warnings);
+        let mut datastores = HashMap::new();
+        for def in &defs.datastores {
+            let indexes = def
+                .indexes
+                .iter()
+                .map(|index| {
+                    let plan = plans[&(def.name.clone(), index.name.clone())];
+                    IndexRuntime::new(index.clone(), plan.version, plan.ready)
+                })
+                .collect();
+            let map = maps[&def.name].clone();
+            datastores.insert(
+                def.name.clone(),
+                Arc::new(DatastoreRuntime::new(def.clone(), map, indexes)),
+            );
+        }
+        let (events, written) = Events::new();
+        let topology = Arc::new(Topology {
             defs,
             datastores,
             clusters,
             buffer_count: config.buffer_count,
             max_batch: options.max_batch,
-            ready: Mutex::new(HashSet::new()),
-            ddl_lock: tokio::sync::Mutex::new(()),
-            maintainer,
+            events,
         });
-        let store = Store { inner };
-        let existing = store.load_registry().await?;
-        if options.maintain_indexes {
-            for (datastore, shard) in existing {
-                store.inner.maintainer.wake(&datastore, shard);
-            }
-            let weak: Weak<Inner> = Arc::downgrade(&store.inner);
-            tokio::spawn(maintainer::run(weak, wakeups));
+        for (cluster, found) in topology.clusters.iter().zip(&catalogs) {
+            let Some(found) = found else { continue };
+            catalog::validate(&topology, cluster, found, &mut warnings)?;
+            catalog::prepare(&topology, cluster, found).await?;
         }
-        Ok(store)
+        if topology
+            .clusters
+            .iter()
+            .any(|c| matches!(c.state(), ClusterState::Pending(_)))
+        {
+            tokio::spawn(catalog::prepare_later(
+                Arc::downgrade(&topology),
+                Duration::from_secs(2),
+            ));
+        }
+        for warning in &warnings {
+            tracing::warn!("{warning}");
+        }
+        let maintainer = Arc::new(maintainer::Maintainer::new(options.maintenance.clone()));
+        if !options.converting_v1 {
+            maintainer::check_ready(&topology, &maintainer).await;
+        }
+        let (shutdown, stopped) = tokio::sync::watch::channel(false);
+        if !options.converting_v1 {
+            maintainer::start(
+                &topology,
+                &maintainer,
+                written,
+                stopped,
+                options.maintain_indexes,
+            );
+        }
+        Ok(Store {
+            inner: Arc::new(Inner {
+                topology,
+                maintainer,
+                maintaining: options.maintain_indexes,
+                warnings,
+                _shutdown: shutdown,
+            }),
+        })
+    }
+
+    fn topology_ref(&self) -> &Topology {
+        &self.inner.topology
+    }
+
+    pub(crate) fn topology_arc(&self) -> Arc<Topology> {
+        self.inner.topology.clone()
     }
 
     /// The definitions the store serves.
     pub fn definitions(&self) -> &Definitions {
-        &self.inner.defs
+        &self.inner.topology.defs
     }
 
-    /// Checks every master answers.
+    /// Warnings about the definitions found at start-up (superseded or
+    /// removed indexes whose tables stay).
+    pub fn warnings(&self) -> &[String] {
+        &self.inner.warnings
+    }
+
+    /// Checks every master answers and is prepared.
     pub async fn ping(&self) -> Result<()> {
-        for cluster in &self.inner.clusters {
-            cluster.master.ping().await?;
+        for cluster in &self.topology_ref().clusters {
+            cluster.master()?.ping().await?;
         }
         Ok(())
     }
 
-    /// A snapshot of the store's counters and index lag, for `/metrics`.
+    /// A snapshot of the store's counters and index maintenance, for
+    /// `/metrics`.
     pub fn metrics(&self) -> StoreMetrics {
         use std::sync::atomic::Ordering::Relaxed;
-        let mut datastores: Vec<DatastoreMetrics> = self
-            .inner
-            .datastores
-            .values()
+        let topology = self.topology_ref();
+        let datastores = topology
+            .datastores_sorted()
+            .into_iter()
             .map(|ds| DatastoreMetrics {
-                name: ds.def.name.clone(),
+                name: ds.name().to_string(),
                 cells_written: ds.cells_written.load(Relaxed),
                 cells_duplicate: ds.cells_duplicate.load(Relaxed),
+                maintenance: self.inner.maintainer.metrics(&ds),
             })
             .collect();
-        datastores.sort_by(|a, b| a.name.cmp(&b.name));
-        let (index_delay_us, index_lag_ms) = self.inner.maintainer.snapshot();
         StoreMetrics {
             datastores,
-            index_delay_us,
-            index_lag_ms,
+            index_delay_us: self.inner.maintainer.delay_quantiles(),
+            clusters: topology
+                .clusters
+                .iter()
+                .map(|c| (c.name.clone(), c.state() == ClusterState::Ready))
+                .collect(),
         }
     }
 
     /// Where the shards of `datastore` live: contiguous `(first, last,
     /// cluster name)` ranges. Empty for an unknown datastore.
     pub fn topology(&self, datastore: &str) -> Vec<(u32, u32, String)> {
-        let Ok(ds) = self.datastore(datastore) else {
-            return Vec::new();
-        };
-        let mut ranges: Vec<(u32, u32, String)> = Vec::new();
-        for shard in 0..ds.def.shards {
-            let cluster = self.inner.clusters[ds.map.cluster_of(shard)]
-                .master
-                .cluster();
-            match ranges.last_mut() {
-                Some(last) if last.2 == cluster && last.1 + 1 == shard => last.1 = shard,
-                _ => ranges.push((shard, shard, cluster.to_string())),
-            }
+        match self.topology_ref().datastore(datastore) {
+            Ok(ds) => self.topology_ref().ranges(&ds),
+            Err(_) => Vec::new(),
         }
-        ranges
     }
 
-    pub(crate) fn datastore(&self, name: &str) -> Result<Arc<DatastoreRuntime>> {
-        self.inner
-            .datastores
-            .get(name)
-            .cloned()
-            .ok_or_else(|| Error::UnknownDatastore(name.to_string()))
+    /// The indexes of `datastore` with their table versions and state.
+    pub fn indexes(&self, datastore: &str) -> Result<Vec<IndexStatus>> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        Ok(ds
+            .indexes
+            .iter()
+            .map(|i| IndexStatus {
+                name: i.def.name.clone(),
+                version: i.version,
+                table: i.table.clone(),
+                ready: i.is_ready(),
+                pending_cells: i.pending(),
+            })
+            .collect())
     }
 
-    /// The master of the cluster that holds `shard` of `ds`.
-    pub(crate) fn master(&self, ds: &DatastoreRuntime, shard: u32) -> &Arc<dyn Backend> {
-        &self.inner.clusters[ds.map.cluster_of(shard)].master
+    /// Whether any reachable cluster holds a cell of `datastore`.
+    pub async fn has_cells(&self, datastore: &str) -> Result<bool> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        cells::read::has_cells(self.topology_ref(), &ds).await
     }
 
-    /// Every shard of a datastore whose tables exist, across the reachable
-    /// clusters.
-    pub async fn existing_shards(&self, datastore: &str) -> Result<Vec<u32>> {
-        let ds = self.datastore(datastore)?;
-        let mut shards = Vec::new();
-        for (i, cluster) in self.inner.clusters.iter().enumerate() {
-            let mut sql = Sql::new(cluster.master.dialect());
-            sql.push("SELECT ")
-                .ident("shard")
-                .push(" FROM ")
-                .ident(ddl::REGISTRY_TABLE)
-                .push(" WHERE ")
-                .ident("datastore")
-                .push(" = ")
-                .bind(Value::Text(ds.def.name.clone()));
-            let rows = match cluster.master.fetch(&sql, &[ColType::Int]).await {
-                Ok(rows) => rows,
-                Err(err @ Error::Unavailable { .. }) => {
-                    tracing::warn!(datastore, error = %err, "skipping an unreachable cluster");
+    /// Writes one cell.
+    pub async fn put_cell(&self, datastore: &str, cell: NewCell) -> Result<PutStatus> {
+        let mut results = self.put_cells(datastore, vec![cell]).await?;
+        results
+            .pop()
+            .expect("one result per cell")
+            .map_err(Error::unshare)
+    }
+
+    /// Writes a batch of cells: one transaction per cluster, clusters in
+    /// parallel. Returns one result per cell, in input order. An `Err` for
+    /// the whole call means nothing was attempted (unknown datastore, batch
+    /// too large).
+    pub async fn put_cells(&self, datastore: &str, cells: Vec<NewCell>) -> Result<Vec<PutResult>> {
+        cells::write::put_cells(self.topology_ref(), datastore, cells).await
+    }
+
+    /// The cell at `key`, if it exists.
+    pub async fn get_cell(&self, datastore: &str, key: &CellKey) -> Result<Option<Cell>> {
+        cells::read::get_cell(self.topology_ref(), datastore, key).await
+    }
+
+    /// The cell of `(row_key, column)` with the highest ref key.
+    pub async fn get_cell_latest(
+        &self,
+        datastore: &str,
+        row_key: Uuid,
+        column: &str,
+    ) -> Result<Option<Cell>> {
+        Ok(self
+            .history(datastore, row_key, column, 1, None)
+            .await?
+            .pop())
+    }
+
+    /// Versions of `(row_key, column)`, newest first, at most `limit`, with
+    /// ref keys below `before` when given.
+    pub async fn history(
+        &self,
+        datastore: &str,
+        row_key: Uuid,
+        column: &str,
+        limit: u32,
+        before: Option<i64>,
+    ) -> Result<Vec<Cell>> {
+        cells::read::history(
+            self.topology_ref(),
+            datastore,
+            row_key,
+            column,
+            limit,
+            before,
+        )
+        .await
+    }
+
+    /// Cells by key; one statement per cluster. Results follow the input
+    /// order.
+    pub async fn get_cells(&self, datastore: &str, keys: &[CellKey]) -> Result<Vec<Option<Cell>>> {
+        cells::read::get_cells(self.topology_ref(), datastore, keys).await
+    }
+
+    /// The latest cell of each `(row_key, column)`; one statement per
+    /// cluster.
+    pub async fn get_cells_latest(
+        &self,
+        datastore: &str,
+        wanted: &[(Uuid, String)],
+    ) -> Result<Vec<Option<Cell>>> {
+        cells::read::get_cells_latest(self.topology_ref(), datastore, wanted).await
+    }
+
+    /// Up to `limit` cells of `shard` after `location`, in insertion order.
+    pub async fn cells_for_shard(
+        &self,
+        datastore: &str,
+        shard: u32,
+        location: Location,
+        limit: u32,
+    ) -> Result<LogPage> {
+        cells::log::cells_for_shard(self.topology_ref(), datastore, shard, location, limit).await
+    }
+
+    /// Answers an index query.
+    pub async fn query_index(&self, datastore: &str, query: &IndexQuery) -> Result<IndexPage> {
+        query::query_index(self.topology_ref(), datastore, query).await
+    }
+
+    /// Runs a plan built by [`QueryPlan::build`].
+    pub async fn run_plan(&self, plan: &QueryPlan) -> Result<IndexPage> {
+        query::run_plan(self.topology_ref(), plan).await
+    }
+
+    /// The table an index query reads (its current version), for tools
+    /// that inspect the SQL of a plan.
+    pub fn index_table(&self, datastore: &str, index: &str) -> Result<String> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        Ok(ds.index(index)?.table.clone())
+    }
+
+    /// Returns when every index has applied the cell log as it was at the
+    /// call, on every cluster. With maintenance running, the workers (of
+    /// this and other gateways) do the work and this waits for them;
+    /// without, the work is done here.
+    pub async fn sync_indexes(&self) -> Result<()> {
+        let topology = self.topology_ref();
+        if !self.inner.maintaining {
+            for ds in topology.datastores_sorted() {
+                if ds.indexes.is_empty() {
                     continue;
                 }
-                Err(err) => return Err(err),
-            };
-            for row in rows {
-                let shard = row[0].as_int().unwrap_or(-1);
-                if shard >= 0 && ds.map.cluster_of(shard as u32) == i {
-                    shards.push(shard as u32);
-                }
-            }
-        }
-        shards.sort_unstable();
-        Ok(shards)
-    }
-
-    /// Creates every reachable cluster's registry and reads it; returns the
-    /// shards that exist. An unreachable cluster is logged and skipped: its
-    /// shards fail their own requests until it is back, and its registry is
-    /// created with its first shard.
-    async fn load_registry(&self) -> Result<Vec<(String, u32)>> {
-        for (index, cluster) in self.inner.clusters.iter().enumerate() {
-            let ready = async {
-                self.ensure_registry(cluster.master.as_ref()).await?;
-                self.load_ready(index).await
-            };
-            match ready.await {
-                Ok(()) => {}
-                Err(err @ Error::Unavailable { .. }) => {
-                    tracing::warn!(cluster = %cluster.master.cluster(), error = %err, "storage cluster unreachable at start-up");
-                }
-                Err(err) => return Err(err),
-            }
-        }
-        let mut existing = Vec::new();
-        for ds in self.inner.datastores.values() {
-            match self.existing_shards(&ds.def.name).await {
-                Ok(shards) => existing.extend(shards.into_iter().map(|s| (ds.def.name.clone(), s))),
-                Err(err @ Error::Unavailable { .. }) => {
-                    tracing::warn!(datastore = %ds.def.name, error = %err, "cannot list shards; their indexes catch up on the next write");
-                }
-                Err(err) => return Err(err),
-            }
-        }
-        Ok(existing)
-    }
-
-    async fn ensure_registry(&self, backend: &dyn Backend) -> Result<()> {
-        for stmt in ddl::cluster_ddl(backend.dialect()) {
-            backend.execute(&raw(backend.dialect(), &stmt)).await?;
-        }
-        Ok(())
-    }
-
-    /// Makes sure the tables of `shard` exist on its cluster and match the
-    /// current definitions.
-    pub(crate) async fn ensure_shard(&self, ds: &DatastoreRuntime, shard: u32) -> Result<()> {
-        let cluster = ds.map.cluster_of(shard);
-        self.ensure_tables(ds, shard, cluster, false).await
-    }
-
-    /// Makes sure `cluster` has the buffer table of `shard`.
-    pub(crate) async fn ensure_buffer(
-        &self,
-        ds: &DatastoreRuntime,
-        shard: u32,
-        cluster: usize,
-    ) -> Result<()> {
-        self.ensure_tables(ds, shard, cluster, true).await
-    }
-
-    async fn ensure_tables(
-        &self,
-        ds: &DatastoreRuntime,
-        shard: u32,
-        cluster: usize,
-        buffer_only: bool,
-    ) -> Result<()> {
-        let set = if buffer_only {
-            TableSet::Buffer
-        } else {
-            TableSet::Shard
-        };
-        let key = (ds.def.name.clone(), shard, cluster, set);
-        if self.inner.ready.lock().expect("ready set").contains(&key) {
-            return Ok(());
-        }
-        let _guard = self.inner.ddl_lock.lock().await;
-        if self.inner.ready.lock().expect("ready set").contains(&key) {
-            return Ok(());
-        }
-        let backend = &self.inner.clusters[cluster].master;
-        self.ensure_registry(backend.as_ref()).await?;
-        if buffer_only {
-            let dialect = backend.dialect();
-            for stmt in ddl::buffer_ddl(dialect, &ds.def.name, shard) {
-                backend.execute(&raw(dialect, &stmt)).await?;
-            }
-            self.inner.ready.lock().expect("ready set").insert(key);
-        } else {
-            self.create_shards(ds, cluster, &[shard]).await?;
-        }
-        Ok(())
-    }
-
-    /// Creates (or completes, after a definition change) the tables of
-    /// `shards`, all on `cluster`, in one transaction, and registers them.
-    /// One transaction matters on SQLite: every committed schema change makes
-    /// each other connection re-read the whole schema.
-    async fn create_shards(
-        &self,
-        ds: &DatastoreRuntime,
-        cluster: usize,
-        shards: &[u32],
-    ) -> Result<()> {
-        let backend = &self.inner.clusters[cluster].master;
-        let dialect = backend.dialect();
-        let fingerprint = shape_fingerprint(dialect, &ds.def);
-        let mut tx = backend.begin().await?;
-        for &shard in shards {
-            for stmt in ddl::shard_ddl(dialect, &ds.def, shard) {
-                tx.execute(&raw(dialect, &stmt)).await?;
-            }
-            let (seed_meta, register) = ddl::shard_seed(dialect, &ds.def.name, shard);
-            let seed = vec![Value::Int(1), Value::Int(0)];
-            tx.execute(&with_params(dialect, &seed_meta, seed)).await?;
-            let registration = vec![
-                Value::Text(ds.def.name.clone()),
-                Value::Int(i64::from(shard)),
-                Value::DateTime(Utc::now()),
-            ];
-            tx.execute(&with_params(dialect, &register, registration))
-                .await?;
-            let mut update = Sql::new(dialect);
-            update
-                .push("UPDATE ")
-                .ident(ddl::REGISTRY_TABLE)
-                .push(" SET ")
-                .ident("schema_hash")
-                .push(" = ")
-                .bind(Value::Text(fingerprint.clone()))
-                .push(" WHERE ")
-                .ident("datastore")
-                .push(" = ")
-                .bind(Value::Text(ds.def.name.clone()))
-                .push(" AND ")
-                .ident("shard")
-                .push(" = ")
-                .bind(Value::Int(i64::from(shard)));
-            tx.execute(&update).await?;
-        }
-        tx.commit().await?;
-        let mut ready = self.inner.ready.lock().expect("ready set");
-        for &shard in shards {
-            ready.insert((ds.def.name.clone(), shard, cluster, TableSet::Shard));
-        }
-        Ok(())
-    }
-
-    /// Marks the registered shards whose tables match the definitions as
-    /// ready, so they need no DDL.
-    async fn load_ready(&self, cluster: usize) -> Result<()> {
-        let backend = &self.inner.clusters[cluster].master;
-        let dialect = backend.dialect();
-        let mut sql = Sql::new(dialect);
-        sql.push("SELECT ")
-            .ident("datastore")
-            .push(", ")
-            .ident("shard")
-            .push(", ")
-            .ident("schema_hash")
-            .push(" FROM ")
-            .ident(ddl::REGISTRY_TABLE);
-        let rows = backend
-            .fetch(&sql, &[ColType::Text, ColType::Int, ColType::Text])
-            .await?;
-        let mut ready = self.inner.ready.lock().expect("ready set");
-        for row in rows {
-            let (Some(name), Some(shard), Some(hash)) =
-                (row[0].as_text(), row[1].as_int(), row[2].as_text())
-            else {
-                continue;
-            };
-            if let Some(ds) = self.inner.datastores.get(name) {
-                if hash == shape_fingerprint(dialect, &ds.def) {
-                    ready.insert((name.to_string(), shard as u32, cluster, TableSet::Shard));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Creates the tables of every shard of every datastore up front (the
-    /// `migrate --all-shards` path), reporting progress through `progress`.
-    /// Shards are created in batches, one transaction each.
-    pub async fn create_all_shards(&self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
-        const BATCH: usize = 64;
-        let total: u64 = self
-            .inner
-            .datastores
-            .values()
-            .map(|d| u64::from(d.def.shards))
-            .sum();
-        let mut done = 0;
-        let mut names: Vec<_> = self.inner.datastores.keys().cloned().collect();
-        names.sort();
-        for name in names {
-            let ds = self.datastore(&name)?;
-            for cluster in 0..self.inner.clusters.len() {
-                self.ensure_registry(self.inner.clusters[cluster].master.as_ref())
+                for cluster in ds.map.clusters() {
+                    maintainer::apply_all(
+                        topology,
+                        &ds,
+                        cluster,
+                        self.inner.maintainer.options.quarantine_after,
+                    )
                     .await?;
-                let missing: Vec<u32> = {
-                    let ready = self.inner.ready.lock().expect("ready set");
-                    (0..ds.def.shards)
-                        .filter(|s| ds.map.cluster_of(*s) == cluster)
-                        .filter(|s| !ready.contains(&(name.clone(), *s, cluster, TableSet::Shard)))
-                        .collect()
-                };
-                let owned = (0..ds.def.shards)
-                    .filter(|s| ds.map.cluster_of(*s) == cluster)
-                    .count() as u64;
-                done += owned - missing.len() as u64;
-                progress(done, total);
-                for chunk in missing.chunks(BATCH) {
-                    let _guard = self.inner.ddl_lock.lock().await;
-                    self.create_shards(&ds, cluster, chunk).await?;
-                    done += chunk.len() as u64;
-                    progress(done, total);
                 }
             }
+            maintainer::check_ready(topology, &self.inner.maintainer).await;
+            return Ok(());
         }
-        Ok(())
+        let mut targets: BTreeMap<(String, usize), HashMap<u32, i64>> = BTreeMap::new();
+        for ds in topology.datastores_sorted() {
+            if ds.indexes.is_empty() {
+                continue;
+            }
+            for cluster in ds.map.clusters() {
+                let backend = topology.clusters[cluster].master()?;
+                let heads = cells::log::heads(backend.as_ref(), &ds).await?;
+                targets.insert(
+                    (ds.name().to_string(), cluster),
+                    heads.into_iter().collect(),
+                );
+            }
+        }
+        loop {
+            self.inner.maintainer.sweep_all().await;
+            let mut done = true;
+            for ((name, cluster), heads) in &targets {
+                let ds = topology.datastore(name)?;
+                let backend = topology.clusters[*cluster].master()?;
+                let consumers = crate::indexes::apply::consumers(topology, &ds);
+                let behind = lag::behind(backend.as_ref(), &ds, &consumers).await?;
+                if behind
+                    .iter()
+                    .any(|b| heads.get(&b.shard).is_some_and(|h| b.offset < *h))
+                {
+                    done = false;
+                    break;
+                }
+            }
+            if done {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// How far each shard's indexes are behind its log, measured now from
+    /// the log heads and stored offsets of every cluster.
+    pub async fn index_lag(&self, datastore: &str) -> Result<Vec<ShardLag>> {
+        let topology = self.topology_ref();
+        let ds = topology.datastore(datastore)?;
+        let mut lags = Vec::new();
+        for (_, measured) in maintainer::measure(topology, &ds).await? {
+            lags.extend(
+                measured
+                    .shards
+                    .into_iter()
+                    .map(|(shard, pending_cells)| ShardLag {
+                        shard,
+                        pending_cells,
+                    }),
+            );
+        }
+        lags.sort_by_key(|l| l.shard);
+        Ok(lags)
+    }
+
+    /// Delay between a cell's commit and its index update, as
+    /// `(p50, p99, samples)` in microseconds since the last call.
+    pub fn take_index_delays(&self) -> (u64, u64, u64) {
+        self.inner.maintainer.take_delays()
+    }
+
+    /// Drops the table of an index that is no longer defined (or of an
+    /// older `version` of a defined one) on every cluster, with its
+    /// progress; returns what was dropped as `cluster: table`.
+    pub async fn drop_index(
+        &self,
+        datastore: &str,
+        index: &str,
+        version: Option<u32>,
+    ) -> Result<Vec<String>> {
+        catalog::drop_index(self.topology_ref(), datastore, index, version).await
     }
 }
 
-/// A fingerprint of a datastore's table shapes in a dialect: equal for all
-/// shards, different as soon as an index or column type changes.
-fn shape_fingerprint(dialect: Dialect, def: &Datastore) -> String {
-    let statements = ddl::shard_ddl(dialect, def, 0);
-    format!(
-        "{:016x}",
-        xxhash_rust::xxh3::xxh3_64(statements.join(";").as_bytes())
-    )
-}
-
-/// A statement without parameters.
-pub(crate) fn raw(dialect: Dialect, text: &str) -> Sql {
-    let mut sql = Sql::new(dialect);
-    sql.push(text);
-    sql
-}
-
-/// A statement whose placeholders are already in `text`, with its values.
-pub(crate) fn with_params(dialect: Dialect, text: &str, values: Vec<Value>) -> Sql {
-    let mut sql = Sql::new(dialect);
-    sql.push(text);
-    sql.set_params(values);
-    sql
-}
-
-/// Waits a little before retrying a transaction that lost a race; the
-/// delay grows with the attempt and is jittered so racers spread out.
-pub(crate) async fn backoff(attempt: u32) {
-    use rand::Rng;
-    let base = 2u64 << attempt.min(6);
-    let jitter = rand::thread_rng().gen_range(0..=base);
-    tokio::time::sleep(std::time::Duration::from_millis(base + jitter)).await;
+/// The shard map of every datastore from the configured ranges (or an even
+/// split over the clusters).
+fn shard_maps(defs: &Definitions, config: &StorageConfig) -> Result<HashMap<String, ShardMap>> {
+    let cluster_index: HashMap<&str, usize> = config
+        .clusters
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.name.as_str(), i))
+        .collect();
+    let mut maps = HashMap::new();
+    for def in &defs.datastores {
+        let map = match config.shards.get(&def.name) {
+            None => ShardMap::even(def.shards, config.clusters.len()),
+            Some(ranges) => {
+                let mut resolved = Vec::new();
+                for range in ranges {
+                    let cluster = *cluster_index.get(range.cluster.as_str()).ok_or_else(|| {
+                        Error::Config(format!(
+                            "shard range of `{}` names unknown cluster `{}`",
+                            def.name, range.cluster
+                        ))
+                    })?;
+                    resolved.push((range.first, range.last, cluster));
+                }
+                ShardMap::from_ranges(def.shards, &resolved)
+                    .map_err(|e| Error::Config(format!("datastore `{}`: {e}", def.name)))?
+            }
+        };
+        maps.insert(def.name.clone(), map);
+    }
+    for name in config.shards.keys() {
+        if !maps.contains_key(name) {
+            return Err(Error::Config(format!(
+                "shard ranges given for unknown datastore `{name}`"
+            )));
+        }
+    }
+    Ok(maps)
 }

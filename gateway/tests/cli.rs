@@ -227,7 +227,7 @@ fn tiny_datastores() -> tempfile::TempDir {
 }
 
 #[tokio::test]
-async fn migrate_all_shards_creates_every_shard() {
+async fn migrate_creates_one_table_set_whatever_the_shard_count() {
     let datastores = tiny_datastores();
     let data = tempfile::tempdir().unwrap();
     let args = [
@@ -236,21 +236,20 @@ async fn migrate_all_shards_creates_every_shard() {
         datastores.path().to_str().unwrap(),
         "--data",
         data.path().to_str().unwrap(),
-        "--all-shards",
     ];
     let output = cellgate(&root(), &args);
     assert!(output.status.success(), "stderr:\n{}", stderr(&output));
-    let printed = stdout(&output).replace(data.path().to_str().unwrap(), "<data>");
     expect![[r#"
-        sqlite://<data>/cellgate.db: cluster tables ready (cellgate_shards)
-        t: 4 of 4 shards exist (4 created now)
+        cluster main: tables ready
+        t: 4 shards (0-3 on main)
+          index by_owner (table t_ix_by_owner, version 1): ready
     "#]]
-    .assert_eq(&printed);
+    .assert_eq(&stdout(&output));
 
     // Running it again finds everything in place.
     let again = cellgate(&root(), &args);
     assert!(again.status.success(), "stderr:\n{}", stderr(&again));
-    assert!(stdout(&again).contains("t: 4 of 4 shards exist (0 created now)"));
+    assert_eq!(stdout(&again), stdout(&output));
 
     let url = format!("sqlite://{}", data.path().join("cellgate.db").display());
     let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
@@ -259,22 +258,25 @@ async fn migrate_all_shards_creates_every_shard() {
             .fetch_all(&pool)
             .await
             .unwrap();
-    for shard in 0..4 {
-        for table in [
-            format!("t_s{shard}_cells"),
-            format!("t_s{shard}_ix_by_owner"),
-        ] {
-            assert!(tables.contains(&table), "no table {table} in {tables:?}");
-        }
-    }
-    assert!(!tables.iter().any(|t| t.starts_with("t_s4_")), "{tables:?}");
-    let registered: Vec<(String, i64)> =
-        sqlx::query_as("SELECT datastore, shard FROM cellgate_shards ORDER BY shard")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    let expected: Vec<(String, i64)> = (0..4).map(|s| ("t".to_string(), s)).collect();
-    assert_eq!(registered, expected);
+    expect![[r#"
+        [
+            "cellgate_catalog",
+            "cellgate_leases",
+            "sqlite_sequence",
+            "t_buffer",
+            "t_cells",
+            "t_ix_by_owner",
+            "t_offsets",
+            "t_quarantine",
+            "t_shards",
+        ]
+    "#]]
+    .assert_debug_eq(&tables);
+    let shards: Vec<i64> = sqlx::query_scalar("SELECT shard FROM t_shards ORDER BY shard")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(shards, vec![0, 1, 2, 3], "one counter row per shard");
 }
 
 #[test]
@@ -287,7 +289,7 @@ fn migrate_reports_an_unreachable_database_on_one_line() {
     let err = stderr(&output);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(
-        err.starts_with("error: cannot open storage at mysql://nobody@127.0.0.1:1/x"),
+        err.starts_with("error: cannot open storage main (mysql://nobody@127.0.0.1:1/x)"),
         "{err}"
     );
 }

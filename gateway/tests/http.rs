@@ -48,7 +48,12 @@ impl Server {
     /// Starts `cellgate serve` on a free port with a fresh data directory
     /// and the repository's definitions, plus `extra` arguments.
     fn start(extra: &[&str]) -> Server {
-        let dir = tempfile::tempdir().expect("temp dir");
+        Server::start_in(tempfile::tempdir().expect("temp dir"), extra)
+    }
+
+    /// Like [`Server::start`], with the data directory `<dir>/data`, which
+    /// may already hold a store.
+    fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Server {
         let data = dir.path().join("data");
         let datastores = root().join("datastores");
         let stderr = std::fs::File::create(dir.path().join("stderr.log")).expect("stderr log");
@@ -116,6 +121,16 @@ impl Server {
 
     fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+    }
+}
+
+impl Server {
+    /// Kills the server and hands back its directory, to start another
+    /// server on the same store.
+    fn stop(mut self) -> tempfile::TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"))
     }
 }
 
@@ -187,7 +202,11 @@ async fn health_readiness_and_metrics() {
         r#"cellgate_cells_duplicate_total{datastore="payments"} 0"#,
         r#"cellgate_index_lag_max_ms{datastore="trips"} 0"#,
         r#"cellgate_index_lagging_shards{datastore="payments"} 0"#,
-        "# TYPE cellgate_index_lag_ms gauge",
+        r#"cellgate_index_pending_cells{datastore="trips"} 0"#,
+        r#"cellgate_index_unstorable_values_total{datastore="payments"} 0"#,
+        r#"cellgate_index_quarantined_total{datastore="trips"} 0"#,
+        r#"cellgate_cluster_ready{cluster="main"} 1"#,
+        "# TYPE cellgate_index_buckets_held gauge",
         "cellgate_index_delay_samples_total",
     ] {
         assert!(text.contains(expected), "missing `{expected}` in:\n{text}");
@@ -467,4 +486,88 @@ fn sigterm_stops_the_server_cleanly() {
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("cellgate serve did not stop within 10 s of SIGTERM");
+}
+
+/// Polls `/metrics` until `line` appears; the text at that moment.
+async fn metrics_with(server: &Server, line: &str) -> String {
+    let mut last = String::new();
+    for _ in 0..600 {
+        let response = client().get(server.url("/metrics")).send().await.unwrap();
+        last = response.text().await.unwrap();
+        if last.lines().any(|l| l == line) {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("`{line}` never appeared in /metrics:\n{last}");
+}
+
+fn metric_value(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no `{name}` in {text}"))
+}
+
+// Regression: after a restart the index lag metrics read 0 while the index
+// was far behind, because lag was known only for shards written since the
+// process started.
+#[tokio::test]
+async fn index_lag_metrics_survive_a_restart() {
+    use cellgate::cells::NewCell;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let defs = index_dsl::load_dir(&root().join("datastores")).unwrap();
+        let mut options = cellgate::StoreOptions::new(cellgate::config::StorageConfig::embedded(
+            &dir.path().join("data"),
+        ));
+        options.maintain_indexes = false;
+        let store = cellgate::Store::open(defs, options).await.unwrap();
+        let cells: Vec<NewCell> = (0..300)
+            .map(|_| NewCell {
+                row_key: uuid::Uuid::new_v4(),
+                column: "BASE".into(),
+                ref_key: 1,
+                body: json!({
+                    "driver_partner_uuid": uuid::Uuid::new_v4().to_string(),
+                    "city_uuid": uuid::Uuid::new_v4().to_string(),
+                    "trip_created_at": "2024-03-01T10:00:00Z",
+                }),
+            })
+            .collect();
+        for result in store.put_cells("trips", cells).await.unwrap() {
+            result.unwrap();
+        }
+    }
+    let config = dir.path().join("observe.yaml");
+    std::fs::write(
+        &config,
+        "indexes:\n  maintain: false\n  sweep_interval_ms: 100\n",
+    )
+    .unwrap();
+    let server = Server::start_in(dir, &["--config", config.to_str().unwrap()]);
+    let text = metrics_with(
+        &server,
+        r#"cellgate_index_pending_cells{datastore="trips"} 300"#,
+    )
+    .await;
+    let lagging = metric_value(&text, r#"cellgate_index_lagging_shards{datastore="trips"}"#);
+    assert!(
+        lagging > 250.0,
+        "300 random rows of 4096 shards: {lagging} shards behind"
+    );
+    let age = metric_value(&text, r#"cellgate_index_lag_max_ms{datastore="trips"}"#);
+    assert!(age > 0.0, "the oldest unapplied cell has an age");
+
+    // A maintaining gateway on the same store catches up and says so.
+    let dir = server.stop();
+    let server = Server::start_in(dir, &[]);
+    let text = metrics_with(
+        &server,
+        r#"cellgate_index_pending_cells{datastore="trips"} 0"#,
+    )
+    .await;
+    assert_eq!(
+        metric_value(&text, r#"cellgate_index_lagging_shards{datastore="trips"}"#),
+        0.0
+    );
 }

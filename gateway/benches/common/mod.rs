@@ -1,52 +1,24 @@
-//! Helpers shared by the benches: definitions, a pre-created shard template,
-//! realistic trip bodies, and a raw sqlx pool configured like
-//! `storage/sqlite.rs`.
+//! Helpers shared by the benches: definitions, realistic trip bodies, and
+//! a raw sqlx pool configured like `storage/sqlite.rs`. Keys are random
+//! UUIDs over all 4096 shards of `trips`, as in production.
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cellgate::config::StorageConfig;
 use cellgate::storage::Value;
-use cellgate::{Store, StoreOptions};
+use cellgate::StoreOptions;
 use rand::Rng;
 use serde_json::json;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, SqlitePool};
 use uuid::Uuid;
 
-/// Shards of the `trips` datastore in `datastores/`.
+/// Shards of the `trips` datastore in `datastores/` (the default count).
 pub const TRIP_SHARDS: u32 = 4096;
-
-/// Shards whose tables the template creates: creating all 4096 on SQLite
-/// takes many minutes (see the report), so every row key, driver and city
-/// of the benches is drawn to hash into shards `0..LIVE_SHARDS`. Hashing
-/// stays that of 4096 shards.
-pub const LIVE_SHARDS: u32 = 256;
-
-/// A random UUID whose shard (as a row key or an index shard value) is one
-/// of the live shards.
-pub fn live_uuid() -> Uuid {
-    loop {
-        let uuid = Uuid::new_v4();
-        if cellgate::shards::row_shard(&uuid, TRIP_SHARDS) < LIVE_SHARDS {
-            return uuid;
-        }
-    }
-}
-
-/// Marks the live shards of `trips` ready in `store`, creating their
-/// tables when missing (through `cells_for_shard`, which ensures a shard).
-pub async fn ensure_live_shards(store: &Store) {
-    for shard in 0..LIVE_SHARDS {
-        store
-            .cells_for_shard("trips", shard, cellgate::cells::Location::AddedId(0), 1)
-            .await
-            .expect("ensure shard");
-    }
-}
 
 /// The repository's datastore definitions.
 pub fn defs() -> index_dsl::Definitions {
@@ -64,39 +36,6 @@ pub fn options(dir: &Path, maintain_indexes: bool) -> StoreOptions {
 /// The SQLite file of an embedded store in `dir`.
 pub fn db_file(dir: &Path) -> PathBuf {
     dir.join("cellgate.db")
-}
-
-/// Creates a store in `root/template` with the tables of the live shards,
-/// so benches do not pay for lazy DDL; returns its directory.
-pub async fn template(root: &Path) -> PathBuf {
-    let dir = root.join("template");
-    let started = Instant::now();
-    {
-        let store = Store::open(defs(), options(&dir, false))
-            .await
-            .expect("open template store");
-        ensure_live_shards(&store).await;
-    }
-    // Fold the WAL into the main file so the file can be copied.
-    let pool = pool(&db_file(&dir), 1).await;
-    sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-        .execute(&pool)
-        .await
-        .expect("checkpoint");
-    pool.close().await;
-    eprintln!(
-        "template: {LIVE_SHARDS} shards of trips created in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
-    dir
-}
-
-/// Copies the template database into a new directory `root/name`.
-pub fn copy_template(template: &Path, root: &Path, name: &str) -> PathBuf {
-    let dir = root.join(name);
-    std::fs::create_dir_all(&dir).expect("create dir");
-    std::fs::copy(db_file(template), db_file(&dir)).expect("copy template");
-    dir
 }
 
 /// A pool over `file` configured like `storage/sqlite.rs` (WAL,

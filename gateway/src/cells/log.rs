@@ -1,17 +1,19 @@
 //! The cell log: a shard's cells in insertion (`added_id`) order.
 //!
-//! Index maintenance and triggers read it from a persisted offset; clients
-//! read it through `cells_for_shard`. A location is either an `added_id`
-//! (cells strictly after it) or a timestamp (cells from the first one
-//! inserted at or after it).
+//! Clients read it through `cells_for_shard`; index maintenance reads the
+//! logs of many shards at once, from each shard's persisted offset, with
+//! [`log_keys`] (keys only, so a corrupt body cannot stop it), and learns
+//! where each log ends from the shard counters ([`heads`]). A location is
+//! either an `added_id` (cells strictly after it) or a timestamp (cells
+//! from the first one inserted at or after it).
 
 use chrono::{DateTime, Utc};
 
-use super::read::select_cells;
+use super::read::{cell_from_row, select_cells, CELL_TYPES};
 use super::Cell;
 use crate::error::{Error, Result};
-use crate::storage::{ddl, ColType, Sql, Value};
-use crate::store::{DatastoreRuntime, Store};
+use crate::storage::{ddl, Backend, ColType, Sql, Value, MAX_PARAMS};
+use crate::topology::{DatastoreRuntime, Topology};
 
 /// A position in a shard's log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +36,7 @@ pub struct LogPage {
 /// A log entry without its body.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct LogKey {
+    pub shard: u32,
     pub added_id: i64,
     pub row_key: uuid::Uuid,
     pub column: String,
@@ -43,151 +46,170 @@ pub(crate) struct LogKey {
 /// Largest page the log hands out.
 pub const MAX_LOG_PAGE: u32 = 1000;
 
-impl Store {
-    /// Up to `limit` cells of `shard` after `location`, in insertion order.
-    pub async fn cells_for_shard(
-        &self,
-        datastore: &str,
-        shard: u32,
-        location: Location,
-        limit: u32,
-    ) -> Result<LogPage> {
-        let ds = self.datastore(datastore)?;
-        if shard >= ds.def.shards {
-            return Err(Error::BadInput(format!(
-                "shard {shard} does not exist: datastore `{}` has shards 0-{}",
-                ds.def.name,
-                ds.def.shards - 1
-            )));
-        }
-        self.ensure_shard(&ds, shard).await?;
-        let after = match location {
-            Location::AddedId(id) => id,
-            Location::Timestamp(at) => self.added_id_before(&ds, shard, at).await?,
-        };
-        let cells = self
-            .log_after(&ds, shard, after, limit.clamp(1, MAX_LOG_PAGE))
-            .await?;
-        let next = Location::AddedId(cells.last().map_or(after, |c| c.added_id));
-        Ok(LogPage { cells, next })
+/// Up to `limit` cells of `shard` after `location`, in insertion order.
+pub(crate) async fn cells_for_shard(
+    topology: &Topology,
+    datastore: &str,
+    shard: u32,
+    location: Location,
+    limit: u32,
+) -> Result<LogPage> {
+    let ds = topology.datastore(datastore)?;
+    if shard >= ds.def.shards {
+        return Err(Error::BadInput(format!(
+            "shard {shard} does not exist: datastore `{}` has shards 0-{}",
+            ds.name(),
+            ds.def.shards - 1
+        )));
     }
-
-    /// Cells of `shard` with `added_id > after`, oldest first.
-    pub(crate) async fn log_after(
-        &self,
-        ds: &DatastoreRuntime,
-        shard: u32,
-        after: i64,
-        limit: u32,
-    ) -> Result<Vec<Cell>> {
-        let master = self.master(ds, shard);
-        let mut sql = Sql::new(master.dialect());
-        select_cells(&mut sql, &ddl::cells_table(&ds.def.name, shard), None);
-        page_after(&mut sql, after, limit);
-        let rows = master.fetch(&sql, &super::read::CELL_TYPES).await?;
-        rows.into_iter()
-            .map(|row| super::read::cell_from_row(row, shard))
-            .collect()
-    }
-
-    /// The `added_id` just before the first cell created at or after `at`.
-    async fn added_id_before(
-        &self,
-        ds: &DatastoreRuntime,
-        shard: u32,
-        at: DateTime<Utc>,
-    ) -> Result<i64> {
-        let master = self.master(ds, shard);
-        let table = ddl::cells_table(&ds.def.name, shard);
-        let mut sql = Sql::new(master.dialect());
-        sql.push("SELECT MIN(")
-            .ident("added_id")
-            .push(") FROM ")
-            .ident(&table)
-            .push(" WHERE ")
-            .ident("created_at")
-            .push(" >= ")
-            .bind(Value::DateTime(at));
-        let first = master.fetch(&sql, &[ColType::Int]).await?;
-        match first.first().and_then(|row| row[0].as_int()) {
-            Some(id) => Ok(id - 1),
-            None => self.max_added_id(ds, shard).await,
-        }
-    }
-
-    /// The keys of the cells of `shard` with `added_id > after`, oldest
-    /// first, without their bodies: what index maintenance needs, and a
-    /// corrupt body cannot stop it.
-    pub(crate) async fn log_keys_after(
-        &self,
-        ds: &DatastoreRuntime,
-        shard: u32,
-        after: i64,
-        limit: u32,
-    ) -> Result<Vec<LogKey>> {
-        let master = self.master(ds, shard);
-        let mut sql = Sql::new(master.dialect());
-        sql.push("SELECT ")
-            .ident("added_id")
-            .push(", ")
-            .ident("row_key")
-            .push(", ")
-            .ident("column_name")
-            .push(", ")
-            .ident("created_at")
-            .push(" FROM ")
-            .ident(&ddl::cells_table(&ds.def.name, shard));
-        page_after(&mut sql, after, limit);
-        let types = [
-            ColType::Int,
-            ColType::Uuid,
-            ColType::Text,
-            ColType::DateTime,
-        ];
-        let rows = master.fetch(&sql, &types).await?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|row| {
-                let mut row = row.into_iter();
-                match (row.next()?, row.next()?, row.next()?, row.next()?) {
-                    (
-                        Value::Int(added_id),
-                        Value::Uuid(row_key),
-                        Value::Text(column),
-                        Value::DateTime(created_at),
-                    ) => Some(LogKey {
-                        added_id,
-                        row_key,
-                        column,
-                        created_at,
-                    }),
-                    _ => None,
-                }
-            })
-            .collect())
-    }
-
-    /// The highest `added_id` of a shard (0 when empty).
-    pub(crate) async fn max_added_id(&self, ds: &DatastoreRuntime, shard: u32) -> Result<i64> {
-        let master = self.master(ds, shard);
-        let mut sql = Sql::new(master.dialect());
-        sql.push("SELECT MAX(")
-            .ident("added_id")
-            .push(") FROM ")
-            .ident(&ddl::cells_table(&ds.def.name, shard));
-        let rows = master.fetch(&sql, &[ColType::Int]).await?;
-        Ok(rows.first().and_then(|row| row[0].as_int()).unwrap_or(0))
-    }
-}
-
-/// Appends the log-page condition: cells after `after`, in insertion order,
-/// at most `limit`.
-fn page_after(sql: &mut Sql, after: i64, limit: u32) {
+    let master = topology.cluster_of(&ds, shard).master()?;
+    let after = match location {
+        Location::AddedId(id) => id,
+        Location::Timestamp(at) => added_id_before(master.as_ref(), &ds, shard, at).await?,
+    };
+    let mut sql = Sql::new(master.dialect());
+    select_cells(&mut sql, &ddl::cells_table(ds.name()), None);
     sql.push(" WHERE ")
+        .ident("shard")
+        .push(" = ")
+        .bind(Value::Int(i64::from(shard)))
+        .push(" AND ")
         .ident("added_id")
         .push(" > ")
         .bind(Value::Int(after))
         .push(" ORDER BY ")
         .ident("added_id")
-        .push(&format!(" LIMIT {limit}"));
+        .push(&format!(" LIMIT {}", limit.clamp(1, MAX_LOG_PAGE)));
+    let cells = master
+        .fetch(&sql, &CELL_TYPES)
+        .await?
+        .into_iter()
+        .map(cell_from_row)
+        .collect::<Result<Vec<_>>>()?;
+    let next = Location::AddedId(cells.last().map_or(after, |c| c.added_id));
+    Ok(LogPage { cells, next })
+}
+
+/// The `added_id` just before the first cell of `shard` created at or
+/// after `at`; the shard's last `added_id` when there is none.
+async fn added_id_before(
+    backend: &dyn Backend,
+    ds: &DatastoreRuntime,
+    shard: u32,
+    at: DateTime<Utc>,
+) -> Result<i64> {
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("SELECT MIN(")
+        .ident("added_id")
+        .push(") FROM ")
+        .ident(&ddl::cells_table(ds.name()))
+        .push(" WHERE ")
+        .ident("shard")
+        .push(" = ")
+        .bind(Value::Int(i64::from(shard)))
+        .push(" AND ")
+        .ident("created_at")
+        .push(" >= ")
+        .bind(Value::DateTime(at));
+    let first = backend.fetch(&sql, &[ColType::Int]).await?;
+    if let Some(id) = first.first().and_then(|row| row[0].as_int()) {
+        return Ok(id - 1);
+    }
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("SELECT ")
+        .ident("next_added_id")
+        .push(" FROM ")
+        .ident(&ddl::shards_table(ds.name()))
+        .push(" WHERE ")
+        .ident("shard")
+        .push(" = ")
+        .bind(Value::Int(i64::from(shard)));
+    let next = backend.fetch(&sql, &[ColType::Int]).await?;
+    Ok(next.first().and_then(|row| row[0].as_int()).unwrap_or(1) - 1)
+}
+
+/// The keys of the cells after each `(shard, after)` position, in shard
+/// and insertion order, at most `limit` in all, in one statement. The last
+/// shard of a full page may be cut short; the others are complete up to
+/// the moment of the read.
+pub(crate) async fn log_keys(
+    backend: &dyn Backend,
+    ds: &DatastoreRuntime,
+    positions: &[(u32, i64)],
+    limit: usize,
+) -> Result<Vec<LogKey>> {
+    let mut keys = Vec::new();
+    let terms = backend.dialect().max_or_terms().min(MAX_PARAMS / 2);
+    for chunk in positions.chunks(terms) {
+        if keys.len() >= limit {
+            break;
+        }
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("SELECT ")
+            .idents(["shard", "added_id", "row_key", "column_name", "created_at"])
+            .push(" FROM ")
+            .ident(&ddl::cells_table(ds.name()))
+            .push(" WHERE ");
+        for (i, (shard, after)) in chunk.iter().enumerate() {
+            if i > 0 {
+                sql.push(" OR ");
+            }
+            sql.push("(")
+                .ident("shard")
+                .push(" = ")
+                .bind(Value::Int(i64::from(*shard)))
+                .push(" AND ")
+                .ident("added_id")
+                .push(" > ")
+                .bind(Value::Int(*after))
+                .push(")");
+        }
+        sql.push(" ORDER BY ")
+            .idents(["shard", "added_id"])
+            .push(&format!(" LIMIT {}", limit - keys.len()));
+        let types = [
+            ColType::Int,
+            ColType::Int,
+            ColType::Uuid,
+            ColType::Text,
+            ColType::DateTime,
+        ];
+        for row in backend.fetch(&sql, &types).await? {
+            let mut row = row.into_iter();
+            if let (
+                Some(Value::Int(shard)),
+                Some(Value::Int(added_id)),
+                Some(Value::Uuid(row_key)),
+                Some(Value::Text(column)),
+                Some(Value::DateTime(created_at)),
+            ) = (row.next(), row.next(), row.next(), row.next(), row.next())
+            {
+                keys.push(LogKey {
+                    shard: shard as u32,
+                    added_id,
+                    row_key,
+                    column,
+                    created_at,
+                });
+            }
+        }
+    }
+    Ok(keys)
+}
+
+/// The last `added_id` of every shard of `ds` held by the cluster of
+/// `backend` (0 for an empty shard), in shard order.
+pub(crate) async fn heads(backend: &dyn Backend, ds: &DatastoreRuntime) -> Result<Vec<(u32, i64)>> {
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("SELECT ")
+        .idents(["shard", "next_added_id"])
+        .push(" FROM ")
+        .ident(&ddl::shards_table(ds.name()))
+        .push(" ORDER BY ")
+        .ident("shard");
+    let rows = backend.fetch(&sql, &[ColType::Int, ColType::Int]).await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|row| Some((row[0].as_int()? as u32, row[1].as_int()? - 1)))
+        .collect())
 }

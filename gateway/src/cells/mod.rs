@@ -1,23 +1,23 @@
 //! Cells: the immutable, versioned values the store holds.
 //!
 //! A cell is addressed by `(row_key, column, ref_key)`; its body is a JSON
-//! object. `write.rs` puts cells (buffer step, then the primary master, one
-//! transaction per shard), `read.rs` gets them by key, latest version or
-//! history, and `log.rs` reads a shard's cells in insertion order, the feed
-//! that index maintenance and triggers consume.
+//! object. `write.rs` puts cells (buffer step, then one transaction per
+//! cluster on the primary), `read.rs` gets them by key, latest version or
+//! history, and `log.rs` reads shards' cells in insertion order, the feed
+//! that index maintenance and triggers consume. All three work on the
+//! [`Topology`](crate::topology::Topology); the `Store` is their façade.
 
 pub mod codec;
-mod log;
-mod read;
+pub(crate) mod log;
+pub(crate) mod read;
 #[cfg(test)]
 #[path = "../../tests/support/bodies.rs"]
 pub(crate) mod testing;
-mod write;
+pub(crate) mod write;
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-pub(crate) use log::LogKey;
 pub use log::{Location, LogPage, MAX_LOG_PAGE};
 
 /// The full address of a cell.

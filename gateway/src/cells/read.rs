@@ -1,21 +1,27 @@
 //! The read path: a cell by its key, the latest version of a (row, column),
-//! their batch forms (one query per shard), and a row's history.
+//! their batch forms, and a row's history.
 //!
-//! Reads go to the master of the shard's cluster, so a client reads its own
-//! writes.
+//! Batch reads group their keys by cluster and run one statement per
+//! cluster (per chunk of [`READ_CHUNK`] keys), never one per shard or per
+//! row. Reads go to the master of the shard's cluster, so a client reads
+//! its own writes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, HashSet};
 
 use uuid::Uuid;
 
 use super::{codec, Cell, CellKey};
 use crate::error::{Error, Result};
 use crate::shards::row_shard;
-use crate::storage::{ddl, ColType, Row, Sql, Value};
-use crate::store::{DatastoreRuntime, Store};
+use crate::storage::{ddl, Backend, ColType, Row, Sql, Value};
+use crate::topology::{DatastoreRuntime, Topology};
+
+/// Keys per statement of a batch read.
+pub(crate) const READ_CHUNK: usize = 500;
 
 /// Columns selected by every cell query, in this order.
-pub(crate) const CELL_COLUMNS: [&str; 6] = [
+const CELL_COLUMNS: [&str; 7] = [
+    "shard",
     "added_id",
     "row_key",
     "column_name",
@@ -23,7 +29,8 @@ pub(crate) const CELL_COLUMNS: [&str; 6] = [
     "body",
     "created_at",
 ];
-pub(crate) const CELL_TYPES: [ColType; 6] = [
+pub(crate) const CELL_TYPES: [ColType; 7] = [
+    ColType::Int,
     ColType::Int,
     ColType::Uuid,
     ColType::Text,
@@ -32,7 +39,7 @@ pub(crate) const CELL_TYPES: [ColType; 6] = [
     ColType::DateTime,
 ];
 
-/// Appends `SELECT <cell columns> FROM <table>` to `sql`.
+/// Appends `SELECT <cell columns> FROM <table> [alias]` to `sql`.
 pub(crate) fn select_cells(sql: &mut Sql, table: &str, alias: Option<&str>) {
     sql.push("SELECT ");
     for (i, col) in CELL_COLUMNS.iter().enumerate() {
@@ -50,24 +57,23 @@ pub(crate) fn select_cells(sql: &mut Sql, table: &str, alias: Option<&str>) {
     }
 }
 
-/// Turns a row of [`CELL_COLUMNS`] into a cell, decoding its body.
-pub(crate) fn cell_from_row(row: Row, shard: u32) -> Result<Cell> {
+/// Turns a row of the cell columns into a cell, decoding its body.
+pub(crate) fn cell_from_row(row: Row) -> Result<Cell> {
     let mut row = row.into_iter();
     let mut next = || row.next().unwrap_or(Value::Null(ColType::Int));
-    let (added_id, row_key, column, ref_key, body, created_at) =
-        (next(), next(), next(), next(), next(), next());
+    let (shard, added_id, row_key, column, ref_key, body, created_at) =
+        (next(), next(), next(), next(), next(), next(), next());
     let (
+        Value::Int(shard),
         Value::Int(added_id),
         Value::Uuid(row_key),
         Value::Text(column),
         Value::Int(ref_key),
         Value::Bytes(body),
         Value::DateTime(created_at),
-    ) = (added_id, row_key, column, ref_key, body, created_at)
+    ) = (shard, added_id, row_key, column, ref_key, body, created_at)
     else {
-        return Err(Error::Storage(sqlx::Error::Decode(
-            "cell row has unexpected NULLs".into(),
-        )));
+        return Err(Error::Internal("cell row has unexpected NULLs".into()));
     };
     let body = codec::decode(&body).map_err(|reason| Error::CorruptBody {
         row_key,
@@ -81,7 +87,7 @@ pub(crate) fn cell_from_row(row: Row, shard: u32) -> Result<Cell> {
         ref_key,
         body,
         created_at,
-        shard,
+        shard: shard as u32,
         added_id,
     })
 }
@@ -97,203 +103,251 @@ fn key_condition(sql: &mut Sql, row_key: Uuid, column: &str) {
         .bind(Value::Text(column.to_string()));
 }
 
-impl Store {
-    async fn fetch_cells(&self, ds: &DatastoreRuntime, shard: u32, sql: &Sql) -> Result<Vec<Cell>> {
-        let rows = self.master(ds, shard).fetch(sql, &CELL_TYPES).await?;
-        rows.into_iter()
-            .map(|row| cell_from_row(row, shard))
-            .collect()
-    }
-
-    /// The cell at `key`, if it exists.
-    pub async fn get_cell(&self, datastore: &str, key: &CellKey) -> Result<Option<Cell>> {
-        let ds = self.datastore(datastore)?;
-        ds.check_column(&key.column)?;
-        let shard = row_shard(&key.row_key, ds.def.shards);
-        self.ensure_shard(&ds, shard).await?;
-        let master = self.master(&ds, shard);
-        let mut sql = Sql::new(master.dialect());
-        select_cells(&mut sql, &ddl::cells_table(&ds.def.name, shard), None);
-        key_condition(&mut sql, key.row_key, &key.column);
-        sql.push(" AND ")
-            .ident("ref_key")
-            .push(" = ")
-            .bind(Value::Int(key.ref_key));
-        Ok(self.fetch_cells(&ds, shard, &sql).await?.pop())
-    }
-
-    /// The cell of `(row_key, column)` with the highest ref key.
-    pub async fn get_cell_latest(
-        &self,
-        datastore: &str,
-        row_key: Uuid,
-        column: &str,
-    ) -> Result<Option<Cell>> {
-        Ok(self
-            .history(datastore, row_key, column, 1, None)
-            .await?
-            .pop())
-    }
-
-    /// Versions of `(row_key, column)`, newest first, at most `limit`, with
-    /// ref keys below `before` when given.
-    pub async fn history(
-        &self,
-        datastore: &str,
-        row_key: Uuid,
-        column: &str,
-        limit: u32,
-        before: Option<i64>,
-    ) -> Result<Vec<Cell>> {
-        let ds = self.datastore(datastore)?;
-        ds.check_column(column)?;
-        let shard = row_shard(&row_key, ds.def.shards);
-        self.ensure_shard(&ds, shard).await?;
-        let master = self.master(&ds, shard);
-        let mut sql = Sql::new(master.dialect());
-        select_cells(&mut sql, &ddl::cells_table(&ds.def.name, shard), None);
-        key_condition(&mut sql, row_key, column);
-        if let Some(before) = before {
-            sql.push(" AND ")
-                .ident("ref_key")
-                .push(" < ")
-                .bind(Value::Int(before));
-        }
-        sql.push(" ORDER BY ")
-            .ident("ref_key")
-            .push(&format!(" DESC LIMIT {}", limit.max(1)));
-        self.fetch_cells(&ds, shard, &sql).await
-    }
-
-    /// Cells by key; one query per shard. Results follow the input order.
-    pub async fn get_cells(&self, datastore: &str, keys: &[CellKey]) -> Result<Vec<Option<Cell>>> {
-        let ds = self.datastore(datastore)?;
-        let mut by_shard: BTreeMap<u32, Vec<&CellKey>> = BTreeMap::new();
-        for key in keys {
-            ds.check_column(&key.column)?;
-            by_shard
-                .entry(row_shard(&key.row_key, ds.def.shards))
-                .or_default()
-                .push(key);
-        }
-        let mut found: HashMap<CellKey, Cell> = HashMap::new();
-        for (shard, keys) in by_shard {
-            self.ensure_shard(&ds, shard).await?;
-            let master = self.master(&ds, shard);
-            let mut sql = Sql::new(master.dialect());
-            select_cells(&mut sql, &ddl::cells_table(&ds.def.name, shard), None);
-            sql.push(" WHERE ")
-                .ident("row_key")
-                .push(" IN ")
-                .bind_list(unique(keys.iter().map(|k| Value::Uuid(k.row_key))))
-                .push(" AND ")
-                .ident("ref_key")
-                .push(" IN ")
-                .bind_list(unique(keys.iter().map(|k| Value::Int(k.ref_key))));
-            for cell in self.fetch_cells(&ds, shard, &sql).await? {
-                found.insert(
-                    CellKey {
-                        row_key: cell.row_key,
-                        column: cell.column.clone(),
-                        ref_key: cell.ref_key,
-                    },
-                    cell,
-                );
-            }
-        }
-        Ok(keys.iter().map(|k| found.get(k).cloned()).collect())
-    }
-
-    /// The latest cell of each `(row_key, column)`; one query per shard.
-    pub async fn get_cells_latest(
-        &self,
-        datastore: &str,
-        wanted: &[(Uuid, String)],
-    ) -> Result<Vec<Option<Cell>>> {
-        let ds = self.datastore(datastore)?;
-        let mut by_shard: BTreeMap<u32, Vec<&(Uuid, String)>> = BTreeMap::new();
-        for pair in wanted {
-            ds.check_column(&pair.1)?;
-            by_shard
-                .entry(row_shard(&pair.0, ds.def.shards))
-                .or_default()
-                .push(pair);
-        }
-        let mut found: HashMap<(Uuid, String), Cell> = HashMap::new();
-        for (shard, pairs) in by_shard {
-            self.ensure_shard(&ds, shard).await?;
-            let rows: Vec<Uuid> = pairs.iter().map(|p| p.0).collect();
-            let columns: Vec<String> = pairs.iter().map(|p| p.1.clone()).collect();
-            for cell in self.latest_in_shard(&ds, shard, &rows, &columns).await? {
-                let cell = cell?;
-                found.insert((cell.row_key, cell.column.clone()), cell);
-            }
-        }
-        Ok(wanted.iter().map(|k| found.get(k).cloned()).collect())
-    }
-
-    /// The latest cells of `columns` for `rows`, all in `shard`.
-    pub(crate) async fn latest_in_shard(
-        &self,
-        ds: &DatastoreRuntime,
-        shard: u32,
-        rows: &[Uuid],
-        columns: &[String],
-    ) -> Result<Vec<Result<Cell>>> {
-        if rows.is_empty() || columns.is_empty() {
-            return Ok(Vec::new());
-        }
-        let master = self.master(ds, shard);
-        let table = ddl::cells_table(&ds.def.name, shard);
-        let mut sql = Sql::new(master.dialect());
-        select_cells(&mut sql, &table, Some("c"));
-        sql.push(" WHERE c.")
-            .ident("row_key")
-            .push(" IN ")
-            .bind_list(unique(rows.iter().map(|r| Value::Uuid(*r))))
-            .push(" AND c.")
-            .ident("column_name")
-            .push(" IN ")
-            .bind_list(unique(columns.iter().map(|c| Value::Text(c.clone()))))
-            .push(" AND c.")
-            .ident("ref_key")
-            .push(" = (SELECT MAX(m.")
-            .ident("ref_key")
-            .push(") FROM ")
-            .ident(&table)
-            .push(" m WHERE m.")
-            .ident("row_key")
-            .push(" = c.")
-            .ident("row_key")
-            .push(" AND m.")
-            .ident("column_name")
-            .push(" = c.")
-            .ident("column_name")
-            .push(")");
-        let wanted: std::collections::HashSet<(Uuid, &str)> = rows
-            .iter()
-            .flat_map(|r| columns.iter().map(move |c| (*r, c.as_str())))
-            .collect();
-        // Bodies are decoded one by one: a corrupt cell is reported alone.
-        let fetched = master.fetch(&sql, &CELL_TYPES).await?;
-        Ok(fetched
-            .into_iter()
-            .map(|row| cell_from_row(row, shard))
-            .filter(|c| match c {
-                Ok(c) => wanted.contains(&(c.row_key, c.column.as_str())),
-                Err(_) => true,
-            })
-            .collect())
-    }
+async fn fetch_cells(backend: &dyn Backend, sql: &Sql) -> Result<Vec<Cell>> {
+    let rows = backend.fetch(sql, &CELL_TYPES).await?;
+    rows.into_iter().map(cell_from_row).collect()
 }
 
-/// The distinct values, in first-seen order.
-pub(crate) fn unique(values: impl Iterator<Item = Value>) -> Vec<Value> {
-    let mut out: Vec<Value> = Vec::new();
-    for value in values {
-        if !out.contains(&value) {
-            out.push(value);
+/// The cell at `key`, if it exists.
+pub(crate) async fn get_cell(
+    topology: &Topology,
+    datastore: &str,
+    key: &CellKey,
+) -> Result<Option<Cell>> {
+    let ds = topology.datastore(datastore)?;
+    ds.check_column(&key.column)?;
+    let shard = row_shard(&key.row_key, ds.def.shards);
+    let master = topology.cluster_of(&ds, shard).master()?;
+    let mut sql = Sql::new(master.dialect());
+    select_cells(&mut sql, &ddl::cells_table(ds.name()), None);
+    key_condition(&mut sql, key.row_key, &key.column);
+    sql.push(" AND ")
+        .ident("ref_key")
+        .push(" = ")
+        .bind(Value::Int(key.ref_key));
+    Ok(fetch_cells(master.as_ref(), &sql).await?.pop())
+}
+
+/// Versions of `(row_key, column)`, newest first, at most `limit`, with
+/// ref keys below `before` when given.
+pub(crate) async fn history(
+    topology: &Topology,
+    datastore: &str,
+    row_key: Uuid,
+    column: &str,
+    limit: u32,
+    before: Option<i64>,
+) -> Result<Vec<Cell>> {
+    let ds = topology.datastore(datastore)?;
+    ds.check_column(column)?;
+    let shard = row_shard(&row_key, ds.def.shards);
+    let master = topology.cluster_of(&ds, shard).master()?;
+    let mut sql = Sql::new(master.dialect());
+    select_cells(&mut sql, &ddl::cells_table(ds.name()), None);
+    key_condition(&mut sql, row_key, column);
+    if let Some(before) = before {
+        sql.push(" AND ")
+            .ident("ref_key")
+            .push(" < ")
+            .bind(Value::Int(before));
+    }
+    sql.push(" ORDER BY ")
+        .ident("ref_key")
+        .push(&format!(" DESC LIMIT {}", limit.max(1)));
+    fetch_cells(master.as_ref(), &sql).await
+}
+
+/// Cells by key; one statement per cluster and chunk. Results follow the
+/// input order.
+pub(crate) async fn get_cells(
+    topology: &Topology,
+    datastore: &str,
+    keys: &[CellKey],
+) -> Result<Vec<Option<Cell>>> {
+    let ds = topology.datastore(datastore)?;
+    for key in keys {
+        ds.check_column(&key.column)?;
+    }
+    let groups = topology.by_cluster(
+        &ds,
+        keys.iter()
+            .map(|k| (row_shard(&k.row_key, ds.def.shards), k)),
+    );
+    let reads = groups.into_iter().map(|(cluster, keys)| {
+        let ds = &ds;
+        async move {
+            let master = topology.clusters[cluster].master()?;
+            let mut found = Vec::new();
+            for chunk in keys.chunks(READ_CHUNK) {
+                let mut sql = Sql::new(master.dialect());
+                select_cells(&mut sql, &ddl::cells_table(ds.name()), None);
+                sql.push(" WHERE ")
+                    .ident("row_key")
+                    .push(" IN ")
+                    .bind_list(uuid_list(chunk.iter().map(|k| k.row_key)))
+                    .push(" AND ")
+                    .ident("column_name")
+                    .push(" IN ")
+                    .bind_list(text_list(chunk.iter().map(|k| k.column.as_str())))
+                    .push(" AND ")
+                    .ident("ref_key")
+                    .push(" IN ")
+                    .bind_list(int_list(chunk.iter().map(|k| k.ref_key)));
+                found.extend(fetch_cells(master.as_ref(), &sql).await?);
+            }
+            Ok::<_, Error>(found)
+        }
+    });
+    let mut found: HashMap<CellKey, Cell> = HashMap::new();
+    for cells in futures::future::try_join_all(reads).await? {
+        for cell in cells {
+            found.insert(
+                CellKey {
+                    row_key: cell.row_key,
+                    column: cell.column.clone(),
+                    ref_key: cell.ref_key,
+                },
+                cell,
+            );
         }
     }
-    out
+    Ok(keys.iter().map(|k| found.get(k).cloned()).collect())
+}
+
+/// The latest cell of each `(row_key, column)`; one statement per cluster
+/// and chunk.
+pub(crate) async fn get_cells_latest(
+    topology: &Topology,
+    datastore: &str,
+    wanted: &[(Uuid, String)],
+) -> Result<Vec<Option<Cell>>> {
+    let ds = topology.datastore(datastore)?;
+    for (_, column) in wanted {
+        ds.check_column(column)?;
+    }
+    let groups = topology.by_cluster(
+        &ds,
+        wanted
+            .iter()
+            .map(|pair| (row_shard(&pair.0, ds.def.shards), pair)),
+    );
+    let reads = groups.into_iter().map(|(cluster, pairs)| {
+        let ds = &ds;
+        async move {
+            let master = topology.clusters[cluster].master()?;
+            let mut found = Vec::new();
+            for chunk in pairs.chunks(READ_CHUNK) {
+                let rows: Vec<Uuid> = chunk.iter().map(|p| p.0).collect();
+                let columns: Vec<String> = chunk.iter().map(|p| p.1.clone()).collect();
+                for cell in latest_cells(master.as_ref(), ds, &rows, &columns).await? {
+                    found.push(cell?);
+                }
+            }
+            Ok::<_, Error>(found)
+        }
+    });
+    let mut found: HashMap<(Uuid, String), Cell> = HashMap::new();
+    for cells in futures::future::try_join_all(reads).await? {
+        for cell in cells {
+            found.insert((cell.row_key, cell.column.clone()), cell);
+        }
+    }
+    Ok(wanted.iter().map(|k| found.get(k).cloned()).collect())
+}
+
+/// The latest cells of `columns` for `rows`, all on the cluster of
+/// `backend`, in one statement. Bodies are decoded one by one, so a corrupt
+/// cell is reported alone.
+pub(crate) async fn latest_cells(
+    backend: &dyn Backend,
+    ds: &DatastoreRuntime,
+    rows: &[Uuid],
+    columns: &[String],
+) -> Result<Vec<Result<Cell>>> {
+    if rows.is_empty() || columns.is_empty() {
+        return Ok(Vec::new());
+    }
+    let table = ddl::cells_table(ds.name());
+    let mut sql = Sql::new(backend.dialect());
+    select_cells(&mut sql, &table, Some("c"));
+    sql.push(" WHERE c.")
+        .ident("row_key")
+        .push(" IN ")
+        .bind_list(uuid_list(rows.iter().copied()))
+        .push(" AND c.")
+        .ident("column_name")
+        .push(" IN ")
+        .bind_list(text_list(columns.iter().map(String::as_str)))
+        .push(" AND c.")
+        .ident("ref_key")
+        .push(" = (SELECT MAX(m.")
+        .ident("ref_key")
+        .push(") FROM ")
+        .ident(&table)
+        .push(" m WHERE m.")
+        .ident("row_key")
+        .push(" = c.")
+        .ident("row_key")
+        .push(" AND m.")
+        .ident("column_name")
+        .push(" = c.")
+        .ident("column_name")
+        .push(")");
+    let wanted: HashSet<(Uuid, &str)> = rows
+        .iter()
+        .flat_map(|r| columns.iter().map(move |c| (*r, c.as_str())))
+        .collect();
+    let fetched = backend.fetch(&sql, &CELL_TYPES).await?;
+    Ok(fetched
+        .into_iter()
+        .map(cell_from_row)
+        .filter(|c| match c {
+            Ok(c) => wanted.contains(&(c.row_key, c.column.as_str())),
+            Err(_) => true,
+        })
+        .collect())
+}
+
+/// Whether any cluster of the datastore holds a cell; unreachable clusters
+/// count as empty.
+pub(crate) async fn has_cells(topology: &Topology, ds: &DatastoreRuntime) -> Result<bool> {
+    for cluster in ds.map.clusters() {
+        let Ok(master) = topology.clusters[cluster].master() else {
+            continue;
+        };
+        let mut sql = Sql::new(master.dialect());
+        sql.push("SELECT ")
+            .ident("added_id")
+            .push(" FROM ")
+            .ident(&ddl::cells_table(ds.name()))
+            .push(" LIMIT 1");
+        if !master.fetch(&sql, &[ColType::Int]).await?.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The distinct items, in first-seen order.
+pub(crate) fn unique<T: Eq + std::hash::Hash + Clone>(items: impl Iterator<Item = T>) -> Vec<T> {
+    let mut seen = HashSet::new();
+    items.filter(|item| seen.insert(item.clone())).collect()
+}
+
+/// `IN (…)` values of the distinct row keys.
+pub(crate) fn uuid_list(keys: impl Iterator<Item = Uuid>) -> Vec<Value> {
+    unique(keys).into_iter().map(Value::Uuid).collect()
+}
+
+/// `IN (…)` values of the distinct strings.
+pub(crate) fn text_list<'a>(texts: impl Iterator<Item = &'a str>) -> Vec<Value> {
+    unique(texts)
+        .into_iter()
+        .map(|t| Value::Text(t.to_string()))
+        .collect()
+}
+
+/// `IN (…)` values of the distinct integers.
+pub(crate) fn int_list(ints: impl Iterator<Item = i64>) -> Vec<Value> {
+    unique(ints).into_iter().map(Value::Int).collect()
 }

@@ -1,239 +1,149 @@
 //! The write path: validate, encode, buffer, then commit on the primary.
 //!
-//! Cells of a batch are grouped by shard and each shard group is one
-//! transaction on the shard's primary master, so a failed batch never leaves
-//! a partial shard transaction behind and the per-cell results say exactly
-//! what was written. Before the primary, each group is written to the buffer
-//! table of `buffer_count` secondary clusters (none with one cluster); if the
-//! primary is then unreachable the cells stay buffered and the caller is told
-//! so. A write transaction first locks the shard's `_meta` row: writers of
-//! one shard are serialized, so `added_id`s become visible in increasing
-//! order and a log reader can never skip a cell that commits late.
+//! A batch is grouped by cluster and each group is one transaction on the
+//! cluster's master:
+//!
+//! 1. lock the counter rows of the group's shards in `<ds>_shards`, in
+//!    increasing shard order (`SELECT … ORDER BY shard FOR UPDATE`), so
+//!    concurrent batches over overlapping shards queue instead of
+//!    deadlocking;
+//! 2. look up which keys already exist, one statement per chunk;
+//! 3. advance the counters by the number of new cells of each shard, which
+//!    allocates their `added_id`s;
+//! 4. insert the new cells with multi-row `INSERT`s.
+//!
+//! Writers of one shard are serialized by its counter row, so `added_id`s
+//! are strictly increasing per shard, have no gaps, and become visible in
+//! order: a log reader never skips a cell that commits late. A key that
+//! exists with the same body is a duplicate, with another body a per-cell
+//! `CELL_CONFLICT`; the rest of the group still commits.
+//!
+//! Before the primary, each group is copied into the buffer table of
+//! `buffer_count` other clusters; if the primary is then unreachable the
+//! cells stay buffered and the caller is told so. After the commit the
+//! topology's [`Events`](crate::topology::Events) announce the new shard
+//! heads, which is how index maintenance learns about them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::Utc;
-use futures::StreamExt;
 use rand::seq::SliceRandom;
+use uuid::Uuid;
 
-use super::read::unique;
+use super::read::{int_list, text_list, uuid_list};
 use super::{codec, CellKey, NewCell, PutResult, PutStatus};
 use crate::error::{Error, Result};
+use crate::retry::with_retry;
 use crate::shards::row_shard;
-use crate::storage::{ddl, value::truncate_to_micros, Backend, ColType, Sql, Tx, Value};
-use crate::store::{DatastoreRuntime, Store};
+use crate::storage::MAX_PARAMS;
+use crate::storage::{ddl, value::truncate_to_micros, Backend, ColType, Dialect, Sql, Tx, Value};
+use crate::topology::{DatastoreRuntime, Topology, Written};
 
 /// A validated, encoded cell ready for storage.
 struct Prepared {
     index: usize,
+    shard: u32,
     key: CellKey,
     body: serde_json::Value,
     encoded: Vec<u8>,
 }
 
-/// Keys per `IN (…)` list when looking up existing cells.
-const LOOKUP_CHUNK: usize = 200;
+/// Keys per existence lookup.
+const LOOKUP_CHUNK: usize = 500;
 
-impl Store {
-    /// Writes one cell.
-    pub async fn put_cell(&self, datastore: &str, cell: NewCell) -> Result<PutStatus> {
-        let mut results = self.put_cells(datastore, vec![cell]).await?;
-        results
-            .pop()
-            .expect("one result per cell")
-            .map_err(Error::unshare)
+/// Body bytes per multi-row `INSERT`: far below the 16 MiB packet MySQL
+/// and MariaDB accept by default (a single larger body goes alone).
+const INSERT_BYTES: usize = 4 * 1024 * 1024;
+
+/// Batches at least this large are encoded off the async runtime.
+const ENCODE_OFF_RUNTIME: usize = 16;
+
+/// Writes a batch of cells: one transaction per cluster, clusters in
+/// parallel. Returns one result per cell, in input order. An `Err` for the
+/// whole call means nothing was attempted (unknown datastore, batch too
+/// large).
+pub(crate) async fn put_cells(
+    topology: &Topology,
+    datastore: &str,
+    cells: Vec<NewCell>,
+) -> Result<Vec<PutResult>> {
+    let ds = topology.datastore(datastore)?;
+    if cells.len() > topology.max_batch {
+        return Err(Error::LimitExceeded {
+            what: format!("a batch of {} cells", cells.len()),
+            limit: topology.max_batch,
+        });
     }
-
-    /// Writes a batch of cells: one transaction per shard, shards in
-    /// parallel. Returns one result per cell, in input order. An `Err` for
-    /// the whole call means nothing was attempted (unknown datastore, batch
-    /// too large).
-    pub async fn put_cells(&self, datastore: &str, cells: Vec<NewCell>) -> Result<Vec<PutResult>> {
-        let ds = self.datastore(datastore)?;
-        if cells.len() > self.inner.max_batch {
-            return Err(Error::LimitExceeded {
-                what: format!("a batch of {} cells", cells.len()),
-                limit: self.inner.max_batch,
-            });
-        }
-        let mut results: Vec<Option<PutResult>> = vec![None; cells.len()];
-        // First occurrence of each key in the batch, with a hash of its body.
-        let mut first_of: HashMap<CellKey, (usize, u64)> = HashMap::new();
-        let mut repeats = Vec::new();
-        let mut groups: BTreeMap<u32, Vec<Prepared>> = BTreeMap::new();
-        for (index, cell) in cells.into_iter().enumerate() {
-            let prepared = match prepare(&ds, index, cell) {
-                Ok(prepared) => prepared,
-                Err(err) => {
-                    results[index] = Some(Err(Arc::new(err)));
-                    continue;
-                }
-            };
-            let body_hash = xxhash_rust::xxh3::xxh3_64(&prepared.encoded);
-            if let Some(&(first, first_hash)) = first_of.get(&prepared.key) {
-                repeats.push((index, first, first_hash == body_hash, prepared.key));
+    let count = cells.len();
+    let prepared: Vec<Result<Prepared>> = if count >= ENCODE_OFF_RUNTIME {
+        let ds = ds.clone();
+        tokio::task::spawn_blocking(move || prepare_all(&ds, cells))
+            .await
+            .map_err(|e| Error::Internal(format!("encoding task failed: {e}")))?
+    } else {
+        prepare_all(&ds, cells)
+    };
+    let mut results: Vec<Option<PutResult>> = vec![None; count];
+    // First occurrence of each key in the batch, with a hash of its body.
+    let mut first_of: HashMap<CellKey, (usize, u64)> = HashMap::new();
+    let mut repeats = Vec::new();
+    let mut accepted = Vec::new();
+    for (index, prepared) in prepared.into_iter().enumerate() {
+        let prepared = match prepared {
+            Ok(prepared) => prepared,
+            Err(err) => {
+                results[index] = Some(Err(Arc::new(err)));
                 continue;
             }
-            first_of.insert(prepared.key.clone(), (index, body_hash));
-            let shard = row_shard(&prepared.key.row_key, ds.def.shards);
-            groups.entry(shard).or_default().push(prepared);
+        };
+        let body_hash = xxhash_rust::xxh3::xxh3_64(&prepared.encoded);
+        if let Some(&(first, first_hash)) = first_of.get(&prepared.key) {
+            repeats.push((index, first, first_hash == body_hash, prepared.key));
+            continue;
         }
-        let concurrency = if self.inner.clusters.len() > 1 { 8 } else { 4 };
-        let outcomes: Vec<Vec<(usize, PutResult)>> = futures::stream::iter(groups)
-            .map(|(shard, group)| self.write_shard(&ds, shard, group))
-            .buffer_unordered(concurrency)
-            .collect()
-            .await;
-        for (index, result) in outcomes.into_iter().flatten() {
+        first_of.insert(prepared.key.clone(), (index, body_hash));
+        accepted.push((prepared.shard, prepared));
+    }
+    let groups = topology.by_cluster(&ds, accepted);
+    let writes = groups.into_iter().map(|(cluster, mut group)| {
+        group.sort_by_key(|p| (p.shard, p.index));
+        write_cluster(topology, &ds, cluster, group)
+    });
+    for outcome in futures::future::join_all(writes).await {
+        for (index, result) in outcome {
             results[index] = Some(result);
         }
-        // A key repeated inside the batch: same body is a duplicate of the
-        // first occurrence, a different body a conflict with it.
-        for (index, first, same_body, key) in repeats {
-            let first_result = results[first]
-                .clone()
-                .expect("first occurrence has a result");
-            results[index] = Some(match (same_body, first_result) {
-                (false, _) => Err(Arc::new(Error::CellConflict {
-                    row_key: key.row_key,
-                    column: key.column,
-                    ref_key: key.ref_key,
-                })),
-                (true, Ok(PutStatus::Buffered)) => Ok(PutStatus::Buffered),
-                (true, Ok(_)) => Ok(PutStatus::Duplicate),
-                (true, Err(err)) => Err(err),
-            });
-        }
-        Ok(results
-            .into_iter()
-            .map(|r| r.expect("every cell has a result"))
-            .collect())
     }
+    // A key repeated inside the batch: same body is a duplicate of the
+    // first occurrence, a different body a conflict with it.
+    for (index, first, same_body, key) in repeats {
+        let first_result = results[first]
+            .clone()
+            .expect("first occurrence has a result");
+        results[index] = Some(match (same_body, first_result) {
+            (false, _) => Err(Arc::new(Error::CellConflict {
+                row_key: key.row_key,
+                column: key.column,
+                ref_key: key.ref_key,
+            })),
+            (true, Ok(PutStatus::Buffered)) => Ok(PutStatus::Buffered),
+            (true, Ok(_)) => Ok(PutStatus::Duplicate),
+            (true, Err(err)) => Err(err),
+        });
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("every cell has a result"))
+        .collect())
+}
 
-    async fn write_shard(
-        &self,
-        ds: &DatastoreRuntime,
-        shard: u32,
-        group: Vec<Prepared>,
-    ) -> Vec<(usize, PutResult)> {
-        let fail_all = |group: &[Prepared], err: Error| {
-            let err = Arc::new(err);
-            group
-                .iter()
-                .map(|p| (p.index, Err(err.clone())))
-                .collect::<Vec<_>>()
-        };
-        let buffered = match self.buffer(ds, shard, &group).await {
-            Ok(buffered) => buffered,
-            Err(err) => return fail_all(&group, err),
-        };
-        let primary = async {
-            self.ensure_shard(ds, shard).await?;
-            let master = self.master(ds, shard);
-            let mut attempt = 0;
-            loop {
-                match commit_primary(master.as_ref(), &ds.def.name, shard, &group).await {
-                    Err(err) if err.is_retryable() && attempt < 8 => {
-                        attempt += 1;
-                        crate::store::backoff(attempt).await;
-                    }
-                    other => return other,
-                }
-            }
-        }
-        .await;
-        match primary {
-            Ok(statuses) => {
-                use std::sync::atomic::Ordering::Relaxed;
-                let count = |wanted: PutStatus| {
-                    statuses
-                        .iter()
-                        .filter(|s| matches!(s, Ok(st) if *st == wanted))
-                        .count() as u64
-                };
-                let written = count(PutStatus::Written);
-                ds.cells_written.fetch_add(written, Relaxed);
-                ds.cells_duplicate
-                    .fetch_add(count(PutStatus::Duplicate), Relaxed);
-                if written > 0 {
-                    self.inner.maintainer.note_write(&ds.def.name, shard);
-                    self.inner.maintainer.wake(&ds.def.name, shard);
-                }
-                self.release_buffers(ds, shard, buffered).await;
-                group.iter().map(|p| p.index).zip(statuses).collect()
-            }
-            Err(err @ Error::Unavailable { .. }) if !buffered.is_empty() => {
-                tracing::warn!(datastore = %ds.def.name, shard, error = %err, "primary unavailable; cells kept in buffer");
-                group
-                    .iter()
-                    .map(|p| (p.index, Ok(PutStatus::Buffered)))
-                    .collect()
-            }
-            Err(err) => {
-                self.release_buffers(ds, shard, buffered).await;
-                fail_all(&group, err)
-            }
-        }
-    }
-
-    /// Writes the group into the buffer tables of randomly chosen secondary
-    /// clusters; returns `(cluster, buffer ids)` per copy.
-    async fn buffer(
-        &self,
-        ds: &DatastoreRuntime,
-        shard: u32,
-        group: &[Prepared],
-    ) -> Result<Vec<(usize, Vec<i64>)>> {
-        if self.inner.buffer_count == 0 {
-            return Ok(Vec::new());
-        }
-        let primary = ds.map.cluster_of(shard);
-        let mut secondaries: Vec<usize> = (0..self.inner.clusters.len())
-            .filter(|c| *c != primary)
-            .collect();
-        secondaries.shuffle(&mut rand::thread_rng());
-        secondaries.truncate(self.inner.buffer_count);
-        let created_at = Value::DateTime(truncate_to_micros(Utc::now()));
-        let mut copies = Vec::new();
-        for cluster in secondaries {
-            self.ensure_buffer(ds, shard, cluster).await?;
-            let backend = &self.inner.clusters[cluster].master;
-            let table = ddl::buffer_table(&ds.def.name, shard);
-            let mut tx = backend.begin().await?;
-            let mut ids = Vec::new();
-            for cell in group {
-                let sql = insert_cell_sql(backend.dialect(), &table, cell, created_at.clone());
-                ids.push(tx.insert_returning_id(&sql, "buffer_id").await?);
-            }
-            tx.commit().await?;
-            copies.push((cluster, ids));
-        }
-        Ok(copies)
-    }
-
-    /// Deletes buffered copies once the primary has the cells (or refused
-    /// them for good). Best effort: a leftover copy is replayed harmlessly.
-    async fn release_buffers(
-        &self,
-        ds: &DatastoreRuntime,
-        shard: u32,
-        copies: Vec<(usize, Vec<i64>)>,
-    ) {
-        for (cluster, ids) in copies {
-            let backend = &self.inner.clusters[cluster].master;
-            let mut sql = Sql::new(backend.dialect());
-            sql.push("DELETE FROM ")
-                .ident(&ddl::buffer_table(&ds.def.name, shard))
-                .push(" WHERE ")
-                .ident("buffer_id")
-                .push(" IN ")
-                .bind_list(ids.into_iter().map(Value::Int));
-            if let Err(err) = backend.execute(&sql).await {
-                tracing::warn!(cluster = %backend.cluster(), error = %err, "could not release buffered cells");
-            }
-        }
-    }
+fn prepare_all(ds: &DatastoreRuntime, cells: Vec<NewCell>) -> Vec<Result<Prepared>> {
+    cells
+        .into_iter()
+        .enumerate()
+        .map(|(index, cell)| prepare(ds, index, cell))
+        .collect()
 }
 
 fn prepare(ds: &DatastoreRuntime, index: usize, cell: NewCell) -> Result<Prepared> {
@@ -246,6 +156,7 @@ fn prepare(ds: &DatastoreRuntime, index: usize, cell: NewCell) -> Result<Prepare
     })?;
     Ok(Prepared {
         index,
+        shard: row_shard(&cell.row_key, ds.def.shards),
         key: CellKey {
             row_key: cell.row_key,
             column: cell.column,
@@ -256,65 +167,196 @@ fn prepare(ds: &DatastoreRuntime, index: usize, cell: NewCell) -> Result<Prepare
     })
 }
 
-fn insert_cell_sql(
-    dialect: crate::storage::Dialect,
-    table: &str,
-    cell: &Prepared,
-    created_at: Value,
-) -> Sql {
-    let mut sql = Sql::new(dialect);
-    sql.push("INSERT INTO ")
-        .ident(table)
-        .push(" (")
-        .ident("row_key")
-        .push(", ")
-        .ident("column_name")
-        .push(", ")
-        .ident("ref_key")
-        .push(", ")
-        .ident("body")
-        .push(", ")
-        .ident("created_at")
-        .push(") VALUES (")
-        .bind(Value::Uuid(cell.key.row_key))
-        .push(", ")
-        .bind(Value::Text(cell.key.column.clone()))
-        .push(", ")
-        .bind(Value::Int(cell.key.ref_key))
-        .push(", ")
-        .bind(Value::Bytes(cell.encoded.clone()))
-        .push(", ")
-        .bind(created_at)
-        .push(")");
-    sql
+/// Buffers and commits the group of one cluster; a result per cell.
+async fn write_cluster(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    cluster: usize,
+    group: Vec<Prepared>,
+) -> Vec<(usize, PutResult)> {
+    let fail_all = |group: &[Prepared], err: Error| {
+        let err = Arc::new(err);
+        group
+            .iter()
+            .map(|p| (p.index, Err(err.clone())))
+            .collect::<Vec<_>>()
+    };
+    let buffered = match buffer(topology, ds, cluster, &group).await {
+        Ok(buffered) => buffered,
+        Err(err) => return fail_all(&group, err),
+    };
+    let primary = async {
+        let master = topology.clusters[cluster].master()?;
+        with_retry("committing a batch", || {
+            commit_primary(master.as_ref(), ds.name(), &group)
+        })
+        .await
+    }
+    .await;
+    match primary {
+        Ok((statuses, heads)) => {
+            use std::sync::atomic::Ordering::Relaxed;
+            let count = |wanted: PutStatus| {
+                statuses
+                    .iter()
+                    .filter(|s| matches!(s, Ok(st) if *st == wanted))
+                    .count() as u64
+            };
+            ds.cells_written
+                .fetch_add(count(PutStatus::Written), Relaxed);
+            ds.cells_duplicate
+                .fetch_add(count(PutStatus::Duplicate), Relaxed);
+            if !heads.is_empty() {
+                topology.events.written(Written {
+                    datastore: ds.name().to_string(),
+                    cluster,
+                    heads,
+                });
+            }
+            release_buffers(topology, ds, buffered).await;
+            group.iter().map(|p| p.index).zip(statuses).collect()
+        }
+        Err(err) if err.is_unavailable() && !buffered.is_empty() => {
+            tracing::warn!(datastore = %ds.name(), cluster = %topology.clusters[cluster].name, error = %err, "primary unavailable; cells kept in buffer");
+            group
+                .iter()
+                .map(|p| (p.index, Ok(PutStatus::Buffered)))
+                .collect()
+        }
+        Err(err) => {
+            release_buffers(topology, ds, buffered).await;
+            fail_all(&group, err)
+        }
+    }
 }
 
-/// One shard transaction on the primary: lock the shard, find which cells
-/// exist, insert the new ones. Conflicting cells are reported and skipped;
-/// the rest commit.
+/// Copies the group into the buffer tables of randomly chosen other
+/// clusters; returns `(cluster, batch id)` per copy.
+async fn buffer(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    primary: usize,
+    group: &[Prepared],
+) -> Result<Vec<(usize, Uuid)>> {
+    if topology.buffer_count == 0 {
+        return Ok(Vec::new());
+    }
+    let mut secondaries: Vec<usize> = (0..topology.clusters.len())
+        .filter(|c| *c != primary)
+        .collect();
+    secondaries.shuffle(&mut rand::thread_rng());
+    secondaries.truncate(topology.buffer_count);
+    let created_at = Value::DateTime(truncate_to_micros(Utc::now()));
+    let mut copies = Vec::new();
+    for cluster in secondaries {
+        let backend = topology.clusters[cluster].master()?;
+        let dialect = backend.dialect();
+        let batch = Uuid::new_v4();
+        let table = ddl::buffer_table(ds.name());
+        with_retry("buffering a batch", || async {
+            let mut tx = backend.begin().await?;
+            for chunk in insert_chunks(group, CELL_ROWS, |c| c.encoded.len()) {
+                let mut sql = Sql::new(dialect);
+                sql.push("INSERT INTO ")
+                    .ident(&table)
+                    .push(" (")
+                    .idents([
+                        "batch_id",
+                        "shard",
+                        "row_key",
+                        "column_name",
+                        "ref_key",
+                        "body",
+                        "created_at",
+                    ])
+                    .push(") VALUES ")
+                    .values(chunk.iter().map(|cell| {
+                        vec![
+                            Value::Uuid(batch),
+                            Value::Int(i64::from(cell.shard)),
+                            Value::Uuid(cell.key.row_key),
+                            Value::Text(cell.key.column.clone()),
+                            Value::Int(cell.key.ref_key),
+                            Value::Bytes(cell.encoded.clone()),
+                            created_at.clone(),
+                        ]
+                    }));
+                tx.execute(&sql).await?;
+            }
+            tx.commit().await
+        })
+        .await?;
+        copies.push((cluster, batch));
+    }
+    Ok(copies)
+}
+
+/// Deletes buffered copies once the primary has the cells (or refused
+/// them for good). Best effort: a leftover copy is replayed harmlessly.
+async fn release_buffers(topology: &Topology, ds: &DatastoreRuntime, copies: Vec<(usize, Uuid)>) {
+    for (cluster, batch) in copies {
+        let Ok(backend) = topology.clusters[cluster].master() else {
+            continue;
+        };
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("DELETE FROM ")
+            .ident(&ddl::buffer_table(ds.name()))
+            .push(" WHERE ")
+            .ident("batch_id")
+            .push(" = ")
+            .bind(Value::Uuid(batch));
+        if let Err(err) = backend.execute(&sql).await {
+            tracing::warn!(cluster = %backend.cluster(), error = %err, "could not release buffered cells");
+        }
+    }
+}
+
+/// Splits `items` into runs that fit one multi-row `INSERT` on every
+/// backend: at most `max_rows` rows and about [`INSERT_BYTES`] of bodies
+/// (a larger body goes alone).
+fn insert_chunks<T>(items: &[T], max_rows: usize, bytes_of: impl Fn(&T) -> usize) -> Vec<&[T]> {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, item) in items.iter().enumerate() {
+        let size = bytes_of(item);
+        if i - start >= max_rows || (i > start && bytes + size > INSERT_BYTES) {
+            chunks.push(&items[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += size;
+    }
+    if start < items.len() {
+        chunks.push(&items[start..]);
+    }
+    chunks
+}
+
+/// Rows per `INSERT` of cells (7 values each).
+const CELL_ROWS: usize = MAX_PARAMS / 7;
+
+/// One cluster transaction on the primary (see the module doc). `group`
+/// is sorted by shard. Returns the per-cell statuses and each shard's new
+/// last `added_id`.
 async fn commit_primary(
     master: &dyn Backend,
     datastore: &str,
-    shard: u32,
     group: &[Prepared],
-) -> Result<Vec<PutResult>> {
+) -> Result<(Vec<PutResult>, Vec<(u32, i64)>)> {
     let dialect = master.dialect();
     let mut tx = master.begin().await?;
-    let mut lock = Sql::new(dialect);
-    lock.push("UPDATE ")
-        .ident(&ddl::meta_table(datastore, shard))
-        .push(" SET ")
-        .ident("writes")
-        .push(" = ")
-        .ident("writes")
-        .push(" + 1 WHERE ")
-        .ident("id")
-        .push(" = 1");
-    tx.execute(&lock).await?;
-    let cells_table = ddl::cells_table(datastore, shard);
+    let shards: Vec<u32> = {
+        let mut shards: Vec<u32> = group.iter().map(|c| c.shard).collect();
+        shards.dedup();
+        shards
+    };
+    let mut next_ids = lock_shards(tx.as_mut(), dialect, datastore, &shards).await?;
+    let cells_table = ddl::cells_table(datastore);
     let existing = existing_bodies(tx.as_mut(), dialect, &cells_table, group).await?;
     let created_at = Value::DateTime(truncate_to_micros(Utc::now()));
     let mut statuses = Vec::with_capacity(group.len());
+    let mut new_cells: Vec<(&Prepared, i64)> = Vec::new();
     for cell in group {
         let status = match existing.get(&cell.key) {
             Some(stored) if *stored == cell.encoded => Ok(PutStatus::Duplicate),
@@ -327,21 +369,130 @@ async fn commit_primary(
                 })),
             },
             None => {
-                let sql = insert_cell_sql(dialect, &cells_table, cell, created_at.clone());
-                tx.execute(&sql).await?;
+                let next = next_ids
+                    .get_mut(&cell.shard)
+                    .ok_or_else(|| missing_shard(datastore, cell.shard))?;
+                new_cells.push((cell, *next));
+                *next += 1;
                 Ok(PutStatus::Written)
             }
         };
         statuses.push(status);
     }
+    let mut heads = Vec::new();
+    if !new_cells.is_empty() {
+        let advanced: BTreeMap<u32, i64> = new_cells
+            .iter()
+            .map(|(cell, _)| (cell.shard, next_ids[&cell.shard]))
+            .collect();
+        advance_shards(tx.as_mut(), dialect, datastore, &advanced).await?;
+        heads = advanced.iter().map(|(s, next)| (*s, next - 1)).collect();
+        for chunk in insert_chunks(&new_cells, CELL_ROWS, |(c, _)| c.encoded.len()) {
+            let mut sql = Sql::new(dialect);
+            sql.push("INSERT INTO ")
+                .ident(&cells_table)
+                .push(" (")
+                .idents([
+                    "shard",
+                    "added_id",
+                    "row_key",
+                    "column_name",
+                    "ref_key",
+                    "body",
+                    "created_at",
+                ])
+                .push(") VALUES ")
+                .values(chunk.iter().map(|(cell, added_id)| {
+                    vec![
+                        Value::Int(i64::from(cell.shard)),
+                        Value::Int(*added_id),
+                        Value::Uuid(cell.key.row_key),
+                        Value::Text(cell.key.column.clone()),
+                        Value::Int(cell.key.ref_key),
+                        Value::Bytes(cell.encoded.clone()),
+                        created_at.clone(),
+                    ]
+                }));
+            tx.execute(&sql).await?;
+        }
+    }
     tx.commit().await?;
-    Ok(statuses)
+    Ok((statuses, heads))
+}
+
+fn missing_shard(datastore: &str, shard: u32) -> Error {
+    Error::Internal(format!(
+        "shard {shard} of `{datastore}` has no counter row on its cluster; run `cellgate migrate`"
+    ))
+}
+
+/// Locks the counter rows of `shards` (sorted) in shard order and returns
+/// each one's next `added_id`. SQLite's single writer already serializes
+/// write transactions, so there it is a plain read.
+async fn lock_shards(
+    tx: &mut dyn Tx,
+    dialect: Dialect,
+    datastore: &str,
+    shards: &[u32],
+) -> Result<HashMap<u32, i64>> {
+    let mut next_ids = HashMap::with_capacity(shards.len());
+    for chunk in shards.chunks(MAX_PARAMS) {
+        let mut sql = Sql::new(dialect);
+        sql.push("SELECT ")
+            .idents(["shard", "next_added_id"])
+            .push(" FROM ")
+            .ident(&ddl::shards_table(datastore))
+            .push(" WHERE ")
+            .ident("shard")
+            .push(" IN ")
+            .bind_list(chunk.iter().map(|s| Value::Int(i64::from(*s))))
+            .push(" ORDER BY ")
+            .ident("shard")
+            .push(dialect.for_update());
+        for row in tx.fetch(&sql, &[ColType::Int, ColType::Int]).await? {
+            if let (Some(shard), Some(next)) = (row[0].as_int(), row[1].as_int()) {
+                next_ids.insert(shard as u32, next);
+            }
+        }
+    }
+    Ok(next_ids)
+}
+
+/// Sets the next `added_id` of each shard.
+async fn advance_shards(
+    tx: &mut dyn Tx,
+    dialect: Dialect,
+    datastore: &str,
+    next: &BTreeMap<u32, i64>,
+) -> Result<()> {
+    let entries: Vec<(&u32, &i64)> = next.iter().collect();
+    for chunk in entries.chunks(MAX_PARAMS / 3) {
+        let mut sql = Sql::new(dialect);
+        sql.push("UPDATE ")
+            .ident(&ddl::shards_table(datastore))
+            .push(" SET ")
+            .ident("next_added_id")
+            .push(" = CASE ")
+            .ident("shard");
+        for (shard, next) in chunk {
+            sql.push(" WHEN ")
+                .bind(Value::Int(i64::from(**shard)))
+                .push(" THEN ")
+                .bind(Value::Int(**next));
+        }
+        sql.push(" END WHERE ")
+            .ident("shard")
+            .push(" IN ")
+            .bind_list(chunk.iter().map(|(s, _)| Value::Int(i64::from(**s))));
+        tx.execute(&sql).await?;
+    }
+    Ok(())
 }
 
 /// The stored bodies of those cells of `group` that already exist.
 async fn existing_bodies(
     tx: &mut dyn Tx,
-    dialect: crate::storage::Dialect,
+    dialect: Dialect,
     table: &str,
     group: &[Prepared],
 ) -> Result<HashMap<CellKey, Vec<u8>>> {
@@ -349,23 +500,21 @@ async fn existing_bodies(
     for chunk in group.chunks(LOOKUP_CHUNK) {
         let mut sql = Sql::new(dialect);
         sql.push("SELECT ")
-            .ident("row_key")
-            .push(", ")
-            .ident("column_name")
-            .push(", ")
-            .ident("ref_key")
-            .push(", ")
-            .ident("body")
+            .idents(["row_key", "column_name", "ref_key", "body"])
             .push(" FROM ")
             .ident(table)
             .push(" WHERE ")
             .ident("row_key")
             .push(" IN ")
-            .bind_list(unique(chunk.iter().map(|c| Value::Uuid(c.key.row_key))))
+            .bind_list(uuid_list(chunk.iter().map(|c| c.key.row_key)))
+            .push(" AND ")
+            .ident("column_name")
+            .push(" IN ")
+            .bind_list(text_list(chunk.iter().map(|c| c.key.column.as_str())))
             .push(" AND ")
             .ident("ref_key")
             .push(" IN ")
-            .bind_list(unique(chunk.iter().map(|c| Value::Int(c.key.ref_key))));
+            .bind_list(int_list(chunk.iter().map(|c| c.key.ref_key)));
         let cols = [ColType::Uuid, ColType::Text, ColType::Int, ColType::Bytes];
         for row in tx.fetch(&sql, &cols).await? {
             let mut row = row.into_iter();
@@ -388,7 +537,7 @@ async fn existing_bodies(
             );
         }
     }
-    let wanted: std::collections::HashSet<&CellKey> = group.iter().map(|c| &c.key).collect();
+    let wanted: HashSet<&CellKey> = group.iter().map(|c| &c.key).collect();
     found.retain(|key, _| wanted.contains(key));
     Ok(found)
 }

@@ -1,194 +1,95 @@
 //! `cellgate migrate`: create the storage tables ahead of traffic.
 //!
-//! Opening a [`Store`] already creates the cluster tables, and a shard's
-//! tables are created on its first write, so migrating is optional for a
-//! single embedded database. It matters for shared databases, where DDL
-//! should run once, from a deploy step, with an account allowed to run it:
-//! `--all-shards` creates (or brings up to date) every shard's tables and
-//! shows a progress bar, since a datastore has thousands of shards.
-//! Index maintenance stays off: this command writes no cells.
+//! Opening a store already prepares every reachable cluster (its tables,
+//! one counter row per owned shard, the catalog), so on a single embedded
+//! database migrating is optional. It matters for shared databases, where
+//! DDL should run once, from a deploy step, with an account allowed to run
+//! it, and fail loudly when a cluster cannot be reached. The number of
+//! tables depends on the definitions, not on the shard count, so this takes
+//! seconds whatever the size of the datastores.
+//!
+//! `--from-v1` converts a store in the per-shard table layout of earlier
+//! versions (see `upgrade.rs`).
 
-use std::collections::BTreeMap;
-use std::io::IsTerminal as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::config::StorageConfig;
-use crate::storage::ddl::REGISTRY_TABLE;
-use crate::storage::{self, ConnectOptions};
-use crate::{Store, StoreOptions};
-
-use super::{load_definitions, plural, DEFAULT_DATASTORES};
+use super::store_args::StoreArgs;
+use super::{plural, upgrade};
 
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
-    /// Directory of the datastore and index definitions.
-    #[arg(
-        long,
-        value_name = "DIR",
-        env = "CELLGATE_DATASTORES",
-        default_value = DEFAULT_DATASTORES
-    )]
-    pub datastores: PathBuf,
+    #[command(flatten)]
+    pub store: StoreArgs,
 
-    /// Data directory of the embedded SQLite database (`<DIR>/cellgate.db`,
-    /// created if missing). Ignored when `--database` is given.
-    #[arg(
-        long,
-        value_name = "DIR",
-        env = "CELLGATE_DATA",
-        default_value = "./data"
-    )]
-    pub data: PathBuf,
-
-    /// URL of the one database cluster to use instead of the embedded
-    /// SQLite database: `sqlite://PATH`, `mysql://USER:PASS@HOST/DB`,
-    /// `mariadb://…` or `postgres://USER:PASS@HOST/DB`.
-    // The URL may hold a password: `--help` must not print it.
-    #[arg(
-        long,
-        value_name = "URL",
-        env = "CELLGATE_DATABASE_URL",
-        hide_env_values = true
-    )]
-    pub database: Option<String>,
-
-    /// Create the tables of every shard of every datastore now, instead of
-    /// on each shard's first write.
+    /// Convert a store in the per-shard table layout of earlier versions:
+    /// every cell moves into the shard-keyed tables with its shard and
+    /// `added_id`, the old tables are dropped shard by shard (the command
+    /// can be interrupted and run again), and indexes are rebuilt from the
+    /// cell log by the gateway.
     // `BoolishValueParser`: the variable may be `1`/`0`, `yes`/`no`, `on`/`off`.
     #[arg(
         long,
-        env = "CELLGATE_ALL_SHARDS",
+        env = "CELLGATE_FROM_V1",
         value_parser = clap::builder::BoolishValueParser::new()
     )]
-    pub all_shards: bool,
+    pub from_v1: bool,
 }
 
 pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
-    let Some(defs) = load_definitions(&args.datastores, "--datastores")? else {
+    if args.from_v1 {
+        return upgrade::run(&args.store).await;
+    }
+    let Some(store) = args.store.open().await? else {
         return Ok(ExitCode::FAILURE);
     };
-    let (config, shown) = match &args.database {
-        Some(url) => (StorageConfig::single(url), redact(url)),
-        None => {
-            let embedded = StorageConfig::embedded(&args.data);
-            let shown = embedded.clusters[0].master.clone();
-            (embedded, shown)
-        }
-    };
-    // The store tolerates unreachable clusters (their shards fail their own
-    // requests), but a migration that cannot reach a master has failed.
-    for cluster in &config.clusters {
-        let options = ConnectOptions {
-            cluster: cluster.name.clone(),
-            ..ConnectOptions::default()
-        };
-        let reached = match storage::connect(&cluster.master, &options).await {
-            Ok(backend) => backend.ping().await,
-            Err(e) => Err(e),
-        };
-        reached.map_err(|e| anyhow::anyhow!("cannot open storage at {shown}: {e}"))?;
-    }
-    let mut options = StoreOptions::new(config);
-    options.maintain_indexes = false;
-    let store = Store::open(defs, options)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot open storage at {shown}: {e}"))?;
-    println!("{shown}: cluster tables ready ({REGISTRY_TABLE})");
+    report(&store)
+}
 
-    let before = existing_shards(&store).await?;
-    if args.all_shards {
-        create_all_shards(&store).await?;
+/// Prints what the store holds now; fails when a cluster is not ready.
+pub(super) fn report(store: &crate::Store) -> anyhow::Result<ExitCode> {
+    let metrics = store.metrics();
+    let mut failed = false;
+    for (cluster, ready) in &metrics.clusters {
+        if *ready {
+            println!("cluster {cluster}: tables ready");
+        } else {
+            println!("cluster {cluster}: unreachable, not migrated");
+            failed = true;
+        }
     }
-    let after = existing_shards(&store).await?;
     for datastore in &store.definitions().datastores {
-        let total = datastore.shards as usize;
-        let had = before.get(&datastore.name).copied().unwrap_or(0);
-        let has = after.get(&datastore.name).copied().unwrap_or(0);
+        let ranges: Vec<String> = store
+            .topology(&datastore.name)
+            .iter()
+            .map(|(first, last, cluster)| format!("{first}-{last} on {cluster}"))
+            .collect();
         println!(
-            "{}: {has} of {} exist ({} created now)",
+            "{}: {} ({})",
             datastore.name,
-            plural(total, "shard", "shards"),
-            has - had.min(has)
+            plural(datastore.shards as usize, "shard", "shards"),
+            ranges.join(", ")
         );
+        for index in store.indexes(&datastore.name)? {
+            let state = if index.ready {
+                "ready".to_string()
+            } else {
+                "to be built from the cell log by the gateway".to_string()
+            };
+            println!(
+                "  index {} (table {}, version {}): {state}",
+                index.name, index.table, index.version
+            );
+        }
     }
-    if !args.all_shards {
-        println!(
-            "shard tables are created on each shard's first write; --all-shards creates them now"
+    for warning in store.warnings() {
+        println!("warning: {warning}");
+    }
+    if failed {
+        anyhow::bail!(
+            "some clusters could not be reached; run `cellgate migrate` again when they answer"
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// How many shards of each datastore have tables.
-async fn existing_shards(store: &Store) -> anyhow::Result<BTreeMap<String, usize>> {
-    let mut counts = BTreeMap::new();
-    for datastore in &store.definitions().datastores {
-        let shards = store
-            .existing_shards(&datastore.name)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))
-            .with_context(|| format!("cannot list the shards of `{}`", datastore.name))?;
-        counts.insert(datastore.name.clone(), shards.len());
-    }
-    Ok(counts)
-}
-
-async fn create_all_shards(store: &Store) -> anyhow::Result<()> {
-    let bar = if std::io::stderr().is_terminal() {
-        ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
-    } else {
-        ProgressBar::hidden()
-    };
-    bar.set_style(
-        ProgressStyle::with_template("creating shard tables {bar:40} {pos}/{len} ({eta})")
-            .expect("static progress template")
-            .progress_chars("=> "),
-    );
-    let result = store
-        .create_all_shards(|done, total| {
-            bar.set_length(total);
-            bar.set_position(done);
-        })
-        .await;
-    bar.finish_and_clear();
-    result.map_err(|e| anyhow::anyhow!("cannot create shard tables: {e}"))
-}
-
-/// `url` with any password replaced by `***`, for printing.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_string();
-    };
-    match rest[..at].split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***{}", &rest[at..]),
-        None => url.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn redact_hides_only_the_password() {
-        assert_eq!(
-            redact("mysql://u:secret@h:3306/db"),
-            "mysql://u:***@h:3306/db"
-        );
-        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(
-            redact("sqlite://./data/cellgate.db"),
-            "sqlite://./data/cellgate.db"
-        );
-        assert_eq!(redact("mysql://u:p@ss@h/db"), "mysql://u:***@h/db");
-    }
 }

@@ -16,9 +16,12 @@ mod bench;
 mod check;
 mod ddl;
 mod generated;
+mod index;
 mod migrate;
 mod schema;
 mod serve;
+mod store_args;
+mod upgrade;
 
 use std::io::IsTerminal as _;
 use std::path::Path;
@@ -31,6 +34,7 @@ use index_dsl::Definitions;
 pub use bench::BenchArgs;
 pub use check::CheckArgs;
 pub use ddl::DdlArgs;
+pub use index::IndexArgs;
 pub use migrate::MigrateArgs;
 pub use schema::SchemaArgs;
 pub use serve::ServeArgs;
@@ -77,14 +81,18 @@ pub enum Command {
     /// Frontend clients generate code against this file. With `--check`,
     /// writes nothing and exits 1 if it is missing or out of date.
     Schema(SchemaArgs),
-    /// Create the storage tables in the configured database.
+    /// Create the storage tables in the configured databases.
     ///
-    /// Always creates the cluster tables (the `cellgate_shards` registry).
-    /// Shard tables are otherwise created on the first write to a shard;
-    /// `--all-shards` creates the tables of every shard of every datastore
-    /// now, and updates shards whose definitions changed (a new index).
-    /// Safe to run again.
+    /// Prepares every cluster: one set of tables per datastore (logical
+    /// shards are rows), a counter row per owned shard, and the catalog
+    /// that records what the tables were built from. Refuses definitions
+    /// that would hide stored cells (a new shard count, shards routed to
+    /// another cluster). Safe to run again; the gateway does the same at
+    /// start-up. `--from-v1` converts a store of the earlier per-shard
+    /// layout.
     Migrate(MigrateArgs),
+    /// Manage index tables (`drop`).
+    Index(IndexArgs),
     /// Serve the GraphQL API over HTTP.
     ///
     /// Loads the definitions, opens the store, and serves `POST/GET
@@ -112,6 +120,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ddl(args) => ddl::run(args),
         Command::Schema(args) => schema::run(args),
         Command::Migrate(args) => migrate::run(args).await,
+        Command::Index(args) => index::run(args).await,
         Command::Serve(args) => serve::run(args).await,
         Command::Bench(args) => bench::run(args).await,
     }

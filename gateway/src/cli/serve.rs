@@ -119,7 +119,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .map(|c| c.name.as_str())
         .collect();
     let clusters = clusters.join(", ");
-    let store = Store::open(defs, StoreOptions::new(config.storage.clone()))
+    let mut options = StoreOptions::new(config.storage.clone());
+    options.maintain_indexes = config.indexes.maintain;
+    options.maintenance = config.indexes.maintainer();
+    let store = Store::open(defs, options)
         .await
         .map_err(|e| anyhow::anyhow!("cannot open storage (clusters {clusters}): {e}"))?;
 

@@ -203,50 +203,86 @@ impl Collector for StoreCollector {
             prometheus_client::metrics::MetricType::Counter,
         )?)?;
 
-        let mut family = encoder.encode_descriptor(
-            "cellgate_index_lag_ms",
-            "Age of the oldest unapplied write of each lagging shard",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        for (datastore, shard, age_ms) in &snapshot.index_lag_ms {
-            let labels = [
-                ("datastore", datastore.clone()),
-                ("shard", shard.to_string()),
-            ];
-            ConstGauge::new(*age_ms as i64).encode(family.encode_family(&labels)?)?;
+        use prometheus_client::metrics::MetricType::{Counter as CounterType, Gauge as GaugeType};
+        type Figure = fn(&crate::DatastoreMetrics) -> i64;
+        let per_datastore: [(&str, &str, _, Figure); 7] = [
+            (
+                "cellgate_index_lag_max_ms",
+                "Age of the oldest cell not yet applied to every index (0: caught up), from the log heads and stored offsets",
+                GaugeType,
+                |d| d.maintenance.lag_max_ms as i64,
+            ),
+            (
+                "cellgate_index_lagging_shards",
+                "Shards with cells not yet applied to every index",
+                GaugeType,
+                |d| d.maintenance.lagging_shards as i64,
+            ),
+            (
+                "cellgate_index_pending_cells",
+                "Cells not yet applied to every index",
+                GaugeType,
+                |d| d.maintenance.pending_cells,
+            ),
+            (
+                "cellgate_index_applied_cells",
+                "Log cells applied to the indexes by this process",
+                CounterType,
+                |d| d.maintenance.applied_cells as i64,
+            ),
+            (
+                "cellgate_index_unstorable_values",
+                "Index field values stored as null because a backend cannot store them (NUL in text, overlong strings, out-of-range dates)",
+                CounterType,
+                |d| d.maintenance.unstorable_values as i64,
+            ),
+            (
+                "cellgate_index_quarantined",
+                "Index entries moved to the quarantine by this process",
+                CounterType,
+                |d| d.maintenance.quarantined as i64,
+            ),
+            (
+                "cellgate_index_buckets_held",
+                "Lease buckets of shards this process maintains",
+                GaugeType,
+                |d| d.maintenance.buckets_held as i64,
+            ),
+        ];
+        for (name, help, kind, value) in per_datastore {
+            let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+            for ds in &snapshot.datastores {
+                let labels = [("datastore", ds.name.as_str())];
+                let v = value(ds).max(0);
+                match kind {
+                    CounterType => {
+                        ConstCounter::new(v as u64).encode(family.encode_family(&labels)?)?
+                    }
+                    _ => ConstGauge::new(v).encode(family.encode_family(&labels)?)?,
+                }
+            }
         }
         let mut family = encoder.encode_descriptor(
-            "cellgate_index_lag_max_ms",
-            "Largest index lag of any shard of a datastore (0: none lagging)",
+            "cellgate_index_building_pending_cells",
+            "Indexes still being built from the cell log, with the cells to go",
             None,
-            prometheus_client::metrics::MetricType::Gauge,
+            GaugeType,
         )?;
         for ds in &snapshot.datastores {
-            let max = snapshot
-                .index_lag_ms
-                .iter()
-                .filter(|(name, _, _)| *name == ds.name)
-                .map(|(_, _, age)| *age)
-                .max()
-                .unwrap_or(0);
-            let labels = [("datastore", ds.name.as_str())];
-            ConstGauge::new(max as i64).encode(family.encode_family(&labels)?)?;
+            for (index, pending) in &ds.maintenance.building {
+                let labels = [("datastore", ds.name.as_str()), ("index", index.as_str())];
+                ConstGauge::new(*pending).encode(family.encode_family(&labels)?)?;
+            }
         }
         let mut family = encoder.encode_descriptor(
-            "cellgate_index_lagging_shards",
-            "Shards of a datastore with index work outstanding",
+            "cellgate_cluster_ready",
+            "Whether a storage cluster is prepared and serving (1) or not (0)",
             None,
-            prometheus_client::metrics::MetricType::Gauge,
+            GaugeType,
         )?;
-        for ds in &snapshot.datastores {
-            let count = snapshot
-                .index_lag_ms
-                .iter()
-                .filter(|(name, _, _)| *name == ds.name)
-                .count();
-            let labels = [("datastore", ds.name.as_str())];
-            ConstGauge::new(count as i64).encode(family.encode_family(&labels)?)?;
+        for (cluster, ready) in &snapshot.clusters {
+            let labels = [("cluster", cluster.as_str())];
+            ConstGauge::new(i64::from(*ready)).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }

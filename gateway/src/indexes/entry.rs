@@ -4,6 +4,15 @@
 //! field's declared type. A missing value or one of the wrong type is
 //! stored as NULL (the body has no schema, so this is not an error); a NULL
 //! shard field means the row has no entry in that index.
+//!
+//! **Values a backend cannot store** follow one rule on every backend:
+//! the field is stored as NULL and counted (`cellgate_index_unstorable_values`),
+//! so one odd value never stops a shard. That covers strings containing
+//! U+0000 (PostgreSQL refuses them in text), strings longer than
+//! [`MAX_INDEXED_STRING`] characters (MySQL's key length), datetimes
+//! outside the years 1000–9999 (MySQL's `DATETIME` range), integers beyond
+//! the signed 64-bit range and non-finite floats. Query literals that could
+//! never match such a stored value are refused with a clear message.
 
 use chrono::{DateTime, Utc};
 use index_dsl::{FieldType, IndexField, Literal};
@@ -22,30 +31,78 @@ pub fn col_type(ty: FieldType) -> ColType {
     }
 }
 
+/// What became of one field of a body.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Extracted {
+    /// A value of the field's type that every backend stores.
+    Value(Value),
+    /// No value at the path, or one of another type: NULL.
+    Missing,
+    /// A value of the right type that not every backend can store: NULL,
+    /// and counted. The text says why.
+    Unstorable(&'static str),
+}
+
 /// The value of `field` in `body`, typed, or a typed NULL.
 pub fn extract(body: &serde_json::Value, field: &IndexField) -> Value {
+    match extract_checked(body, field) {
+        Extracted::Value(value) => value,
+        Extracted::Missing | Extracted::Unstorable(_) => Value::Null(col_type(field.ty)),
+    }
+}
+
+/// Like [`extract`], telling a missing value from an unstorable one.
+pub fn extract_checked(body: &serde_json::Value, field: &IndexField) -> Extracted {
     let mut node = body;
     for segment in field.path.segments() {
         match node.get(segment.as_str()) {
             Some(child) => node = child,
-            None => return Value::Null(col_type(field.ty)),
+            None => return Extracted::Missing,
         }
     }
-    from_json(node, field.ty).unwrap_or(Value::Null(col_type(field.ty)))
+    from_json(node, field.ty)
 }
 
-fn from_json(node: &serde_json::Value, ty: FieldType) -> Option<Value> {
+/// Earliest and latest datetimes every backend stores (MySQL `DATETIME`).
+const MIN_YEAR: i32 = 1000;
+const MAX_YEAR: i32 = 9999;
+
+/// Why a value of the right type cannot be stored, if it cannot.
+fn unstorable(value: &Value) -> Option<&'static str> {
+    use chrono::Datelike;
+    match value {
+        Value::Text(s) if s.contains('\0') => Some("string contains U+0000"),
+        Value::Text(s) if s.chars().count() > MAX_INDEXED_STRING => {
+            Some("string longer than 255 characters")
+        }
+        Value::DateTime(t) if !(MIN_YEAR..=MAX_YEAR).contains(&t.year()) => {
+            Some("datetime outside the years 1000-9999")
+        }
+        Value::Float(f) if !f.is_finite() => Some("float is not finite"),
+        _ => None,
+    }
+}
+
+fn from_json(node: &serde_json::Value, ty: FieldType) -> Extracted {
     use serde_json::Value as J;
-    match (ty, node) {
+    let value = match (ty, node) {
         (FieldType::Uuid, J::String(s)) => uuid::Uuid::parse_str(s).ok().map(Value::Uuid),
-        (FieldType::String, J::String(s)) if s.chars().count() <= MAX_INDEXED_STRING => {
-            Some(Value::Text(s.clone()))
+        (FieldType::String, J::String(s)) => Some(Value::Text(s.clone())),
+        (FieldType::Int, J::Number(n)) if n.is_u64() && n.as_i64().is_none() => {
+            return Extracted::Unstorable("integer beyond the signed 64-bit range")
         }
         (FieldType::Int, J::Number(n)) => n.as_i64().map(Value::Int),
         (FieldType::Float, J::Number(n)) => n.as_f64().map(Value::Float),
         (FieldType::Bool, J::Bool(b)) => Some(Value::Bool(*b)),
         (FieldType::DateTime, J::String(s)) => parse_datetime(s).map(Value::DateTime),
         _ => None,
+    };
+    match value {
+        None => Extracted::Missing,
+        Some(value) => match unstorable(&value) {
+            Some(reason) => Extracted::Unstorable(reason),
+            None => Extracted::Value(value),
+        },
     }
 }
 
@@ -66,7 +123,7 @@ pub fn literal_value(literal: &Literal, field: &IndexField) -> Result<Value, Str
             field.ty.name()
         )
     };
-    Ok(match (field.ty, literal) {
+    let value = match (field.ty, literal) {
         (_, Literal::Null) => Value::Null(col_type(field.ty)),
         (FieldType::Uuid, Literal::String(s)) => {
             Value::Uuid(uuid::Uuid::parse_str(s).map_err(|_| format!("`{s}` is not a valid UUID"))?)
@@ -83,5 +140,12 @@ pub fn literal_value(literal: &Literal, field: &IndexField) -> Result<Value, Str
         (_, Literal::Int(_)) => return Err(wrong("an integer")),
         (_, Literal::Float(_)) => return Err(wrong("a float")),
         (_, Literal::Bool(_)) => return Err(wrong("a boolean")),
-    })
+    };
+    if let Some(reason) = unstorable(&value) {
+        return Err(format!(
+            "field `{}` never holds this value ({reason}: such values are indexed as null)",
+            field.name
+        ));
+    }
+    Ok(value)
 }

@@ -1,259 +1,176 @@
-//! Index maintenance, driven by the cell log.
+//! Index maintenance in the background: per datastore and cell cluster, a
+//! worker that keeps the indexes up to date with the cell log.
 //!
-//! Index entries are written after the cell commit, never in the same
-//! transaction. Per cell shard, each index has a persisted offset (the last
-//! `added_id` applied, in the shard's `_offsets` table under the consumer
-//! name `index:<name>`). The maintainer reads the log after the smallest
-//! offset, recomputes the entries of the rows it touched from the *latest*
-//! cells of the index's columns, writes them, and then advances locators and
-//! offsets in one transaction on the cell shard. A crash anywhere in between
-//! leaves the offset behind, so the same cells are applied again on restart;
-//! every step is idempotent. A new index starts at offset 0 and so backfills
-//! itself from the log.
+//! **Work.** A worker knows which of its shards are *dirty* (have cells
+//! its offsets have not reached) from three sources: the write events of
+//! this process ([`Written`]), a periodic *sweep* that compares every
+//! shard's log head with the stored offsets (so work written by other
+//! gateways, lost wake-ups and clusters that were down are all picked up),
+//! and the shards of leases it just acquired. It applies dirty shards in
+//! batched passes (`apply.rs`): one pass covers up to [`PASS_SHARDS`]
+//! shards and [`apply::PAGE`] cells in a handful of statements.
 //!
-//! An entry carries the ref key of each column's cell it came from, and an
-//! update is applied only if no ref key goes backwards, so an older version
-//! never overwrites a newer one even with several maintainers running. Each
-//! row's `_locator` entry (kept in the row's own cell shard) records the
-//! index shard that holds its entry: when a new version changes the shard
-//! field, the entry is deleted from the old shard and written to the new one.
+//! **Leases.** The shards of a datastore on a cluster are split into up to
+//! [`BUCKETS`] contiguous buckets, each a lease (`leases.rs`) on that
+//! cluster. Gateways announce themselves with member leases and each takes
+//! a fair share of the buckets; a gateway that stops renewing loses its
+//! buckets when they expire and the others take them over. Every pass
+//! commits under a fence on the leases of the shards it touched.
 //!
-//! Writes wake the maintainer with the shard they touched; on start every
-//! existing shard is checked, which is how a crash is repaired.
+//! **Down clusters.** A target cluster of index entries that cannot be
+//! written is skipped for a while: entries routed to healthy clusters keep
+//! flowing, and the sweep finds the skipped work once it is back. A cell
+//! cluster that cannot be read backs its worker off.
+//!
+//! **Readiness.** The sweep also tells, per index, whether every shard is
+//! caught up; an index being built becomes ready (and queryable) the first
+//! time all clusters of its datastore report it so.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use index_dsl::Index;
-use tokio::sync::mpsc;
+use rand::seq::SliceRandom;
+use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::entry::{col_type, extract};
-use crate::cells::{Cell, LogKey};
-use crate::error::Result;
-use crate::shards::value_shard;
-use crate::storage::{ddl, ColType, Sql, Tx, Value};
-use crate::store::{DatastoreRuntime, Inner, Store};
+use super::apply::{self, Consumer, Fence, Pass};
+use super::lag::{self, ClusterLag};
+use crate::cells::log;
+use crate::error::{Error, Result};
+use crate::leases::{self, Lease};
+use crate::topology::{ClusterState, DatastoreRuntime, Topology, Written};
 
-/// Cells read from the log per step.
-const PAGE: u32 = 500;
+/// Most lease buckets per datastore and cluster.
+pub(crate) const BUCKETS: usize = 64;
 
-/// Shards maintained at once.
-const CONCURRENCY: usize = 4;
+/// Most shards one pass reads from.
+pub(crate) const PASS_SHARDS: usize = 1024;
 
-/// How far behind the log one shard's indexes are.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardLag {
-    pub shard: u32,
-    /// Cells written but not yet applied to every index.
-    pub pending_cells: i64,
-    /// Age of the oldest unapplied cell, in milliseconds (0 when caught up).
-    pub lag_ms: u64,
+/// How maintenance runs.
+#[derive(Debug, Clone)]
+pub struct MaintainerOptions {
+    /// Lease time of a bucket of shards: how long a gateway that stopped
+    /// keeps its shards before others take them over.
+    pub lease_time: Duration,
+    /// How often every shard's log head is compared with the offsets.
+    pub sweep_every: Duration,
+    /// Failed attempts after which an index entry is quarantined.
+    pub quarantine_after: u32,
 }
 
-/// Delay quantiles `(quantile, microseconds)` and the sample count.
-pub(crate) type DelayQuantiles = (Vec<(f64, u64)>, u64);
+impl Default for MaintainerOptions {
+    fn default() -> Self {
+        MaintainerOptions {
+            lease_time: Duration::from_secs(10),
+            sweep_every: Duration::from_secs(1),
+            quarantine_after: 3,
+        }
+    }
+}
 
-/// Held while one cell shard is being maintained in this process.
-type ShardLock = Arc<tokio::sync::Mutex<()>>;
+/// A message to a worker.
+enum Msg {
+    Written(Vec<(u32, i64)>),
+    /// Sweep now, then answer.
+    Sweep(oneshot::Sender<()>),
+}
 
-/// The maintainer's shared state: its wake-up queue, per-shard locks, and a
-/// histogram of apply delays.
+/// Per-datastore counters.
+#[derive(Default)]
+struct Counters {
+    unstorable: AtomicU64,
+    quarantined: AtomicU64,
+    applied: AtomicU64,
+}
+
+/// Maintenance state shared by the workers and read by metrics.
 pub(crate) struct Maintainer {
-    wake: mpsc::UnboundedSender<(String, u32)>,
-    /// Shards sent to the task and not yet started.
-    queued: Mutex<std::collections::HashSet<(String, u32)>>,
-    locks: Mutex<HashMap<(String, u32), ShardLock>>,
-    /// Per shard, when the oldest write not yet applied was noted.
-    pending: Mutex<HashMap<(String, u32), chrono::DateTime<Utc>>>,
-    /// Apply delays since start, for metrics.
+    pub(crate) options: MaintainerOptions,
+    /// Identifies this process in lease tables.
+    pub(crate) holder: String,
+    workers: Mutex<HashMap<(String, usize), mpsc::UnboundedSender<Msg>>>,
+    /// Apply delays since start, and since the last `take_delays`.
     delays_total_us: Mutex<hdrhistogram::Histogram<u64>>,
     delays_us: Mutex<hdrhistogram::Histogram<u64>>,
+    /// The latest sweep of each (datastore, cluster).
+    lag: Mutex<HashMap<(String, usize), ClusterLag>>,
+    counters: Mutex<HashMap<String, Arc<Counters>>>,
+    /// Buckets held per (datastore, cluster), for metrics.
+    held: Mutex<HashMap<(String, usize), usize>>,
+}
+
+/// The maintenance figures of one datastore, for `/metrics`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MaintenanceMetrics {
+    /// Cells not yet applied to every index, from the latest sweep.
+    pub pending_cells: i64,
+    /// Shards with cells not yet applied.
+    pub lagging_shards: usize,
+    /// Age of the oldest unapplied cell, in milliseconds.
+    pub lag_max_ms: u64,
+    /// Field values stored as NULL because a backend cannot store them.
+    pub unstorable_values: u64,
+    /// Entries this process moved to the quarantine.
+    pub quarantined: u64,
+    /// Log cells this process applied.
+    pub applied_cells: u64,
+    /// Lease buckets this process holds.
+    pub buckets_held: usize,
+    /// Indexes still being built, with their cells to go.
+    pub building: Vec<(String, i64)>,
+}
+
+fn histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
 }
 
 impl Maintainer {
-    pub(crate) fn new() -> (Maintainer, mpsc::UnboundedReceiver<(String, u32)>) {
-        let (wake, wakeups) = mpsc::unbounded_channel();
-        let maintainer = Maintainer {
-            wake,
-            queued: Mutex::new(std::collections::HashSet::new()),
-            locks: Mutex::new(HashMap::new()),
-            pending: Mutex::new(HashMap::new()),
-            delays_total_us: Mutex::new(
-                hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
-                    .expect("valid histogram bounds"),
-            ),
-            delays_us: Mutex::new(
-                hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
-                    .expect("valid histogram bounds"),
-            ),
-        };
-        (maintainer, wakeups)
-    }
-
-    /// Asks the background task to bring `shard` up to date.
-    pub(crate) fn wake(&self, datastore: &str, shard: u32) {
-        let key = (datastore.to_string(), shard);
-        if self.queued.lock().expect("queued set").insert(key.clone()) {
-            // The receiver is gone only while the store shuts down.
-            let _ = self.wake.send(key);
+    pub(crate) fn new(options: MaintainerOptions) -> Maintainer {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".to_string());
+        let holder = format!(
+            "{host}:{}:{}",
+            std::process::id(),
+            &Uuid::new_v4().simple().to_string()[..8]
+        );
+        Maintainer {
+            options,
+            holder,
+            workers: Mutex::new(HashMap::new()),
+            delays_total_us: Mutex::new(histogram()),
+            delays_us: Mutex::new(histogram()),
+            lag: Mutex::new(HashMap::new()),
+            counters: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Records that `shard` has a committed write the indexes have not seen.
-    pub(crate) fn note_write(&self, datastore: &str, shard: u32) {
-        self.pending
+    fn counters(&self, datastore: &str) -> Arc<Counters> {
+        self.counters
             .lock()
-            .expect("pending map")
-            .entry((datastore.to_string(), shard))
-            .or_insert_with(Utc::now);
+            .expect("counters")
+            .entry(datastore.to_string())
+            .or_default()
+            .clone()
     }
 
-    /// Forgets the pending mark of `shard` if it is older than `caught_up`,
-    /// the moment the maintainer found the log empty.
-    fn caught_up(&self, datastore: &str, shard: u32, caught_up: chrono::DateTime<Utc>) {
-        let mut pending = self.pending.lock().expect("pending map");
-        let key = (datastore.to_string(), shard);
-        if pending.get(&key).is_some_and(|noted| *noted <= caught_up) {
-            pending.remove(&key);
-        }
-    }
-
-    /// Delay quantiles since start and the currently lagging shards.
-    pub(crate) fn snapshot(&self) -> (DelayQuantiles, Vec<(String, u32, u64)>) {
+    /// Delay quantiles `(quantile, microseconds)` since start and the
+    /// sample count.
+    pub(crate) fn delay_quantiles(&self) -> (Vec<(f64, u64)>, u64) {
         let histogram = self.delays_total_us.lock().expect("histogram");
         let quantiles = [0.5, 0.9, 0.99, 1.0]
             .into_iter()
             .map(|q| (q, histogram.value_at_quantile(q)))
             .collect();
-        let now = Utc::now();
-        let mut lagging: Vec<(String, u32, u64)> = self
-            .pending
-            .lock()
-            .expect("pending map")
-            .iter()
-            .map(|((ds, shard), since)| {
-                (
-                    ds.clone(),
-                    *shard,
-                    (now - *since).num_milliseconds().max(0) as u64,
-                )
-            })
-            .collect();
-        lagging.sort();
-        ((quantiles, histogram.len()), lagging)
+        (quantiles, histogram.len())
     }
 
-    fn dequeue(&self, datastore: &str, shard: u32) {
-        self.queued
-            .lock()
-            .expect("queued set")
-            .remove(&(datastore.to_string(), shard));
-    }
-
-    fn lock(&self, datastore: &str, shard: u32) -> ShardLock {
-        self.locks
-            .lock()
-            .expect("maintainer locks")
-            .entry((datastore.to_string(), shard))
-            .or_default()
-            .clone()
-    }
-}
-
-/// The background task: one worker per woken shard, at most
-/// [`CONCURRENCY`] at a time, until the store is dropped. A shard woken
-/// again while it is queued is not queued twice; one woken while it is being
-/// maintained runs once more afterwards and picks up the new cells.
-pub(crate) async fn run(store: Weak<Inner>, mut wakeups: mpsc::UnboundedReceiver<(String, u32)>) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
-    while let Some((datastore, shard)) = wakeups.recv().await {
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
-        let Some(inner) = store.upgrade() else { return };
-        let weak = store.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            inner.maintainer.dequeue(&datastore, shard);
-            let handle = Store { inner };
-            if let Err(err) = handle.maintain_shard(&datastore, shard).await {
-                tracing::warn!(%datastore, shard, error = %err, "index maintenance failed; retrying");
-                drop(handle);
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                if let Some(inner) = weak.upgrade() {
-                    inner.maintainer.wake(&datastore, shard);
-                }
-            }
-        });
-    }
-}
-
-fn consumer(index: &Index) -> String {
-    format!("index:{}", index.name)
-}
-
-/// A computed index entry for one row.
-struct Entry {
-    fields: Vec<Value>,
-    refs: Vec<Option<i64>>,
-}
-
-/// What to do in one index shard.
-#[derive(Default)]
-struct ShardWork {
-    deletes: Vec<(usize, Uuid)>,
-    upserts: Vec<(usize, Uuid, Entry)>,
-}
-
-impl Store {
-    /// Applies every unindexed cell of every existing shard; returns when
-    /// all indexes have caught up with the log as it was at the call.
-    pub async fn sync_indexes(&self) -> Result<()> {
-        let mut names: Vec<String> = self.inner.datastores.keys().cloned().collect();
-        names.sort();
-        for name in names {
-            for shard in self.existing_shards(&name).await? {
-                self.maintain_shard(&name, shard).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// How far each existing shard's indexes are behind its log.
-    pub async fn index_lag(&self, datastore: &str) -> Result<Vec<ShardLag>> {
-        let ds = self.datastore(datastore)?;
-        let mut lags = Vec::new();
-        if ds.def.indexes.is_empty() {
-            return Ok(lags);
-        }
-        for shard in self.existing_shards(datastore).await? {
-            let offsets = self.read_offsets(&ds, shard).await?;
-            let applied = offsets.iter().copied().min().unwrap_or(0);
-            let head = self.max_added_id(&ds, shard).await?;
-            let lag_ms = if head > applied {
-                let oldest = self.log_keys_after(&ds, shard, applied, 1).await?;
-                oldest.first().map_or(0, |c| {
-                    (Utc::now() - c.created_at).num_milliseconds().max(0) as u64
-                })
-            } else {
-                0
-            };
-            lags.push(ShardLag {
-                shard,
-                pending_cells: (head - applied).max(0),
-                lag_ms,
-            });
-        }
-        Ok(lags)
-    }
-
-    /// Delay between a cell's commit and its index update, as
-    /// `(p50, p99, samples)` in microseconds since the last call.
-    pub fn take_index_delays(&self) -> (u64, u64, u64) {
-        let mut histogram = self.inner.maintainer.delays_us.lock().expect("histogram");
+    /// `(p50, p99, samples)` of apply delays in microseconds since the last
+    /// call.
+    pub(crate) fn take_delays(&self) -> (u64, u64, u64) {
+        let mut histogram = self.delays_us.lock().expect("histogram");
         let result = (
             histogram.value_at_quantile(0.5),
             histogram.value_at_quantile(0.99),
@@ -263,484 +180,773 @@ impl Store {
         result
     }
 
-    /// Brings the indexes of one cell shard up to date with its log.
-    pub(crate) async fn maintain_shard(&self, datastore: &str, shard: u32) -> Result<()> {
-        let ds = self.datastore(datastore)?;
-        if ds.def.indexes.is_empty() {
-            return Ok(());
-        }
-        let lock = self.inner.maintainer.lock(datastore, shard);
-        let _guard = lock.lock().await;
-        self.ensure_shard(&ds, shard).await?;
-        let mut offsets = self.read_offsets(&ds, shard).await?;
-        loop {
-            let from = offsets.iter().copied().min().unwrap_or(0);
-            let started = Utc::now();
-            let cells = self.log_keys_after(&ds, shard, from, PAGE).await?;
-            let Some(last) = cells.last().map(|c| c.added_id) else {
-                self.inner.maintainer.caught_up(datastore, shard, started);
-                return Ok(());
-            };
-            self.apply_page(&ds, shard, &offsets, &cells).await?;
-            for offset in offsets.iter_mut() {
-                *offset = (*offset).max(last);
-            }
-            let now = Utc::now();
-            let mut delays = self.inner.maintainer.delays_us.lock().expect("histogram");
-            let indexed =
-                |c: &&LogKey| ds.def.indexes.iter().any(|i| i.columns.contains(&c.column));
-            let mut totals = self
-                .inner
-                .maintainer
-                .delays_total_us
-                .lock()
-                .expect("histogram");
-            for cell in cells.iter().filter(indexed) {
-                let delay = (now - cell.created_at)
-                    .num_microseconds()
-                    .unwrap_or(0)
-                    .max(1) as u64;
-                let _ = delays.record(delay);
-                let _ = totals.record(delay);
+    /// The maintenance figures of `ds` from the latest sweeps.
+    pub(crate) fn metrics(&self, ds: &DatastoreRuntime) -> MaintenanceMetrics {
+        let lag = self.lag.lock().expect("lag");
+        let mut metrics = MaintenanceMetrics::default();
+        for cluster in ds.map.clusters() {
+            if let Some(l) = lag.get(&(ds.name().to_string(), cluster)) {
+                metrics.pending_cells += l.pending_cells;
+                metrics.lagging_shards += l.shards.len();
+                metrics.lag_max_ms = metrics.lag_max_ms.max(l.oldest_ms);
             }
         }
-    }
-
-    /// The applied offset of each index of `ds` in `shard` (0 when absent).
-    async fn read_offsets(&self, ds: &DatastoreRuntime, shard: u32) -> Result<Vec<i64>> {
-        let master = self.master(ds, shard);
-        let mut sql = Sql::new(master.dialect());
-        sql.push("SELECT ")
-            .ident("consumer")
-            .push(", ")
-            .ident("added_id")
-            .push(" FROM ")
-            .ident(&ddl::offsets_table(&ds.def.name, shard));
-        let rows = master.fetch(&sql, &[ColType::Text, ColType::Int]).await?;
-        let stored: HashMap<String, i64> = rows
-            .into_iter()
-            .filter_map(|row| Some((row[0].as_text()?.to_string(), row[1].as_int()?)))
-            .collect();
-        Ok(ds
-            .def
+        let counters = self.counters(ds.name());
+        metrics.unstorable_values = counters.unstorable.load(Ordering::Relaxed);
+        metrics.quarantined = counters.quarantined.load(Ordering::Relaxed);
+        metrics.applied_cells = counters.applied.load(Ordering::Relaxed);
+        metrics.buckets_held = self
+            .held
+            .lock()
+            .expect("held")
+            .iter()
+            .filter(|((name, _), _)| name == ds.name())
+            .map(|(_, n)| n)
+            .sum();
+        metrics.building = ds
             .indexes
             .iter()
-            .map(|index| stored.get(&consumer(index)).copied().unwrap_or(0))
-            .collect())
+            .filter(|i| !i.is_ready())
+            .map(|i| (i.def.name.clone(), i.pending()))
+            .collect();
+        metrics
     }
 
-    /// Applies one page of log cells to the indexes still behind them.
-    async fn apply_page(
-        &self,
-        ds: &DatastoreRuntime,
-        shard: u32,
-        offsets: &[i64],
-        cells: &[LogKey],
-    ) -> Result<()> {
-        let indexes = &ds.def.indexes;
-        let mut affected: BTreeSet<(usize, Uuid)> = BTreeSet::new();
-        for cell in cells {
-            for (i, index) in indexes.iter().enumerate() {
-                if offsets[i] < cell.added_id && index.columns.contains(&cell.column) {
-                    affected.insert((i, cell.row_key));
-                }
+    /// Asks every worker to sweep now and waits until they did.
+    pub(crate) async fn sweep_all(&self) {
+        let senders: Vec<_> = self
+            .workers
+            .lock()
+            .expect("workers")
+            .values()
+            .cloned()
+            .collect();
+        let mut replies = Vec::new();
+        for sender in senders {
+            let (tx, rx) = oneshot::channel();
+            if sender.send(Msg::Sweep(tx)).is_ok() {
+                replies.push(rx);
             }
         }
-        let last = cells.last().map_or(0, |c| c.added_id);
-        let mut locator_changes: Vec<(usize, Uuid, Option<u32>)> = Vec::new();
-        let mut work: BTreeMap<u32, ShardWork> = BTreeMap::new();
-        if !affected.is_empty() {
-            let rows: Vec<Uuid> = affected
-                .iter()
-                .map(|(_, r)| *r)
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect();
-            let columns: Vec<String> = affected
-                .iter()
-                .flat_map(|(i, _)| indexes[*i].columns.iter().cloned())
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect();
-            let mut latest: HashMap<(Uuid, String), Cell> = HashMap::new();
-            for cell in self.latest_in_shard(ds, shard, &rows, &columns).await? {
-                match cell {
-                    Ok(cell) => {
-                        latest.insert((cell.row_key, cell.column.clone()), cell);
-                    }
-                    Err(err) => {
-                        tracing::error!(datastore = %ds.def.name, shard, error = %err, "cell skipped by index maintenance");
-                    }
-                }
-            }
-            let located = self.read_locators(ds, shard, &rows).await?;
-            for &(i, row) in &affected {
-                let index = &indexes[i];
-                let entry = compute_entry(index, row, &latest);
-                let target = value_shard(&entry.fields[index.shard_field], ds.def.shards);
-                let previous = located.get(&(index.name.clone(), row)).copied();
-                if let Some(old) = previous.filter(|old| Some(*old) != target) {
-                    work.entry(old).or_default().deletes.push((i, row));
-                }
-                if let Some(target) = target {
-                    work.entry(target)
-                        .or_default()
-                        .upserts
-                        .push((i, row, entry));
-                }
-                if previous != target {
-                    locator_changes.push((i, row, target));
-                }
-            }
-            for &index_shard in work.keys() {
-                self.ensure_shard(ds, index_shard).await?;
-            }
+        for reply in replies {
+            let _ = reply.await;
         }
-        let master = self.master(ds, shard);
-        let cluster = ds.map.cluster_of(shard);
-        if work.keys().all(|s| ds.map.cluster_of(*s) == cluster) {
-            // Everything lives on the cell shard's database (always, with one
-            // cluster): entries, locators and offsets commit together.
-            let mut attempt = 0;
-            loop {
-                let mut tx = master.begin().await?;
-                let mut result = Ok(());
-                for (&index_shard, shard_work) in &work {
-                    result =
-                        apply_in_tx(tx.as_mut(), master.dialect(), ds, index_shard, shard_work)
-                            .await;
-                    if result.is_err() {
-                        break;
-                    }
-                }
-                if result.is_ok() {
-                    result = write_progress(
-                        tx.as_mut(),
-                        master.dialect(),
-                        ds,
-                        shard,
-                        &locator_changes,
-                        offsets,
-                        last,
-                    )
-                    .await;
-                }
-                match result {
-                    Ok(()) => return tx.commit().await,
-                    Err(err) if err.is_retryable() && attempt < 8 => {
-                        attempt += 1;
-                        crate::store::backoff(attempt).await;
-                    }
-                    Err(err) => return Err(err),
-                }
-            }
-        }
-        for (&index_shard, shard_work) in &work {
-            self.apply_shard_work(ds, index_shard, shard_work).await?;
-        }
-        // Locators and offsets move together, on the cell shard.
-        let mut tx = master.begin().await?;
-        write_progress(
-            tx.as_mut(),
-            master.dialect(),
-            ds,
-            shard,
-            &locator_changes,
-            offsets,
-            last,
-        )
-        .await?;
-        tx.commit().await
     }
 
-    /// Which index shard holds each row's entry, per index name.
-    async fn read_locators(
-        &self,
-        ds: &DatastoreRuntime,
-        shard: u32,
-        rows: &[Uuid],
-    ) -> Result<HashMap<(String, Uuid), u32>> {
-        let master = self.master(ds, shard);
-        let mut located = HashMap::new();
-        for chunk in rows.chunks(200) {
-            let mut sql = Sql::new(master.dialect());
-            sql.push("SELECT ")
-                .ident("index_name")
-                .push(", ")
-                .ident("row_key")
-                .push(", ")
-                .ident("index_shard")
-                .push(" FROM ")
-                .ident(&ddl::locator_table(&ds.def.name, shard))
-                .push(" WHERE ")
-                .ident("row_key")
-                .push(" IN ")
-                .bind_list(chunk.iter().map(|r| Value::Uuid(*r)));
-            let cols = [ColType::Text, ColType::Uuid, ColType::Int];
-            for row in master.fetch(&sql, &cols).await? {
-                if let (Some(name), Some(row_key), Some(target)) =
-                    (row[0].as_text(), row[1].as_uuid(), row[2].as_int())
-                {
-                    located.insert((name.to_string(), row_key), target as u32);
-                }
-            }
-        }
-        Ok(located)
-    }
-
-    /// Deletes and upserts entries in one index shard, in one transaction.
-    async fn apply_shard_work(
-        &self,
-        ds: &DatastoreRuntime,
-        index_shard: u32,
-        work: &ShardWork,
-    ) -> Result<()> {
-        self.ensure_shard(ds, index_shard).await?;
-        let master = self.master(ds, index_shard);
-        let mut attempt = 0;
-        loop {
-            let mut tx = master.begin().await?;
-            let result = apply_in_tx(tx.as_mut(), master.dialect(), ds, index_shard, work).await;
-            match result {
-                Ok(()) => return tx.commit().await,
-                Err(err) if err.is_retryable() && attempt < 8 => {
-                    attempt += 1;
-                    crate::store::backoff(attempt).await;
-                }
-                Err(err) => return Err(err),
-            }
+    fn record(&self, ds: &str, result: &apply::PassResult) {
+        let counters = self.counters(ds);
+        counters
+            .unstorable
+            .fetch_add(result.unstorable, Ordering::Relaxed);
+        counters
+            .quarantined
+            .fetch_add(result.quarantined, Ordering::Relaxed);
+        counters
+            .applied
+            .fetch_add(result.cells as u64, Ordering::Relaxed);
+        let mut recent = self.delays_us.lock().expect("histogram");
+        let mut total = self.delays_total_us.lock().expect("histogram");
+        for delay in &result.delays_us {
+            let _ = recent.record(*delay);
+            let _ = total.record(*delay);
         }
     }
 }
 
-/// Records the new locators and advances the offsets of the indexes that
-/// were behind `last`, inside the caller's transaction on the cell shard.
-async fn write_progress(
-    tx: &mut dyn Tx,
-    dialect: crate::storage::Dialect,
-    ds: &DatastoreRuntime,
-    shard: u32,
-    locator_changes: &[(usize, Uuid, Option<u32>)],
-    offsets: &[i64],
-    last: i64,
-) -> Result<()> {
-    let indexes = &ds.def.indexes;
-    let locator = ddl::locator_table(&ds.def.name, shard);
-    for &(i, row, target) in locator_changes {
-        let name = Value::Text(indexes[i].name.clone());
-        let mut delete = Sql::new(dialect);
-        delete
-            .push("DELETE FROM ")
-            .ident(&locator)
-            .push(" WHERE ")
-            .ident("index_name")
-            .push(" = ")
-            .bind(name.clone())
-            .push(" AND ")
-            .ident("row_key")
-            .push(" = ")
-            .bind(Value::Uuid(row));
-        tx.execute(&delete).await?;
-        if let Some(target) = target {
-            let mut insert = Sql::new(dialect);
-            insert
-                .push("INSERT INTO ")
-                .ident(&locator)
-                .push(" (")
-                .ident("index_name")
-                .push(", ")
-                .ident("row_key")
-                .push(", ")
-                .ident("index_shard")
-                .push(") VALUES (")
-                .bind(name)
-                .push(", ")
-                .bind(Value::Uuid(row))
-                .push(", ")
-                .bind(Value::Int(i64::from(target)))
-                .push(")");
-            tx.execute(&insert).await?;
-        }
-    }
-    let offsets_table = ddl::offsets_table(&ds.def.name, shard);
-    for (i, index) in indexes.iter().enumerate() {
-        if offsets[i] >= last {
+/// Starts a worker per datastore and cluster, and the task that routes
+/// write events to them. Everything stops when the topology is dropped.
+pub(crate) fn start(
+    topology: &Arc<Topology>,
+    maintainer: &Arc<Maintainer>,
+    mut events: mpsc::UnboundedReceiver<Written>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+    maintain: bool,
+) {
+    for ds in topology.datastores_sorted() {
+        if ds.indexes.is_empty() {
             continue;
         }
-        write_offset(tx, dialect, &offsets_table, &consumer(index), last).await?;
+        for cluster in ds.map.clusters() {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            maintainer
+                .workers
+                .lock()
+                .expect("workers")
+                .insert((ds.name().to_string(), cluster), sender);
+            let mut worker = Worker::new(
+                Arc::downgrade(topology),
+                maintainer.clone(),
+                &ds,
+                cluster,
+                topology,
+            );
+            worker.maintain = maintain;
+            tokio::spawn(worker.run(receiver, stopped.clone()));
+        }
     }
-    Ok(())
+    let maintainer = Arc::downgrade(maintainer);
+    tokio::spawn(async move {
+        while let Some(event) = events.recv().await {
+            let Some(maintainer) = maintainer.upgrade() else {
+                return;
+            };
+            let sender = maintainer
+                .workers
+                .lock()
+                .expect("workers")
+                .get(&(event.datastore.clone(), event.cluster))
+                .cloned();
+            if let Some(sender) = sender {
+                let _ = sender.send(Msg::Written(event.heads));
+            }
+        }
+    });
 }
 
-fn compute_entry(index: &Index, row: Uuid, latest: &HashMap<(Uuid, String), Cell>) -> Entry {
-    let fields = index
-        .fields
-        .iter()
-        .map(|field| match latest.get(&(row, field.column.clone())) {
-            Some(cell) => extract(&cell.body, field),
-            None => Value::Null(col_type(field.ty)),
+/// A lease bucket: a run of the shards of one cluster.
+struct Bucket {
+    name: String,
+    shards: Vec<u32>,
+}
+
+/// Splits the shards of `ds` held by `cluster` into lease buckets.
+fn buckets(ds: &DatastoreRuntime, cluster: usize) -> Vec<Bucket> {
+    let shards: Vec<u32> = ds
+        .map
+        .ranges_of(cluster)
+        .into_iter()
+        .flat_map(|(a, b)| a..=b)
+        .collect();
+    let count = BUCKETS.min(shards.len()).max(1);
+    let size = shards.len().div_ceil(count).max(1);
+    shards
+        .chunks(size)
+        .enumerate()
+        .map(|(i, chunk)| Bucket {
+            name: format!("maint:{}:{i}", ds.name()),
+            shards: chunk.to_vec(),
         })
-        .collect();
-    let refs = index
-        .columns
-        .iter()
-        .map(|column| latest.get(&(row, column.clone())).map(|c| c.ref_key))
-        .collect();
-    Entry { fields, refs }
+        .collect()
 }
 
-/// True when no ref key of `new` is older than the stored one.
-fn not_older(new: &[Option<i64>], stored: &[Option<i64>]) -> bool {
-    new.iter().zip(stored).all(|(n, s)| n >= s)
+struct Worker {
+    /// Apply the log (hold leases); without, the worker only measures lag.
+    maintain: bool,
+    topology: Weak<Topology>,
+    /// The cell cluster's master, kept to release the leases at shutdown.
+    backend: Arc<dyn crate::storage::Backend>,
+    shared: Arc<Maintainer>,
+    datastore: String,
+    cluster: usize,
+    consumers: Vec<Consumer>,
+    buckets: Vec<Bucket>,
+    bucket_of: HashMap<u32, usize>,
+    held: BTreeMap<usize, Lease>,
+    /// Offsets per consumer of the shards of held buckets.
+    offsets: BTreeMap<u32, Vec<i64>>,
+    /// Latest known log head per held shard.
+    heads: HashMap<u32, i64>,
+    dirty: BTreeSet<u32>,
+    /// Where the next pass starts in `dirty`, so every shard gets a turn.
+    cursor: u32,
+    attempts: HashMap<(usize, Uuid), u32>,
+    /// Target clusters skipped until the given time.
+    down: HashMap<usize, (Instant, u32)>,
+    /// No passes until then (the cell cluster failed, or leases are due
+    /// for renewal).
+    backoff: Option<Instant>,
+    /// Passes failed in a row, for the backoff.
+    failures: u32,
 }
 
-async fn apply_in_tx(
-    tx: &mut dyn Tx,
-    dialect: crate::storage::Dialect,
+impl Worker {
+    fn new(
+        topology: Weak<Topology>,
+        shared: Arc<Maintainer>,
+        ds: &DatastoreRuntime,
+        cluster: usize,
+        full: &Topology,
+    ) -> Worker {
+        let buckets = buckets(ds, cluster);
+        let bucket_of = buckets
+            .iter()
+            .enumerate()
+            .flat_map(|(i, b)| b.shards.iter().map(move |s| (*s, i)))
+            .collect();
+        Worker {
+            maintain: true,
+            topology,
+            backend: full.clusters[cluster].master.clone(),
+            shared,
+            datastore: ds.name().to_string(),
+            cluster,
+            consumers: apply::consumers(full, ds),
+            buckets,
+            bucket_of,
+            held: BTreeMap::new(),
+            offsets: BTreeMap::new(),
+            heads: HashMap::new(),
+            dirty: BTreeSet::new(),
+            cursor: 0,
+            attempts: HashMap::new(),
+            down: HashMap::new(),
+            backoff: None,
+            failures: 0,
+        }
+    }
+
+    async fn run(
+        mut self,
+        mut messages: mpsc::UnboundedReceiver<Msg>,
+        mut stopped: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let options = self.shared.options.clone();
+        let mut next_lease_round = Instant::now();
+        let mut sweep_tick =
+            tokio::time::interval(options.sweep_every.max(Duration::from_millis(10)));
+        sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let waiting = self.backoff;
+            let can_work = !self.dirty.is_empty() && waiting.is_none();
+            tokio::select! {
+                biased;
+                _ = stopped.changed() => break,
+                message = messages.recv() => match message {
+                    None => break,
+                    Some(Msg::Written(heads)) => self.written(heads),
+                    Some(Msg::Sweep(reply)) => {
+                        if self.topology.strong_count() == 0 {
+                            break;
+                        }
+                        self.sweep().await;
+                        let _ = reply.send(());
+                    }
+                },
+                _ = tokio::time::sleep_until(next_lease_round.into()) => {
+                    if self.topology.strong_count() == 0 {
+                        break;
+                    }
+                    let short = self.leases().await;
+                    // Short of a fair share: buckets are changing hands
+                    // (a gateway stopped or started); look again soon.
+                    let every = options.lease_time / 4;
+                    let wait = if short { every.min(Duration::from_millis(250)) } else { every };
+                    next_lease_round = Instant::now() + wait.max(Duration::from_millis(20));
+                }
+                _ = sweep_tick.tick() => {
+                    if self.topology.strong_count() == 0 {
+                        break;
+                    }
+                    self.sweep().await;
+                }
+                _ = tokio::time::sleep_until(waiting.unwrap_or_else(Instant::now).into()), if waiting.is_some() => {
+                    self.backoff = None;
+                }
+                _ = std::future::ready(()), if can_work => {
+                    self.pass().await;
+                }
+            }
+        }
+        self.release_all().await;
+    }
+
+    fn written(&mut self, heads: Vec<(u32, i64)>) {
+        for (shard, head) in heads {
+            let known = self.heads.entry(shard).or_insert(0);
+            *known = (*known).max(head);
+            if self.offsets.contains_key(&shard) {
+                self.dirty.insert(shard);
+            }
+        }
+    }
+
+    fn targets_down(&self) -> BTreeSet<usize> {
+        let now = Instant::now();
+        self.down
+            .iter()
+            .filter(|(_, (until, _))| *until > now)
+            .map(|(t, _)| *t)
+            .collect()
+    }
+
+    /// Runs one pass over a batch of dirty shards.
+    async fn pass(&mut self) {
+        let Some(topology) = self.topology.upgrade() else {
+            self.dirty.clear();
+            return;
+        };
+        let Ok(ds) = topology.datastore(&self.datastore) else {
+            self.dirty.clear();
+            return;
+        };
+        // Only shards under a lease that is comfortably valid.
+        let margin = chrono::Duration::from_std(self.shared.options.lease_time / 4)
+            .unwrap_or(chrono::Duration::seconds(2));
+        let now = Utc::now();
+        let valid: BTreeSet<usize> = self
+            .held
+            .iter()
+            .filter(|(_, l)| l.expires_at - margin > now)
+            .map(|(b, _)| *b)
+            .collect();
+        let mut batch: Vec<u32> = self
+            .dirty
+            .range(self.cursor..)
+            .chain(self.dirty.range(..self.cursor))
+            .copied()
+            .filter(|s| self.bucket_of.get(s).is_some_and(|b| valid.contains(b)))
+            .take(PASS_SHARDS)
+            .collect();
+        if batch.is_empty() {
+            // Dirty shards whose leases are about to lapse wait for renewal.
+            self.backoff = Some(Instant::now() + Duration::from_millis(100));
+            return;
+        }
+        batch.sort_unstable();
+        self.cursor = batch.last().map_or(0, |s| s + 1);
+        let down = self.targets_down();
+        // Consumers of skipped targets count as caught up for this pass.
+        let offsets: BTreeMap<u32, Vec<i64>> = batch
+            .iter()
+            .map(|s| {
+                let per = self.offsets[s]
+                    .iter()
+                    .zip(&self.consumers)
+                    .map(|(o, c)| {
+                        if down.contains(&c.target) {
+                            i64::MAX
+                        } else {
+                            *o
+                        }
+                    })
+                    .collect();
+                (*s, per)
+            })
+            .collect();
+        let leases: Vec<Lease> = batch
+            .iter()
+            .filter_map(|s| self.bucket_of.get(s))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter_map(|b| self.held.get(b).cloned())
+            .collect();
+        let holder = self.shared.holder.clone();
+        let consumers: Vec<Consumer> = self.consumers.clone();
+        let mut pass = Pass {
+            topology: &topology,
+            ds: &ds,
+            cluster: self.cluster,
+            consumers: &consumers,
+            fence: Some(Fence {
+                holder: &holder,
+                leases: &leases,
+            }),
+            attempts: &mut self.attempts,
+            quarantine_after: self.shared.options.quarantine_after,
+        };
+        match pass.run(&offsets).await {
+            Ok(result) => {
+                self.failures = 0;
+                for (shard, per) in &result.offsets {
+                    let stored = self.offsets.get_mut(shard).expect("held shard");
+                    for (c, value) in per.iter().enumerate() {
+                        if *value != i64::MAX {
+                            stored[c] = stored[c].max(*value);
+                        }
+                    }
+                }
+                for (target, err) in &result.failed_targets {
+                    let (_, failures) = self
+                        .down
+                        .get(target)
+                        .copied()
+                        .unwrap_or((Instant::now(), 0));
+                    let delay = Duration::from_millis(500 << failures.min(5));
+                    tracing::warn!(datastore = %self.datastore, cluster = %topology.clusters[*target].name, error = %err, "index entries for this cluster wait until it is back");
+                    self.down
+                        .insert(*target, (Instant::now() + delay, failures + 1));
+                }
+                if result.failed_targets.is_empty() {
+                    self.down.retain(|_, (until, _)| *until > Instant::now());
+                }
+                for shard in &batch {
+                    let caught_up = self.heads.get(shard).is_none_or(|head| {
+                        self.offsets[shard]
+                            .iter()
+                            .zip(&self.consumers)
+                            .all(|(o, c)| down.contains(&c.target) || o >= head)
+                    });
+                    if result.complete.contains(shard) && caught_up {
+                        self.dirty.remove(shard);
+                    }
+                }
+                self.shared.record(&self.datastore, &result);
+            }
+            Err(Error::LeaseLost(name)) => {
+                tracing::warn!(datastore = %self.datastore, lease = %name, "lease lost; leaving its shards to their new holder");
+                if let Some((bucket, _)) = self.held.iter().find(|(_, l)| l.name == name) {
+                    let bucket = *bucket;
+                    self.drop_bucket(bucket);
+                }
+            }
+            Err(err) => {
+                self.failures += 1;
+                let delay = Duration::from_millis(100 << self.failures.min(6));
+                if err.is_unavailable() {
+                    tracing::warn!(datastore = %self.datastore, error = %err, "index maintenance waits for its cluster");
+                } else {
+                    tracing::error!(datastore = %self.datastore, error = %err, "index maintenance pass failed; retrying");
+                }
+                self.backoff = Some(Instant::now() + delay);
+            }
+        }
+    }
+
+    /// Forgets a bucket's shards (another process holds it now).
+    fn drop_bucket(&mut self, bucket: usize) {
+        self.held.remove(&bucket);
+        for shard in &self.buckets[bucket].shards {
+            self.offsets.remove(shard);
+            self.dirty.remove(shard);
+            self.heads.remove(shard);
+        }
+    }
+
+    /// Compares log heads with offsets: marks held shards that are behind
+    /// dirty, publishes the lag, and marks indexes that caught up ready.
+    async fn sweep(&mut self) {
+        let Some(topology) = self.topology.upgrade() else {
+            return;
+        };
+        let Ok(ds) = topology.datastore(&self.datastore) else {
+            return;
+        };
+        let cluster = &topology.clusters[self.cluster];
+        let Ok(backend) = cluster.master() else {
+            return;
+        };
+        let (lag, behind) = match lag::measure(backend.as_ref(), &ds, &self.consumers).await {
+            Ok(measured) => measured,
+            Err(err) => {
+                tracing::debug!(datastore = %self.datastore, error = %err, "sweep failed");
+                return;
+            }
+        };
+        let down = self.targets_down();
+        for row in behind {
+            if down.contains(&self.consumers[row.consumer].target) {
+                continue;
+            }
+            if let Some(per) = self.offsets.get(&row.shard) {
+                let known = self.heads.entry(row.shard).or_insert(0);
+                *known = (*known).max(row.head);
+                if per[row.consumer] < row.head {
+                    self.dirty.insert(row.shard);
+                }
+            }
+        }
+        self.shared
+            .lag
+            .lock()
+            .expect("lag")
+            .insert((self.datastore.clone(), self.cluster), lag);
+        mark_ready_indexes(&topology, &self.shared, &ds).await;
+    }
+
+    /// Renews held leases, counts the gateways, and takes or gives up
+    /// buckets to hold a fair share; true when it holds less than that.
+    async fn leases(&mut self) -> bool {
+        if !self.maintain {
+            return false;
+        }
+        let Some(topology) = self.topology.upgrade() else {
+            return false;
+        };
+        let cluster = &topology.clusters[self.cluster];
+        if cluster.state() != ClusterState::Ready {
+            return false;
+        }
+        let Ok(backend) = cluster.master() else {
+            return false;
+        };
+        let backend = backend.clone();
+        let short = match self.rebalance(&topology, backend.as_ref()).await {
+            Ok(short) => short,
+            Err(err) => {
+                tracing::warn!(datastore = %self.datastore, cluster = %cluster.name, error = %err, "lease maintenance failed");
+                false
+            }
+        };
+        self.shared
+            .held
+            .lock()
+            .expect("held")
+            .insert((self.datastore.clone(), self.cluster), self.held.len());
+        short
+    }
+
+    async fn rebalance(
+        &mut self,
+        topology: &Topology,
+        backend: &dyn crate::storage::Backend,
+    ) -> Result<bool> {
+        let ttl = self.shared.options.lease_time;
+        let holder = self.shared.holder.clone();
+        leases::heartbeat(backend, &holder, ttl).await?;
+        let held: Vec<Lease> = self.held.values().cloned().collect();
+        let renewed = leases::renew(backend, &holder, &held, ttl).await?;
+        let renewed_names: BTreeSet<&str> = renewed.iter().map(|l| l.name.as_str()).collect();
+        let lost: Vec<usize> = self
+            .held
+            .iter()
+            .filter(|(_, l)| !renewed_names.contains(l.name.as_str()))
+            .map(|(b, _)| *b)
+            .collect();
+        for bucket in lost {
+            tracing::warn!(datastore = %self.datastore, bucket, "lease lost to another gateway");
+            self.drop_bucket(bucket);
+        }
+        for lease in renewed {
+            if let Some((_, held)) = self.held.iter_mut().find(|(_, l)| l.name == lease.name) {
+                *held = lease;
+            }
+        }
+        let members = leases::live_members(backend).await?;
+        let fair = self.buckets.len().div_ceil(members);
+        if self.held.len() > fair {
+            let surplus: Vec<usize> = self
+                .held
+                .keys()
+                .rev()
+                .take(self.held.len() - fair)
+                .copied()
+                .collect();
+            let names: Vec<String> = surplus
+                .iter()
+                .map(|b| self.buckets[*b].name.clone())
+                .collect();
+            for bucket in surplus {
+                self.drop_bucket(bucket);
+            }
+            leases::release(backend, &holder, &names).await?;
+            return Ok(false);
+        }
+        if self.held.len() == fair {
+            return Ok(false);
+        }
+        let prefix = format!("maint:{}:", self.datastore);
+        let mut rows = leases::list(backend, &prefix).await?;
+        if rows.len() < self.buckets.len() {
+            let names: Vec<String> = self.buckets.iter().map(|b| b.name.clone()).collect();
+            leases::ensure(backend, &names).await?;
+            rows = leases::list(backend, &prefix).await?;
+        }
+        let now = Utc::now();
+        let by_name: HashMap<&str, usize> = self
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (b.name.as_str(), i))
+            .collect();
+        let mut free: Vec<(usize, leases::LeaseRow)> = rows
+            .into_iter()
+            .filter(|r| r.expires_at <= now || r.holder.is_empty())
+            .filter_map(|r| by_name.get(r.name.as_str()).map(|b| (*b, r)))
+            .filter(|(b, _)| !self.held.contains_key(b))
+            .collect();
+        free.shuffle(&mut rand::thread_rng());
+        let mut acquired = Vec::new();
+        let wanted = fair - self.held.len();
+        if free.len() <= wanted && free.len() <= BUCKETS {
+            let rows: Vec<leases::LeaseRow> = free.iter().map(|(_, r)| r.clone()).collect();
+            let buckets: HashMap<String, usize> =
+                free.iter().map(|(b, r)| (r.name.clone(), *b)).collect();
+            for lease in leases::acquire_all(backend, &rows, &holder, ttl).await? {
+                let bucket = buckets[&lease.name];
+                self.held.insert(bucket, lease);
+                acquired.push(bucket);
+            }
+        } else {
+            for (bucket, row) in free {
+                if self.held.len() >= fair {
+                    break;
+                }
+                if let Some(lease) = leases::acquire(backend, &row, &holder, ttl).await? {
+                    self.held.insert(bucket, lease);
+                    acquired.push(bucket);
+                }
+            }
+        }
+        if !acquired.is_empty() {
+            self.adopt(topology, backend, &acquired).await?;
+        }
+        Ok(self.held.len() < fair)
+    }
+
+    /// Loads the offsets of newly held buckets and marks their shards that
+    /// are behind dirty.
+    async fn adopt(
+        &mut self,
+        topology: &Topology,
+        backend: &dyn crate::storage::Backend,
+        buckets: &[usize],
+    ) -> Result<()> {
+        let ds = topology.datastore(&self.datastore)?;
+        let shards: Vec<u32> = buckets
+            .iter()
+            .flat_map(|b| self.buckets[*b].shards.iter().copied())
+            .collect();
+        let offsets = apply::read_offsets(backend, &ds, &self.consumers, &shards).await?;
+        let heads: HashMap<u32, i64> = log::heads(backend, &ds).await?.into_iter().collect();
+        for (shard, per) in offsets {
+            let head = heads.get(&shard).copied().unwrap_or(0);
+            if per.iter().any(|o| *o < head) {
+                self.dirty.insert(shard);
+            }
+            self.heads.insert(shard, head);
+            self.offsets.insert(shard, per);
+        }
+        tracing::debug!(datastore = %self.datastore, buckets = buckets.len(), "took over shard buckets");
+        Ok(())
+    }
+
+    /// Gives up every held lease (the store is shutting down), so other
+    /// gateways take over at once instead of after the lease time.
+    async fn release_all(&mut self) {
+        if !self.maintain {
+            return;
+        }
+        let mut names: Vec<String> = self.held.values().map(|l| l.name.clone()).collect();
+        names.push(leases::member_name(&self.shared.holder));
+        let _ = leases::release(self.backend.as_ref(), &self.shared.holder, &names).await;
+    }
+}
+
+/// Marks the building indexes of `ds` ready once every cluster's latest
+/// sweep shows them caught up.
+async fn mark_ready_indexes(topology: &Topology, shared: &Maintainer, ds: &DatastoreRuntime) {
+    let consumers = apply::consumers(topology, ds);
+    let caught_up: Vec<(usize, i64, bool)> = {
+        let lag = shared.lag.lock().expect("lag");
+        ds.indexes
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| !i.is_ready())
+            .map(|(position, _)| {
+                let mut pending = 0;
+                let mut complete = true;
+                for cluster in ds.map.clusters() {
+                    match lag.get(&(ds.name().to_string(), cluster)) {
+                        None => complete = false,
+                        Some(l) => {
+                            for (c, consumer) in consumers.iter().enumerate() {
+                                if consumer.index == position {
+                                    pending += l.pending_by_consumer.get(c).copied().unwrap_or(0);
+                                }
+                            }
+                        }
+                    }
+                }
+                (position, pending, complete && pending == 0)
+            })
+            .collect()
+    };
+    for (position, pending, ready) in caught_up {
+        let index = &ds.indexes[position];
+        index.set_pending(pending);
+        if ready {
+            match crate::catalog::mark_ready(topology, ds, index).await {
+                Ok(()) => {
+                    index.set_ready();
+                    tracing::info!(datastore = %ds.name(), index = %index.def.name, version = index.version, "index built and ready");
+                }
+                Err(err) => {
+                    tracing::warn!(datastore = %ds.name(), index = %index.def.name, error = %err, "cannot record a ready index yet")
+                }
+            }
+        } else {
+            tracing::info!(datastore = %ds.name(), index = %index.def.name, pending, "index building");
+        }
+    }
+}
+
+/// Applies every cell after the stored offsets of `ds` on `cluster`,
+/// without leases: for admin use when no maintainer runs (maintenance
+/// off), e.g. `sync_indexes` in tests and one-shot repairs.
+pub(crate) async fn apply_all(
+    topology: &Topology,
     ds: &DatastoreRuntime,
-    index_shard: u32,
-    work: &ShardWork,
+    cluster: usize,
+    quarantine_after: u32,
 ) -> Result<()> {
-    let indexes = &ds.def.indexes;
-    for &(i, row) in &work.deletes {
-        let mut sql = Sql::new(dialect);
-        sql.push("DELETE FROM ")
-            .ident(&ddl::index_table(
-                &ds.def.name,
-                index_shard,
-                &indexes[i].name,
-            ))
-            .push(" WHERE ")
-            .ident("row_key")
-            .push(" = ")
-            .bind(Value::Uuid(row));
-        tx.execute(&sql).await?;
-    }
-    let now = Value::DateTime(crate::storage::value::truncate_to_micros(Utc::now()));
-    for (i, row, entry) in &work.upserts {
-        let index = &indexes[*i];
-        let table = ddl::index_table(&ds.def.name, index_shard, &index.name);
-        let ref_columns: Vec<String> = index.columns.iter().map(|c| ddl::ref_column(c)).collect();
-        let mut select = Sql::new(dialect);
-        select.push("SELECT ");
-        for (j, col) in ref_columns.iter().enumerate() {
-            if j > 0 {
-                select.push(", ");
-            }
-            select.ident(col);
+    let backend = topology.clusters[cluster].master()?.clone();
+    let consumers = apply::consumers(topology, ds);
+    let mut attempts = HashMap::new();
+    loop {
+        let behind = lag::behind(backend.as_ref(), ds, &consumers).await?;
+        let shards: Vec<u32> = behind
+            .iter()
+            .map(|b| b.shard)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if shards.is_empty() {
+            return Ok(());
         }
-        select
-            .push(" FROM ")
-            .ident(&table)
-            .push(" WHERE ")
-            .ident("row_key")
-            .push(" = ")
-            .bind(Value::Uuid(*row))
-            .push(dialect.for_update());
-        let types = vec![ColType::Int; ref_columns.len()];
-        let stored = tx.fetch(&select, &types).await?;
-        let mut sql = Sql::new(dialect);
-        match stored.first() {
-            Some(stored) => {
-                let stored: Vec<Option<i64>> = stored.iter().map(Value::as_int).collect();
-                if !not_older(&entry.refs, &stored) {
-                    continue;
-                }
-                sql.push("UPDATE ").ident(&table).push(" SET ");
-                for (field, value) in index.fields.iter().zip(&entry.fields) {
-                    sql.ident(&field.name)
-                        .push(" = ")
-                        .bind(value.clone())
-                        .push(", ");
-                }
-                for (col, value) in ref_columns.iter().zip(&entry.refs) {
-                    sql.ident(col)
-                        .push(" = ")
-                        .bind(ref_value(*value))
-                        .push(", ");
-                }
-                sql.ident("_updated_at")
-                    .push(" = ")
-                    .bind(now.clone())
-                    .push(" WHERE ")
-                    .ident("row_key")
-                    .push(" = ")
-                    .bind(Value::Uuid(*row));
-            }
-            None => {
-                sql.push("INSERT INTO ")
-                    .ident(&table)
-                    .push(" (")
-                    .ident("row_key");
-                for field in &index.fields {
-                    sql.push(", ").ident(&field.name);
-                }
-                for col in &ref_columns {
-                    sql.push(", ").ident(col);
-                }
-                sql.push(", ").ident("_updated_at").push(") VALUES (");
-                sql.bind(Value::Uuid(*row));
-                for value in &entry.fields {
-                    sql.push(", ").bind(value.clone());
-                }
-                for value in &entry.refs {
-                    sql.push(", ").bind(ref_value(*value));
-                }
-                sql.push(", ").bind(now.clone()).push(")");
+        for chunk in shards.chunks(PASS_SHARDS) {
+            let offsets = apply::read_offsets(backend.as_ref(), ds, &consumers, chunk).await?;
+            let mut pass = Pass {
+                topology,
+                ds,
+                cluster,
+                consumers: &consumers,
+                fence: None,
+                attempts: &mut attempts,
+                quarantine_after,
+            };
+            let result = pass.run(&offsets).await?;
+            if let Some((target, err)) = result.failed_targets.into_iter().next() {
+                return Err(Error::ClusterNotReady {
+                    cluster: topology.clusters[target].name.clone(),
+                    reason: err.client_message(),
+                });
             }
         }
-        tx.execute(&sql).await?;
     }
-    Ok(())
 }
 
-fn ref_value(value: Option<i64>) -> Value {
-    value.map_or(Value::Null(ColType::Int), Value::Int)
+/// The lag of every cluster of `ds`, measured now.
+pub(crate) async fn measure(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+) -> Result<Vec<(usize, ClusterLag)>> {
+    let consumers = apply::consumers(topology, ds);
+    let mut out = Vec::new();
+    for cluster in ds.map.clusters() {
+        let backend = topology.clusters[cluster].master()?;
+        out.push((
+            cluster,
+            lag::measure(backend.as_ref(), ds, &consumers).await?.0,
+        ));
+    }
+    Ok(out)
 }
 
-async fn write_offset(
-    tx: &mut dyn Tx,
-    dialect: crate::storage::Dialect,
-    table: &str,
-    consumer: &str,
-    added_id: i64,
-) -> Result<()> {
-    let now = Value::DateTime(crate::storage::value::truncate_to_micros(Utc::now()));
-    let mut update = Sql::new(dialect);
-    update
-        .push("UPDATE ")
-        .ident(table)
-        .push(" SET ")
-        .ident("added_id")
-        .push(" = ")
-        .bind(Value::Int(added_id))
-        .push(", ")
-        .ident("updated_at")
-        .push(" = ")
-        .bind(now.clone())
-        .push(" WHERE ")
-        .ident("consumer")
-        .push(" = ")
-        .bind(Value::Text(consumer.to_string()));
-    if tx.execute(&update).await? == 0 {
-        let mut insert = Sql::new(dialect);
-        insert
-            .push("INSERT INTO ")
-            .ident(table)
-            .push(" (")
-            .ident("consumer")
-            .push(", ")
-            .ident("added_id")
-            .push(", ")
-            .ident("updated_at")
-            .push(") VALUES (")
-            .bind(Value::Text(consumer.to_string()))
-            .push(", ")
-            .bind(Value::Int(added_id))
-            .push(", ")
-            .bind(now)
-            .push(")");
-        tx.execute(&insert).await?;
+/// Marks the indexes of every datastore ready that are caught up now; used
+/// at start-up so a fresh store's indexes are queryable at once.
+pub(crate) async fn check_ready(topology: &Topology, shared: &Maintainer) {
+    for ds in topology.datastores_sorted() {
+        if ds.indexes.iter().all(|i| i.is_ready()) {
+            continue;
+        }
+        if let Ok(measured) = measure(topology, &ds).await {
+            {
+                let mut lag = shared.lag.lock().expect("lag");
+                for (cluster, l) in measured {
+                    lag.insert((ds.name().to_string(), cluster), l);
+                }
+            }
+            mark_ready_indexes(topology, shared, &ds).await;
+        }
     }
-    Ok(())
 }

@@ -1,14 +1,29 @@
-//! Secondary indexes: keeping them up to date from the cell log
-//! (`maintainer.rs`) and answering queries on them (`plan.rs` turns a typed
-//! query or a filter string into a plan, `query.rs` runs it shard by shard,
-//! `cursor.rs` encodes keyset positions).
+//! Secondary indexes: keeping them up to date from the cell log and
+//! answering queries on them.
+//!
+//! Maintenance: `maintainer.rs` runs the background workers (leases, sweep,
+//! scheduling), `apply.rs` one batched pass over the log, `lag.rs` measures
+//! how far behind the offsets are. Queries: `plan.rs` turns a typed query
+//! or a filter string into a plan, `query.rs` runs it with one statement
+//! per cluster, `cursor.rs` encodes keyset positions. `entry.rs` extracts
+//! typed field values from cell bodies.
 
+pub(crate) mod apply;
 pub mod cursor;
 pub mod entry;
+pub(crate) mod lag;
 pub(crate) mod maintainer;
 pub mod plan;
-mod query;
+pub(crate) mod query;
 
-pub use maintainer::ShardLag;
+pub use maintainer::{MaintainerOptions, MaintenanceMetrics};
 pub use plan::{IndexQuery, OrderBy, QueryPlan};
 pub use query::{IndexEntry, IndexPage};
+
+/// How far one shard's indexes are behind its log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardLag {
+    pub shard: u32,
+    /// Cells written but not yet applied to every index.
+    pub pending_cells: i64,
+}

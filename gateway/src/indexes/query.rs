@@ -1,10 +1,11 @@
-//! Running a plan: one SQL statement per index shard, in parallel, merged.
+//! Running a plan: one SQL statement per cluster, in parallel, merged.
 //!
 //! Each statement selects only the projected fields, filters on the shard
 //! field first (so the `(shard_field, field, row_key)` SQL indexes apply),
 //! continues after the cursor with a keyset condition (never `OFFSET`) and
 //! reads one row more than the page to know whether another page exists.
-//! Several shards (an `in` list on the shard field) are merged in the same
+//! An `in` list on the shard field becomes one statement per cluster
+//! holding any of the values' shards; their rows are merged in the same
 //! order in Rust.
 
 use std::cmp::Ordering;
@@ -16,8 +17,8 @@ use super::cursor::{self, Position};
 use super::entry::col_type;
 use super::plan::{IndexQuery, QueryPlan};
 use crate::error::Result;
-use crate::storage::{ddl, ColType, Dialect, Sql, Value};
-use crate::store::Store;
+use crate::storage::{ColType, Dialect, Sql, Value};
+use crate::topology::Topology;
 
 /// One index entry of a result.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,19 +48,18 @@ pub struct IndexPage {
 }
 
 impl QueryPlan {
-    /// The SQL this plan runs on `shard` of the index.
-    pub fn shard_sql(&self, dialect: Dialect, shard: u32) -> Sql {
+    /// The SQL this plan runs on the index table `table` of one cluster,
+    /// for the shard-field `values` whose shards that cluster holds.
+    pub fn sql(&self, dialect: Dialect, table: &str, values: &[Value]) -> Sql {
         let index = &self.index;
         let mut sql = Sql::new(dialect);
         sql.push("SELECT ").ident("row_key");
         for &p in &self.projection {
             sql.push(", ").ident(&index.fields[p].name);
         }
-        sql.push(" FROM ")
-            .ident(&ddl::index_table(&self.datastore, shard, &index.name))
-            .push(" WHERE ");
+        sql.push(" FROM ").ident(table).push(" WHERE ");
         let shard_field = &index.shard_field().name;
-        let values = self.shards.get(&shard).cloned().unwrap_or_default();
+        let values = values.to_vec();
         if values.len() == 1 {
             sql.ident(shard_field).push(" = ").bind(values[0].clone());
         } else {
@@ -188,9 +188,7 @@ impl QueryPlan {
                 sql.push(" OR ");
             }
             // Re-bind the term's values so placeholders number correctly.
-            sql.push("(");
-            append(sql, &term);
-            sql.push(")");
+            sql.push("(").append(&term).push(")");
         }
         sql.push(")");
     }
@@ -237,110 +235,86 @@ impl QueryPlan {
     }
 }
 
-/// Appends `part` (built with its own placeholder numbering) to `sql`.
-fn append(sql: &mut Sql, part: &Sql) {
-    let text = part.text();
-    let params = part.params();
-    match sql.dialect() {
-        Dialect::Postgres => {
-            // Renumber `$n` placeholders of `part` after those of `sql`.
-            let mut rest = text;
-            let mut next = 0;
-            while let Some(at) = rest.find('$') {
-                sql.push(&rest[..at]);
-                let digits: String = rest[at + 1..]
-                    .chars()
-                    .take_while(char::is_ascii_digit)
-                    .collect();
-                sql.bind(params[next].clone());
-                next += 1;
-                rest = &rest[at + 1 + digits.len()..];
-            }
-            sql.push(rest);
-        }
-        Dialect::Sqlite | Dialect::MySql => {
-            let mut pieces = text.split('?');
-            if let Some(first) = pieces.next() {
-                sql.push(first);
-            }
-            for (piece, value) in pieces.zip(params) {
-                sql.bind(value.clone());
-                sql.push(piece);
-            }
-        }
-    }
+/// Answers an index query.
+pub(crate) async fn query_index(
+    topology: &Topology,
+    datastore: &str,
+    query: &IndexQuery,
+) -> Result<IndexPage> {
+    let ds = topology.datastore(datastore)?;
+    let plan = QueryPlan::build(&ds.def, query)?;
+    run_plan(topology, &plan).await
 }
 
-impl Store {
-    /// Answers an index query.
-    pub async fn query_index(&self, datastore: &str, query: &IndexQuery) -> Result<IndexPage> {
-        let ds = self.datastore(datastore)?;
-        let plan = QueryPlan::build(&ds.def, query)?;
-        self.run_plan(&plan).await
-    }
-
-    /// Runs a plan built by [`QueryPlan::build`].
-    pub async fn run_plan(&self, plan: &QueryPlan) -> Result<IndexPage> {
-        let ds = self.datastore(&plan.datastore)?;
-        if plan.limit == 0 {
-            return Ok(IndexPage {
-                entries: Vec::new(),
-                has_next_page: false,
-                end_cursor: None,
-            });
-        }
-        let mut types = vec![ColType::Uuid];
-        types.extend(
-            plan.projection
-                .iter()
-                .map(|&p| col_type(plan.index.fields[p].ty)),
-        );
-        let reads = plan.shards.keys().map(|&shard| {
-            let ds = ds.clone();
-            let types = &types;
-            async move {
-                self.ensure_shard(&ds, shard).await?;
-                let master = self.master(&ds, shard);
-                master
-                    .fetch(&plan.shard_sql(master.dialect(), shard), types)
-                    .await
-            }
+/// Runs a plan built by [`QueryPlan::build`].
+pub(crate) async fn run_plan(topology: &Topology, plan: &QueryPlan) -> Result<IndexPage> {
+    let ds = topology.datastore(&plan.datastore)?;
+    let runtime = ds.index(&plan.index.name)?;
+    runtime.check_ready()?;
+    if plan.limit == 0 {
+        return Ok(IndexPage {
+            entries: Vec::new(),
+            has_next_page: false,
+            end_cursor: None,
         });
-        let mut rows: Vec<Vec<Value>> = futures::future::try_join_all(reads)
-            .await?
-            .into_iter()
-            .flatten()
-            .collect();
-        if plan.shards.len() > 1 {
-            rows.sort_by(|a, b| plan.compare(a, b));
-        }
-        let has_next_page = rows.len() > plan.limit as usize;
-        rows.truncate(plan.limit as usize);
-        let signature = plan.signature();
-        let entries: Vec<IndexEntry> = rows
-            .into_iter()
-            .map(|row| {
-                let position = plan.position_of(&row);
-                let row_key = row[0].as_uuid().unwrap_or_default();
-                let fields = plan
-                    .projection
-                    .iter()
-                    .zip(row.into_iter().skip(1))
-                    .map(|(&p, value)| (plan.index.fields[p].name.clone(), value))
-                    .collect();
-                IndexEntry {
-                    row_key,
-                    fields,
-                    position,
-                    signature,
-                }
-            })
-            .collect();
-        let end_cursor = entries.last().map(IndexEntry::cursor);
-        Ok(IndexPage {
-            entries,
-            has_next_page,
-            end_cursor,
-        })
     }
+    let mut types = vec![ColType::Uuid];
+    types.extend(
+        plan.projection
+            .iter()
+            .map(|&p| col_type(plan.index.fields[p].ty)),
+    );
+    let groups = topology.by_cluster(
+        &ds,
+        plan.shards
+            .iter()
+            .flat_map(|(shard, values)| values.iter().map(move |v| (*shard, v.clone()))),
+    );
+    let clusters = groups.len();
+    let reads = groups.into_iter().map(|(cluster, values)| {
+        let types = &types;
+        let table = &runtime.table;
+        async move {
+            let master = topology.clusters[cluster].master()?;
+            master
+                .fetch(&plan.sql(master.dialect(), table, &values), types)
+                .await
+        }
+    });
+    let mut rows: Vec<Vec<Value>> = futures::future::try_join_all(reads)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect();
+    if clusters > 1 {
+        rows.sort_by(|a, b| plan.compare(a, b));
+    }
+    let has_next_page = rows.len() > plan.limit as usize;
+    rows.truncate(plan.limit as usize);
+    let signature = plan.signature();
+    let entries: Vec<IndexEntry> = rows
+        .into_iter()
+        .map(|row| {
+            let position = plan.position_of(&row);
+            let row_key = row[0].as_uuid().unwrap_or_default();
+            let fields = plan
+                .projection
+                .iter()
+                .zip(row.into_iter().skip(1))
+                .map(|(&p, value)| (plan.index.fields[p].name.clone(), value))
+                .collect();
+            IndexEntry {
+                row_key,
+                fields,
+                position,
+                signature,
+            }
+        })
+        .collect();
+    let end_cursor = entries.last().map(IndexEntry::cursor);
+    Ok(IndexPage {
+        entries,
+        has_next_page,
+        end_cursor,
+    })
 }

@@ -1,72 +1,102 @@
-//! Table names and per-dialect DDL for a cluster and its logical shards.
+//! Table names and per-dialect DDL: one set of tables per datastore and
+//! cluster, with the logical shard as a key column.
 //!
-//! Every logical shard of a datastore owns a set of tables named
-//! `<datastore>_s<shard>_<kind>`:
+//! | table | what it holds | key |
+//! |---|---|---|
+//! | `<ds>_cells` | every cell ever written to the cluster's shards | `(shard, added_id)`, unique `(row_key, column_name, ref_key)` |
+//! | `<ds>_shards` | one row per owned logical shard: the next `added_id` | `shard` |
+//! | `<ds>_offsets` | progress of each log consumer (index maintenance) per shard | `(shard, consumer)` |
+//! | `<ds>_buffer` | buffered writes destined for another cluster's primary | `buffer_id` |
+//! | `<ds>_quarantine` | index entries that could not be applied | `(index_name, row_key)` |
+//! | `<ds>_ix_<index>[_v<N>]` | one entry per row key of one index version | `row_key` |
 //!
-//! | table | what it holds |
-//! |---|---|
-//! | `_cells` | the entity table: every cell ever written to the shard |
-//! | `_ix_<index>` | entries of one secondary index whose shard field hashes here |
-//! | `_offsets` | per-consumer progress through the cell log (index maintenance, triggers) |
-//! | `_locator` | for rows of this shard: which shard holds each index entry |
-//! | `_meta` | one row; write transactions lock it, which serializes a shard's writers |
-//! | `_buffer` | buffered writes destined for this shard's primary (kept on a secondary cluster) |
-//!
-//! Keeping a shard's tables separate is what makes a shard movable: moving
-//! shard 17 to another cluster is copying the `*_s17_*` tables. The cluster
-//! also has one registry table, `cellgate_shards`, listing the shards whose
-//! tables exist there.
+//! and per cluster `cellgate_catalog` (what the tables were built from) and
+//! `cellgate_leases` (named leases with fencing tokens). The number of
+//! tables depends on the definitions only, never on the shard count: the
+//! embedded default holds a few dozen schema objects however many shards a
+//! datastore has, and no read or write ever runs DDL. Every row carries its
+//! logical shard (index entries the shard of their shard field), so a shard
+//! range can move to another cluster by copying the rows it selects.
 //!
 //! Index tables have one SQL index per non-shard field on
-//! `(shard_field, field, row_key)`, so "shard field = x AND a range or order on
-//! another field" is an index range scan, with `row_key` as the keyset
-//! tie-breaker.
+//! `(shard_field, field, row_key)`, so "shard field = x AND a range or order
+//! on another field" is an index range scan with `row_key` as the keyset
+//! tie-breaker. PostgreSQL's indexes say `NULLS FIRST` because that is the
+//! order the planner asks for (and what SQLite and MySQL do by default);
+//! scanned backwards they give the `DESC NULLS LAST` of descending queries.
+//!
+//! Text that takes part in keys or comparisons is `TEXT` on SQLite,
+//! `TEXT COLLATE "C"` on PostgreSQL and `VARBINARY` on MySQL/MariaDB: all
+//! three compare bytes with no padding rule, so SQL and the Rust merge agree
+//! (`'a'` and `'a '` are different keys everywhere).
 
 use index_dsl::{Datastore, FieldType, Index};
 
 use super::sql::Dialect;
 
-/// The cluster-level registry of created shards.
-pub const REGISTRY_TABLE: &str = "cellgate_shards";
+/// The cluster catalog: what each datastore's tables were built from.
+pub const CATALOG_TABLE: &str = "cellgate_catalog";
+
+/// Named leases with holders, expiry and fencing tokens.
+pub const LEASES_TABLE: &str = "cellgate_leases";
+
+/// The registry of the per-shard layout that preceded this one; its
+/// presence marks a store that needs `cellgate migrate --from-v1`.
+pub const V1_REGISTRY_TABLE: &str = "cellgate_shards";
+
+/// What `cellgate migrate --from-v1` renames the v1 registry to while it
+/// converts; its presence means a conversion is unfinished.
+pub const V1_CONVERTING_TABLE: &str = "cellgate_shards_v1";
+
+/// The layout version recorded in the catalog.
+pub const LAYOUT_VERSION: i64 = 2;
 
 /// Longest identifier every backend accepts (PostgreSQL: 63 bytes).
 const MAX_IDENT: usize = 63;
 
-/// Longest string an index field holds; longer values are not indexed
-/// (MySQL key length limits this, and the limit is the same everywhere).
+/// Longest string an index field holds, in characters; longer values are
+/// stored as NULL (MySQL's key length limits this, and the rule is the same
+/// everywhere).
 pub const MAX_INDEXED_STRING: usize = 255;
 
-fn prefix(datastore: &str, shard: u32) -> String {
-    format!("{}_s{shard}", datastore.to_ascii_lowercase())
+fn prefix(datastore: &str) -> String {
+    datastore.to_ascii_lowercase()
 }
 
-pub fn cells_table(datastore: &str, shard: u32) -> String {
-    format!("{}_cells", prefix(datastore, shard))
+pub fn cells_table(datastore: &str) -> String {
+    format!("{}_cells", prefix(datastore))
 }
 
-pub fn index_table(datastore: &str, shard: u32, index: &str) -> String {
-    format!(
-        "{}_ix_{}",
-        prefix(datastore, shard),
-        index.to_ascii_lowercase()
-    )
+pub fn shards_table(datastore: &str) -> String {
+    format!("{}_shards", prefix(datastore))
 }
 
-pub fn offsets_table(datastore: &str, shard: u32) -> String {
-    format!("{}_offsets", prefix(datastore, shard))
+pub fn offsets_table(datastore: &str) -> String {
+    format!("{}_offsets", prefix(datastore))
 }
 
-pub fn locator_table(datastore: &str, shard: u32) -> String {
-    format!("{}_locator", prefix(datastore, shard))
+pub fn buffer_table(datastore: &str) -> String {
+    format!("{}_buffer", prefix(datastore))
 }
 
-pub fn meta_table(datastore: &str, shard: u32) -> String {
-    format!("{}_meta", prefix(datastore, shard))
+pub fn quarantine_table(datastore: &str) -> String {
+    format!("{}_quarantine", prefix(datastore))
 }
 
-pub fn buffer_table(datastore: &str, shard: u32) -> String {
-    format!("{}_buffer", prefix(datastore, shard))
+/// The table of `version` of an index; version 1 has the plain name.
+pub fn index_table(datastore: &str, index: &str, version: u32) -> String {
+    let base = format!("{}_ix_{}", prefix(datastore), index.to_ascii_lowercase());
+    if version <= 1 {
+        base
+    } else {
+        format!("{base}_v{version}")
+    }
 }
+
+/// The column of an index table holding the entry's index shard (NULL for
+/// a tombstone: the row's shard field is missing or moved to another
+/// cluster).
+pub const INDEX_SHARD_COLUMN: &str = "_shard";
 
 /// The column of an index table that records the ref key of the cell of
 /// `column` the entry was computed from.
@@ -91,13 +121,14 @@ fn sql_index_name(table: &str, suffix: &str) -> String {
 enum Col {
     AutoId,
     BigInt,
-    Int,
     Double,
     Bool,
     /// Short text that is part of keys (column names, consumer names).
     Name,
     /// An indexed string field.
     IndexedText,
+    /// Free text that is never compared (catalog values, error messages).
+    Text,
     Blob,
     Uuid,
     DateTime,
@@ -109,17 +140,20 @@ fn col_type(dialect: Dialect, col: Col) -> &'static str {
         (Sqlite, Col::AutoId) => "INTEGER PRIMARY KEY AUTOINCREMENT",
         (MySql, Col::AutoId) => "BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
         (Postgres, Col::AutoId) => "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
-        (Sqlite, Col::BigInt | Col::Int | Col::Bool | Col::DateTime) => "INTEGER",
+        (Sqlite, Col::BigInt | Col::Bool | Col::DateTime) => "INTEGER",
         (_, Col::BigInt) => "BIGINT",
-        (_, Col::Int) => "INTEGER",
         (Sqlite, Col::Double) => "REAL",
         (MySql, Col::Double) => "DOUBLE",
         (Postgres, Col::Double) => "DOUBLE PRECISION",
         (_, Col::Bool) => "BOOLEAN",
-        (Sqlite, Col::Name | Col::IndexedText) => "TEXT",
-        (MySql, Col::Name) => "VARCHAR(128) COLLATE utf8mb4_bin",
-        (MySql, Col::IndexedText) => "VARCHAR(255) COLLATE utf8mb4_bin",
+        (Sqlite, Col::Name | Col::IndexedText | Col::Text) => "TEXT",
+        // Byte strings: compared byte by byte, without the trailing-space
+        // padding of MySQL's `_bin` collations.
+        (MySql, Col::Name) => "VARBINARY(512)",
+        (MySql, Col::IndexedText) => "VARBINARY(1020)",
+        (MySql, Col::Text) => "LONGTEXT",
         (Postgres, Col::Name | Col::IndexedText) => "TEXT COLLATE \"C\"",
+        (Postgres, Col::Text) => "TEXT",
         (Sqlite, Col::Blob | Col::Uuid) => "BLOB",
         (MySql, Col::Blob) => "LONGBLOB",
         (Postgres, Col::Blob) => "BYTEA",
@@ -141,6 +175,23 @@ fn field_col(ty: FieldType) -> Col {
     }
 }
 
+/// One key column of an SQL index, optionally with PostgreSQL's
+/// `NULLS FIRST`.
+#[derive(Clone)]
+struct KeyCol {
+    name: String,
+    nulls_first: bool,
+}
+
+impl KeyCol {
+    fn plain(name: &str) -> KeyCol {
+        KeyCol {
+            name: name.to_string(),
+            nulls_first: false,
+        }
+    }
+}
+
 /// Builds one `CREATE TABLE IF NOT EXISTS` with its secondary indexes: inline
 /// on MySQL (which lacks `CREATE INDEX IF NOT EXISTS`), separate statements
 /// elsewhere.
@@ -149,7 +200,7 @@ struct TableDef<'a> {
     name: &'a str,
     columns: Vec<String>,
     constraints: Vec<String>,
-    indexes: Vec<(String, Vec<String>, bool)>,
+    indexes: Vec<(String, Vec<KeyCol>, bool)>,
 }
 
 impl<'a> TableDef<'a> {
@@ -177,24 +228,35 @@ impl<'a> TableDef<'a> {
     }
 
     fn primary_key(mut self, cols: &[&str]) -> Self {
-        let cols = self.quoted(cols.iter().copied());
+        let cols = cols
+            .iter()
+            .map(|c| self.dialect.quote(c))
+            .collect::<Vec<_>>()
+            .join(", ");
         self.constraints.push(format!("PRIMARY KEY ({cols})"));
         self
     }
 
     fn unique(mut self, suffix: &str, cols: &[&str]) -> Self {
-        let cols = cols.iter().map(|c| c.to_string()).collect();
+        let cols = cols.iter().map(|c| KeyCol::plain(c)).collect();
         self.indexes.push((suffix.to_string(), cols, true));
         self
     }
 
-    fn index(mut self, suffix: &str, cols: Vec<String>) -> Self {
+    fn index(mut self, suffix: &str, cols: Vec<KeyCol>) -> Self {
         self.indexes.push((suffix.to_string(), cols, false));
         self
     }
 
-    fn quoted<'s>(&self, cols: impl Iterator<Item = &'s str>) -> String {
-        cols.map(|c| self.dialect.quote(c))
+    fn key_list(&self, cols: &[KeyCol]) -> String {
+        cols.iter()
+            .map(|c| {
+                let mut text = self.dialect.quote(&c.name);
+                if c.nulls_first && self.dialect == Dialect::Postgres {
+                    text.push_str(" NULLS FIRST");
+                }
+                text
+            })
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -209,7 +271,7 @@ impl<'a> TableDef<'a> {
                     "{}KEY {} ({})",
                     if *unique { "UNIQUE " } else { "" },
                     d.quote(suffix),
-                    self.quoted(cols.iter().map(String::as_str))
+                    self.key_list(cols)
                 ));
             }
         }
@@ -229,7 +291,7 @@ impl<'a> TableDef<'a> {
                     if *unique { "UNIQUE " } else { "" },
                     d.quote(&sql_index_name(self.name, suffix)),
                     d.quote(self.name),
-                    self.quoted(cols.iter().map(String::as_str))
+                    self.key_list(cols)
                 ));
             }
         }
@@ -237,116 +299,108 @@ impl<'a> TableDef<'a> {
     }
 }
 
-/// `INSERT` that does nothing when the key exists, per dialect.
-pub fn insert_ignore(dialect: Dialect, table: &str, columns: &[&str]) -> String {
-    let cols = columns
-        .iter()
-        .map(|c| dialect.quote(c))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let verb = match dialect {
-        Dialect::Sqlite => "INSERT OR IGNORE INTO",
-        Dialect::MySql => "INSERT IGNORE INTO",
-        Dialect::Postgres => "INSERT INTO",
-    };
-    let placeholders = (1..=columns.len())
-        .map(|i| match dialect {
-            Dialect::Postgres => format!("${i}"),
-            _ => "?".to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    let tail = if dialect == Dialect::Postgres {
-        " ON CONFLICT DO NOTHING"
-    } else {
-        ""
-    };
-    format!(
-        "{verb} {} ({cols}) VALUES ({placeholders}){tail}",
-        dialect.quote(table)
-    )
-}
-
-/// Tables every cluster has, whatever its shards.
+/// Tables every cluster has, whatever its datastores.
 pub fn cluster_ddl(dialect: Dialect) -> Vec<String> {
-    TableDef::new(dialect, REGISTRY_TABLE)
+    let mut out = TableDef::new(dialect, CATALOG_TABLE)
         .col("datastore", Col::Name, true)
-        .col("shard", Col::BigInt, true)
-        .col("created_at", Col::DateTime, true)
-        .col("schema_hash", Col::Name, false)
-        .primary_key(&["datastore", "shard"])
-        .build()
-}
-
-/// The tables of one shard on its primary: entity, offsets, locator, meta
-/// and one table per index.
-pub fn shard_ddl(dialect: Dialect, datastore: &Datastore, shard: u32) -> Vec<String> {
-    let ds = &datastore.name;
-    let cells = cells_table(ds, shard);
-    let mut out = TableDef::new(dialect, &cells)
-        .col("added_id", Col::AutoId, true)
-        .col("row_key", Col::Uuid, true)
-        .col("column_name", Col::Name, true)
-        .col("ref_key", Col::BigInt, true)
-        .col("body", Col::Blob, true)
-        .col("created_at", Col::DateTime, true)
-        .unique("key", &["row_key", "column_name", "ref_key"])
-        .index("created", vec!["created_at".into()])
+        .col("item", Col::Name, true)
+        .col("value", Col::Text, true)
+        .col("updated_at", Col::DateTime, true)
+        .primary_key(&["datastore", "item"])
         .build();
-    let offsets = offsets_table(ds, shard);
     out.extend(
-        TableDef::new(dialect, &offsets)
-            .col("consumer", Col::Name, true)
-            .col("added_id", Col::BigInt, true)
-            .col("updated_at", Col::DateTime, true)
-            .primary_key(&["consumer"])
+        TableDef::new(dialect, LEASES_TABLE)
+            .col("name", Col::Name, true)
+            .col("holder", Col::Name, true)
+            .col("token", Col::BigInt, true)
+            .col("expires_at", Col::DateTime, true)
+            .col("acquired_at", Col::DateTime, true)
+            .primary_key(&["name"])
             .build(),
     );
-    let locator = locator_table(ds, shard);
-    out.extend(
-        TableDef::new(dialect, &locator)
-            .col("index_name", Col::Name, true)
-            .col("row_key", Col::Uuid, true)
-            .col("index_shard", Col::BigInt, true)
-            .primary_key(&["index_name", "row_key"])
-            .build(),
-    );
-    let meta = meta_table(ds, shard);
-    out.extend(
-        TableDef::new(dialect, &meta)
-            .col("id", Col::Int, true)
-            .col("writes", Col::BigInt, true)
-            .primary_key(&["id"])
-            .build(),
-    );
-    for index in &datastore.indexes {
-        out.extend(index_ddl(dialect, index, shard));
-    }
     out
 }
 
-/// The buffer table of one shard, created on the secondary clusters that
-/// receive its buffered writes.
-pub fn buffer_ddl(dialect: Dialect, datastore: &str, shard: u32) -> Vec<String> {
-    let buffer = buffer_table(datastore, shard);
-    TableDef::new(dialect, &buffer)
-        .col("buffer_id", Col::AutoId, true)
+/// The tables of one datastore on a cluster, without its index tables
+/// (see [`index_ddl`]): entity, shard counters, offsets, buffer and
+/// quarantine.
+pub fn datastore_ddl(dialect: Dialect, datastore: &str) -> Vec<String> {
+    let cells = cells_table(datastore);
+    let mut out = TableDef::new(dialect, &cells)
+        .col("shard", Col::BigInt, true)
+        .col("added_id", Col::BigInt, true)
         .col("row_key", Col::Uuid, true)
         .col("column_name", Col::Name, true)
         .col("ref_key", Col::BigInt, true)
         .col("body", Col::Blob, true)
         .col("created_at", Col::DateTime, true)
+        .primary_key(&["shard", "added_id"])
+        .unique("key", &["row_key", "column_name", "ref_key"])
         .index(
-            "key",
-            vec!["row_key".into(), "column_name".into(), "ref_key".into()],
+            "created",
+            vec![KeyCol::plain("shard"), KeyCol::plain("created_at")],
         )
-        .build()
+        .build();
+    let shards = shards_table(datastore);
+    out.extend(
+        TableDef::new(dialect, &shards)
+            .col("shard", Col::BigInt, true)
+            .col("next_added_id", Col::BigInt, true)
+            .primary_key(&["shard"])
+            .build(),
+    );
+    let offsets = offsets_table(datastore);
+    out.extend(
+        TableDef::new(dialect, &offsets)
+            .col("shard", Col::BigInt, true)
+            .col("consumer", Col::Name, true)
+            .col("added_id", Col::BigInt, true)
+            .col("updated_at", Col::DateTime, true)
+            .primary_key(&["shard", "consumer"])
+            .build(),
+    );
+    let buffer = buffer_table(datastore);
+    out.extend(
+        TableDef::new(dialect, &buffer)
+            .col("buffer_id", Col::AutoId, true)
+            .col("batch_id", Col::Uuid, true)
+            .col("shard", Col::BigInt, true)
+            .col("row_key", Col::Uuid, true)
+            .col("column_name", Col::Name, true)
+            .col("ref_key", Col::BigInt, true)
+            .col("body", Col::Blob, true)
+            .col("created_at", Col::DateTime, true)
+            .index("batch", vec![KeyCol::plain("batch_id")])
+            .index(
+                "shard",
+                vec![KeyCol::plain("shard"), KeyCol::plain("buffer_id")],
+            )
+            .build(),
+    );
+    let quarantine = quarantine_table(datastore);
+    out.extend(
+        TableDef::new(dialect, &quarantine)
+            .col("index_name", Col::Name, true)
+            .col("row_key", Col::Uuid, true)
+            .col("shard", Col::BigInt, true)
+            .col("added_id", Col::BigInt, true)
+            .col("code", Col::Name, true)
+            .col("message", Col::Text, true)
+            .col("attempts", Col::BigInt, true)
+            .col("first_seen", Col::DateTime, true)
+            .col("last_seen", Col::DateTime, true)
+            .primary_key(&["index_name", "row_key"])
+            .build(),
+    );
+    out
 }
 
-/// The table of one secondary index in one shard.
-pub fn index_ddl(dialect: Dialect, index: &Index, shard: u32) -> Vec<String> {
-    let table = index_table(&index.datastore, shard, &index.name);
-    let mut def = TableDef::new(dialect, &table).col("row_key", Col::Uuid, true);
+/// The table of one version of a secondary index.
+pub fn index_ddl(dialect: Dialect, index: &Index, version: u32) -> Vec<String> {
+    let table = index_table(&index.datastore, &index.name, version);
+    let mut def = TableDef::new(dialect, &table)
+        .col("row_key", Col::Uuid, true)
+        .col(INDEX_SHARD_COLUMN, Col::BigInt, false);
     for field in &index.fields {
         def = def.col(&field.name, field_col(field.ty), false);
     }
@@ -357,38 +411,44 @@ pub fn index_ddl(dialect: Dialect, index: &Index, shard: u32) -> Vec<String> {
         .col("_updated_at", Col::DateTime, true)
         .primary_key(&["row_key"]);
     let shard_field = index.shard_field().name.clone();
-    def = def.index("k0", vec![shard_field.clone(), "row_key".into()]);
+    def = def.index(
+        "k0",
+        vec![KeyCol::plain(&shard_field), KeyCol::plain("row_key")],
+    );
     for (i, field) in index.fields.iter().enumerate() {
         if i != index.shard_field {
             def = def.index(
                 &format!("k{}", i + 1),
-                vec![shard_field.clone(), field.name.clone(), "row_key".into()],
+                vec![
+                    KeyCol::plain(&shard_field),
+                    KeyCol {
+                        name: field.name.clone(),
+                        nulls_first: true,
+                    },
+                    KeyCol::plain("row_key"),
+                ],
             );
         }
     }
     def.build()
 }
 
-/// The statements that create a shard's one-row lock table content and
-/// register the shard; run after [`shard_ddl`].
-pub fn shard_seed(dialect: Dialect, datastore: &str, shard: u32) -> (String, String) {
-    (
-        insert_ignore(dialect, &meta_table(datastore, shard), &["id", "writes"]),
-        insert_ignore(
-            dialect,
-            REGISTRY_TABLE,
-            &["datastore", "shard", "created_at"],
-        ),
+/// The statements that drop one index version's table.
+pub fn drop_index_ddl(dialect: Dialect, datastore: &str, index: &str, version: u32) -> String {
+    format!(
+        "DROP TABLE IF EXISTS {}",
+        dialect.quote(&index_table(datastore, index, version))
     )
 }
 
 /// The reference DDL of a dialect for a set of definitions, written to
-/// `schema/sql/<dialect>.sql`: the cluster tables and shard 0 of every
-/// datastore (every other shard has the same tables with its own number).
+/// `schema/sql/<dialect>.sql`: the cluster tables and every datastore's
+/// tables, as `cellgate migrate` creates them on each cluster.
 pub fn schema_file(dialect: Dialect, defs: &index_dsl::Definitions) -> String {
     let mut out = format!(
         "-- cellgate storage schema for {} (generated by `cellgate ddl`; do not edit)\n\
-         -- Every logical shard N has the tables shown for shard 0, named <datastore>_sN_*.\n\n",
+         -- Every cluster holds these tables for the datastores with shards on it;\n\
+         -- logical shards are rows, selected by the `shard` column.\n\n",
         dialect.name()
     );
     for stmt in cluster_ddl(dialect) {
@@ -397,13 +457,22 @@ pub fn schema_file(dialect: Dialect, defs: &index_dsl::Definitions) -> String {
     }
     for datastore in &defs.datastores {
         out.push_str(&format!(
-            "-- datastore `{}`: {} shards\n\n",
+            "-- datastore `{}`: {} logical shards\n\n",
             datastore.name, datastore.shards
         ));
-        for stmt in shard_ddl(dialect, datastore, 0) {
+        for stmt in tables_of(dialect, datastore) {
             out.push_str(&stmt);
             out.push_str(";\n\n");
         }
+    }
+    out
+}
+
+/// Every table of a datastore with each index at version 1.
+fn tables_of(dialect: Dialect, datastore: &Datastore) -> Vec<String> {
+    let mut out = datastore_ddl(dialect, &datastore.name);
+    for index in &datastore.indexes {
+        out.extend(index_ddl(dialect, index, 1));
     }
     out
 }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub use sql::{Dialect, Sql};
+pub use sql::{Dialect, Sql, MAX_PARAMS};
 pub use value::{ColType, Value};
 
 use crate::error::Result;

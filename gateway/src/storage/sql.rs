@@ -48,6 +48,120 @@ impl Dialect {
         }
     }
 
+    /// Most `OR`ed terms one statement carries: SQLite nests an `OR` chain
+    /// into an expression tree at most 1000 deep.
+    pub fn max_or_terms(self) -> usize {
+        match self {
+            Dialect::Sqlite => 300,
+            Dialect::MySql | Dialect::Postgres => 2000,
+        }
+    }
+
+    /// The verb of an `INSERT` that skips rows whose key exists; pair it
+    /// with [`Dialect::on_conflict_do_nothing`].
+    pub fn insert_ignore(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "INSERT OR IGNORE INTO ",
+            Dialect::MySql => "INSERT IGNORE INTO ",
+            Dialect::Postgres => "INSERT INTO ",
+        }
+    }
+
+    /// The tail of an `INSERT` that skips rows whose key exists.
+    pub fn on_conflict_do_nothing(self) -> &'static str {
+        match self {
+            Dialect::Postgres => " ON CONFLICT DO NOTHING",
+            Dialect::Sqlite | Dialect::MySql => "",
+        }
+    }
+
+    /// The tail of an `INSERT … VALUES …` that updates `updates` from the
+    /// new row when a row with the same `key` exists.
+    pub fn upsert(self, key: &[&str], updates: &[&str]) -> String {
+        let quoted = |cols: &[&str]| {
+            cols.iter()
+                .map(|c| self.quote(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match self {
+            Dialect::MySql => format!(
+                " ON DUPLICATE KEY UPDATE {}",
+                updates
+                    .iter()
+                    .map(|c| format!("{0} = VALUES({0})", self.quote(c)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Dialect::Sqlite | Dialect::Postgres => format!(
+                " ON CONFLICT ({}) DO UPDATE SET {}",
+                quoted(key),
+                updates
+                    .iter()
+                    .map(|c| format!("{0} = excluded.{0}", self.quote(c)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+
+    /// A query returning one row when table `name` exists in the current
+    /// database (schema, on PostgreSQL).
+    pub fn table_exists(self, name: &str) -> Sql {
+        let mut sql = Sql::new(self);
+        match self {
+            Dialect::Sqlite => {
+                sql.push("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ")
+            }
+            Dialect::MySql => sql.push(
+                "SELECT table_name FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_name = ",
+            ),
+            Dialect::Postgres => sql.push(
+                "SELECT table_name FROM information_schema.tables \
+                 WHERE table_schema = current_schema() AND table_name = ",
+            ),
+        };
+        sql.bind(Value::Text(name.to_string()));
+        sql
+    }
+
+    /// A query listing the tables of the current database (schema, on
+    /// PostgreSQL) whose names start with `prefix`.
+    pub fn tables_with_prefix(self, prefix: &str) -> Sql {
+        let pattern = format!(
+            "{}%",
+            prefix
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_")
+        );
+        let mut sql = Sql::new(self);
+        match self {
+            Dialect::Sqlite => {
+                sql.push("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE ")
+                    .bind(Value::Text(pattern))
+                    .push(" ESCAPE '\\'");
+            }
+            Dialect::MySql => {
+                sql.push(
+                    "SELECT table_name FROM information_schema.tables \
+                     WHERE table_schema = DATABASE() AND table_name LIKE ",
+                )
+                .bind(Value::Text(pattern));
+            }
+            Dialect::Postgres => {
+                sql.push(
+                    "SELECT table_name FROM information_schema.tables \
+                     WHERE table_schema = current_schema() AND table_name LIKE ",
+                )
+                .bind(Value::Text(pattern))
+                .push(" ESCAPE '\\'");
+            }
+        }
+        sql
+    }
+
     /// Ordering modifiers that make NULL sort first ascending and last
     /// descending on every backend (the default of SQLite and MySQL).
     pub fn nulls(self, descending: bool) -> &'static str {
@@ -58,6 +172,11 @@ impl Dialect {
         }
     }
 }
+
+/// Most bind parameters one statement carries: below SQLite's limit of
+/// 32,766 (PostgreSQL and MySQL allow 65,535), so a chunk of a batch fits
+/// every backend.
+pub const MAX_PARAMS: usize = 30_000;
 
 /// A statement under construction: SQL text plus its bind values.
 #[derive(Debug, Clone)]
@@ -119,10 +238,62 @@ impl Sql {
         self
     }
 
-    /// Replaces the values of a statement whose text already holds its
-    /// placeholders (statements generated by `ddl`).
-    pub(crate) fn set_params(&mut self, params: Vec<Value>) {
-        self.params = params;
+    /// Appends `(?, …), (?, …)`: one parenthesized group per row, for a
+    /// multi-row `VALUES`.
+    pub fn values(&mut self, rows: impl IntoIterator<Item = Vec<Value>>) -> &mut Self {
+        for (i, row) in rows.into_iter().enumerate() {
+            if i > 0 {
+                self.text.push_str(", ");
+            }
+            self.bind_list(row);
+        }
+        self
+    }
+
+    /// Appends a comma-separated list of quoted identifiers.
+    pub fn idents<'a>(&mut self, idents: impl IntoIterator<Item = &'a str>) -> &mut Self {
+        for (i, ident) in idents.into_iter().enumerate() {
+            if i > 0 {
+                self.text.push_str(", ");
+            }
+            self.ident(ident);
+        }
+        self
+    }
+
+    /// Appends `part`, a statement built on its own, renumbering its
+    /// placeholders after the ones already here.
+    pub fn append(&mut self, part: &Sql) -> &mut Self {
+        let text = part.text();
+        let params = part.params();
+        match self.dialect {
+            Dialect::Postgres => {
+                let mut rest = text;
+                let mut next = 0;
+                while let Some(at) = rest.find('$') {
+                    self.push(&rest[..at]);
+                    let digits = rest[at + 1..]
+                        .bytes()
+                        .take_while(u8::is_ascii_digit)
+                        .count();
+                    self.bind(params[next].clone());
+                    next += 1;
+                    rest = &rest[at + 1 + digits..];
+                }
+                self.push(rest);
+            }
+            Dialect::Sqlite | Dialect::MySql => {
+                let mut pieces = text.split('?');
+                if let Some(first) = pieces.next() {
+                    self.push(first);
+                }
+                for (piece, value) in pieces.zip(params) {
+                    self.bind(value.clone());
+                    self.push(piece);
+                }
+            }
+        }
+        self
     }
 
     pub fn text(&self) -> &str {

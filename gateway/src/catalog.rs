@@ -1,0 +1,619 @@
+//! The catalog: what each cluster's tables were built from, and the
+//! preparation of a cluster (its tables, its shard rows, its catalog).
+//!
+//! Each cluster has a `cellgate_catalog` table of `(datastore, item) →
+//! value` rows:
+//!
+//! | item | value |
+//! |---|---|
+//! | `layout` (datastore `""`) | the table layout version, `2` |
+//! | `shards` | the datastore's logical shard count, fixed at creation |
+//! | `ranges` | the shard ranges this cluster holds, e.g. `0-2047` |
+//! | `index:<name>:<version>` | JSON: the definition's signature, `building` / `ready` / `superseded`, and its fields |
+//!
+//! At start-up the definitions and topology are checked against every
+//! reachable cluster's catalog. A change that would hide or corrupt data is
+//! refused: a new shard count (every cell would hash elsewhere), or shard
+//! ranges that moved between clusters (moving shards means copying their
+//! rows first). An index whose fields or shard field changed gets a new
+//! table version, filled online from the cell log while queries on it
+//! answer `INDEX_BUILDING`; the superseded table stays until `cellgate index
+//! drop` removes it, as does the table of an index whose file was removed.
+//!
+//! Preparing a cluster creates its tables in one transaction (where the
+//! backend has transactional DDL) and is idempotent, so concurrent
+//! gateways may prepare the same cluster. Clusters unreachable at start-up
+//! are prepared by a background task once they answer; until then their
+//! shards fail with `STORAGE_UNAVAILABLE`. Requests never run DDL.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use chrono::Utc;
+use index_dsl::{Definitions, Index};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::retry::with_retry;
+use crate::shards::format_ranges;
+use crate::storage::{ddl, Backend, ColType, Dialect, Sql, Value, MAX_PARAMS};
+use crate::topology::{index_signature, Cluster, ClusterState, DatastoreRuntime, Topology};
+
+/// A cluster's catalog rows: `(datastore, item) → value`.
+pub(crate) type Catalog = BTreeMap<(String, String), String>;
+
+/// What a catalog records of one index version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct IndexRecord {
+    signature: String,
+    state: IndexState,
+    /// The fields, for people reading the catalog.
+    fields: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum IndexState {
+    /// Being filled from the cell log; queries answer `INDEX_BUILDING`.
+    Building,
+    /// Complete and maintained.
+    Ready,
+    /// Replaced by a newer version; no longer maintained.
+    Superseded,
+}
+
+/// The version of each index's table the store will use, and whether it is
+/// known to be complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IndexPlan {
+    pub(crate) version: u32,
+    pub(crate) ready: bool,
+}
+
+fn index_item(name: &str, version: u32) -> String {
+    format!("index:{name}:{version}")
+}
+
+/// `index:<name>:<version>` → `(name, version)`.
+fn parse_index_item(item: &str) -> Option<(&str, u32)> {
+    let rest = item.strip_prefix("index:")?;
+    let (name, version) = rest.rsplit_once(':')?;
+    Some((name, version.parse().ok()?))
+}
+
+fn fields_text(index: &Index) -> String {
+    index
+        .fields
+        .iter()
+        .map(|f| format!("{} {}", f.name, f.ty.name()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Creates the cluster tables if needed, refuses a store in the per-shard
+/// layout of earlier versions (unless `converting`), and reads the catalog.
+pub(crate) async fn open_cluster(backend: &dyn Backend, converting: bool) -> Result<Catalog> {
+    let dialect = backend.dialect();
+    let exists = |table: &'static str| async move {
+        let found = backend
+            .fetch(&dialect.table_exists(table), &[ColType::Text])
+            .await?;
+        Ok::<_, Error>(!found.is_empty())
+    };
+    if exists(ddl::V1_REGISTRY_TABLE).await? {
+        return Err(Error::LayoutUpgradeRequired(format!(
+            "storage cluster `{}` holds cells in the per-shard table layout of earlier versions; \
+             convert it with `cellgate migrate --from-v1` (cells keep their shards and added ids, \
+             indexes are rebuilt from the cell log)",
+            backend.cluster()
+        )));
+    }
+    if !converting && exists(ddl::V1_CONVERTING_TABLE).await? {
+        return Err(Error::LayoutUpgradeRequired(format!(
+            "storage cluster `{}` is partly converted from the per-shard table layout; \
+             finish with `cellgate migrate --from-v1`",
+            backend.cluster()
+        )));
+    }
+    with_retry("creating the cluster tables", || async {
+        let mut tx = backend.begin().await?;
+        for stmt in ddl::cluster_ddl(dialect) {
+            tx.execute(&raw(dialect, &stmt)).await?;
+        }
+        tx.commit().await
+    })
+    .await?;
+    read(backend).await
+}
+
+/// Reads a cluster's catalog.
+pub(crate) async fn read(backend: &dyn Backend) -> Result<Catalog> {
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("SELECT ")
+        .idents(["datastore", "item", "value"])
+        .push(" FROM ")
+        .ident(ddl::CATALOG_TABLE);
+    let rows = backend
+        .fetch(&sql, &[ColType::Text, ColType::Text, ColType::Text])
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|row| {
+            let mut row = row.into_iter();
+            match (row.next()?, row.next()?, row.next()?) {
+                (Value::Text(ds), Value::Text(item), Value::Text(value)) => {
+                    Some(((ds, item), value))
+                }
+                _ => None,
+            }
+        })
+        .collect())
+}
+
+/// Chooses each index's table version from the reachable catalogs: the
+/// version whose signature matches the definition, or a new one (building)
+/// when there is none. Warns about superseded versions and indexes whose
+/// files were removed.
+pub(crate) fn plan_indexes(
+    defs: &Definitions,
+    catalogs: &[&Catalog],
+    warnings: &mut Vec<String>,
+) -> HashMap<(String, String), IndexPlan> {
+    let mut plans = HashMap::new();
+    for ds in &defs.datastores {
+        for index in &ds.indexes {
+            let signature = index_signature(index);
+            let mut highest = 0;
+            let mut matching: Option<IndexPlan> = None;
+            for catalog in catalogs {
+                for ((name, item), value) in catalog.iter() {
+                    if name != &ds.name {
+                        continue;
+                    }
+                    let Some((index_name, version)) = parse_index_item(item) else {
+                        continue;
+                    };
+                    if index_name != index.name {
+                        continue;
+                    }
+                    highest = highest.max(version);
+                    let Ok(record) = serde_json::from_str::<IndexRecord>(value) else {
+                        continue;
+                    };
+                    if record.signature == signature && record.state != IndexState::Superseded {
+                        let ready = record.state == IndexState::Ready
+                            || matching.is_some_and(|m: IndexPlan| m.ready);
+                        matching = Some(IndexPlan { version, ready });
+                    }
+                }
+            }
+            let plan = matching.unwrap_or_else(|| {
+                if highest > 0 {
+                    warnings.push(format!(
+                        "index `{}` of `{}` changed: building version {} from the cell log \
+                         (queries answer INDEX_BUILDING until it is complete); the table of \
+                         version {highest} stays until `cellgate index drop {} {} --index-version {highest}`",
+                        index.name,
+                        ds.name,
+                        highest + 1,
+                        ds.name,
+                        index.name
+                    ));
+                }
+                IndexPlan {
+                    version: highest + 1,
+                    ready: false,
+                }
+            });
+            plans.insert((ds.name.clone(), index.name.clone()), plan);
+        }
+    }
+    for catalog in catalogs {
+        for ((name, item), _) in catalog.iter() {
+            let Some((index_name, version)) = parse_index_item(item) else {
+                continue;
+            };
+            let defined = defs
+                .datastore(name)
+                .is_some_and(|ds| ds.index(index_name).is_some());
+            let warning = format!(
+                "index `{index_name}` (version {version}) of `{name}` is no longer defined; \
+                 its table `{}` stays until `cellgate index drop {name} {index_name}`",
+                ddl::index_table(name, index_name, version)
+            );
+            if !defined && !warnings.contains(&warning) {
+                warnings.push(warning);
+            }
+        }
+    }
+    plans
+}
+
+/// Checks a cluster's catalog against the definitions and topology; fails
+/// with a message naming the datastore and what changed.
+pub(crate) fn validate(
+    topology: &Topology,
+    cluster: &Cluster,
+    catalog: &Catalog,
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    let mut problems = Vec::new();
+    for ds in topology.datastores_sorted() {
+        let name = ds.name();
+        let ranges = format_ranges(&ds.map.ranges_of(cluster.index));
+        let recorded_shards = catalog.get(&(name.to_string(), "shards".to_string()));
+        if let Some(recorded) = recorded_shards {
+            if recorded != &ds.def.shards.to_string() {
+                problems.push(format!(
+                    "datastore `{name}` was created with {recorded} shards (recorded on cluster `{}`) \
+                     but its definition now says {}: the shard count is fixed at creation, since \
+                     every stored cell would hash to another shard; restore `shards: {recorded}`",
+                    cluster.name, ds.def.shards
+                ));
+                continue;
+            }
+        }
+        let recorded_ranges = catalog.get(&(name.to_string(), "ranges".to_string()));
+        match recorded_ranges {
+            Some(recorded) if recorded != &ranges => {
+                let now = if ranges.is_empty() {
+                    "none".to_string()
+                } else {
+                    ranges.clone()
+                };
+                problems.push(format!(
+                    "cluster `{}` holds shards {recorded} of `{name}` but the topology now routes \
+                     shards {now} to it: moving shards between clusters means copying their rows \
+                     first, and routing them elsewhere would hide stored cells; restore the shard \
+                     ranges of `{name}` in the configuration",
+                    cluster.name
+                ));
+            }
+            _ => {}
+        }
+    }
+    let defined: Vec<&str> = topology
+        .defs
+        .datastores
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    for (name, item) in catalog.keys() {
+        if item == "ranges" && !name.is_empty() && !defined.contains(&name.as_str()) {
+            warnings.push(format!(
+                "datastore `{name}` on cluster `{}` is no longer defined; its tables stay",
+                cluster.name
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Catalog(problems.join("\n")))
+    }
+}
+
+/// Creates the tables of every datastore with shards on `cluster`, seeds
+/// one counter row per owned shard and records the catalog, in one
+/// transaction where DDL is transactional; then marks the cluster ready.
+pub(crate) async fn prepare(
+    topology: &Topology,
+    cluster: &Cluster,
+    catalog: &Catalog,
+) -> Result<()> {
+    let backend = cluster.master.as_ref();
+    with_retry("preparing the cluster tables", || {
+        prepare_once(topology, cluster, backend, catalog)
+    })
+    .await?;
+    cluster.set_state(ClusterState::Ready);
+    Ok(())
+}
+
+async fn prepare_once(
+    topology: &Topology,
+    cluster: &Cluster,
+    backend: &dyn Backend,
+    catalog: &Catalog,
+) -> Result<()> {
+    let dialect = backend.dialect();
+    let now = Value::DateTime(crate::storage::value::truncate_to_micros(Utc::now()));
+    let mut tx = backend.begin().await?;
+    let mut records: Vec<(String, String, String)> = vec![(
+        String::new(),
+        "layout".to_string(),
+        ddl::LAYOUT_VERSION.to_string(),
+    )];
+    let mut superseded: Vec<(String, String, String)> = Vec::new();
+    for ds in topology.datastores_sorted() {
+        let owned = ds.map.ranges_of(cluster.index);
+        if owned.is_empty() {
+            continue;
+        }
+        for stmt in ddl::datastore_ddl(dialect, ds.name()) {
+            tx.execute(&raw(dialect, &stmt)).await?;
+        }
+        for index in &ds.indexes {
+            for stmt in ddl::index_ddl(dialect, &index.def, index.version) {
+                tx.execute(&raw(dialect, &stmt)).await?;
+            }
+        }
+        seed_shards(tx.as_mut(), dialect, &ds, &owned).await?;
+        records.push((
+            ds.name().to_string(),
+            "shards".into(),
+            ds.def.shards.to_string(),
+        ));
+        records.push((
+            ds.name().to_string(),
+            "ranges".into(),
+            format_ranges(&owned),
+        ));
+        for index in &ds.indexes {
+            let item = index_item(&index.def.name, index.version);
+            let state = if index.is_ready() {
+                IndexState::Ready
+            } else {
+                IndexState::Building
+            };
+            let known = catalog
+                .get(&(ds.name().to_string(), item.clone()))
+                .and_then(|v| serde_json::from_str::<IndexRecord>(v).ok());
+            if known.as_ref().is_none_or(|k| k.state != state) {
+                let record = IndexRecord {
+                    signature: index.signature.clone(),
+                    state,
+                    fields: fields_text(&index.def),
+                };
+                let value = serde_json::to_string(&record).expect("record serializes");
+                records.push((ds.name().to_string(), item, value));
+            }
+            for ((name, other), value) in catalog.iter() {
+                let Some((index_name, version)) = parse_index_item(other) else {
+                    continue;
+                };
+                if name != ds.name() || index_name != index.def.name || version == index.version {
+                    continue;
+                }
+                if let Ok(mut record) = serde_json::from_str::<IndexRecord>(value) {
+                    if record.state != IndexState::Superseded {
+                        record.state = IndexState::Superseded;
+                        let value = serde_json::to_string(&record).expect("record serializes");
+                        superseded.push((name.clone(), other.clone(), value));
+                    }
+                }
+            }
+        }
+    }
+    records.extend(superseded);
+    write_records(tx.as_mut(), dialect, &records, now).await?;
+    tx.commit().await
+}
+
+/// One counter row per owned shard, starting at `added_id` 1; existing
+/// rows are left alone.
+async fn seed_shards(
+    tx: &mut dyn crate::storage::Tx,
+    dialect: Dialect,
+    ds: &DatastoreRuntime,
+    owned: &[(u32, u32)],
+) -> Result<()> {
+    let shards: Vec<u32> = owned.iter().flat_map(|(a, b)| *a..=*b).collect();
+    for chunk in shards.chunks(MAX_PARAMS / 2) {
+        let mut sql = Sql::new(dialect);
+        sql.push(dialect.insert_ignore())
+            .ident(&ddl::shards_table(ds.name()))
+            .push(" (")
+            .idents(["shard", "next_added_id"])
+            .push(") VALUES ")
+            .values(
+                chunk
+                    .iter()
+                    .map(|s| vec![Value::Int(i64::from(*s)), Value::Int(1)]),
+            )
+            .push(dialect.on_conflict_do_nothing());
+        tx.execute(&sql).await?;
+    }
+    Ok(())
+}
+
+/// Upserts catalog rows.
+async fn write_records(
+    tx: &mut dyn crate::storage::Tx,
+    dialect: Dialect,
+    records: &[(String, String, String)],
+    now: Value,
+) -> Result<()> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let mut sql = Sql::new(dialect);
+    sql.push("INSERT INTO ")
+        .ident(ddl::CATALOG_TABLE)
+        .push(" (")
+        .idents(["datastore", "item", "value", "updated_at"])
+        .push(") VALUES ")
+        .values(records.iter().map(|(ds, item, value)| {
+            vec![
+                Value::Text(ds.clone()),
+                Value::Text(item.clone()),
+                Value::Text(value.clone()),
+                now.clone(),
+            ]
+        }))
+        .push(&dialect.upsert(&["datastore", "item"], &["value", "updated_at"]));
+    tx.execute(&sql).await?;
+    Ok(())
+}
+
+/// Records that `index` is complete on every prepared cluster of its
+/// datastore.
+pub(crate) async fn mark_ready(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    index: &crate::topology::IndexRuntime,
+) -> Result<()> {
+    let record = IndexRecord {
+        signature: index.signature.clone(),
+        state: IndexState::Ready,
+        fields: fields_text(&index.def),
+    };
+    let value = serde_json::to_string(&record).expect("record serializes");
+    let now = Value::DateTime(crate::storage::value::truncate_to_micros(Utc::now()));
+    for cluster in ds.map.clusters() {
+        let Ok(backend) = topology.clusters[cluster].master() else {
+            continue;
+        };
+        let dialect = backend.dialect();
+        let records = [(
+            ds.name().to_string(),
+            index_item(&index.def.name, index.version),
+            value.clone(),
+        )];
+        with_retry("recording a ready index", || async {
+            let mut tx = backend.begin().await?;
+            write_records(tx.as_mut(), dialect, &records, now.clone()).await?;
+            tx.commit().await
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Removes an index's table (one version, or every version) and its
+/// progress from every cluster of the datastore; returns the tables
+/// dropped. Refuses to drop the version the definitions use.
+pub(crate) async fn drop_index(
+    topology: &Topology,
+    datastore: &str,
+    index: &str,
+    version: Option<u32>,
+) -> Result<Vec<String>> {
+    let ds = topology.datastore(datastore)?;
+    if let Ok(current) = ds.index(index) {
+        if version.is_none_or(|v| v == current.version) {
+            return Err(Error::BadInput(format!(
+                "index `{index}` of `{datastore}` is defined (version {}); remove its file first, \
+                 or name an older version with --index-version",
+                current.version
+            )));
+        }
+    }
+    let mut dropped = Vec::new();
+    for cluster in ds.map.clusters() {
+        let backend = topology.clusters[cluster].master()?;
+        let dialect = backend.dialect();
+        let catalog = read(backend.as_ref()).await?;
+        let versions: Vec<u32> = catalog
+            .keys()
+            .filter(|(name, _)| name == datastore)
+            .filter_map(|(_, item)| parse_index_item(item))
+            .filter(|(name, v)| *name == index && version.is_none_or(|wanted| wanted == *v))
+            .map(|(_, v)| v)
+            .collect();
+        for v in versions {
+            let table = ddl::index_table(datastore, index, v);
+            with_retry("dropping an index", || async {
+                let mut tx = backend.begin().await?;
+                tx.execute(&raw(
+                    dialect,
+                    &ddl::drop_index_ddl(dialect, datastore, index, v),
+                ))
+                .await?;
+                let mut offsets = Sql::new(dialect);
+                offsets
+                    .push("DELETE FROM ")
+                    .ident(&ddl::offsets_table(datastore))
+                    .push(" WHERE ")
+                    .ident("consumer")
+                    .push(" LIKE ")
+                    .bind(Value::Text(format!("ix:{index}:{v}:%")));
+                tx.execute(&offsets).await?;
+                let mut forget = Sql::new(dialect);
+                forget
+                    .push("DELETE FROM ")
+                    .ident(ddl::CATALOG_TABLE)
+                    .push(" WHERE ")
+                    .ident("datastore")
+                    .push(" = ")
+                    .bind(Value::Text(datastore.to_string()))
+                    .push(" AND ")
+                    .ident("item")
+                    .push(" = ")
+                    .bind(Value::Text(index_item(index, v)));
+                tx.execute(&forget).await?;
+                tx.commit().await
+            })
+            .await?;
+            dropped.push(format!("{}: {table}", topology.clusters[cluster].name));
+        }
+    }
+    Ok(dropped)
+}
+
+/// Prepares the clusters that were unreachable at start-up once they
+/// answer, retrying every `every`; stops when all are ready or refused, or
+/// when the store is dropped.
+pub(crate) async fn prepare_later(topology: std::sync::Weak<Topology>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(topology) = topology.upgrade() else {
+            return;
+        };
+        let mut waiting = false;
+        for cluster in &topology.clusters {
+            if !matches!(cluster.state(), ClusterState::Pending(_)) {
+                continue;
+            }
+            match prepare_pending(&topology, cluster).await {
+                Ok(()) => {
+                    tracing::info!(cluster = %cluster.name, "storage cluster prepared");
+                }
+                Err(err) if err.is_unavailable() => {
+                    waiting = true;
+                    cluster.set_state(ClusterState::Pending(err.client_message()));
+                }
+                Err(err) => {
+                    tracing::error!(cluster = %cluster.name, error = %err, "storage cluster refused; its shards stay unavailable until a restart with matching definitions");
+                    cluster.set_state(ClusterState::Refused(err.client_message()));
+                }
+            }
+        }
+        if !waiting {
+            return;
+        }
+    }
+}
+
+/// Opens, checks and prepares one cluster.
+pub(crate) async fn prepare_pending(topology: &Topology, cluster: &Cluster) -> Result<()> {
+    let catalog = open_cluster(cluster.master.as_ref(), false).await?;
+    let mut warnings = Vec::new();
+    validate(topology, cluster, &catalog, &mut warnings)?;
+    for warning in warnings {
+        tracing::warn!(cluster = %cluster.name, "{warning}");
+    }
+    prepare(topology, cluster, &catalog).await
+}
+
+/// A statement without parameters.
+pub(crate) fn raw(dialect: Dialect, text: &str) -> Sql {
+    let mut sql = Sql::new(dialect);
+    sql.push(text);
+    sql
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_items_round_trip() {
+        assert_eq!(
+            parse_index_item(&index_item("by_city", 3)),
+            Some(("by_city", 3))
+        );
+        assert_eq!(parse_index_item("shards"), None);
+        assert_eq!(parse_index_item("index:x:notanumber"), None);
+    }
+}

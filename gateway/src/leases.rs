@@ -1,0 +1,459 @@
+//! Named leases held in the database, with fencing tokens.
+//!
+//! A lease is a row of `cellgate_leases` on a cluster: `name`, `holder`,
+//! `token`, `expires_at`. A process takes a free or expired lease by
+//! raising its token (`UPDATE … SET token = token + 1 … WHERE token = <the
+//! token it read>`), renews it before it expires, and releases it by
+//! expiring it. The token is the fence: work done under a lease commits
+//! only in a transaction that first locks the lease rows and finds them
+//! still held by the same holder with the same tokens ([`fence`]), so a
+//! process that stalled past its lease and lost it cannot commit anything
+//! afterwards, even if it does not know yet.
+//!
+//! Processes also hold a `member:<holder>` lease per cluster, which is how
+//! they count each other to share work fairly ([`live_members`]).
+//! Expiry compares the process clocks with the stored times; leases are
+//! seconds long, so clock skew of milliseconds does not matter.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::error::{Error, Result};
+use crate::storage::{ddl, Backend, ColType, Dialect, Sql, Tx, Value};
+
+/// A lease this process holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Lease {
+    pub(crate) name: String,
+    pub(crate) token: i64,
+    pub(crate) expires_at: DateTime<Utc>,
+}
+
+/// What a lease row says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LeaseRow {
+    pub(crate) name: String,
+    pub(crate) holder: String,
+    pub(crate) token: i64,
+    pub(crate) expires_at: DateTime<Utc>,
+}
+
+fn now() -> DateTime<Utc> {
+    crate::storage::value::truncate_to_micros(Utc::now())
+}
+
+fn epoch() -> DateTime<Utc> {
+    DateTime::UNIX_EPOCH
+}
+
+fn expiry(ttl: Duration) -> DateTime<Utc> {
+    now() + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::seconds(10))
+}
+
+/// The lease rows whose names start with `prefix`.
+pub(crate) async fn list(backend: &dyn Backend, prefix: &str) -> Result<Vec<LeaseRow>> {
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("SELECT ")
+        .idents(["name", "holder", "token", "expires_at"])
+        .push(" FROM ")
+        .ident(ddl::LEASES_TABLE)
+        .push(" WHERE ")
+        .ident("name")
+        .push(" LIKE ")
+        .bind(Value::Text(format!("{}%", like_escape(prefix))))
+        .push(like_escape_clause(backend.dialect()));
+    let types = [
+        ColType::Text,
+        ColType::Text,
+        ColType::Int,
+        ColType::DateTime,
+    ];
+    Ok(backend
+        .fetch(&sql, &types)
+        .await?
+        .into_iter()
+        .filter_map(|row| {
+            let mut row = row.into_iter();
+            match (row.next()?, row.next()?, row.next()?, row.next()?) {
+                (
+                    Value::Text(name),
+                    Value::Text(holder),
+                    Value::Int(token),
+                    Value::DateTime(expires_at),
+                ) => Some(LeaseRow {
+                    name,
+                    holder,
+                    token,
+                    expires_at,
+                }),
+                _ => None,
+            }
+        })
+        .collect())
+}
+
+/// `LIKE` treats `_` and `%` as wildcards; names use `_` freely.
+fn like_escape(text: &str) -> String {
+    text.replace('\\', "\\\\")
+        .replace('%', "\\%")
+        .replace('_', "\\_")
+}
+
+fn like_escape_clause(dialect: Dialect) -> &'static str {
+    match dialect {
+        // MySQL's default escape character is already the backslash, and
+        // writing it in SQL text would need escaping of its own.
+        Dialect::MySql => "",
+        Dialect::Sqlite | Dialect::Postgres => " ESCAPE '\\'",
+    }
+}
+
+/// Creates the rows of `names` that do not exist yet, free (expired).
+pub(crate) async fn ensure(backend: &dyn Backend, names: &[String]) -> Result<()> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    let dialect = backend.dialect();
+    for chunk in names.chunks(1000) {
+        let mut sql = Sql::new(dialect);
+        sql.push(dialect.insert_ignore())
+            .ident(ddl::LEASES_TABLE)
+            .push(" (")
+            .idents(["name", "holder", "token", "expires_at", "acquired_at"])
+            .push(") VALUES ")
+            .values(chunk.iter().map(|name| {
+                vec![
+                    Value::Text(name.clone()),
+                    Value::Text(String::new()),
+                    Value::Int(0),
+                    Value::DateTime(epoch()),
+                    Value::DateTime(epoch()),
+                ]
+            }))
+            .push(dialect.on_conflict_do_nothing());
+        backend.execute(&sql).await?;
+    }
+    Ok(())
+}
+
+/// Takes `row`'s lease for `holder` if it is still as read: free or
+/// expired, or already ours. `None` when another process was faster.
+pub(crate) async fn acquire(
+    backend: &dyn Backend,
+    row: &LeaseRow,
+    holder: &str,
+    ttl: Duration,
+) -> Result<Option<Lease>> {
+    let expires_at = expiry(ttl);
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("UPDATE ")
+        .ident(ddl::LEASES_TABLE)
+        .push(" SET ")
+        .ident("holder")
+        .push(" = ")
+        .bind(Value::Text(holder.to_string()))
+        .push(", ")
+        .ident("token")
+        .push(" = ")
+        .bind(Value::Int(row.token + 1))
+        .push(", ")
+        .ident("expires_at")
+        .push(" = ")
+        .bind(Value::DateTime(expires_at))
+        .push(", ")
+        .ident("acquired_at")
+        .push(" = ")
+        .bind(Value::DateTime(now()))
+        .push(" WHERE ")
+        .ident("name")
+        .push(" = ")
+        .bind(Value::Text(row.name.clone()))
+        .push(" AND ")
+        .ident("token")
+        .push(" = ")
+        .bind(Value::Int(row.token));
+    if backend.execute(&sql).await? == 1 {
+        Ok(Some(Lease {
+            name: row.name.clone(),
+            token: row.token + 1,
+            expires_at,
+        }))
+    } else {
+        Ok(None)
+    }
+}
+
+/// Takes every lease of `rows` that is still as read (free or expired), in
+/// two statements; returns the ones taken. For a process that wants them
+/// all, which is the common case of a single gateway.
+pub(crate) async fn acquire_all(
+    backend: &dyn Backend,
+    rows: &[LeaseRow],
+    holder: &str,
+    ttl: Duration,
+) -> Result<Vec<Lease>> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let expires_at = expiry(ttl);
+    let dialect = backend.dialect();
+    let mut update = Sql::new(dialect);
+    update
+        .push("UPDATE ")
+        .ident(ddl::LEASES_TABLE)
+        .push(" SET ")
+        .ident("holder")
+        .push(" = ")
+        .bind(Value::Text(holder.to_string()))
+        .push(", ")
+        .ident("token")
+        .push(" = ")
+        .ident("token")
+        .push(" + 1, ")
+        .ident("expires_at")
+        .push(" = ")
+        .bind(Value::DateTime(expires_at))
+        .push(", ")
+        .ident("acquired_at")
+        .push(" = ")
+        .bind(Value::DateTime(now()))
+        .push(" WHERE ");
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            update.push(" OR ");
+        }
+        update
+            .push("(")
+            .ident("name")
+            .push(" = ")
+            .bind(Value::Text(row.name.clone()))
+            .push(" AND ")
+            .ident("token")
+            .push(" = ")
+            .bind(Value::Int(row.token))
+            .push(")");
+    }
+    backend.execute(&update).await?;
+    let wanted: HashMap<&str, i64> = rows
+        .iter()
+        .map(|r| (r.name.as_str(), r.token + 1))
+        .collect();
+    let mut check = Sql::new(dialect);
+    check
+        .push("SELECT ")
+        .idents(["name", "token"])
+        .push(" FROM ")
+        .ident(ddl::LEASES_TABLE)
+        .push(" WHERE ")
+        .ident("holder")
+        .push(" = ")
+        .bind(Value::Text(holder.to_string()))
+        .push(" AND ")
+        .ident("name")
+        .push(" IN ")
+        .bind_list(rows.iter().map(|r| Value::Text(r.name.clone())));
+    Ok(backend
+        .fetch(&check, &[ColType::Text, ColType::Int])
+        .await?
+        .into_iter()
+        .filter_map(|row| {
+            let name = row[0].as_text()?;
+            let token = row[1].as_int()?;
+            (wanted.get(name) == Some(&token)).then(|| Lease {
+                name: name.to_string(),
+                token,
+                expires_at,
+            })
+        })
+        .collect())
+}
+
+/// Extends the leases `held` by `holder`; returns those still held, with
+/// their new expiry. A lease another process took is left out.
+pub(crate) async fn renew(
+    backend: &dyn Backend,
+    holder: &str,
+    held: &[Lease],
+    ttl: Duration,
+) -> Result<Vec<Lease>> {
+    if held.is_empty() {
+        return Ok(Vec::new());
+    }
+    let expires_at = expiry(ttl);
+    let tokens: HashMap<&str, i64> = held.iter().map(|l| (l.name.as_str(), l.token)).collect();
+    let mut renewed = Vec::new();
+    for chunk in held.chunks(1000) {
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("UPDATE ")
+            .ident(ddl::LEASES_TABLE)
+            .push(" SET ")
+            .ident("expires_at")
+            .push(" = ")
+            .bind(Value::DateTime(expires_at))
+            .push(" WHERE ")
+            .ident("holder")
+            .push(" = ")
+            .bind(Value::Text(holder.to_string()))
+            .push(" AND ")
+            .ident("name")
+            .push(" IN ")
+            .bind_list(chunk.iter().map(|l| Value::Text(l.name.clone())));
+        backend.execute(&sql).await?;
+        let mut check = Sql::new(backend.dialect());
+        check
+            .push("SELECT ")
+            .idents(["name", "token"])
+            .push(" FROM ")
+            .ident(ddl::LEASES_TABLE)
+            .push(" WHERE ")
+            .ident("holder")
+            .push(" = ")
+            .bind(Value::Text(holder.to_string()))
+            .push(" AND ")
+            .ident("name")
+            .push(" IN ")
+            .bind_list(chunk.iter().map(|l| Value::Text(l.name.clone())));
+        for row in backend
+            .fetch(&check, &[ColType::Text, ColType::Int])
+            .await?
+        {
+            if let (Some(name), Some(token)) = (row[0].as_text(), row[1].as_int()) {
+                if tokens.get(name) == Some(&token) {
+                    renewed.push(Lease {
+                        name: name.to_string(),
+                        token,
+                        expires_at,
+                    });
+                }
+            }
+        }
+    }
+    Ok(renewed)
+}
+
+/// Gives up leases: they expire at once, free for other processes.
+pub(crate) async fn release(backend: &dyn Backend, holder: &str, names: &[String]) -> Result<()> {
+    for chunk in names.chunks(1000) {
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("UPDATE ")
+            .ident(ddl::LEASES_TABLE)
+            .push(" SET ")
+            .ident("expires_at")
+            .push(" = ")
+            .bind(Value::DateTime(epoch()))
+            .push(" WHERE ")
+            .ident("holder")
+            .push(" = ")
+            .bind(Value::Text(holder.to_string()))
+            .push(" AND ")
+            .ident("name")
+            .push(" IN ")
+            .bind_list(chunk.iter().map(|n| Value::Text(n.clone())));
+        backend.execute(&sql).await?;
+    }
+    Ok(())
+}
+
+/// The member lease name of `holder`.
+pub(crate) fn member_name(holder: &str) -> String {
+    format!("member:{holder}")
+}
+
+/// Announces `holder` as a live member for `ttl` more.
+pub(crate) async fn heartbeat(backend: &dyn Backend, holder: &str, ttl: Duration) -> Result<()> {
+    let dialect = backend.dialect();
+    let mut sql = Sql::new(dialect);
+    sql.push("INSERT INTO ")
+        .ident(ddl::LEASES_TABLE)
+        .push(" (")
+        .idents(["name", "holder", "token", "expires_at", "acquired_at"])
+        .push(") VALUES ")
+        .values([vec![
+            Value::Text(member_name(holder)),
+            Value::Text(holder.to_string()),
+            Value::Int(0),
+            Value::DateTime(expiry(ttl)),
+            Value::DateTime(now()),
+        ]])
+        .push(&dialect.upsert(&["name"], &["expires_at"]));
+    backend.execute(&sql).await?;
+    Ok(())
+}
+
+/// How many members are alive, and forgets members dead for an hour.
+pub(crate) async fn live_members(backend: &dyn Backend) -> Result<usize> {
+    let now = now();
+    let rows = list(backend, "member:").await?;
+    let dead: Vec<String> = rows
+        .iter()
+        .filter(|r| r.expires_at < now - chrono::Duration::hours(1))
+        .map(|r| r.name.clone())
+        .collect();
+    if !dead.is_empty() {
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("DELETE FROM ")
+            .ident(ddl::LEASES_TABLE)
+            .push(" WHERE ")
+            .ident("name")
+            .push(" IN ")
+            .bind_list(dead.into_iter().map(Value::Text));
+        backend.execute(&sql).await?;
+    }
+    Ok(rows.iter().filter(|r| r.expires_at > now).count().max(1))
+}
+
+/// Inside a transaction: locks the rows of `held` and fails with
+/// [`Error::LeaseLost`] unless each is still held by `holder` with the
+/// same token and has not expired. Everything the transaction does is
+/// thereby fenced: a process that lost a lease cannot commit.
+pub(crate) async fn fence(
+    tx: &mut dyn Tx,
+    dialect: Dialect,
+    holder: &str,
+    held: &[Lease],
+) -> Result<()> {
+    if held.is_empty() {
+        return Ok(());
+    }
+    let mut sql = Sql::new(dialect);
+    sql.push("SELECT ")
+        .idents(["name", "holder", "token", "expires_at"])
+        .push(" FROM ")
+        .ident(ddl::LEASES_TABLE)
+        .push(" WHERE ")
+        .ident("name")
+        .push(" IN ")
+        .bind_list(held.iter().map(|l| Value::Text(l.name.clone())))
+        .push(" ORDER BY ")
+        .ident("name")
+        .push(dialect.for_update());
+    let types = [
+        ColType::Text,
+        ColType::Text,
+        ColType::Int,
+        ColType::DateTime,
+    ];
+    let rows = tx.fetch(&sql, &types).await?;
+    let now = now();
+    let found: HashMap<String, (String, i64, DateTime<Utc>)> = rows
+        .into_iter()
+        .filter_map(|row| {
+            let mut row = row.into_iter();
+            match (row.next()?, row.next()?, row.next()?, row.next()?) {
+                (Value::Text(n), Value::Text(h), Value::Int(t), Value::DateTime(e)) => {
+                    Some((n, (h, t, e)))
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    for lease in held {
+        match found.get(&lease.name) {
+            Some((h, t, e)) if h == holder && *t == lease.token && *e > now => {}
+            _ => return Err(Error::LeaseLost(lease.name.clone())),
+        }
+    }
+    Ok(())
+}

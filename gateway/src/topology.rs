@@ -1,0 +1,320 @@
+//! The topology: definitions, storage clusters and the routing of logical
+//! shards to them — the one place the write path, the read path and the
+//! index maintainer all depend on.
+//!
+//! Nothing here runs a statement on behalf of a request. A cluster becomes
+//! usable once it is *prepared* (its tables exist and its catalog agrees
+//! with the definitions, see `catalog.rs`); until then every operation on it
+//! fails with `STORAGE_UNAVAILABLE`, so no read or write ever creates a
+//! table. Writers announce what they committed through [`Events`]; the
+//! maintainer subscribes to them, so the write path never calls into index
+//! maintenance and the dependency arrows run one way:
+//! `cells` → `topology` ← `indexes`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use index_dsl::{Datastore, Definitions, Index};
+use tokio::sync::mpsc;
+
+use crate::error::{Error, Result};
+use crate::shards::ShardMap;
+use crate::storage::{ddl, Backend};
+
+/// Everything the store knows about where data lives.
+pub(crate) struct Topology {
+    pub(crate) defs: Definitions,
+    pub(crate) datastores: HashMap<String, Arc<DatastoreRuntime>>,
+    pub(crate) clusters: Vec<Cluster>,
+    /// Secondary clusters that receive a copy of each write first.
+    pub(crate) buffer_count: usize,
+    /// Largest number of cells in one put.
+    pub(crate) max_batch: usize,
+    pub(crate) events: Events,
+}
+
+/// Whether a cluster can be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ClusterState {
+    /// Not prepared yet (unreachable so far); the reason is the last error.
+    Pending(String),
+    /// Tables exist and match the definitions.
+    Ready,
+    /// Its catalog disagrees with the definitions; it stays unused until a
+    /// restart with definitions that agree.
+    Refused(String),
+}
+
+/// One storage cluster: a master and its replicas.
+pub(crate) struct Cluster {
+    pub(crate) index: usize,
+    pub(crate) name: String,
+    pub(crate) master: Arc<dyn Backend>,
+    /// Opened at start-up so a malformed replica URL stops the gateway
+    /// there. Reads do not use replicas yet: replica reads and failover to
+    /// them are not built.
+    #[allow(dead_code)]
+    pub(crate) replicas: Vec<Arc<dyn Backend>>,
+    state: RwLock<ClusterState>,
+}
+
+impl Cluster {
+    pub(crate) fn new(
+        index: usize,
+        name: String,
+        master: Arc<dyn Backend>,
+        replicas: Vec<Arc<dyn Backend>>,
+    ) -> Cluster {
+        Cluster {
+            index,
+            name,
+            master,
+            replicas,
+            state: RwLock::new(ClusterState::Pending("not prepared yet".into())),
+        }
+    }
+
+    pub(crate) fn state(&self) -> ClusterState {
+        self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn set_state(&self, state: ClusterState) {
+        *self.state.write().unwrap_or_else(|e| e.into_inner()) = state;
+    }
+
+    /// The master, if the cluster is prepared.
+    pub(crate) fn master(&self) -> Result<&Arc<dyn Backend>> {
+        match self.state() {
+            ClusterState::Ready => Ok(&self.master),
+            ClusterState::Pending(reason) | ClusterState::Refused(reason) => {
+                Err(Error::ClusterNotReady {
+                    cluster: self.name.clone(),
+                    reason,
+                })
+            }
+        }
+    }
+}
+
+/// One index as the store maintains and serves it: its definition, the
+/// version of its table, and whether that table is complete.
+pub(crate) struct IndexRuntime {
+    pub(crate) def: Index,
+    /// Version of the table (`<ds>_ix_<index>` is 1, then `_v2`, …): a new
+    /// version is built when the index's fields or shard field change.
+    pub(crate) version: u32,
+    pub(crate) table: String,
+    /// A digest of the definition parts that shape the table.
+    pub(crate) signature: String,
+    ready: AtomicBool,
+    /// Cells still to apply while building, for the error message.
+    pending: AtomicI64,
+}
+
+impl IndexRuntime {
+    pub(crate) fn new(def: Index, version: u32, ready: bool) -> IndexRuntime {
+        IndexRuntime {
+            table: ddl::index_table(&def.datastore, &def.name, version),
+            signature: index_signature(&def),
+            def,
+            version,
+            ready: AtomicBool::new(ready),
+            pending: AtomicI64::new(0),
+        }
+    }
+
+    /// The log consumer name of this index version writing to `cluster`.
+    pub(crate) fn consumer(&self, cluster: &str) -> String {
+        format!("ix:{}:{}:{}", self.def.name, self.version, cluster)
+    }
+
+    pub(crate) fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+
+    /// Cells still to apply while building (from the latest sweep).
+    pub(crate) fn pending(&self) -> i64 {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_pending(&self, pending: i64) {
+        self.pending.store(pending, Ordering::Relaxed);
+    }
+
+    /// Fails with `INDEX_BUILDING` while the table is still being filled.
+    pub(crate) fn check_ready(&self) -> Result<()> {
+        if self.is_ready() {
+            return Ok(());
+        }
+        Err(Error::IndexBuilding {
+            datastore: self.def.datastore.clone(),
+            index: self.def.name.clone(),
+            pending: self.pending.load(Ordering::Relaxed),
+        })
+    }
+}
+
+/// A digest of what shapes an index table and its entries: fields (name,
+/// path, type, column) and the shard field. Descriptions do not count.
+pub(crate) fn index_signature(index: &Index) -> String {
+    let mut text = format!("shard={};", index.shard_field().name);
+    for field in &index.fields {
+        text.push_str(&format!(
+            "{}={}:{}:{};",
+            field.name,
+            field.column,
+            field.path,
+            field.ty.name().to_ascii_lowercase()
+        ));
+    }
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()))
+}
+
+/// A datastore's definition with its routing and index versions.
+pub(crate) struct DatastoreRuntime {
+    pub(crate) def: Datastore,
+    pub(crate) map: ShardMap,
+    /// In the order of `def.indexes`.
+    pub(crate) indexes: Vec<IndexRuntime>,
+    /// Cells stored by this process, for metrics.
+    pub(crate) cells_written: AtomicU64,
+    /// Cells found identical to stored ones, for metrics.
+    pub(crate) cells_duplicate: AtomicU64,
+}
+
+impl DatastoreRuntime {
+    pub(crate) fn new(def: Datastore, map: ShardMap, indexes: Vec<IndexRuntime>) -> Self {
+        DatastoreRuntime {
+            def,
+            map,
+            indexes,
+            cells_written: AtomicU64::new(0),
+            cells_duplicate: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.def.name
+    }
+
+    /// Fails with `UNKNOWN_COLUMN`, listing the declared columns, unless
+    /// `column` is one of them.
+    pub(crate) fn check_column(&self, column: &str) -> Result<()> {
+        if self.def.column(column).is_some() {
+            return Ok(());
+        }
+        let expected: Vec<&str> = self.def.columns.iter().map(|c| c.name.as_str()).collect();
+        Err(Error::UnknownColumn {
+            datastore: self.def.name.clone(),
+            column: column.to_string(),
+            expected: expected.join(", "),
+        })
+    }
+
+    /// The index called `name`.
+    pub(crate) fn index(&self, name: &str) -> Result<&IndexRuntime> {
+        self.indexes
+            .iter()
+            .find(|i| i.def.name == name)
+            .ok_or_else(|| Error::UnknownIndex {
+                datastore: self.def.name.clone(),
+                index: name.to_string(),
+            })
+    }
+
+    /// Whether the datastore has any index reading `column`.
+    pub(crate) fn indexes_column(&self, column: &str) -> bool {
+        self.def
+            .indexes
+            .iter()
+            .any(|i| i.columns.iter().any(|c| c == column))
+    }
+}
+
+/// Cells committed on one cluster: what the maintainer needs to know.
+#[derive(Debug, Clone)]
+pub(crate) struct Written {
+    pub(crate) datastore: String,
+    pub(crate) cluster: usize,
+    /// Each touched shard with its new last `added_id`.
+    pub(crate) heads: Vec<(u32, i64)>,
+}
+
+/// The write notifications of a store. Sending never blocks and never
+/// fails a write: with no subscriber (maintenance off), events are dropped.
+pub(crate) struct Events {
+    sender: mpsc::UnboundedSender<Written>,
+}
+
+impl Events {
+    pub(crate) fn new() -> (Events, mpsc::UnboundedReceiver<Written>) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        (Events { sender }, receiver)
+    }
+
+    pub(crate) fn written(&self, event: Written) {
+        // The receiver is gone only when maintenance is off or stopping.
+        let _ = self.sender.send(event);
+    }
+}
+
+impl Topology {
+    pub(crate) fn datastore(&self, name: &str) -> Result<Arc<DatastoreRuntime>> {
+        self.datastores
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::UnknownDatastore(name.to_string()))
+    }
+
+    /// The datastores, sorted by name.
+    pub(crate) fn datastores_sorted(&self) -> Vec<Arc<DatastoreRuntime>> {
+        let mut all: Vec<_> = self.datastores.values().cloned().collect();
+        all.sort_by(|a, b| a.def.name.cmp(&b.def.name));
+        all
+    }
+
+    /// The cluster holding `shard` of `ds`.
+    pub(crate) fn cluster_of(&self, ds: &DatastoreRuntime, shard: u32) -> &Cluster {
+        &self.clusters[ds.map.cluster_of(shard)]
+    }
+
+    /// Groups items by the cluster of their shard, clusters in order.
+    pub(crate) fn by_cluster<T>(
+        &self,
+        ds: &DatastoreRuntime,
+        items: impl IntoIterator<Item = (u32, T)>,
+    ) -> BTreeMap<usize, Vec<T>> {
+        let mut groups: BTreeMap<usize, Vec<T>> = BTreeMap::new();
+        for (shard, item) in items {
+            groups
+                .entry(ds.map.cluster_of(shard))
+                .or_default()
+                .push(item);
+        }
+        groups
+    }
+
+    /// Where the shards of `datastore` live: contiguous `(first, last,
+    /// cluster name)` ranges, in shard order.
+    pub(crate) fn ranges(&self, ds: &DatastoreRuntime) -> Vec<(u32, u32, String)> {
+        let mut ranges: Vec<(u32, u32, String)> = ds
+            .map
+            .clusters()
+            .into_iter()
+            .flat_map(|c| {
+                ds.map
+                    .ranges_of(c)
+                    .into_iter()
+                    .map(move |(first, last)| (first, last, c))
+            })
+            .map(|(first, last, c)| (first, last, self.clusters[c].name.clone()))
+            .collect();
+        ranges.sort();
+        ranges
+    }
+}
