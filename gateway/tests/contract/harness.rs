@@ -26,7 +26,9 @@ pub struct Env {
     pub kind: Kind,
     pub url: String,
     server: Option<(String, String)>,
-    _dir: tempfile::TempDir,
+    /// Databases made by [`Env::extra_url`], dropped on cleanup.
+    extra: std::sync::Mutex<Vec<String>>,
+    dir: tempfile::TempDir,
 }
 
 /// Shards of both test datastores: the default count, as in production.
@@ -95,8 +97,42 @@ impl Env {
             kind,
             url,
             server,
-            _dir: dir,
+            extra: std::sync::Mutex::new(Vec::new()),
+            dir,
         })
+    }
+
+    /// A second, empty database of the same backend (another SQLite file,
+    /// another database on the server), for two-cluster topologies.
+    pub async fn extra_url(&self) -> String {
+        let mut extra = self.extra.lock().unwrap();
+        let n = extra.len() + 1;
+        match &self.server {
+            None => format!(
+                "sqlite://{}",
+                self.dir.path().join(format!("extra{n}.db")).display()
+            ),
+            Some((base, name)) => {
+                let extra_name = format!("{name}_x{n}");
+                create_database(self.kind, base, &extra_name).await;
+                extra.push(extra_name.clone());
+                replace_database(base, &extra_name)
+            }
+        }
+    }
+
+    /// Opens a store on `storage` with the given definition files.
+    pub async fn open_custom(
+        &self,
+        files: &[(&str, &str)],
+        storage: StorageConfig,
+        maintain_indexes: bool,
+    ) -> cellgate::Result<Store> {
+        let defs = index_dsl::load_files(Path::new("defs"), files.iter().copied())
+            .unwrap_or_else(|e| panic!("test definitions are invalid:\n{e}"));
+        let mut options = StoreOptions::new(storage);
+        options.maintain_indexes = maintain_indexes;
+        Store::open(defs, options).await
     }
 
     pub fn storage(&self) -> StorageConfig {
@@ -116,27 +152,35 @@ impl Env {
     }
 
     pub async fn cleanup(self) {
+        let extra = std::mem::take(&mut *self.extra.lock().unwrap());
         if let Some((base, name)) = &self.server {
-            let sql = format!("DROP DATABASE IF EXISTS {name}");
-            match self.kind {
-                Kind::MySql => {
-                    let mut conn = sqlx::MySqlConnection::connect(base).await.expect("connect");
-                    sqlx::query(&sql)
-                        .execute(&mut conn)
-                        .await
-                        .expect("drop database");
-                }
-                Kind::Postgres => {
-                    let mut conn = sqlx::PgConnection::connect(base).await.expect("connect");
-                    let sql = format!("{sql} WITH (FORCE)");
-                    sqlx::query(&sql)
-                        .execute(&mut conn)
-                        .await
-                        .expect("drop database");
-                }
-                Kind::Sqlite => {}
+            for extra_name in extra {
+                drop_database(self.kind, base, &extra_name).await;
             }
+            drop_database(self.kind, base, name).await;
         }
+    }
+}
+
+async fn drop_database(kind: Kind, base: &str, name: &str) {
+    let sql = format!("DROP DATABASE IF EXISTS {name}");
+    match kind {
+        Kind::MySql => {
+            let mut conn = sqlx::MySqlConnection::connect(base).await.expect("connect");
+            sqlx::query(&sql)
+                .execute(&mut conn)
+                .await
+                .expect("drop database");
+        }
+        Kind::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(base).await.expect("connect");
+            let sql = format!("{sql} WITH (FORCE)");
+            sqlx::query(&sql)
+                .execute(&mut conn)
+                .await
+                .expect("drop database");
+        }
+        Kind::Sqlite => {}
     }
 }
 

@@ -3,7 +3,12 @@
 
 #[path = "../support/bodies.rs"]
 mod bodies;
+mod catalog;
+mod concurrency;
 mod harness;
+
+use catalog::*;
+use concurrency::*;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -52,6 +57,13 @@ contract_suite!(
     adversarial_bodies_read_back,
     limit_sized_bodies_read_back,
     index_query_is_an_index_range_scan,
+    a_new_shard_count_is_refused,
+    shards_moved_between_clusters_are_refused,
+    a_new_index_is_built_from_the_log,
+    a_changed_index_gets_a_new_version,
+    a_removed_index_keeps_its_table_until_dropped,
+    reads_and_writes_create_no_tables,
+    concurrent_batches_on_overlapping_shards,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {
