@@ -1,28 +1,31 @@
 //! The browser pages the gateway serves from its own binary: the GraphiQL
-//! playground at `/`.
+//! playground at `/` and the web explorer at `/ui/`.
 //!
 //! Every file comes from `web/` and is embedded at build time with
 //! `include_bytes!`, so the pages work without internet access and
-//! `cargo build` needs no Node: the playground's React and GraphiQL
-//! bundles are vendored copies of pinned npm packages (`web/vendor.mjs`
-//! derives them from `web/package-lock.json`; CI checks they match).
+//! `cargo build` needs no Node: the explorer is plain ES modules and CSS,
+//! and the playground's React and GraphiQL bundles are vendored copies of
+//! pinned npm packages (`web/vendor.mjs` derives them from
+//! `web/package-lock.json`; CI checks they match).
 //!
 //! Files are looked up in a fixed table, never on the file system, so no
 //! request path can reach anything else. A unit test keeps the table equal
-//! to the files under `web/playground/`.
+//! to the files under `web/playground/` and `web/explorer/`.
 //!
 //! Caching: vendored files carry their package version in their name and
 //! never change under that name, so they are cached for a year as
 //! `immutable`; every other file changes with the binary and is served
 //! `no-cache` with an `ETag`, so browsers revalidate and get a 304 when
 //! nothing changed. HTML pages carry a Content-Security-Policy that allows
-//! same-origin scripts, styles and requests only.
+//! same-origin scripts, styles and requests only: the explorer shows cell
+//! bodies written by anyone, and the policy keeps a rendering mistake from
+//! becoming script execution.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use poem::http::{header, StatusCode};
-use poem::web::Path;
+use poem::web::{Path, Redirect};
 use poem::{handler, Request, Response};
 
 /// One embedded file, by its path under `web/`.
@@ -51,6 +54,26 @@ static ASSETS: &[Asset] = embed![
     "playground/vendor/graphiql-4.1.2.min.js",
     "playground/vendor/react-18.3.1.production.min.js",
     "playground/vendor/react-dom-18.3.1.production.min.js",
+    "explorer/index.html",
+    "explorer/style.css",
+    "explorer/app.js",
+    "explorer/api.js",
+    "explorer/catalog.js",
+    "explorer/copy.js",
+    "explorer/dom.js",
+    "explorer/format.js",
+    "explorer/metrics.js",
+    "explorer/queries.js",
+    "explorer/settings.js",
+    "explorer/views/breadcrumbs.js",
+    "explorer/views/datastore.js",
+    "explorer/views/health.js",
+    "explorer/views/home.js",
+    "explorer/views/index-query.js",
+    "explorer/views/log.js",
+    "explorer/views/not-found.js",
+    "explorer/views/row.js",
+    "explorer/views/settings.js",
 ];
 
 /// Path → (asset, ETag), built on first use.
@@ -69,6 +92,12 @@ static INDEX: LazyLock<HashMap<&'static str, (&'static Asset, String)>> = LazyLo
 const PLAYGROUND_CSP: &str = "default-src 'none'; script-src 'self'; \
      style-src 'self' 'unsafe-inline'; font-src 'self' data:; img-src 'self' data:; \
      connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// What the explorer page may load: only its own files and the gateway's
+/// endpoints.
+const EXPLORER_CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+     img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; \
+     frame-ancestors 'none'";
 
 fn content_type(path: &str) -> &'static str {
     match path.rsplit_once('.').map(|(_, ext)| ext) {
@@ -135,6 +164,24 @@ pub(super) fn playground_file(Path(path): Path<String>, request: &Request) -> Re
     serve(&format!("playground/{path}"), request, PLAYGROUND_CSP)
 }
 
+/// `GET /ui`: the explorer lives under `/ui/`, where its relative links
+/// resolve.
+#[handler]
+pub(super) fn explorer_redirect() -> Redirect {
+    Redirect::permanent("/ui/")
+}
+
+/// `GET /ui/` and `GET /ui/*`: the web explorer. Its pages are routed in the
+/// browser (`#/…`), so every page is `index.html`.
+#[handler]
+pub(super) fn explorer_file(path: Option<Path<String>>, request: &Request) -> Response {
+    let path = match path.as_ref().map(|Path(p)| p.as_str()) {
+        None | Some("") => "index.html",
+        Some(path) => path,
+    };
+    serve(&format!("explorer/{path}"), request, EXPLORER_CSP)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,7 +207,9 @@ mod tests {
     #[test]
     fn every_file_of_the_pages_is_embedded() {
         let mut on_disk = Vec::new();
-        files_under(&web_dir().join("playground"), "playground/", &mut on_disk);
+        for dir in ["playground", "explorer"] {
+            files_under(&web_dir().join(dir), &format!("{dir}/"), &mut on_disk);
+        }
         on_disk.sort();
         let mut embedded: Vec<String> = ASSETS.iter().map(|a| a.path.to_string()).collect();
         embedded.sort();
@@ -199,6 +248,9 @@ mod tests {
         Route::new()
             .at("/", get(playground))
             .at("/playground/*path", get(playground_file))
+            .at("/ui", get(explorer_redirect))
+            .at("/ui/", get(explorer_file))
+            .at("/ui/*path", get(explorer_file))
     }
 
     async fn fetch(path: &str, if_none_match: Option<&str>) -> Response {
@@ -254,34 +306,51 @@ mod tests {
             header_of(&css, header::CONTENT_TYPE),
             "text/css; charset=utf-8"
         );
+
+        let explorer = fetch("/ui/", None).await;
+        assert_eq!(explorer.status(), StatusCode::OK);
+        assert_eq!(
+            header_of(&explorer, header::CONTENT_TYPE),
+            "text/html; charset=utf-8"
+        );
+        assert!(header_of(&explorer, header::CONTENT_SECURITY_POLICY).contains("style-src 'self';"));
+        let module = fetch("/ui/app.js", None).await;
+        assert_eq!(module.status(), StatusCode::OK);
+        assert_eq!(
+            header_of(&module, header::CONTENT_TYPE),
+            "text/javascript; charset=utf-8"
+        );
+    }
+
+    #[tokio::test]
+    async fn ui_without_a_slash_redirects() {
+        let response = fetch("/ui", None).await;
+        assert_eq!(response.status(), StatusCode::PERMANENT_REDIRECT);
+        assert_eq!(header_of(&response, header::LOCATION), "/ui/");
     }
 
     #[tokio::test]
     async fn a_known_version_is_not_sent_again() {
-        let first = fetch("/playground/playground.js", None).await;
+        let first = fetch("/ui/app.js", None).await;
         let etag = header_of(&first, header::ETAG).to_string();
         assert!(etag.starts_with('"'), "{etag}");
-        let again = fetch("/playground/playground.js", Some(&etag)).await;
+        let again = fetch("/ui/app.js", Some(&etag)).await;
         assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
-        let weak = fetch(
-            "/playground/playground.js",
-            Some(&format!("\"other\", W/{etag}")),
-        )
-        .await;
+        let weak = fetch("/ui/app.js", Some(&format!("\"other\", W/{etag}"))).await;
         assert_eq!(weak.status(), StatusCode::NOT_MODIFIED);
-        let changed = fetch("/playground/playground.js", Some("\"0000000000000000\"")).await;
+        let changed = fetch("/ui/app.js", Some("\"0000000000000000\"")).await;
         assert_eq!(changed.status(), StatusCode::OK);
     }
 
     #[tokio::test]
     async fn only_embedded_files_are_served() {
         for path in [
-            "/playground/missing.js",
-            "/playground/../Cargo.toml",
-            "/playground/%2e%2e/README.md",
+            "/ui/missing.js",
+            "/ui/../Cargo.toml",
+            "/ui/%2e%2e/README.md",
             "/playground/../../README.md",
             "/playground/package.json",
-            "/playground/playground/index.html",
+            "/ui/explorer/index.html",
         ] {
             let response = fetch(path, None).await;
             assert_eq!(response.status(), StatusCode::NOT_FOUND, "{path}");

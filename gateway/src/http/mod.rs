@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `POST /graphql`, `GET /graphql` | GraphQL over HTTP (`graphql.rs`) |
 //! | `GET /`, `GET /playground/*` | the GraphiQL playground (`assets.rs`) |
+//! | `GET /ui/` | the web explorer (`assets.rs`) |
 //! | `GET /healthz`, `GET /readyz` | liveness and readiness (`health.rs`) |
 //! | `GET /metrics` | Prometheus metrics (`metrics.rs`) |
 //!
@@ -73,6 +74,9 @@ pub fn routes(gateway: Arc<Gateway>) -> impl IntoEndpoint {
         )
         .at("/", get(assets::playground))
         .at("/playground/*path", get(assets::playground_file))
+        .at("/ui", get(assets::explorer_redirect))
+        .at("/ui/", get(assets::explorer_file))
+        .at("/ui/*path", get(assets::explorer_file))
         .at("/healthz", get(health::healthz))
         .at("/readyz", get(health::readyz))
         .at("/metrics", get(metrics::metrics))
