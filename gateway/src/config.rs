@@ -192,7 +192,7 @@ pub struct LimitsConfig {
     /// Deepest selection nesting of a GraphQL query.
     ///
     /// ```yaml
-    /// max_depth: 12
+    /// max_depth: 15
     /// ```
     pub max_depth: usize,
     /// Largest GraphQL query complexity (each selected field counts 1).

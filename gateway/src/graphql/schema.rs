@@ -51,7 +51,9 @@ pub struct GraphqlLimits {
 impl Default for GraphqlLimits {
     fn default() -> Self {
         GraphqlLimits {
-            depth: 12,
+            // GraphiQL's schema introspection query nests 15 levels deep;
+            // with less, the playground loads without docs or completion.
+            depth: 15,
             complexity: 2_000,
         }
     }

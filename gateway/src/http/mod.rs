@@ -3,7 +3,8 @@
 //! | route | what |
 //! |---|---|
 //! | `POST /graphql`, `GET /graphql` | GraphQL over HTTP (`graphql.rs`) |
-//! | `GET /` | the GraphiQL playground |
+//! | `GET /`, `GET /playground/*` | the GraphiQL playground (`assets.rs`) |
+//! | `GET /ui/` | the web explorer (`assets.rs`) |
 //! | `GET /healthz`, `GET /readyz` | liveness and readiness (`health.rs`) |
 //! | `GET /metrics` | Prometheus metrics (`metrics.rs`) |
 //!
@@ -19,6 +20,7 @@
 //! not distinguish.
 
 mod admission;
+mod assets;
 mod graphql;
 mod health;
 mod metrics;
@@ -27,10 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use poem::listener::TcpAcceptor;
-use poem::web::Html;
-use poem::{
-    get, handler, Endpoint, EndpointExt as _, IntoEndpoint, IntoResponse, Request, Response, Route,
-};
+use poem::{get, Endpoint, EndpointExt as _, IntoEndpoint, IntoResponse, Request, Response, Route};
 
 use crate::config::LimitsConfig;
 use crate::Store;
@@ -73,7 +72,11 @@ pub fn routes(gateway: Arc<Gateway>) -> impl IntoEndpoint {
             "/graphql",
             get(graphql::graphql_get).post(graphql::graphql_post),
         )
-        .at("/", get(playground))
+        .at("/", get(assets::playground))
+        .at("/playground/*path", get(assets::playground_file))
+        .at("/ui", get(assets::explorer_redirect))
+        .at("/ui/", get(assets::explorer_file))
+        .at("/ui/*path", get(assets::explorer_file))
         .at("/healthz", get(health::healthz))
         .at("/readyz", get(health::readyz))
         .at("/metrics", get(metrics::metrics))
@@ -92,16 +95,6 @@ pub async fn serve(
     poem::Server::new_with_acceptor(acceptor)
         .run_with_graceful_shutdown(routes(gateway), shutdown, Some(Duration::from_secs(10)))
         .await
-}
-
-#[handler]
-fn playground() -> Html<String> {
-    Html(
-        async_graphql::http::GraphiQLSource::build()
-            .endpoint("/graphql")
-            .title("cellgate")
-            .finish(),
-    )
 }
 
 /// Logs one line per request. Errors that poem turns into responses (404,

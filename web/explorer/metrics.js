@@ -1,0 +1,54 @@
+// Reads the gateway's `/metrics` (OpenMetrics text) into samples. Pure, so
+// it is unit-tested in Node.
+
+/**
+ * Returns Map(metric name → [{ labels, value }]). Comment lines (# HELP,
+ * # TYPE, # EOF) are skipped; label values are unescaped.
+ */
+export function parseMetrics(text) {
+  const samples = new Map();
+  for (const raw of text.split('\n')) {
+    const line = raw.trim();
+    if (line === '' || line.startsWith('#')) continue;
+    const match = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)/.exec(line);
+    if (!match) continue;
+    const [, name, , labelText, valueText] = match;
+    const labels = labelText ? parseLabels(labelText) : {};
+    const value = Number(valueText);
+    if (!samples.has(name)) samples.set(name, []);
+    samples.get(name).push({ labels, value });
+  }
+  return samples;
+}
+
+function parseLabels(text) {
+  const labels = {};
+  const re = /([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?\s*/g;
+  let match;
+  while ((match = re.exec(text)) !== null) {
+    labels[match[1]] = match[2].replace(/\\(.)/g, (_, c) => (c === 'n' ? '\n' : c));
+  }
+  return labels;
+}
+
+/** The value of the sample of `name` whose labels include `labels`, or null. */
+export function sample(samples, name, labels = {}) {
+  const found = (samples.get(name) || []).find((s) =>
+    Object.entries(labels).every(([k, v]) => s.labels[k] === v),
+  );
+  return found ? found.value : null;
+}
+
+/**
+ * Per datastore: lagging shards, the largest lag, cells written and
+ * duplicates since the gateway started.
+ */
+export function datastoreHealth(samples, names) {
+  return names.map((name) => ({
+    name,
+    laggingShards: sample(samples, 'cellgate_index_lagging_shards', { datastore: name }),
+    maxLagMs: sample(samples, 'cellgate_index_lag_max_ms', { datastore: name }),
+    cellsWritten: sample(samples, 'cellgate_cells_written_total', { datastore: name }),
+    duplicates: sample(samples, 'cellgate_cells_duplicate_total', { datastore: name }),
+  }));
+}

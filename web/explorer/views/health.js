@@ -1,0 +1,171 @@
+// `#/health`: is the gateway ready (every storage master answers `/readyz`),
+// which clusters hold which shards, and how far each datastore's indexes lag
+// behind its cells (`/metrics`). Refreshed every few seconds.
+
+import { h, replace, tableWrap, uid, errorBox } from '../dom.js';
+import { loadCatalog, getText } from '../api.js';
+import { parseMetrics, datastoreHealth, sample } from '../metrics.js';
+import { clock, plural } from '../format.js';
+
+const REFRESH_MS = 5000;
+
+export async function healthPage(main, _match, ctx) {
+  const catalog = await loadCatalog();
+  ctx.setTitle('Health');
+  const readiness = h('div');
+  const clusters = h('div');
+  const lag = h('div');
+  const updated = h('p', { class: 'hint' });
+  const autoId = uid('auto');
+  const auto = h('input', { id: autoId, type: 'checkbox', checked: true });
+  let timer = null;
+  let stopped = false;
+  let lastReady = null;
+
+  async function refresh() {
+    try {
+      const [ready, metrics] = await Promise.all([
+        getText('readyz', { signal: ctx.signal }),
+        getText('metrics', { signal: ctx.signal }),
+      ]);
+      const isReady = ready.ok;
+      replace(
+        readiness,
+        h(
+          'p',
+          { class: `state ${isReady ? 'ok' : 'bad'}` },
+          h('strong', {}, isReady ? 'Ready' : 'Not ready'),
+          isReady
+            ? ': every storage cluster’s master answers.'
+            : `: at least one storage cluster’s master does not answer (readiness check answered HTTP ${ready.status}).`,
+        ),
+      );
+      if (lastReady !== null && lastReady !== isReady) ctx.announce(isReady ? 'The gateway is ready again.' : 'The gateway is not ready.');
+      lastReady = isReady;
+      replace(clusters, clusterTable(catalog, isReady));
+      if (!metrics.ok) throw new Error(`/metrics answered HTTP ${metrics.status}`);
+      replace(lag, lagTable(catalog, parseMetrics(metrics.text)));
+      updated.textContent = `Updated at ${clock()}.`;
+    } catch (error) {
+      if (error.name !== 'AbortError') replace(lag, errorBox(error));
+    }
+  }
+
+  const schedule = () => {
+    window.clearTimeout(timer);
+    if (stopped || !auto.checked) return;
+    timer = window.setTimeout(async () => {
+      if (!document.hidden) await refresh();
+      schedule();
+    }, REFRESH_MS);
+  };
+  auto.addEventListener('change', schedule);
+
+  const readyId = uid('ready');
+  const clustersId = uid('clusters');
+  const lagId = uid('lag');
+  replace(
+    main,
+    h('h1', {}, 'Health'),
+    h('div', { class: 'check' }, auto, h('label', { for: autoId }, `Refresh every ${REFRESH_MS / 1000} seconds`)),
+    updated,
+    h('section', { 'aria-labelledby': readyId }, h('h2', { id: readyId }, 'Readiness'), readiness),
+    h('section', { 'aria-labelledby': clustersId }, h('h2', { id: clustersId }, 'Storage clusters'), clusters),
+    h(
+      'section',
+      { 'aria-labelledby': lagId },
+      h('h2', { id: lagId }, 'Index lag'),
+      h('p', { class: 'hint' }, 'Indexes are updated from the cell log after each write. A shard lags while it has writes its indexes have not applied yet.'),
+      lag,
+    ),
+  );
+  await refresh();
+  schedule();
+  return () => {
+    stopped = true;
+    window.clearTimeout(timer);
+  };
+}
+
+function clusterTable(catalog, ready) {
+  const byCluster = new Map();
+  for (const ds of catalog.datastores) {
+    for (const range of ds.topology) {
+      if (!byCluster.has(range.cluster)) byCluster.set(range.cluster, []);
+      byCluster.get(range.cluster).push(`${ds.name} ${range.first}–${range.last}`);
+    }
+  }
+  return tableWrap(
+    'Storage clusters',
+    h(
+      'table',
+      {},
+      h('thead', {}, h('tr', {}, ['Cluster', 'Shards', 'Reachable'].map((t) => h('th', { scope: 'col' }, t)))),
+      h(
+        'tbody',
+        {},
+        [...byCluster].map(([cluster, ranges]) =>
+          h(
+            'tr',
+            {},
+            h('th', { scope: 'row' }, cluster),
+            h('td', {}, ranges.join(', ')),
+            h('td', {}, ready ? 'yes' : byCluster.size === 1 ? 'no' : 'not all clusters (see the gateway’s log)'),
+          ),
+        ),
+      ),
+    ),
+  );
+}
+
+function lagTable(catalog, samples) {
+  const rows = datastoreHealth(
+    samples,
+    catalog.datastores.map((d) => d.name),
+  );
+  const delay = (q) => sample(samples, 'cellgate_index_delay_microseconds', { quantile: q });
+  const p50 = delay('0.5');
+  const p99 = delay('0.99');
+  return h(
+    'div',
+    {},
+    tableWrap(
+      'Index lag per datastore',
+      h(
+        'table',
+        { class: 'lag-table' },
+        h(
+          'thead',
+          {},
+          h('tr', {}, ['Datastore', 'Index state', 'Lagging shards', 'Largest lag', 'Cells written since start'].map((t) => h('th', { scope: 'col' }, t))),
+        ),
+        h(
+          'tbody',
+          {},
+          rows.map((r) =>
+            h(
+              'tr',
+              {},
+              h('th', { scope: 'row' }, r.name),
+              h('td', {}, r.laggingShards === null ? 'unknown' : r.laggingShards === 0 ? 'up to date' : 'catching up'),
+              h('td', {}, r.laggingShards === null ? '–' : String(r.laggingShards)),
+              h('td', {}, r.maxLagMs === null ? '–' : `${r.maxLagMs} ms`),
+              h('td', {}, r.cellsWritten === null ? '–' : String(r.cellsWritten)),
+            ),
+          ),
+        ),
+      ),
+    ),
+    p50 !== null && p99 !== null
+      ? h(
+          'p',
+          {},
+          `Delay from a cell’s commit to its index update since the gateway started: median ${formatMicros(p50)}, 99th percentile ${formatMicros(p99)} (${plural(sample(samples, 'cellgate_index_delay_samples_total') || 0, 'update', 'updates')} measured).`,
+        )
+      : null,
+  );
+}
+
+function formatMicros(us) {
+  return us >= 1000 ? `${(us / 1000).toFixed(1)} ms` : `${us} µs`;
+}
