@@ -105,8 +105,11 @@ impl Env {
     /// A second, empty database of the same backend (another SQLite file,
     /// another database on the server), for two-cluster topologies.
     pub async fn extra_url(&self) -> String {
-        let mut extra = self.extra.lock().unwrap();
-        let n = extra.len() + 1;
+        let n = {
+            let mut extra = self.extra.lock().unwrap();
+            extra.push(String::new());
+            extra.len()
+        };
         match &self.server {
             None => format!(
                 "sqlite://{}",
@@ -115,7 +118,7 @@ impl Env {
             Some((base, name)) => {
                 let extra_name = format!("{name}_x{n}");
                 create_database(self.kind, base, &extra_name).await;
-                extra.push(extra_name.clone());
+                self.extra.lock().unwrap()[n - 1] = extra_name.clone();
                 replace_database(base, &extra_name)
             }
         }
@@ -154,7 +157,7 @@ impl Env {
     pub async fn cleanup(self) {
         let extra = std::mem::take(&mut *self.extra.lock().unwrap());
         if let Some((base, name)) = &self.server {
-            for extra_name in extra {
+            for extra_name in extra.into_iter().filter(|n| !n.is_empty()) {
                 drop_database(self.kind, base, &extra_name).await;
             }
             drop_database(self.kind, base, name).await;
