@@ -22,7 +22,7 @@ use crate::config::StorageConfig;
 use crate::error::{Error, Result};
 use crate::indexes::{
     lag, maintainer, query, IndexPage, IndexQuery, MaintainerOptions, MaintenanceMetrics,
-    QueryPlan, ShardLag,
+    QuarantinedEntry, QueryPlan, ShardLag,
 };
 use crate::shards::ShardMap;
 use crate::storage::{self, ConnectOptions};
@@ -512,6 +512,23 @@ impl Store {
     /// `(p50, p99, samples)` in microseconds since the last call.
     pub fn take_index_delays(&self) -> (u64, u64, u64) {
         self.inner.maintainer.take_delays()
+    }
+
+    /// The index entries of `datastore` set aside in the quarantine.
+    pub async fn quarantine(&self, datastore: &str) -> Result<Vec<QuarantinedEntry>> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        crate::indexes::quarantine::list(self.topology_ref(), &ds).await
+    }
+
+    /// Retries the quarantined entries of `datastore` (of one index, or
+    /// all); returns `(applied, still quarantined)`.
+    pub async fn retry_quarantine(
+        &self,
+        datastore: &str,
+        index: Option<&str>,
+    ) -> Result<(usize, usize)> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        crate::indexes::quarantine::retry(self.topology_ref(), &ds, index).await
     }
 
     /// Drops the table of an index that is no longer defined (or of an

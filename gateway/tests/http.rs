@@ -571,3 +571,129 @@ async fn index_lag_metrics_survive_a_restart() {
         0.0
     );
 }
+
+fn buckets_held(text: &str) -> f64 {
+    metric_value(text, r#"cellgate_index_buckets_held{datastore="trips"}"#)
+}
+
+/// Writes `count` trips of `driver` through `server`, in batches of 50.
+async fn write_trips(server: &Server, driver: uuid::Uuid, count: usize) {
+    let query = "mutation($cells: [TripsCellInput!]!) { tripsPutCells(cells: $cells) { status } }";
+    for _ in 0..count / 50 {
+        let cells: Vec<Value> = (0..50)
+            .map(|i| {
+                json!({
+                    "rowKey": uuid::Uuid::new_v4(),
+                    "column": "BASE",
+                    "refKey": 1,
+                    "body": {
+                        "driver_partner_uuid": driver.to_string(),
+                        "city_uuid": uuid::Uuid::new_v4().to_string(),
+                        "trip_created_at": format!("2024-03-01T10:00:{:02}Z", i),
+                    },
+                })
+            })
+            .collect();
+        let response = post(
+            server,
+            None,
+            &json!({"query": query, "variables": {"cells": cells}}),
+        )
+        .await;
+        let body: Value = response.json().await.unwrap();
+        let results = body["data"]["tripsPutCells"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{body}"));
+        assert!(results.iter().all(|r| r["status"] == "WRITTEN"), "{body}");
+    }
+}
+
+/// Counts the index entries of `driver` through `server`.
+async fn count_entries(server: &Server, driver: uuid::Uuid) -> usize {
+    let query = "query($d: UUID!, $after: String) { trips { driverPartnerIndex(driverPartnerUuid: $d, first: 1000, after: $after) { edges { node { rowKey } } pageInfo { hasNextPage endCursor } } } }";
+    let mut after = Value::Null;
+    let mut total = 0;
+    loop {
+        let response = post(
+            server,
+            None,
+            &json!({"query": query, "variables": {"d": driver, "after": after}}),
+        )
+        .await;
+        let body: Value = response.json().await.unwrap();
+        let connection = &body["data"]["trips"]["driverPartnerIndex"];
+        total += connection["edges"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{body}"))
+            .len();
+        if connection["pageInfo"]["hasNextPage"] != true {
+            return total;
+        }
+        after = connection["pageInfo"]["endCursor"].clone();
+    }
+}
+
+// Two gateways on one store split the index maintenance through leases;
+// when one is killed mid-load the other takes its shards over and every
+// write is indexed.
+#[tokio::test]
+async fn a_killed_gateway_s_shards_are_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("leases.yaml");
+    std::fs::write(
+        &config,
+        "indexes:\n  lease_time_ms: 2000\n  sweep_interval_ms: 200\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_string();
+    let a = Server::start_in(dir, &["--config", &config]);
+    // The second gateway shares the first one's data directory.
+    let data = a.dir.path().join("data");
+    let second = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(&data, second.path().join("data")).unwrap();
+    let b = Server::start_in(second, &["--config", &config]);
+    // They settle on half of the 64 buckets each.
+    let mut split = false;
+    for _ in 0..300 {
+        let held_a = buckets_held(
+            &client()
+                .get(a.url("/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        );
+        let held_b = buckets_held(
+            &client()
+                .get(b.url("/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        );
+        if held_a > 0.0 && held_b > 0.0 && held_a + held_b == 64.0 {
+            split = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(split, "the gateways never shared the buckets");
+    let driver = uuid::Uuid::new_v4();
+    write_trips(&a, driver, 500).await;
+    write_trips(&b, driver, 500).await;
+    let killed = std::time::Instant::now();
+    drop(b.stop());
+    write_trips(&a, driver, 1000).await;
+    let text = metrics_with(&a, r#"cellgate_index_buckets_held{datastore="trips"} 64"#).await;
+    eprintln!(
+        "takeover: all buckets held {:.1} s after the kill (lease time 2 s)",
+        killed.elapsed().as_secs_f64()
+    );
+    assert_eq!(buckets_held(&text), 64.0);
+    metrics_with(&a, r#"cellgate_index_pending_cells{datastore="trips"} 0"#).await;
+    assert_eq!(count_entries(&a, driver).await, 2000, "every write indexed");
+}

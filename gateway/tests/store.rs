@@ -73,7 +73,8 @@ async fn corrupt_body_is_an_error_naming_the_cell() {
         assert_eq!(err.code(), "CORRUPT_BODY");
         assert!(err.to_string().contains(&row.to_string()), "{err}");
     }
-    // Index maintenance quarantines the entry instead of stalling the shard.
+    // Index maintenance quarantines the entries instead of stalling the
+    // shard: both indexes of `trips` read BASE.
     store
         .put_cell(
             "trips",
@@ -83,7 +84,48 @@ async fn corrupt_body_is_an_error_naming_the_cell() {
         .unwrap();
     store.sync_indexes().await.unwrap();
     let lag = store.index_lag("trips").await.unwrap();
-    assert!(lag.iter().all(|l| l.pending_cells == 0), "{lag:?}");
+    assert!(lag.is_empty(), "{lag:?}");
+    let quarantined = store.quarantine("trips").await.unwrap();
+    let names: Vec<&str> = quarantined.iter().map(|q| q.index.as_str()).collect();
+    assert_eq!(names, vec!["city_trips_index", "driver_partner_index"]);
+    assert!(quarantined
+        .iter()
+        .all(|q| q.row_key == row && q.code == "INTERNAL"));
+    assert!(
+        quarantined[0].message.contains("is corrupt"),
+        "{}",
+        quarantined[0].message
+    );
+    // Retrying changes nothing while the latest cell stays corrupt...
+    assert_eq!(store.retry_quarantine("trips", None).await.unwrap(), (0, 2));
+    // ...and applies both once a new version of the cell is readable.
+    store
+        .put_cell(
+            "trips",
+            cell(
+                row,
+                "BASE",
+                2,
+                json!({"driver_partner_uuid": driver.to_string()}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.retry_quarantine("trips", None).await.unwrap(), (2, 0));
+    assert!(store.quarantine("trips").await.unwrap().is_empty());
+    store.sync_indexes().await.unwrap();
+    let page = store
+        .query_index(
+            "trips",
+            &IndexQuery {
+                index: "driver_partner_index".into(),
+                shard_values: vec![Literal::String(driver.to_string())],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.entries.len(), 1);
 }
 
 /// Two clusters: an SQLite file and a server that is not there.

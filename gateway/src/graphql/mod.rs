@@ -8,6 +8,7 @@
 
 mod errors;
 mod loaders;
+mod maintenance;
 mod scalars;
 mod schema;
 

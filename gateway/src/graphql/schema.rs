@@ -103,7 +103,7 @@ fn parent<'a, T: std::any::Any>(ctx: &ResolverContext<'a>) -> async_graphql::Res
 }
 
 /// A field computed from the parent value of type `T`.
-fn from_parent<T, F>(name: &str, ty: TypeRef, f: F) -> Field
+pub(super) fn from_parent<T, F>(name: &str, ty: TypeRef, f: F) -> Field
 where
     T: std::any::Any + Send + Sync,
     F: Fn(&T) -> Value + Send + Sync + 'static,
@@ -216,7 +216,10 @@ fn schema_for(
     for ty in FieldType::ALL {
         builder = builder.register(filter_input(ty));
     }
-    for object in metadata_types() {
+    for object in metadata_types()
+        .into_iter()
+        .chain(super::maintenance::types())
+    {
         builder = builder.register(object);
     }
     let mut query = Object::new("Query").description("Reads of every datastore.");
@@ -253,6 +256,7 @@ fn schema_for(
             ),
         );
         mutation = mutation.field(put_cells_field(datastore, &types, &ds));
+        mutation = mutation.field(super::maintenance::retry_field(&ds));
     }
     builder = builder.register(query);
     if !defs.datastores.is_empty() {
@@ -531,6 +535,9 @@ impl DatastoreTypes {
             )
             .description("A shard's cells in insertion order: the cell log."),
         );
+        for field in super::maintenance::query_fields(ds) {
+            object = object.field(field);
+        }
         let mut seen: std::collections::HashSet<String> = [
             "row",
             "rows",
@@ -540,6 +547,7 @@ impl DatastoreTypes {
             "cellsForShard",
         ]
         .into_iter()
+        .chain(super::maintenance::QUERY_FIELDS)
         .map(String::from)
         .collect();
         for index in &datastore.indexes {

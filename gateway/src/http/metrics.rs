@@ -205,7 +205,7 @@ impl Collector for StoreCollector {
 
         use prometheus_client::metrics::MetricType::{Counter as CounterType, Gauge as GaugeType};
         type Figure = fn(&crate::DatastoreMetrics) -> i64;
-        let per_datastore: [(&str, &str, _, Figure); 7] = [
+        let per_datastore: [(&str, &str, _, Figure); 8] = [
             (
                 "cellgate_index_lag_max_ms",
                 "Age of the oldest cell not yet applied to every index (0: caught up), from the log heads and stored offsets",
@@ -241,6 +241,12 @@ impl Collector for StoreCollector {
                 "Index entries moved to the quarantine by this process",
                 CounterType,
                 |d| d.maintenance.quarantined as i64,
+            ),
+            (
+                "cellgate_index_quarantine_size",
+                "Index entries in the quarantine (list and retry them with `cellgate index quarantine`)",
+                GaugeType,
+                |d| d.maintenance.quarantine_size,
             ),
             (
                 "cellgate_index_buckets_held",

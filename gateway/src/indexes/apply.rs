@@ -84,6 +84,10 @@ struct Entry {
     shard: Option<u32>,
 }
 
+/// Entries to recompute: (index position, row key) → the row's shard and
+/// the first cell of the page that needs the entry.
+pub(crate) type Touched = BTreeMap<(usize, Uuid), (u32, i64)>;
+
 /// Who runs the pass, for the fence.
 pub(crate) struct Fence<'a> {
     pub(crate) holder: &'a str,
@@ -162,7 +166,7 @@ impl Pass<'_> {
             }
         }
         // Which entries to recompute, and the first cell needing each.
-        let mut touched: BTreeMap<(usize, Uuid), (u32, i64)> = BTreeMap::new();
+        let mut touched: Touched = BTreeMap::new();
         for key in &keys {
             let shard_offsets = &offsets[&key.shard];
             for (c, consumer) in self.consumers.iter().enumerate() {
@@ -269,6 +273,49 @@ impl Pass<'_> {
         Ok(result)
     }
 
+    /// Recomputes and writes the entries `touched` (index, row → the
+    /// shard and a cell position for the quarantine), outside the log: the
+    /// retry of quarantined entries. Entries that fail again go back to the
+    /// quarantine at once. Returns how many were applied.
+    pub(crate) async fn reapply(&mut self, touched: &Touched) -> Result<usize> {
+        let backend = self.topology.clusters[self.cluster].master()?.clone();
+        let mut result = PassResult::default();
+        let mut failures = Vec::new();
+        let entries = self
+            .compute(backend.as_ref(), touched, &mut failures, &mut result)
+            .await?;
+        let targets: BTreeSet<usize> = self.consumers.iter().map(|c| c.target).collect();
+        for &target in &targets {
+            if target != self.cluster {
+                self.write_remote(target, &entries).await?;
+            }
+        }
+        let now = truncate_to_micros(Utc::now());
+        let local = targets.contains(&self.cluster);
+        let nothing = BTreeMap::new();
+        let first = self
+            .commit_local(
+                backend.as_ref(),
+                local.then_some(&entries),
+                &nothing,
+                &nothing,
+                &failures,
+                now,
+            )
+            .await;
+        if let Err(err) = first {
+            if err.is_unavailable() || err.is_retryable() {
+                return Err(err);
+            }
+            failures.extend(self.isolate(self.cluster, &entries, touched).await?);
+            self.commit_local(backend.as_ref(), None, &nothing, &nothing, &failures, now)
+                .await?;
+        }
+        let failed: BTreeSet<(usize, Uuid)> =
+            failures.iter().map(|f| (f.index, f.row_key)).collect();
+        Ok(touched.keys().filter(|k| !failed.contains(k)).count())
+    }
+
     /// Splits `failures` into entries to quarantine now (they failed
     /// often enough) and entries to retry, which hold their shard back.
     fn classify(&self, failures: Vec<Failure>) -> (Vec<Failure>, Vec<Failure>) {
@@ -327,7 +374,7 @@ impl Pass<'_> {
     async fn compute(
         &self,
         backend: &dyn Backend,
-        touched: &BTreeMap<(usize, Uuid), (u32, i64)>,
+        touched: &Touched,
         failures: &mut Vec<Failure>,
         result: &mut PassResult,
     ) -> Result<BTreeMap<(usize, Uuid), Entry>> {
@@ -415,7 +462,7 @@ impl Pass<'_> {
         &self,
         target: usize,
         entries: &BTreeMap<(usize, Uuid), Entry>,
-        touched: &BTreeMap<(usize, Uuid), (u32, i64)>,
+        touched: &Touched,
     ) -> Result<Vec<Failure>> {
         let backend = self.topology.clusters[target].master()?;
         let dialect = backend.dialect();
@@ -515,8 +562,8 @@ impl Pass<'_> {
                     .await?;
             }
             if !quarantine.is_empty() {
-                tx.execute(&quarantine_sql(dialect, self.ds, quarantine, now))
-                    .await?;
+                let sql = quarantine_sql(dialect, self.ds, quarantine, self.quarantine_after, now);
+                tx.execute(&sql).await?;
             }
             write_offsets(
                 tx.as_mut(),
@@ -709,11 +756,13 @@ fn ref_value(value: Option<i64>) -> Value {
     value.map_or(Value::Null(ColType::Int), Value::Int)
 }
 
-/// Records quarantined entries (or counts another attempt of known ones).
+/// Records quarantined entries, having failed `attempts` times (or counts
+/// another attempt of entries already there).
 fn quarantine_sql(
     dialect: Dialect,
     ds: &DatastoreRuntime,
     failures: &[Failure],
+    attempts: u32,
     now: chrono::DateTime<Utc>,
 ) -> Sql {
     let mut unique: BTreeMap<(usize, Uuid), &Failure> = BTreeMap::new();
@@ -722,10 +771,13 @@ fn quarantine_sql(
             .entry((failure.index, failure.row_key))
             .or_insert(failure);
     }
+    let table = ddl::quarantine_table(ds.name());
     let mut sql = Sql::new(dialect);
-    sql.push("INSERT INTO ")
-        .ident(&ddl::quarantine_table(ds.name()))
-        .push(" (")
+    sql.push("INSERT INTO ").ident(&table);
+    if dialect != Dialect::MySql {
+        sql.push(" AS t");
+    }
+    sql.push(" (")
         .idents([
             "index_name",
             "row_key",
@@ -746,15 +798,34 @@ fn quarantine_sql(
                 Value::Int(f.added_id.min(i64::MAX - 1)),
                 Value::Text(f.error.code().to_string()),
                 Value::Text(f.error.to_string()),
-                Value::Int(1),
+                Value::Int(i64::from(attempts)),
                 Value::DateTime(now),
                 Value::DateTime(now),
             ]
-        }))
-        .push(&dialect.upsert(
-            &["index_name", "row_key"],
-            &["code", "message", "last_seen"],
-        ));
+        }));
+    let q = |c: &str| dialect.quote(c);
+    match dialect {
+        Dialect::MySql => {
+            sql.push(&format!(
+                " ON DUPLICATE KEY UPDATE {0} = VALUES({0}), {1} = VALUES({1}), {2} = VALUES({2}), {3} = {3} + 1",
+                q("code"),
+                q("message"),
+                q("last_seen"),
+                q("attempts")
+            ));
+        }
+        Dialect::Sqlite | Dialect::Postgres => {
+            sql.push(&format!(
+                " ON CONFLICT ({}, {}) DO UPDATE SET {2} = excluded.{2}, {3} = excluded.{3}, {4} = excluded.{4}, {5} = t.{5} + 1",
+                q("index_name"),
+                q("row_key"),
+                q("code"),
+                q("message"),
+                q("last_seen"),
+                q("attempts")
+            ));
+        }
+    }
     sql
 }
 

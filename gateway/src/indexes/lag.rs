@@ -144,6 +144,8 @@ pub(crate) struct ClusterLag {
     pub(crate) oldest_ms: u64,
     /// Per consumer: cells still to apply.
     pub(crate) pending_by_consumer: Vec<i64>,
+    /// Entries in the quarantine.
+    pub(crate) quarantined: i64,
 }
 
 /// Measures the lag of `ds` on one cluster: which shards are behind, by
@@ -181,6 +183,7 @@ pub(crate) async fn measure(
     if let Some(oldest) = oldest(backend, ds, &firsts).await? {
         lag.oldest_ms = (Utc::now() - oldest).num_milliseconds().max(0) as u64;
     }
+    lag.quarantined = super::quarantine::count(backend, ds).await?;
     Ok((lag, rows))
 }
 

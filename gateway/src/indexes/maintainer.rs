@@ -115,6 +115,8 @@ pub struct MaintenanceMetrics {
     pub unstorable_values: u64,
     /// Entries this process moved to the quarantine.
     pub quarantined: u64,
+    /// Entries in the quarantine now, from the latest sweep.
+    pub quarantine_size: i64,
     /// Log cells this process applied.
     pub applied_cells: u64,
     /// Lease buckets this process holds.
@@ -189,6 +191,7 @@ impl Maintainer {
                 metrics.pending_cells += l.pending_cells;
                 metrics.lagging_shards += l.shards.len();
                 metrics.lag_max_ms = metrics.lag_max_ms.max(l.oldest_ms);
+                metrics.quarantine_size += l.quarantined;
             }
         }
         let counters = self.counters(ds.name());

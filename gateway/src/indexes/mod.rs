@@ -14,10 +14,12 @@ pub mod entry;
 pub(crate) mod lag;
 pub(crate) mod maintainer;
 pub mod plan;
+pub(crate) mod quarantine;
 pub(crate) mod query;
 
 pub use maintainer::{MaintainerOptions, MaintenanceMetrics};
 pub use plan::{IndexQuery, OrderBy, QueryPlan};
+pub use quarantine::QuarantinedEntry;
 pub use query::{IndexEntry, IndexPage};
 
 /// How far one shard's indexes are behind its log.

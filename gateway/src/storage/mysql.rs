@@ -45,7 +45,9 @@ fn bind<'q>(
         Value::Text(v) => query.bind(v.as_str()),
         Value::Bytes(v) => query.bind(v.as_slice()),
         Value::Uuid(v) => query.bind(v.as_bytes().as_slice()),
-        Value::DateTime(v) => query.bind(*v),
+        // As a DATETIME: sqlx sends `DateTime<Utc>` as a TIMESTAMP, whose
+        // range ends in 2038, and the server turns later values into NULL.
+        Value::DateTime(v) => query.bind(v.naive_utc()),
     }
 }
 

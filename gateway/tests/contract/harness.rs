@@ -146,6 +146,15 @@ impl Env {
         self.open_with(true).await
     }
 
+    /// Opens a store on the suite's definitions with adjusted options.
+    pub async fn open_tuned(&self, tune: impl FnOnce(&mut StoreOptions)) -> Store {
+        let mut options = StoreOptions::new(self.storage());
+        tune(&mut options);
+        Store::open(definitions(), options)
+            .await
+            .expect("store opens")
+    }
+
     pub async fn open_with(&self, maintain_indexes: bool) -> Store {
         let mut options = StoreOptions::new(self.storage());
         options.maintain_indexes = maintain_indexes;

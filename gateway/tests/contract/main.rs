@@ -6,9 +6,11 @@ mod bodies;
 mod catalog;
 mod concurrency;
 mod harness;
+mod maintenance;
 
 use catalog::*;
 use concurrency::*;
+use maintenance::*;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -64,6 +66,9 @@ contract_suite!(
     a_removed_index_keeps_its_table_until_dropped,
     reads_and_writes_create_no_tables,
     concurrent_batches_on_overlapping_shards,
+    unstorable_values_do_not_stall_a_shard,
+    the_sweep_indexes_cells_nobody_announced,
+    two_gateways_moving_shard_fields_agree_with_a_recomputation,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {

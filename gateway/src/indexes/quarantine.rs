@@ -1,0 +1,191 @@
+//! The quarantine: index entries that could not be applied after several
+//! attempts (a corrupt body, a value the database refuses), set aside so
+//! their shard keeps flowing. Each datastore has a `<ds>_quarantine` table
+//! on each cluster, keyed by index and row. Entries are listed, and retried
+//! once their cause is fixed (e.g. after a fix of a definition or a
+//! backend): a retry recomputes the entry from the row's latest cells and
+//! writes it, or records the failure again.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::apply::{consumers, Pass, Touched};
+use crate::error::Result;
+use crate::storage::{ddl, ColType, Sql, Value};
+use crate::topology::{DatastoreRuntime, Topology};
+
+/// One quarantined index entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuarantinedEntry {
+    pub index: String,
+    pub row_key: Uuid,
+    /// The row's shard.
+    pub shard: u32,
+    /// The log cell that needed the entry when it failed.
+    pub added_id: i64,
+    /// The error code of the last failure.
+    pub code: String,
+    pub message: String,
+    pub first_seen: DateTime<Utc>,
+    pub last_seen: DateTime<Utc>,
+}
+
+/// Every quarantined entry of `ds` on its reachable clusters, by index and
+/// row key.
+pub(crate) async fn list(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+) -> Result<Vec<QuarantinedEntry>> {
+    let mut entries = Vec::new();
+    for cluster in ds.map.clusters() {
+        let backend = topology.clusters[cluster].master()?;
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("SELECT ")
+            .idents([
+                "index_name",
+                "row_key",
+                "shard",
+                "added_id",
+                "code",
+                "message",
+                "first_seen",
+                "last_seen",
+            ])
+            .push(" FROM ")
+            .ident(&ddl::quarantine_table(ds.name()));
+        let types = [
+            ColType::Text,
+            ColType::Uuid,
+            ColType::Int,
+            ColType::Int,
+            ColType::Text,
+            ColType::Text,
+            ColType::DateTime,
+            ColType::DateTime,
+        ];
+        for row in backend.fetch(&sql, &types).await? {
+            let mut row = row.into_iter();
+            if let (
+                Some(Value::Text(index)),
+                Some(Value::Uuid(row_key)),
+                Some(Value::Int(shard)),
+                Some(Value::Int(added_id)),
+                Some(Value::Text(code)),
+                Some(Value::Text(message)),
+                Some(Value::DateTime(first_seen)),
+                Some(Value::DateTime(last_seen)),
+            ) = (
+                row.next(),
+                row.next(),
+                row.next(),
+                row.next(),
+                row.next(),
+                row.next(),
+                row.next(),
+                row.next(),
+            ) {
+                entries.push(QuarantinedEntry {
+                    index,
+                    row_key,
+                    shard: shard as u32,
+                    added_id,
+                    code,
+                    message,
+                    first_seen,
+                    last_seen,
+                });
+            }
+        }
+    }
+    entries.sort_by(|a, b| (&a.index, a.row_key).cmp(&(&b.index, b.row_key)));
+    Ok(entries)
+}
+
+/// Retries the quarantined entries of `ds` (of one index, or all): each
+/// leaves the quarantine if it can now be applied. Returns `(applied,
+/// still quarantined)`.
+pub(crate) async fn retry(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    index: Option<&str>,
+) -> Result<(usize, usize)> {
+    if let Some(name) = index {
+        ds.index(name)?;
+    }
+    let all = list(topology, ds).await?;
+    let consumers = consumers(topology, ds);
+    let mut applied = 0;
+    let mut by_cluster: BTreeMap<usize, Touched> = BTreeMap::new();
+    let mut forget: BTreeMap<usize, Vec<(String, Uuid)>> = BTreeMap::new();
+    for entry in all {
+        if index.is_some_and(|name| name != entry.index) {
+            continue;
+        }
+        let cluster = ds.map.cluster_of(entry.shard);
+        forget
+            .entry(cluster)
+            .or_default()
+            .push((entry.index.clone(), entry.row_key));
+        // An entry of an index no longer defined just leaves.
+        if let Some(position) = ds.indexes.iter().position(|i| i.def.name == entry.index) {
+            by_cluster
+                .entry(cluster)
+                .or_default()
+                .insert((position, entry.row_key), (entry.shard, entry.added_id));
+        }
+    }
+    for (cluster, rows) in &forget {
+        let backend = topology.clusters[*cluster].master()?;
+        for chunk in rows.chunks(500) {
+            let mut sql = Sql::new(backend.dialect());
+            sql.push("DELETE FROM ")
+                .ident(&ddl::quarantine_table(ds.name()))
+                .push(" WHERE ");
+            for (i, (index, row_key)) in chunk.iter().enumerate() {
+                if i > 0 {
+                    sql.push(" OR ");
+                }
+                sql.push("(")
+                    .ident("index_name")
+                    .push(" = ")
+                    .bind(Value::Text(index.clone()))
+                    .push(" AND ")
+                    .ident("row_key")
+                    .push(" = ")
+                    .bind(Value::Uuid(*row_key))
+                    .push(")");
+            }
+            backend.execute(&sql).await?;
+        }
+    }
+    let mut attempts = std::collections::HashMap::new();
+    let total: usize = by_cluster.values().map(BTreeMap::len).sum();
+    for (cluster, touched) in by_cluster {
+        let mut pass = Pass {
+            topology,
+            ds,
+            cluster,
+            consumers: &consumers,
+            fence: None,
+            attempts: &mut attempts,
+            quarantine_after: 1,
+        };
+        applied += pass.reapply(&touched).await?;
+    }
+    Ok((applied, total - applied))
+}
+
+/// How many entries of `ds` are quarantined on the cluster of `backend`.
+pub(crate) async fn count(
+    backend: &dyn crate::storage::Backend,
+    ds: &DatastoreRuntime,
+) -> Result<i64> {
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("SELECT COUNT(*) FROM ")
+        .ident(&ddl::quarantine_table(ds.name()));
+    Ok(backend.fetch(&sql, &[ColType::Int]).await?[0][0]
+        .as_int()
+        .unwrap_or(0))
+}
