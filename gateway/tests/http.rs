@@ -309,6 +309,97 @@ async fn an_oversized_body_is_refused_with_413() {
     );
 }
 
+/// Writes a whole request on a fresh connection before reading anything,
+/// as most HTTP clients do (fetch, Python's http.client), then returns the
+/// status and the JSON body of the answer. `head` is the request line and
+/// headers without the blank line; the request asks for `Connection: close`
+/// so the answer ends at end of stream.
+async fn send_whole_then_read(server: &Server, head: &str, body: &[Vec<u8>]) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let address = server.base.trim_start_matches("http://");
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        let head = format!("{head}\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.expect("send head");
+        for piece in body {
+            if let Err(e) = stream.write_all(piece).await {
+                panic!("the server stopped reading the body and closed the connection ({e}): a client that sends its whole body first never sees the answer");
+            }
+        }
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.expect("read answer");
+        answer
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(60), exchange)
+        .await
+        .expect("no answer within 60 s");
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head}"));
+    let body = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    (status, body)
+}
+
+/// `{"query": "{ __typename }", "x": "aaa…"}` of about `size` bytes, in
+/// 64 KiB pieces.
+fn padded_body(size: usize) -> Vec<Vec<u8>> {
+    let mut text = br#"{"query": "{ __typename }", "x": ""#.to_vec();
+    text.resize(size, b'a');
+    text.extend_from_slice(br#""}"#);
+    text.chunks(64 * 1024).map(<[u8]>::to_vec).collect()
+}
+
+// A 10 MB chunked body (no Content-Length) was not answered 413
+// PAYLOAD_TOO_LARGE like a sized one.
+#[tokio::test]
+async fn a_chunked_oversized_body_is_refused_with_413() {
+    let server = Server::start(&[]);
+    let chunks: Vec<Vec<u8>> = padded_body(10 * 1024 * 1024)
+        .into_iter()
+        .map(|piece| {
+            let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
+            chunk.extend_from_slice(&piece);
+            chunk.extend_from_slice(b"\r\n");
+            chunk
+        })
+        .chain([b"0\r\n\r\n".to_vec()])
+        .collect();
+    let head =
+        "POST /graphql HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked";
+    let (status, body) = send_whole_then_read(&server, head, &chunks).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(first_code(&body), "PAYLOAD_TOO_LARGE", "{body}");
+
+    // The same body with a Content-Length gets the same answer.
+    let sized = padded_body(10 * 1024 * 1024);
+    let length: usize = sized.iter().map(Vec::len).sum();
+    let head = format!(
+        "POST /graphql HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {length}"
+    );
+    let (status, body) = send_whole_then_read(&server, &head, &sized).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(first_code(&body), "PAYLOAD_TOO_LARGE", "{body}");
+
+    // A chunked body within the limit is read and executed.
+    let small = br#"{"query": "{ __typename }"}"#;
+    let chunked = [
+        format!("{:x}\r\n", small.len()).into_bytes(),
+        small.to_vec(),
+        b"\r\n0\r\n\r\n".to_vec(),
+    ];
+    let head =
+        "POST /graphql HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked";
+    let (status, body) = send_whole_then_read(&server, head, &chunked).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"data": {"__typename": "Query"}}));
+}
+
 #[tokio::test]
 async fn graphql_response_json_status_codes() {
     let server = Server::start(&[]);

@@ -7,7 +7,9 @@
 //!    missing header or `application/json`; anything else is 406;
 //! 2. **admission** (rate and concurrency limits, `admission.rs`): 429, 503;
 //! 3. **request parsing**: a POST needs `Content-Type: application/json`
-//!    (415), a body within the size limit (413) holding a JSON object (400)
+//!    (415), a body within the size limit (413; a chunked body is counted as
+//!    it arrives, and the rest of a refused body is read and dropped, within
+//!    bounds, so that the client can read the answer) holding a JSON object (400)
 //!    whose `query` is a string and whose `operationName`, `variables` and
 //!    `extensions` are absent, null or of the right type (400); a GET takes
 //!    the same from its URL, `variables` and `extensions` as JSON text;
@@ -29,6 +31,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt as _;
 use poem::http::{header, HeaderValue, StatusCode};
 use poem::web::Data;
 use poem::{handler, Body, Request, Response};
@@ -342,13 +345,24 @@ async fn post_params(request: &Request, body: Body, limit: usize) -> Result<Para
     let declared = request
         .header(header::CONTENT_LENGTH)
         .and_then(|n| n.parse::<u64>().ok());
+    let mut frames = body.into_bytes_stream();
     if declared.is_some_and(|n| n > limit as u64) {
+        if declared.is_some_and(|n| n <= DISCARD_BYTES) {
+            discard(frames).await;
+        }
         return Err(too_large());
     }
-    let bytes = body.into_bytes_limit(limit).await.map_err(|e| match e {
-        poem::error::ReadBodyError::PayloadTooLarge => too_large(),
-        _ => Failure::bad_request("cannot read the request body"),
-    })?;
+    // Chunked bodies have no declared length: the limit is checked as the
+    // frames arrive.
+    let mut bytes = Vec::new();
+    while let Some(frame) = frames.next().await {
+        let frame = frame.map_err(|_| Failure::bad_request("cannot read the request body"))?;
+        if bytes.len() + frame.len() > limit {
+            discard(frames).await;
+            return Err(too_large());
+        }
+        bytes.extend_from_slice(&frame);
+    }
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(Failure::bad_request("the request body is empty"));
     }
@@ -360,6 +374,34 @@ async fn post_params(request: &Request, body: Body, limit: usize) -> Result<Para
         )),
         Err(_) => Err(Failure::bad_request("the request body is not valid JSON")),
     }
+}
+
+/// Most of an oversized body that is read and dropped before the 413 is
+/// sent (see [`discard`]).
+const DISCARD_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Longest time spent dropping the rest of an oversized body.
+const DISCARD_TIME: Duration = Duration::from_secs(10);
+
+/// Reads and drops what is left of a refused body before its answer is
+/// sent. Most clients send the whole body before they read the answer;
+/// closing a connection with unread data in it makes the kernel reset it,
+/// and the reset destroys the 413 on its way, so such a client saw a broken
+/// connection (or a proxy's 400) instead. Bounded by [`DISCARD_BYTES`] and
+/// [`DISCARD_TIME`]: past either, the connection is closed after all.
+async fn discard<F: AsRef<[u8]>>(
+    mut frames: impl futures::Stream<Item = std::io::Result<F>> + Unpin,
+) {
+    let drain = async {
+        let mut left = DISCARD_BYTES;
+        while let Some(Ok(frame)) = frames.next().await {
+            left = left.saturating_sub(frame.as_ref().len() as u64);
+            if left == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DISCARD_TIME, drain).await;
 }
 
 /// `application/json`, with no charset or UTF-8.
