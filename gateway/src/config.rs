@@ -1,6 +1,6 @@
 //! `cellgate.yaml`: where the server listens, where its data lives, the
-//! storage topology (clusters and which shards each one holds) and the
-//! admission limits of the HTTP gateway.
+//! storage topology (clusters and which shards each one holds), the
+//! admission limits of the HTTP gateway and what its metrics report.
 //!
 //! Every struct rejects unknown keys and takes its defaults at struct level,
 //! so an empty file is the default configuration, and a typo is an error
@@ -77,6 +77,13 @@ pub struct Config {
     ///   max_concurrent_requests: 512
     /// ```
     pub limits: LimitsConfig,
+    /// What `GET /metrics` reports; see [`MetricsConfig`].
+    ///
+    /// ```yaml
+    /// metrics:
+    ///   operations: [TripsByDriver]
+    /// ```
+    pub metrics: MetricsConfig,
 }
 
 /// Default address of `cellgate serve`.
@@ -91,6 +98,7 @@ impl Default for Config {
             datastores: PathBuf::from("./datastores"),
             storage: StorageConfig::default(),
             limits: LimitsConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -170,6 +178,40 @@ impl LimitsConfig {
         GraphqlLimits {
             depth: self.max_depth,
             complexity: self.max_complexity,
+        }
+    }
+}
+
+/// What `GET /metrics` reports. Operation names are chosen by clients, so
+/// only a bounded set of them gets its own series in
+/// `cellgate_graphql_requests_total`; requests under any other name are
+/// counted as `operation="other"`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Operation names (the GraphQL `operationName`) that always get their
+    /// own series, e.g. those of the persisted queries of your clients.
+    ///
+    /// ```yaml
+    /// operations: [TripsByDriver, PutTripStatus]
+    /// ```
+    pub operations: Vec<String>,
+    /// How many other distinct operation names get their own series, first
+    /// come, first served; later ones are counted as `other` (0: listed
+    /// names only). Series are never dropped, so this bounds the size of
+    /// `/metrics`.
+    ///
+    /// ```yaml
+    /// max_operations: 20
+    /// ```
+    pub max_operations: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            operations: Vec::new(),
+            max_operations: 20,
         }
     }
 }

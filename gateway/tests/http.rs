@@ -194,6 +194,94 @@ async fn health_readiness_and_metrics() {
     }
 }
 
+/// The `operation` label values of `cellgate_graphql_requests_total`, with
+/// the request count of each.
+fn operation_counts(metrics: &str) -> std::collections::BTreeMap<String, u64> {
+    let mut counts = std::collections::BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("cellgate_graphql_requests_total{operation=\"") else {
+            continue;
+        };
+        let (name, rest) = rest.split_once('"').expect("a quoted label");
+        let count: u64 = rest
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("a count");
+        *counts.entry(name.to_string()).or_default() += count;
+    }
+    counts
+}
+
+async fn scrape(server: &Server) -> String {
+    let response = client().get(server.url("/metrics")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response.text().await.unwrap()
+}
+
+/// Sends `{ __typename }` under each of `names`.
+async fn send_named(server: &Server, names: impl IntoIterator<Item = String>) {
+    for name in names {
+        let query = json!({"query": format!("query {name} {{ __typename }}")});
+        assert_eq!(post(server, None, &query).await.status(), StatusCode::OK);
+    }
+}
+
+// /metrics grew with every client-chosen operation name (3 KB -> 20 KB after
+// 300 names).
+#[tokio::test]
+async fn metrics_stay_bounded_under_many_operation_names() {
+    let server = Server::start(&[]);
+    send_named(&server, (0..100).map(|i| format!("Op{i}"))).await;
+    let after_100 = scrape(&server).await;
+    send_named(&server, (100..350).map(|i| format!("Op{i}"))).await;
+    let after_350 = scrape(&server).await;
+
+    let counts = operation_counts(&after_350);
+    assert!(
+        counts.len() <= 21,
+        "{} operation series after 350 names:\n{after_350}",
+        counts.len()
+    );
+    assert_eq!(
+        counts.keys().collect::<Vec<_>>(),
+        operation_counts(&after_100).keys().collect::<Vec<_>>()
+    );
+    assert_eq!(counts.values().sum::<u64>(), 350, "{counts:?}");
+    assert_eq!(
+        counts["other"],
+        350 - (counts.len() as u64 - 1),
+        "{counts:?}"
+    );
+    // Only counts grew: a few digits, no new series.
+    assert!(
+        after_350.len() <= after_100.len() + 64,
+        "/metrics grew from {} to {} bytes",
+        after_100.len(),
+        after_350.len()
+    );
+}
+
+#[tokio::test]
+async fn listed_operations_keep_their_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cellgate.yaml");
+    std::fs::write(
+        &config,
+        "metrics:\n  operations: [TripsByDriver]\n  max_operations: 2\n",
+    )
+    .unwrap();
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    let names = ["A", "B", "C", "D", "TripsByDriver", "A"];
+    send_named(&server, names.map(String::from)).await;
+    let counts = operation_counts(&scrape(&server).await);
+    let expected: std::collections::BTreeMap<String, u64> =
+        [("A", 2), ("B", 1), ("TripsByDriver", 1), ("other", 2)]
+            .map(|(name, n)| (name.to_string(), n))
+            .into();
+    assert_eq!(counts, expected);
+}
+
 #[tokio::test]
 async fn queries_run_over_post_and_get() {
     let server = Server::start(&[]);

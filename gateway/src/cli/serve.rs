@@ -146,7 +146,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let address = listener
         .local_addr()
         .context("cannot read the bound address")?;
-    let gateway = Arc::new(Gateway::new(store, schema, &config.limits));
+    let gateway = Arc::new(Gateway::new(store, schema, &config));
     let shutdown = shutdown_signal()?;
 
     println!("cellgate listening on http://{address} — GraphQL playground at http://{address}/");

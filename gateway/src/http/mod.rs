@@ -32,7 +32,7 @@ use poem::{
     get, handler, Endpoint, EndpointExt as _, IntoEndpoint, IntoResponse, Request, Response, Route,
 };
 
-use crate::config::LimitsConfig;
+use crate::config::Config;
 use crate::Store;
 
 pub use admission::Admission;
@@ -49,19 +49,15 @@ pub struct Gateway {
 
 impl Gateway {
     /// A gateway serving `schema` (built from `store`'s definitions) under
-    /// the given limits. Needs a tokio runtime (it starts the rate limiter's
-    /// cleanup task).
-    pub fn new(
-        store: Store,
-        schema: async_graphql::dynamic::Schema,
-        limits: &LimitsConfig,
-    ) -> Gateway {
+    /// the limits and metrics settings of `config`. Needs a tokio runtime
+    /// (it starts the rate limiter's cleanup task).
+    pub fn new(store: Store, schema: async_graphql::dynamic::Schema, config: &Config) -> Gateway {
         Gateway {
-            metrics: Metrics::new(store.clone()),
+            metrics: Metrics::new(store.clone(), &config.metrics),
             store,
             schema,
-            admission: Admission::new(limits),
-            max_body_bytes: limits.max_body_bytes,
+            admission: Admission::new(&config.limits),
+            max_body_bytes: config.limits.max_body_bytes,
         }
     }
 }
