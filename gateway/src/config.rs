@@ -130,7 +130,9 @@ pub struct LimitsConfig {
     /// max_body_bytes: 1048576
     /// ```
     pub max_body_bytes: usize,
-    /// Deepest selection nesting of a GraphQL query.
+    /// Deepest selection nesting of a GraphQL query. Introspection
+    /// (`__schema`, `__type`) counts toward neither this nor
+    /// `max_complexity`; it has fixed bounds of its own.
     ///
     /// ```yaml
     /// max_depth: 12

@@ -309,6 +309,120 @@ async fn queries_run_over_post_and_get() {
     assert_eq!(body, json!({"data": {"__type": {"name": "Query"}}}));
 }
 
+/// graphql-js's introspection queries from `tests/fixtures/introspection`:
+/// `(version/variant, query)`.
+fn introspection_queries() -> Vec<(String, String)> {
+    let dir = root().join("tests/fixtures/introspection");
+    let mut queries = Vec::new();
+    for version in std::fs::read_dir(&dir).expect("introspection fixtures") {
+        let version = version.unwrap().path();
+        if !version.is_dir() {
+            continue;
+        }
+        for file in std::fs::read_dir(&version).unwrap() {
+            let file = file.unwrap().path();
+            let name = file.strip_prefix(&dir).unwrap().display().to_string();
+            queries.push((name, std::fs::read_to_string(&file).unwrap()));
+        }
+    }
+    queries.sort();
+    assert!(
+        queries.len() >= 20,
+        "{} introspection fixtures",
+        queries.len()
+    );
+    queries
+}
+
+/// POSTs `query` and returns the status and body.
+async fn ask(server: &Server, accept: &str, query: &str) -> (StatusCode, Value) {
+    let response = post(server, Some(accept), &json!({ "query": query })).await;
+    let status = response.status();
+    (status, response.json().await.unwrap())
+}
+
+// graphql-js's standard introspection query (GraphiQL, graphql-codegen,
+// Apollo tooling) was refused with QUERY_TOO_DEEP.
+#[tokio::test]
+async fn standard_introspection_queries_are_answered() {
+    let server = Server::start(&[]);
+    for (name, query) in introspection_queries() {
+        for accept in ["application/json", "application/graphql-response+json"] {
+            let body = json!({ "query": query, "operationName": "IntrospectionQuery" });
+            let response = post(&server, Some(accept), &body).await;
+            assert_eq!(response.status(), StatusCode::OK, "{name}");
+            let answer: Value = response.json().await.unwrap();
+            assert!(answer.get("errors").is_none(), "{name}: {answer}");
+            let schema = &answer["data"]["__schema"];
+            assert_eq!(schema["queryType"]["name"], "Query", "{name}");
+            let types = schema["types"].as_array().expect("types");
+            let trips = types
+                .iter()
+                .find(|t| t["name"] == "TripsQuery")
+                .unwrap_or_else(|| panic!("{name}: no TripsQuery"));
+            assert!(!trips["fields"].as_array().unwrap().is_empty(), "{name}");
+            if query.contains("isOneOf") {
+                let input = types
+                    .iter()
+                    .find(|t| t["kind"] == "INPUT_OBJECT")
+                    .expect("an input type");
+                assert_eq!(input["isOneOf"], false, "{name}");
+            }
+        }
+    }
+}
+
+// User queries keep their limits: only introspection is left out of them.
+#[tokio::test]
+async fn depth_and_complexity_limits_hold_outside_introspection() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cellgate.yaml");
+    std::fs::write(&config, "limits:\n  max_depth: 3\n  max_complexity: 6\n").unwrap();
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    let gql = "application/graphql-response+json";
+
+    let (_, all) = introspection_queries()
+        .into_iter()
+        .find(|(name, _)| name == "graphql-17.1.0/all.graphql")
+        .unwrap();
+    let (status, answer) = ask(&server, gql, &all).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(answer.get("errors").is_none(), "{answer}");
+
+    let row = r#"row(rowKey: "0b6f7c1e-2a4d-4c8e-9f10-1a2b3c4d5e6f")"#;
+    let shallow = format!("{{ trips {{ {row} {{ rowKey }} }} }}");
+    let (status, answer) = ask(&server, gql, &shallow).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(answer.get("errors").is_none(), "{answer}");
+
+    let deep = [
+        format!("{{ trips {{ {row} {{ base {{ refKey }} }} }} }}"),
+        format!("{{ __schema {{ queryType {{ name }} }} trips {{ {row} {{ base {{ refKey }} }} }} }}"),
+        format!("query Q {{ trips {{ ...R }} }} fragment R on TripsQuery {{ {row} {{ base {{ refKey }} }} }}"),
+        // Nested introspection lists multiply the answer by the schema size.
+        "{ __schema { types { fields { type { fields { type { fields { name } } } } } } } }".to_string(),
+    ];
+    for query in deep {
+        let (status, answer) = ask(&server, gql, &query).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {answer}");
+        assert_eq!(first_code(&answer), "QUERY_TOO_DEEP", "{query}: {answer}");
+        assert!(answer.get("data").is_none(), "{answer}");
+    }
+
+    let aliases: String = (0..300)
+        .map(|i| format!("t{i}: __type(name: \"Query\") {{ name }} "))
+        .collect();
+    let complex = [
+        "{ a: datastores { name } b: datastores { name } c: datastores { name } d: datastores { name } }".to_string(),
+        format!("{{ {aliases} }}"),
+    ];
+    for query in complex {
+        let (status, answer) = ask(&server, gql, &query).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert_eq!(first_code(&answer), "QUERY_TOO_COMPLEX", "{answer}");
+    }
+}
+
 #[tokio::test]
 async fn mutations_are_refused_over_get() {
     let server = Server::start(&[]);

@@ -30,6 +30,7 @@ use index_dsl::{CompareOp, Condition, Datastore, FieldType, Index, Literal};
 use uuid::Uuid;
 
 use super::errors::{bad_input, coded, from_store};
+use super::limits::QueryLimits;
 use super::loaders::{CellLoader, CellRequest};
 use super::scalars::{
     self, datetime, datetime_value, int64, int64_value, json_value, sql_value, DATETIME, INT64,
@@ -39,7 +40,8 @@ use crate::cells::{Cell, CellKey, Location, LogPage, NewCell, PutStatus};
 use crate::indexes::{IndexEntry, IndexPage, IndexQuery, OrderBy};
 use crate::Store;
 
-/// Limits enforced by the schema on every request.
+/// Limits enforced by the schema on every request (see `limits.rs`);
+/// fields under `__schema` and `__type` do not count toward them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GraphqlLimits {
     /// Deepest selection nesting accepted.
@@ -257,8 +259,7 @@ fn schema_for(
         builder = builder.register(mutation);
     }
     builder
-        .limit_depth(limits.depth)
-        .limit_complexity(limits.complexity)
+        .extension(QueryLimits(limits))
         .finish()
         .map_err(|e| crate::Error::Config(format!("cannot build the GraphQL schema: {e}")))
 }

@@ -219,10 +219,7 @@ async fn respond(
     if before_execution {
         let errors = take_errors(&mut value)
             .into_iter()
-            .map(|error| {
-                let code = validation_code(&error);
-                with_code(error, code)
-            })
+            .map(|error| with_code(error, "GRAPHQL_VALIDATION_FAILED"))
             .collect();
         return Ok((request_error(media, errors), Outcome::Invalid));
     }
@@ -490,17 +487,6 @@ fn missing_variables(
             )
         })
         .collect()
-}
-
-/// The code of an error found before execution. The depth and complexity
-/// limits are told apart from other validation failures by async-graphql's
-/// fixed messages.
-fn validation_code(error: &Value) -> &'static str {
-    match error.get("message").and_then(Value::as_str) {
-        Some("Query is nested too deep.") => "QUERY_TOO_DEEP",
-        Some("Query is too complex.") => "QUERY_TOO_COMPLEX",
-        _ => "GRAPHQL_VALIDATION_FAILED",
-    }
 }
 
 /// `error` with `extensions.code` set to `code` unless it has one.
