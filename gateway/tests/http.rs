@@ -1,130 +1,19 @@
 //! `cellgate serve` end to end: each test starts the real binary on a free
 //! port (`--listen 127.0.0.1:0`), reads the bound address from the line it
-//! prints, and talks HTTP to it. The process is killed when the test ends,
-//! also when it fails (see [`Server`]'s `Drop`).
+//! prints, and talks HTTP to it (`support/server.rs`). The process is
+//! killed when the test ends, also when it fails.
 
-use std::io::{BufRead as _, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+#[path = "support/server.rs"]
+mod server;
+
+use std::path::Path;
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use reqwest::header::{ACCEPT, ALLOW, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-
-/// The workspace root, where `datastores/` and `cellgate.example.yaml` live.
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
-
-/// `cellgate` with no `CELLGATE_*` or `RUST_LOG` variables inherited.
-fn cellgate(dir: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cellgate"));
-    command.current_dir(dir);
-    for (name, _) in std::env::vars_os() {
-        let name_str = name.to_string_lossy();
-        if name_str.starts_with("CELLGATE_") || name_str == "RUST_LOG" {
-            command.env_remove(&name);
-        }
-    }
-    command
-}
-
-/// A running `cellgate serve`, killed on drop.
-struct Server {
-    child: Child,
-    /// `http://127.0.0.1:PORT`
-    base: String,
-    /// What it printed before the listening line.
-    preamble: Vec<String>,
-    dir: tempfile::TempDir,
-}
-
-impl Server {
-    /// Starts `cellgate serve` on a free port with a fresh data directory
-    /// and the repository's definitions, plus `extra` arguments.
-    fn start(extra: &[&str]) -> Server {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let data = dir.path().join("data");
-        let datastores = root().join("datastores");
-        let stderr = std::fs::File::create(dir.path().join("stderr.log")).expect("stderr log");
-        let mut child = cellgate(dir.path())
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
-            .arg("--data")
-            .arg(&data)
-            .arg("--datastores")
-            .arg(&datastores)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("start cellgate serve");
-
-        // Read stdout on a thread, so a server that never prints the line
-        // fails the test after a timeout instead of hanging it.
-        let stdout = child.stdout.take().expect("stdout");
-        let (lines_tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if lines_tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut server = Server {
-            child,
-            base: String::new(),
-            preamble: Vec::new(),
-            dir,
-        };
-        loop {
-            match lines.recv_timeout(Duration::from_secs(60)) {
-                Ok(line) => {
-                    if let Some(rest) = line.strip_prefix("cellgate listening on ") {
-                        let url = rest.split_whitespace().next().expect("address");
-                        server.base = url.to_string();
-                        assert!(
-                            line.ends_with(&format!("GraphQL playground at {url}/")),
-                            "{line}"
-                        );
-                        break;
-                    }
-                    server.preamble.push(line);
-                }
-                Err(_) => panic!(
-                    "cellgate serve did not print its address; stderr:\n{}",
-                    server.stderr()
-                ),
-            }
-        }
-        server
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    fn graphql(&self) -> String {
-        self.url("/graphql")
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use server::{cellgate, root, Server};
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
