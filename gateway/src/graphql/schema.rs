@@ -158,8 +158,15 @@ struct PutOutcome {
     row_key: Uuid,
     column: String,
     ref_key: i64,
-    /// The status, or the refused cell's error code and message.
-    result: Result<PutStatus, (&'static str, String)>,
+    /// The status, or why the cell was refused.
+    result: Result<PutStatus, PutRefusal>,
+}
+
+/// Why a cell was refused, as `PutCellError` shows it.
+struct PutRefusal {
+    code: &'static str,
+    message: String,
+    retryable: bool,
 }
 
 /// The schema for the store's definitions.
@@ -694,9 +701,10 @@ fn put_result_type() -> Object {
             from_parent::<PutOutcome, _>("error", TypeRef::named("PutCellError"), |p| {
                 match &p.result {
                     Ok(_) => Value::Null,
-                    Err((code, message)) => obj(vec![
-                        ("code", Value::String(code.to_string())),
-                        ("message", Value::String(message.clone())),
+                    Err(refusal) => obj(vec![
+                        ("code", Value::String(refusal.code.to_string())),
+                        ("message", Value::String(refusal.message.clone())),
+                        ("retryable", Value::Boolean(refusal.retryable)),
                     ]),
                 }
             })
@@ -712,6 +720,12 @@ fn put_error_type() -> Object {
                 .description("a stable code, e.g. CELL_CONFLICT"),
         )
         .field(meta_field("message", TypeRef::named_nn(TypeRef::STRING)))
+        .field(
+            meta_field("retryable", TypeRef::named_nn(TypeRef::BOOLEAN)).description(
+                "true when writing the same cell again later may succeed \
+                 (e.g. STORAGE_UNAVAILABLE); writes are idempotent, so that is safe",
+            ),
+        )
 }
 
 fn scalar_of(ty: FieldType) -> &'static str {
@@ -1135,7 +1149,11 @@ fn put_cells_field(datastore: &Datastore, types: &DatastoreTypes, ds: &Arc<str>)
                             PathSegment::Index(i),
                         ];
                         ctx.add_error(error);
-                        (err.code(), err.client_message())
+                        PutRefusal {
+                            code: err.code(),
+                            message: err.client_message(),
+                            retryable: err.is_transient(),
+                        }
                     });
                     items.push(FieldValue::owned_any(PutOutcome {
                         row_key,

@@ -66,6 +66,8 @@ struct Failure {
     code: &'static str,
     message: String,
     outcome: Outcome,
+    /// Whether the same request may succeed later (`extensions.retryable`).
+    retryable: bool,
     /// Extra response headers (`Allow`, `Retry-After`).
     headers: Vec<(header::HeaderName, String)>,
 }
@@ -77,6 +79,7 @@ impl Failure {
             code,
             message: message.into(),
             outcome: Outcome::Invalid,
+            retryable: false,
             headers: Vec::new(),
         }
     }
@@ -281,6 +284,7 @@ fn rejected(rejection: Rejection) -> Failure {
                 "too many requests from this client; retry later",
             );
             failure.outcome = Outcome::RateLimited;
+            failure.retryable = true;
             failure
                 .headers
                 .push((header::RETRY_AFTER, retry_seconds(retry_after).to_string()));
@@ -293,6 +297,7 @@ fn rejected(rejection: Rejection) -> Failure {
                 "the server is at its request limit; retry later",
             );
             failure.outcome = Outcome::Overloaded;
+            failure.retryable = true;
             failure.headers.push((header::RETRY_AFTER, "1".to_string()));
             failure
         }
@@ -521,10 +526,14 @@ fn request_error(media: MediaType, errors: Vec<Value>) -> Response {
 }
 
 fn failure_response(media: MediaType, failure: Failure) -> (Response, Outcome) {
+    let mut extensions = json!({ "code": failure.code });
+    if failure.retryable {
+        extensions["retryable"] = Value::Bool(true);
+    }
     let body = json!({
         "errors": [{
             "message": failure.message,
-            "extensions": { "code": failure.code },
+            "extensions": extensions,
         }]
     });
     let mut response = json_response(failure.status, media, &body);
