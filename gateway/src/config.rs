@@ -258,6 +258,23 @@ pub struct StorageConfig {
     /// max_connections: 16
     /// ```
     pub max_connections: u32,
+    /// Longest wait, in milliseconds, for a database server: for a pooled
+    /// connection (opening one included) and for the answer to one
+    /// statement. Past it the request fails with `STORAGE_UNAVAILABLE`
+    /// (retryable) instead of hanging on a database that is down or
+    /// unreachable, and a connection that did not answer is closed.
+    ///
+    /// ```yaml
+    /// timeout_ms: 5000
+    /// ```
+    pub timeout_ms: u64,
+    /// Longest time, in milliseconds, `GET /readyz` waits for the masters
+    /// to answer (all at once) before it answers 503.
+    ///
+    /// ```yaml
+    /// readiness_timeout_ms: 2000
+    /// ```
+    pub readiness_timeout_ms: u64,
 }
 
 impl Default for StorageConfig {
@@ -267,6 +284,8 @@ impl Default for StorageConfig {
             clusters: Vec::new(),
             shards: BTreeMap::new(),
             max_connections: 16,
+            timeout_ms: 5_000,
+            readiness_timeout_ms: 2_000,
         }
     }
 }
@@ -301,6 +320,20 @@ pub struct ShardRange {
 }
 
 impl StorageConfig {
+    /// The timeouts of every database connection (`timeout_ms`).
+    pub fn timeouts(&self) -> crate::storage::Timeouts {
+        let timeout = std::time::Duration::from_millis(self.timeout_ms);
+        crate::storage::Timeouts {
+            acquire: timeout,
+            statement: timeout,
+        }
+    }
+
+    /// How long `GET /readyz` waits (`readiness_timeout_ms`).
+    pub fn readiness_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.readiness_timeout_ms)
+    }
+
     /// One embedded SQLite cluster in `data_dir`.
     pub fn embedded(data_dir: &Path) -> StorageConfig {
         let file = data_dir.join("cellgate.db");

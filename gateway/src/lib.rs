@@ -13,6 +13,7 @@ mod error;
 pub mod graphql;
 pub mod http;
 pub mod indexes;
+mod readiness;
 pub mod shards;
 pub mod storage;
 mod store;

@@ -91,15 +91,15 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     let file_storage = std::mem::take(&mut config.storage);
     config.storage = if let Some(url) = &args.database {
         StorageConfig {
-            max_connections: file_storage.max_connections,
-            ..StorageConfig::single(url)
+            clusters: StorageConfig::single(url).clusters,
+            buffer_count: 0,
+            shards: Default::default(),
+            ..file_storage
         }
     } else if file_storage.clusters.is_empty() {
         StorageConfig {
-            buffer_count: file_storage.buffer_count,
-            shards: file_storage.shards,
-            max_connections: file_storage.max_connections,
-            ..StorageConfig::embedded(&config.data)
+            clusters: StorageConfig::embedded(&config.data).clusters,
+            ..file_storage
         }
     } else {
         file_storage
@@ -119,7 +119,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .map(|c| c.name.as_str())
         .collect();
     let clusters = clusters.join(", ");
-    let store = Store::open(defs, StoreOptions::new(config.storage.clone()))
+    // `Store::open` takes the storage timeouts from the scope it runs in.
+    let open = Store::open(defs, StoreOptions::new(config.storage.clone()));
+    let store = crate::storage::with_timeouts(config.storage.timeouts(), open)
         .await
         .map_err(|e| anyhow::anyhow!("cannot open storage (clusters {clusters}): {e}"))?;
 

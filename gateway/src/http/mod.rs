@@ -45,6 +45,8 @@ pub struct Gateway {
     admission: Admission,
     metrics: Metrics,
     max_body_bytes: usize,
+    /// How long `/readyz` waits for the storage masters.
+    readiness_timeout: Duration,
 }
 
 impl Gateway {
@@ -58,6 +60,7 @@ impl Gateway {
             schema,
             admission: Admission::new(&config.limits),
             max_body_bytes: config.limits.max_body_bytes,
+            readiness_timeout: config.storage.readiness_timeout(),
         }
     }
 }
