@@ -24,8 +24,12 @@
 //!   shards:
 //!     trips:
 //!       - { first: 0, last: 2047, cluster: main }
+//!   # Longest wait for a connection or a statement's answer.
+//!   timeout_ms: 5000
 //! limits:
 //!   max_body_bytes: 1048576
+//! metrics:
+//!   operations: [TripsByDriver]
 //! ```
 //!
 //! With no storage clusters configured everything lives in one embedded
