@@ -290,6 +290,12 @@ async fn depth_and_complexity_limits_hold_outside_introspection() {
         format!("query Q {{ trips {{ ...R }} }} fragment R on TripsQuery {{ {row} {{ base {{ refKey }} }} }}"),
         // Nested introspection lists multiply the answer by the schema size.
         "{ __schema { types { fields { type { fields { type { fields { name } } } } } } } }".to_string(),
+        // Past the parser's recursion guard.
+        format!(
+            "{{ __type(name: \"Query\") {{ {}name{} }} }}",
+            "ofType { ".repeat(40),
+            " }".repeat(40)
+        ),
     ];
     for query in deep {
         let (status, answer) = ask(&server, gql, &query).await;

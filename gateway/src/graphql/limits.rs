@@ -362,6 +362,17 @@ mod tests {
     }
 
     #[test]
+    fn only_the_selected_operation_counts() {
+        let document = parse_query("query Deep { a { b { c } } } query Flat { a }").unwrap();
+        let deep = selected_operation(&document, Some("Deep")).unwrap();
+        assert_eq!(measure(&document, deep, TIGHT), Err(Exceeded::Depth));
+        let flat = selected_operation(&document, Some("Flat")).unwrap();
+        assert!(measure(&document, flat, TIGHT).is_ok());
+        assert!(selected_operation(&document, None).is_none());
+        assert!(selected_operation(&document, Some("Other")).is_none());
+    }
+
+    #[test]
     fn nested_introspection_lists_are_refused() {
         let two = "{ __schema { types { fields { type { fields { name } } } } } }";
         assert!(measured(two, TIGHT).is_ok());
