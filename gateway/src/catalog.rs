@@ -569,7 +569,7 @@ pub(crate) async fn prepare_later(topology: std::sync::Weak<Topology>, every: Du
                 Ok(()) => {
                     tracing::info!(cluster = %cluster.name, "storage cluster prepared");
                 }
-                Err(err) if err.is_unavailable() => {
+                Err(err) if err.is_transient() => {
                     waiting = true;
                     cluster.set_state(ClusterState::Pending(err.client_message()));
                 }

@@ -1,6 +1,6 @@
 //! `cellgate.yaml`: where the server listens, where its data lives, the
-//! storage topology (clusters and which shards each one holds) and the
-//! admission limits of the HTTP gateway.
+//! storage topology (clusters and which shards each one holds), the
+//! admission limits of the HTTP gateway and what its metrics report.
 //!
 //! Every struct rejects unknown keys and takes its defaults at struct level,
 //! so an empty file is the default configuration, and a typo is an error
@@ -24,8 +24,12 @@
 //!   shards:
 //!     trips:
 //!       - { first: 0, last: 2047, cluster: main }
+//!   # Longest wait for a connection or a statement's answer.
+//!   timeout_ms: 5000
 //! limits:
 //!   max_body_bytes: 1048576
+//! metrics:
+//!   operations: [TripsByDriver]
 //! ```
 //!
 //! With no storage clusters configured everything lives in one embedded
@@ -84,6 +88,13 @@ pub struct Config {
     ///   lease_time_ms: 10000
     /// ```
     pub indexes: IndexesConfig,
+    /// What `GET /metrics` reports; see [`MetricsConfig`].
+    ///
+    /// ```yaml
+    /// metrics:
+    ///   operations: [TripsByDriver]
+    /// ```
+    pub metrics: MetricsConfig,
 }
 
 /// Index maintenance: several gateways on one store share the work through
@@ -158,6 +169,7 @@ impl Default for Config {
             storage: StorageConfig::default(),
             limits: LimitsConfig::default(),
             indexes: IndexesConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -189,10 +201,12 @@ pub struct LimitsConfig {
     /// max_body_bytes: 1048576
     /// ```
     pub max_body_bytes: usize,
-    /// Deepest selection nesting of a GraphQL query.
+    /// Deepest selection nesting of a GraphQL query. Introspection
+    /// (`__schema`, `__type`) counts toward neither this nor
+    /// `max_complexity`; it has fixed bounds of its own.
     ///
     /// ```yaml
-    /// max_depth: 15
+    /// max_depth: 12
     /// ```
     pub max_depth: usize,
     /// Largest GraphQL query complexity (each selected field counts 1).
@@ -241,6 +255,40 @@ impl LimitsConfig {
     }
 }
 
+/// What `GET /metrics` reports. Operation names are chosen by clients, so
+/// only a bounded set of them gets its own series in
+/// `cellgate_graphql_requests_total`; requests under any other name are
+/// counted as `operation="other"`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Operation names (the GraphQL `operationName`) that always get their
+    /// own series, e.g. those of the persisted queries of your clients.
+    ///
+    /// ```yaml
+    /// operations: [TripsByDriver, PutTripStatus]
+    /// ```
+    pub operations: Vec<String>,
+    /// How many other distinct operation names get their own series, first
+    /// come, first served; later ones are counted as `other` (0: listed
+    /// names only). Series are never dropped, so this bounds the size of
+    /// `/metrics`.
+    ///
+    /// ```yaml
+    /// max_operations: 20
+    /// ```
+    pub max_operations: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            operations: Vec::new(),
+            max_operations: 20,
+        }
+    }
+}
+
 /// Storage section of the configuration.
 ///
 /// ```yaml
@@ -281,6 +329,23 @@ pub struct StorageConfig {
     /// max_connections: 16
     /// ```
     pub max_connections: u32,
+    /// Longest wait, in milliseconds, for a database server: for a pooled
+    /// connection (opening one included) and for the answer to one
+    /// statement. Past it the request fails with `STORAGE_UNAVAILABLE`
+    /// (retryable) instead of hanging on a database that is down or
+    /// unreachable, and a connection that did not answer is closed.
+    ///
+    /// ```yaml
+    /// timeout_ms: 5000
+    /// ```
+    pub timeout_ms: u64,
+    /// Longest time, in milliseconds, `GET /readyz` waits for the masters
+    /// to answer (all at once) before it answers 503.
+    ///
+    /// ```yaml
+    /// readiness_timeout_ms: 2000
+    /// ```
+    pub readiness_timeout_ms: u64,
 }
 
 impl Default for StorageConfig {
@@ -290,6 +355,8 @@ impl Default for StorageConfig {
             clusters: Vec::new(),
             shards: BTreeMap::new(),
             max_connections: 16,
+            timeout_ms: 5_000,
+            readiness_timeout_ms: 2_000,
         }
     }
 }
@@ -324,6 +391,20 @@ pub struct ShardRange {
 }
 
 impl StorageConfig {
+    /// The timeouts of every database connection (`timeout_ms`).
+    pub fn timeouts(&self) -> crate::storage::Timeouts {
+        let timeout = std::time::Duration::from_millis(self.timeout_ms);
+        crate::storage::Timeouts {
+            acquire: timeout,
+            statement: timeout,
+        }
+    }
+
+    /// How long `GET /readyz` waits (`readiness_timeout_ms`).
+    pub fn readiness_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.readiness_timeout_ms)
+    }
+
     /// One embedded SQLite cluster in `data_dir`.
     pub fn embedded(data_dir: &Path) -> StorageConfig {
         let file = data_dir.join("cellgate.db");

@@ -135,16 +135,6 @@ impl Error {
         }
     }
 
-    /// True when the error says a database could not be reached (the
-    /// request may succeed later), as opposed to a refusal of the request.
-    pub fn is_unavailable(&self) -> bool {
-        match self {
-            Error::Unavailable { .. } | Error::ClusterNotReady { .. } => true,
-            Error::Shared(inner) => inner.is_unavailable(),
-            _ => false,
-        }
-    }
-
     /// The message safe to show a client: storage errors are reduced to
     /// their code so no SQL or path leaves the process.
     pub fn client_message(&self) -> String {
@@ -160,6 +150,21 @@ impl Error {
             }
             Error::Shared(inner) => inner.client_message(),
             other => other.to_string(),
+        }
+    }
+
+    /// True when the same request may succeed if it is sent again later,
+    /// unchanged: a storage cluster could not be reached, did not answer in
+    /// time or is not serving yet, or an index is still being built.
+    /// Clients are told so (`extensions.retryable`); repeating a write is
+    /// safe because writes are idempotent.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Unavailable { .. }
+            | Error::ClusterNotReady { .. }
+            | Error::IndexBuilding { .. } => true,
+            Error::Shared(inner) => inner.is_transient(),
+            _ => false,
         }
     }
 
@@ -194,13 +199,181 @@ impl Error {
     }
 }
 
+/// True for the errors that say the database could not be reached, went
+/// away, is shutting down or starting up, or did not answer in time, as
+/// opposed to errors about the statement. A connection that breaks
+/// mid-statement shows up in several forms depending on when it broke: an
+/// I/O error, a protocol error on a half-read message, or a final error
+/// message from a server that is going down.
 fn is_unavailable(err: &sqlx::Error) -> bool {
-    matches!(
-        err,
+    match err {
         sqlx::Error::Io(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::WorkerCrashed
-    )
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                postgres_unavailable(pg.code())
+            } else if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                mysql_unavailable(my.number(), my.code())
+            } else if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                // The extended result code, in decimal.
+                db.code()
+                    .and_then(|code| code.parse().ok())
+                    .is_some_and(sqlite_unavailable)
+            } else {
+                false
+            }
+        }
+        _ => false,
+    }
+}
+
+/// PostgreSQL SQLSTATEs of a lost or refused connection: class 08
+/// (connection exception), the shutdown and start-up codes of class 57
+/// (57P01 admin shutdown, also sent as "terminating connection due to
+/// unexpected postmaster exit"; 57P02 crash shutdown; 57P03 cannot connect
+/// now; 57P05 idle session timeout), 53300 too many connections, and 25P03,
+/// the session closed for idling in a transaction.
+fn postgres_unavailable(sqlstate: &str) -> bool {
+    sqlstate.starts_with("08")
+        || matches!(
+            sqlstate,
+            "57P01" | "57P02" | "57P03" | "57P05" | "53300" | "25P03"
+        )
+}
+
+/// MySQL/MariaDB error numbers of a lost or refused connection, and
+/// SQLSTATE class 08 for any the list misses.
+fn mysql_unavailable(number: u16, sqlstate: Option<&str>) -> bool {
+    const UNAVAILABLE: &[u16] = &[
+        1040, // ER_CON_COUNT_ERROR: too many connections
+        1053, // ER_SERVER_SHUTDOWN: server shutdown in progress
+        1152, // ER_ABORTING_CONNECTION
+        1158, // ER_NET_READ_ERROR
+        1159, // ER_NET_READ_INTERRUPTED
+        1160, // ER_NET_ERROR_ON_WRITE
+        1161, // ER_NET_WRITE_INTERRUPTED
+        1184, // ER_NEW_ABORTING_CONNECTION
+        1927, // ER_CONNECTION_KILLED (MariaDB)
+        2002, // CR_CONNECTION_ERROR
+        2003, // CR_CONN_HOST_ERROR
+        2006, // CR_SERVER_GONE_ERROR: server has gone away
+        2013, // CR_SERVER_LOST: lost connection during query
+        2055, // CR_SERVER_LOST_EXTENDED
+        3032, // ER_SERVER_OFFLINE_MODE
+        4031, // ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8)
+    ];
+    UNAVAILABLE.contains(&number) || sqlstate.is_some_and(|s| s.starts_with("08"))
+}
+
+/// SQLite result codes (extended codes keep the primary code in their low
+/// byte) of a database file that cannot be used right now: SQLITE_BUSY
+/// (locked by another process past the busy timeout), SQLITE_IOERR,
+/// SQLITE_FULL, SQLITE_CANTOPEN and SQLITE_PROTOCOL (a WAL lock race).
+fn sqlite_unavailable(code: i32) -> bool {
+    const BUSY: i32 = 5;
+    const IOERR: i32 = 10;
+    const FULL: i32 = 13;
+    const CANTOPEN: i32 = 14;
+    const PROTOCOL: i32 = 15;
+    matches!(code & 0xff, BUSY | IOERR | FULL | CANTOPEN | PROTOCOL)
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::sqlite::SqliteConnectOptions;
+    use sqlx::{ConnectOptions as _, Connection as _};
+
+    use super::*;
+
+    async fn sqlite(path: &std::path::Path) -> sqlx::SqliteConnection {
+        SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .busy_timeout(std::time::Duration::ZERO)
+            .connect()
+            .await
+            .expect("open sqlite")
+    }
+
+    // A SQLite file locked by another process past the busy timeout was
+    // reported as an internal error, though a retry later can succeed.
+    #[tokio::test]
+    async fn sqlite_errors_are_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cells.db");
+        let mut holder = sqlite(&path).await;
+        let mut other = sqlite(&path).await;
+        sqlx::query("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        let busy = sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .expect_err("the file is locked");
+        let busy = Error::from_sqlx("main", busy);
+        assert_eq!(busy.code(), "STORAGE_UNAVAILABLE", "{busy:?}");
+        assert!(busy.is_transient());
+
+        sqlx::query("INSERT INTO t VALUES (1)")
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        let duplicate = sqlx::query("INSERT INTO t VALUES (1)")
+            .execute(&mut holder)
+            .await
+            .expect_err("a duplicate key");
+        let duplicate = Error::from_sqlx("main", duplicate);
+        assert_eq!(duplicate.code(), "INTERNAL", "{duplicate:?}");
+        assert!(duplicate.is_retryable() && !duplicate.is_transient());
+
+        let syntax = sqlx::query("SELEKT 1")
+            .execute(&mut holder)
+            .await
+            .expect_err("bad SQL");
+        let syntax = Error::from_sqlx("main", syntax);
+        assert_eq!(syntax.code(), "INTERNAL", "{syntax:?}");
+        assert!(!syntax.is_transient());
+        holder.close().await.unwrap();
+    }
+
+    #[test]
+    fn sqlite_extended_codes_keep_their_primary_code() {
+        // SQLITE_IOERR_WRITE, SQLITE_IOERR_FSYNC, SQLITE_CANTOPEN_ISDIR,
+        // SQLITE_BUSY_SNAPSHOT, SQLITE_FULL.
+        for code in [
+            10 | (3 << 8),
+            10 | (4 << 8),
+            14 | (2 << 8),
+            5 | (2 << 8),
+            13,
+        ] {
+            assert!(sqlite_unavailable(code), "{code}");
+        }
+        // SQLITE_CONSTRAINT_UNIQUE, SQLITE_ERROR, SQLITE_CORRUPT,
+        // SQLITE_READONLY, SQLITE_NOTADB.
+        for code in [19 | (8 << 8), 1, 11, 8, 26] {
+            assert!(!sqlite_unavailable(code), "{code}");
+        }
+    }
+
+    #[test]
+    fn unavailability_is_shared_with_the_cells_of_a_failed_transaction() {
+        let lost = Error::from_sqlx("main", sqlx::Error::PoolTimedOut);
+        let shared = Error::Shared(std::sync::Arc::new(lost));
+        assert_eq!(shared.code(), "STORAGE_UNAVAILABLE");
+        assert!(shared.is_transient());
+        assert_eq!(
+            shared.client_message(),
+            "storage cluster `main` is unavailable"
+        );
+    }
 }

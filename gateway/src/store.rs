@@ -141,10 +141,12 @@ impl Store {
                     cluster.name
                 )));
             }
+            let timeouts = config.timeouts();
             let connect = ConnectOptions {
                 cluster: cluster.name.clone(),
                 max_connections: config.max_connections,
-                ..ConnectOptions::default()
+                acquire_timeout: timeouts.acquire,
+                statement_timeout: timeouts.statement,
             };
             let master = storage::connect(&cluster.master, &connect).await?;
             let mut replicas = Vec::new();
@@ -163,7 +165,7 @@ impl Store {
         for cluster in &clusters {
             match catalog::open_cluster(cluster.master.as_ref(), options.converting_v1).await {
                 Ok(found) => catalogs.push(Some(found)),
-                Err(err) if err.is_unavailable() && !options.require_all_clusters => {
+                Err(err) if err.is_transient() && !options.require_all_clusters => {
                     tracing::warn!(cluster = %cluster.name, error = %err, "storage cluster unreachable at start-up; its shards are unavailable until it answers");
                     cluster.set_state(ClusterState::Pending(err.client_message()));
                     catalogs.push(None);
@@ -259,6 +261,38 @@ impl Store {
     /// removed indexes whose tables stay).
     pub fn warnings(&self) -> &[String] {
         &self.inner.warnings
+    }
+
+    /// Pings the master of every cluster, all at once, each for at most
+    /// `timeout`; returns the clusters that are not serving or did not
+    /// answer, with why. A probe must answer within its own timeout even
+    /// when a database hangs, and one dead cluster must not add its wait to
+    /// the others'.
+    pub async fn unready_clusters(&self, timeout: Duration) -> Vec<(String, Error)> {
+        let pings = self
+            .topology_ref()
+            .clusters
+            .iter()
+            .map(|cluster| async move {
+                let name = cluster.name.clone();
+                let master = match cluster.master() {
+                    Ok(master) => master,
+                    Err(error) => return Some((name, error)),
+                };
+                match tokio::time::timeout(timeout, master.ping()).await {
+                    Ok(Ok(())) => None,
+                    Ok(Err(error)) => Some((name, error)),
+                    Err(_) => {
+                        let source = crate::storage::no_answer(timeout);
+                        Some((name.clone(), Error::from_sqlx(&name, source)))
+                    }
+                }
+            });
+        futures::future::join_all(pings)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// Checks every master answers and is prepared.

@@ -1,145 +1,19 @@
 //! `cellgate serve` end to end: each test starts the real binary on a free
 //! port (`--listen 127.0.0.1:0`), reads the bound address from the line it
-//! prints, and talks HTTP to it. The process is killed when the test ends,
-//! also when it fails (see [`Server`]'s `Drop`).
+//! prints, and talks HTTP to it (`support/server.rs`). The process is
+//! killed when the test ends, also when it fails.
 
-use std::io::{BufRead as _, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+#[path = "support/server.rs"]
+mod server;
+
+use std::path::Path;
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use reqwest::header::{ACCEPT, ALLOW, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-
-/// The workspace root, where `datastores/` and `cellgate.example.yaml` live.
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
-
-/// `cellgate` with no `CELLGATE_*` or `RUST_LOG` variables inherited.
-fn cellgate(dir: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cellgate"));
-    command.current_dir(dir);
-    for (name, _) in std::env::vars_os() {
-        let name_str = name.to_string_lossy();
-        if name_str.starts_with("CELLGATE_") || name_str == "RUST_LOG" {
-            command.env_remove(&name);
-        }
-    }
-    command
-}
-
-/// A running `cellgate serve`, killed on drop.
-struct Server {
-    child: Child,
-    /// `http://127.0.0.1:PORT`
-    base: String,
-    /// What it printed before the listening line.
-    preamble: Vec<String>,
-    dir: tempfile::TempDir,
-}
-
-impl Server {
-    /// Starts `cellgate serve` on a free port with a fresh data directory
-    /// and the repository's definitions, plus `extra` arguments.
-    fn start(extra: &[&str]) -> Server {
-        Server::start_in(tempfile::tempdir().expect("temp dir"), extra)
-    }
-
-    /// Like [`Server::start`], with the data directory `<dir>/data`, which
-    /// may already hold a store.
-    fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Server {
-        let data = dir.path().join("data");
-        let datastores = root().join("datastores");
-        let stderr = std::fs::File::create(dir.path().join("stderr.log")).expect("stderr log");
-        let mut child = cellgate(dir.path())
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
-            .arg("--data")
-            .arg(&data)
-            .arg("--datastores")
-            .arg(&datastores)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("start cellgate serve");
-
-        // Read stdout on a thread, so a server that never prints the line
-        // fails the test after a timeout instead of hanging it.
-        let stdout = child.stdout.take().expect("stdout");
-        let (lines_tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if lines_tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut server = Server {
-            child,
-            base: String::new(),
-            preamble: Vec::new(),
-            dir,
-        };
-        loop {
-            match lines.recv_timeout(Duration::from_secs(60)) {
-                Ok(line) => {
-                    if let Some(rest) = line.strip_prefix("cellgate listening on ") {
-                        let url = rest.split_whitespace().next().expect("address");
-                        server.base = url.to_string();
-                        assert!(
-                            line.ends_with(&format!("GraphQL playground at {url}/")),
-                            "{line}"
-                        );
-                        break;
-                    }
-                    server.preamble.push(line);
-                }
-                Err(_) => panic!(
-                    "cellgate serve did not print its address; stderr:\n{}",
-                    server.stderr()
-                ),
-            }
-        }
-        server
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    fn graphql(&self) -> String {
-        self.url("/graphql")
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
-    }
-}
-
-impl Server {
-    /// Kills the server and hands back its directory, to start another
-    /// server on the same store.
-    fn stop(mut self) -> tempfile::TempDir {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use server::{cellgate, root, Server};
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -213,6 +87,94 @@ async fn health_readiness_and_metrics() {
     }
 }
 
+/// The `operation` label values of `cellgate_graphql_requests_total`, with
+/// the request count of each.
+fn operation_counts(metrics: &str) -> std::collections::BTreeMap<String, u64> {
+    let mut counts = std::collections::BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("cellgate_graphql_requests_total{operation=\"") else {
+            continue;
+        };
+        let (name, rest) = rest.split_once('"').expect("a quoted label");
+        let count: u64 = rest
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("a count");
+        *counts.entry(name.to_string()).or_default() += count;
+    }
+    counts
+}
+
+async fn scrape(server: &Server) -> String {
+    let response = client().get(server.url("/metrics")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response.text().await.unwrap()
+}
+
+/// Sends `{ __typename }` under each of `names`.
+async fn send_named(server: &Server, names: impl IntoIterator<Item = String>) {
+    for name in names {
+        let query = json!({"query": format!("query {name} {{ __typename }}")});
+        assert_eq!(post(server, None, &query).await.status(), StatusCode::OK);
+    }
+}
+
+// /metrics grew with every client-chosen operation name (3 KB -> 20 KB after
+// 300 names).
+#[tokio::test]
+async fn metrics_stay_bounded_under_many_operation_names() {
+    let server = Server::start(&[]);
+    send_named(&server, (0..100).map(|i| format!("Op{i}"))).await;
+    let after_100 = scrape(&server).await;
+    send_named(&server, (100..350).map(|i| format!("Op{i}"))).await;
+    let after_350 = scrape(&server).await;
+
+    let counts = operation_counts(&after_350);
+    assert!(
+        counts.len() <= 21,
+        "{} operation series after 350 names:\n{after_350}",
+        counts.len()
+    );
+    assert_eq!(
+        counts.keys().collect::<Vec<_>>(),
+        operation_counts(&after_100).keys().collect::<Vec<_>>()
+    );
+    assert_eq!(counts.values().sum::<u64>(), 350, "{counts:?}");
+    assert_eq!(
+        counts["other"],
+        350 - (counts.len() as u64 - 1),
+        "{counts:?}"
+    );
+    // Only counts grew: a few digits, no new series.
+    assert!(
+        after_350.len() <= after_100.len() + 64,
+        "/metrics grew from {} to {} bytes",
+        after_100.len(),
+        after_350.len()
+    );
+}
+
+#[tokio::test]
+async fn listed_operations_keep_their_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cellgate.yaml");
+    std::fs::write(
+        &config,
+        "metrics:\n  operations: [TripsByDriver]\n  max_operations: 2\n",
+    )
+    .unwrap();
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    let names = ["A", "B", "C", "D", "TripsByDriver", "A"];
+    send_named(&server, names.map(String::from)).await;
+    let counts = operation_counts(&scrape(&server).await);
+    let expected: std::collections::BTreeMap<String, u64> =
+        [("A", 2), ("B", 1), ("TripsByDriver", 1), ("other", 2)]
+            .map(|(name, n)| (name.to_string(), n))
+            .into();
+    assert_eq!(counts, expected);
+}
+
 #[tokio::test]
 async fn queries_run_over_post_and_get() {
     let server = Server::start(&[]);
@@ -238,6 +200,126 @@ async fn queries_run_over_post_and_get() {
     assert_eq!(response.status(), StatusCode::OK);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body, json!({"data": {"__type": {"name": "Query"}}}));
+}
+
+/// graphql-js's introspection queries from `tests/fixtures/introspection`:
+/// `(version/variant, query)`.
+fn introspection_queries() -> Vec<(String, String)> {
+    let dir = root().join("tests/fixtures/introspection");
+    let mut queries = Vec::new();
+    for version in std::fs::read_dir(&dir).expect("introspection fixtures") {
+        let version = version.unwrap().path();
+        if !version.is_dir() {
+            continue;
+        }
+        for file in std::fs::read_dir(&version).unwrap() {
+            let file = file.unwrap().path();
+            let name = file.strip_prefix(&dir).unwrap().display().to_string();
+            queries.push((name, std::fs::read_to_string(&file).unwrap()));
+        }
+    }
+    queries.sort();
+    assert!(
+        queries.len() >= 20,
+        "{} introspection fixtures",
+        queries.len()
+    );
+    queries
+}
+
+/// POSTs `query` and returns the status and body.
+async fn ask(server: &Server, accept: &str, query: &str) -> (StatusCode, Value) {
+    let response = post(server, Some(accept), &json!({ "query": query })).await;
+    let status = response.status();
+    (status, response.json().await.unwrap())
+}
+
+// graphql-js's standard introspection query (GraphiQL, graphql-codegen,
+// Apollo tooling) was refused with QUERY_TOO_DEEP.
+#[tokio::test]
+async fn standard_introspection_queries_are_answered() {
+    let server = Server::start(&[]);
+    for (name, query) in introspection_queries() {
+        for accept in ["application/json", "application/graphql-response+json"] {
+            let body = json!({ "query": query, "operationName": "IntrospectionQuery" });
+            let response = post(&server, Some(accept), &body).await;
+            assert_eq!(response.status(), StatusCode::OK, "{name}");
+            let answer: Value = response.json().await.unwrap();
+            assert!(answer.get("errors").is_none(), "{name}: {answer}");
+            let schema = &answer["data"]["__schema"];
+            assert_eq!(schema["queryType"]["name"], "Query", "{name}");
+            let types = schema["types"].as_array().expect("types");
+            let trips = types
+                .iter()
+                .find(|t| t["name"] == "TripsQuery")
+                .unwrap_or_else(|| panic!("{name}: no TripsQuery"));
+            assert!(!trips["fields"].as_array().unwrap().is_empty(), "{name}");
+            if query.contains("isOneOf") {
+                let input = types
+                    .iter()
+                    .find(|t| t["kind"] == "INPUT_OBJECT")
+                    .expect("an input type");
+                assert_eq!(input["isOneOf"], false, "{name}");
+            }
+        }
+    }
+}
+
+// User queries keep their limits: only introspection is left out of them.
+#[tokio::test]
+async fn depth_and_complexity_limits_hold_outside_introspection() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cellgate.yaml");
+    std::fs::write(&config, "limits:\n  max_depth: 3\n  max_complexity: 6\n").unwrap();
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    let gql = "application/graphql-response+json";
+
+    let (_, all) = introspection_queries()
+        .into_iter()
+        .find(|(name, _)| name == "graphql-17.1.0/all.graphql")
+        .unwrap();
+    let (status, answer) = ask(&server, gql, &all).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(answer.get("errors").is_none(), "{answer}");
+
+    let row = r#"row(rowKey: "0b6f7c1e-2a4d-4c8e-9f10-1a2b3c4d5e6f")"#;
+    let shallow = format!("{{ trips {{ {row} {{ rowKey }} }} }}");
+    let (status, answer) = ask(&server, gql, &shallow).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(answer.get("errors").is_none(), "{answer}");
+
+    let deep = [
+        format!("{{ trips {{ {row} {{ base {{ refKey }} }} }} }}"),
+        format!("{{ __schema {{ queryType {{ name }} }} trips {{ {row} {{ base {{ refKey }} }} }} }}"),
+        format!("query Q {{ trips {{ ...R }} }} fragment R on TripsQuery {{ {row} {{ base {{ refKey }} }} }}"),
+        // Nested introspection lists multiply the answer by the schema size.
+        "{ __schema { types { fields { type { fields { type { fields { name } } } } } } } }".to_string(),
+        // Past the parser's recursion guard.
+        format!(
+            "{{ __type(name: \"Query\") {{ {}name{} }} }}",
+            "ofType { ".repeat(40),
+            " }".repeat(40)
+        ),
+    ];
+    for query in deep {
+        let (status, answer) = ask(&server, gql, &query).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {answer}");
+        assert_eq!(first_code(&answer), "QUERY_TOO_DEEP", "{query}: {answer}");
+        assert!(answer.get("data").is_none(), "{answer}");
+    }
+
+    let aliases: String = (0..300)
+        .map(|i| format!("t{i}: __type(name: \"Query\") {{ name }} "))
+        .collect();
+    let complex = [
+        "{ a: datastores { name } b: datastores { name } c: datastores { name } d: datastores { name } }".to_string(),
+        format!("{{ {aliases} }}"),
+    ];
+    for query in complex {
+        let (status, answer) = ask(&server, gql, &query).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert_eq!(first_code(&answer), "QUERY_TOO_COMPLEX", "{answer}");
+    }
 }
 
 #[tokio::test]
@@ -326,6 +408,97 @@ async fn an_oversized_body_is_refused_with_413() {
             "extensions": {"code": "PAYLOAD_TOO_LARGE"}
         }]})
     );
+}
+
+/// Writes a whole request on a fresh connection before reading anything,
+/// as most HTTP clients do (fetch, Python's http.client), then returns the
+/// status and the JSON body of the answer. `head` is the request line and
+/// headers without the blank line; the request asks for `Connection: close`
+/// so the answer ends at end of stream.
+async fn send_whole_then_read(server: &Server, head: &str, body: &[Vec<u8>]) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let address = server.base.trim_start_matches("http://");
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        let head = format!("{head}\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.expect("send head");
+        for piece in body {
+            if let Err(e) = stream.write_all(piece).await {
+                panic!("the server stopped reading the body and closed the connection ({e}): a client that sends its whole body first never sees the answer");
+            }
+        }
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.expect("read answer");
+        answer
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(60), exchange)
+        .await
+        .expect("no answer within 60 s");
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head}"));
+    let body = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    (status, body)
+}
+
+/// `{"query": "{ __typename }", "x": "aaa…"}` of about `size` bytes, in
+/// 64 KiB pieces.
+fn padded_body(size: usize) -> Vec<Vec<u8>> {
+    let mut text = br#"{"query": "{ __typename }", "x": ""#.to_vec();
+    text.resize(size, b'a');
+    text.extend_from_slice(br#""}"#);
+    text.chunks(64 * 1024).map(<[u8]>::to_vec).collect()
+}
+
+// A 10 MB chunked body (no Content-Length) was not answered 413
+// PAYLOAD_TOO_LARGE like a sized one.
+#[tokio::test]
+async fn a_chunked_oversized_body_is_refused_with_413() {
+    let server = Server::start(&[]);
+    let chunks: Vec<Vec<u8>> = padded_body(10 * 1024 * 1024)
+        .into_iter()
+        .map(|piece| {
+            let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
+            chunk.extend_from_slice(&piece);
+            chunk.extend_from_slice(b"\r\n");
+            chunk
+        })
+        .chain([b"0\r\n\r\n".to_vec()])
+        .collect();
+    let head =
+        "POST /graphql HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked";
+    let (status, body) = send_whole_then_read(&server, head, &chunks).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(first_code(&body), "PAYLOAD_TOO_LARGE", "{body}");
+
+    // The same body with a Content-Length gets the same answer.
+    let sized = padded_body(10 * 1024 * 1024);
+    let length: usize = sized.iter().map(Vec::len).sum();
+    let head = format!(
+        "POST /graphql HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {length}"
+    );
+    let (status, body) = send_whole_then_read(&server, &head, &sized).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(first_code(&body), "PAYLOAD_TOO_LARGE", "{body}");
+
+    // A chunked body within the limit is read and executed.
+    let small = br#"{"query": "{ __typename }"}"#;
+    let chunked = [
+        format!("{:x}\r\n", small.len()).into_bytes(),
+        small.to_vec(),
+        b"\r\n0\r\n\r\n".to_vec(),
+    ];
+    let head =
+        "POST /graphql HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked";
+    let (status, body) = send_whole_then_read(&server, head, &chunked).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"data": {"__typename": "Query"}}));
 }
 
 #[tokio::test]
@@ -544,7 +717,7 @@ async fn index_lag_metrics_survive_a_restart() {
         "indexes:\n  maintain: false\n  sweep_interval_ms: 100\n",
     )
     .unwrap();
-    let server = Server::start_in(dir, &["--config", config.to_str().unwrap()]);
+    let server = Server::start_on(dir, &["--config", config.to_str().unwrap()]);
     let text = metrics_with(
         &server,
         r#"cellgate_index_pending_cells{datastore="trips"} 300"#,
@@ -560,7 +733,7 @@ async fn index_lag_metrics_survive_a_restart() {
 
     // A maintaining gateway on the same store catches up and says so.
     let dir = server.stop();
-    let server = Server::start_in(dir, &[]);
+    let server = Server::start_on(dir, &[]);
     let text = metrics_with(
         &server,
         r#"cellgate_index_pending_cells{datastore="trips"} 0"#,
@@ -646,12 +819,12 @@ async fn a_killed_gateway_s_shards_are_taken_over() {
     )
     .unwrap();
     let config = config.to_str().unwrap().to_string();
-    let a = Server::start_in(dir, &["--config", &config]);
+    let a = Server::start_on(dir, &["--config", &config]);
     // The second gateway shares the first one's data directory.
     let data = a.dir.path().join("data");
     let second = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(&data, second.path().join("data")).unwrap();
-    let b = Server::start_in(second, &["--config", &config]);
+    let b = Server::start_on(second, &["--config", &config]);
     // They settle on half of the 64 buckets each.
     let mut split = false;
     for _ in 0..300 {

@@ -216,7 +216,7 @@ async fn write_cluster(
             release_buffers(topology, ds, buffered).await;
             group.iter().map(|p| p.index).zip(statuses).collect()
         }
-        Err(err) if err.is_unavailable() && !buffered.is_empty() => {
+        Err(err) if err.is_transient() && !buffered.is_empty() => {
             tracing::warn!(datastore = %ds.name(), cluster = %topology.clusters[cluster].name, error = %err, "primary unavailable; cells kept in buffer");
             group
                 .iter()

@@ -91,15 +91,15 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     let file_storage = std::mem::take(&mut config.storage);
     config.storage = if let Some(url) = &args.database {
         StorageConfig {
-            max_connections: file_storage.max_connections,
-            ..StorageConfig::single(url)
+            clusters: StorageConfig::single(url).clusters,
+            buffer_count: 0,
+            shards: Default::default(),
+            ..file_storage
         }
     } else if file_storage.clusters.is_empty() {
         StorageConfig {
-            buffer_count: file_storage.buffer_count,
-            shards: file_storage.shards,
-            max_connections: file_storage.max_connections,
-            ..StorageConfig::embedded(&config.data)
+            clusters: StorageConfig::embedded(&config.data).clusters,
+            ..file_storage
         }
     } else {
         file_storage
@@ -149,7 +149,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let address = listener
         .local_addr()
         .context("cannot read the bound address")?;
-    let gateway = Arc::new(Gateway::new(store, schema, &config.limits));
+    let gateway = Arc::new(Gateway::new(store, schema, &config));
     let shutdown = shutdown_signal()?;
 
     println!("cellgate listening on http://{address} — GraphQL playground at http://{address}/");

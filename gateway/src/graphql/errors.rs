@@ -2,7 +2,9 @@
 //!
 //! Store errors map through [`crate::Error::code`] and
 //! [`crate::Error::client_message`], so SQL, driver texts and paths stay in
-//! the logs; internal errors are logged here with their full text.
+//! the logs; internal errors are logged here with their full text. An
+//! error that may go away if the request is sent again later (the storage
+//! was unreachable) also says `extensions.retryable: true`.
 
 use async_graphql::ErrorExtensions;
 
@@ -22,5 +24,10 @@ pub fn from_store(err: &crate::Error) -> async_graphql::Error {
     if matches!(code, "INTERNAL" | "STORAGE_UNAVAILABLE" | "CORRUPT_BODY") {
         tracing::error!(code, error = %err, "request failed");
     }
-    coded(code, err.client_message())
+    let error = coded(code, err.client_message());
+    if err.is_transient() {
+        error.extend_with(|_, e| e.set("retryable", true))
+    } else {
+        error
+    }
 }

@@ -30,6 +30,7 @@ use index_dsl::{CompareOp, Condition, Datastore, FieldType, Index, Literal};
 use uuid::Uuid;
 
 use super::errors::{bad_input, coded, from_store};
+use super::limits::QueryLimits;
 use super::loaders::{CellLoader, CellRequest};
 use super::scalars::{
     self, datetime, datetime_value, int64, int64_value, json_value, sql_value, DATETIME, INT64,
@@ -39,7 +40,8 @@ use crate::cells::{Cell, CellKey, Location, LogPage, NewCell, PutStatus};
 use crate::indexes::{IndexEntry, IndexPage, IndexQuery, OrderBy};
 use crate::Store;
 
-/// Limits enforced by the schema on every request.
+/// Limits enforced by the schema on every request (see `limits.rs`);
+/// fields under `__schema` and `__type` do not count toward them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GraphqlLimits {
     /// Deepest selection nesting accepted.
@@ -51,9 +53,9 @@ pub struct GraphqlLimits {
 impl Default for GraphqlLimits {
     fn default() -> Self {
         GraphqlLimits {
-            // GraphiQL's schema introspection query nests 15 levels deep;
-            // with less, the playground loads without docs or completion.
-            depth: 15,
+            // Introspection does not count (see `limits.rs`), so GraphiQL's
+            // schema query, which nests 15 levels, passes at any depth.
+            depth: 12,
             complexity: 2_000,
         }
     }
@@ -158,8 +160,15 @@ struct PutOutcome {
     row_key: Uuid,
     column: String,
     ref_key: i64,
-    /// The status, or the refused cell's error code and message.
-    result: Result<PutStatus, (&'static str, String)>,
+    /// The status, or why the cell was refused.
+    result: Result<PutStatus, PutRefusal>,
+}
+
+/// Why a cell was refused, as `PutCellError` shows it.
+struct PutRefusal {
+    code: &'static str,
+    message: String,
+    retryable: bool,
 }
 
 /// The schema for the store's definitions.
@@ -263,8 +272,7 @@ fn schema_for(
         builder = builder.register(mutation);
     }
     builder
-        .limit_depth(limits.depth)
-        .limit_complexity(limits.complexity)
+        .extension(QueryLimits(limits))
         .finish()
         .map_err(|e| crate::Error::Config(format!("cannot build the GraphQL schema: {e}")))
 }
@@ -703,9 +711,10 @@ fn put_result_type() -> Object {
             from_parent::<PutOutcome, _>("error", TypeRef::named("PutCellError"), |p| {
                 match &p.result {
                     Ok(_) => Value::Null,
-                    Err((code, message)) => obj(vec![
-                        ("code", Value::String(code.to_string())),
-                        ("message", Value::String(message.clone())),
+                    Err(refusal) => obj(vec![
+                        ("code", Value::String(refusal.code.to_string())),
+                        ("message", Value::String(refusal.message.clone())),
+                        ("retryable", Value::Boolean(refusal.retryable)),
                     ]),
                 }
             })
@@ -721,6 +730,12 @@ fn put_error_type() -> Object {
                 .description("a stable code, e.g. CELL_CONFLICT"),
         )
         .field(meta_field("message", TypeRef::named_nn(TypeRef::STRING)))
+        .field(
+            meta_field("retryable", TypeRef::named_nn(TypeRef::BOOLEAN)).description(
+                "true when writing the same cell again later may succeed \
+                 (e.g. STORAGE_UNAVAILABLE); writes are idempotent, so that is safe",
+            ),
+        )
 }
 
 fn scalar_of(ty: FieldType) -> &'static str {
@@ -1144,7 +1159,11 @@ fn put_cells_field(datastore: &Datastore, types: &DatastoreTypes, ds: &Arc<str>)
                             PathSegment::Index(i),
                         ];
                         ctx.add_error(error);
-                        (err.code(), err.client_message())
+                        PutRefusal {
+                            code: err.code(),
+                            message: err.client_message(),
+                            retryable: err.is_transient(),
+                        }
                     });
                     items.push(FieldValue::owned_any(PutOutcome {
                         row_key,

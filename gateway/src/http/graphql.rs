@@ -7,7 +7,9 @@
 //!    missing header or `application/json`; anything else is 406;
 //! 2. **admission** (rate and concurrency limits, `admission.rs`): 429, 503;
 //! 3. **request parsing**: a POST needs `Content-Type: application/json`
-//!    (415), a body within the size limit (413) holding a JSON object (400)
+//!    (415), a body within the size limit (413; a chunked body is counted as
+//!    it arrives, and the rest of a refused body is read and dropped, within
+//!    bounds, so that the client can read the answer) holding a JSON object (400)
 //!    whose `query` is a string and whose `operationName`, `variables` and
 //!    `extensions` are absent, null or of the right type (400); a GET takes
 //!    the same from its URL, `variables` and `extensions` as JSON text;
@@ -29,6 +31,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt as _;
 use poem::http::{header, HeaderValue, StatusCode};
 use poem::web::Data;
 use poem::{handler, Body, Request, Response};
@@ -63,6 +66,8 @@ struct Failure {
     code: &'static str,
     message: String,
     outcome: Outcome,
+    /// Whether the same request may succeed later (`extensions.retryable`).
+    retryable: bool,
     /// Extra response headers (`Allow`, `Retry-After`).
     headers: Vec<(header::HeaderName, String)>,
 }
@@ -74,6 +79,7 @@ impl Failure {
             code,
             message: message.into(),
             outcome: Outcome::Invalid,
+            retryable: false,
             headers: Vec::new(),
         }
     }
@@ -216,10 +222,7 @@ async fn respond(
     if before_execution {
         let errors = take_errors(&mut value)
             .into_iter()
-            .map(|error| {
-                let code = validation_code(&error);
-                with_code(error, code)
-            })
+            .map(|error| with_code(error, "GRAPHQL_VALIDATION_FAILED"))
             .collect();
         return Ok((request_error(media, errors), Outcome::Invalid));
     }
@@ -281,6 +284,7 @@ fn rejected(rejection: Rejection) -> Failure {
                 "too many requests from this client; retry later",
             );
             failure.outcome = Outcome::RateLimited;
+            failure.retryable = true;
             failure
                 .headers
                 .push((header::RETRY_AFTER, retry_seconds(retry_after).to_string()));
@@ -293,6 +297,7 @@ fn rejected(rejection: Rejection) -> Failure {
                 "the server is at its request limit; retry later",
             );
             failure.outcome = Outcome::Overloaded;
+            failure.retryable = true;
             failure.headers.push((header::RETRY_AFTER, "1".to_string()));
             failure
         }
@@ -342,13 +347,24 @@ async fn post_params(request: &Request, body: Body, limit: usize) -> Result<Para
     let declared = request
         .header(header::CONTENT_LENGTH)
         .and_then(|n| n.parse::<u64>().ok());
+    let mut frames = body.into_bytes_stream();
     if declared.is_some_and(|n| n > limit as u64) {
+        if declared.is_some_and(|n| n <= DISCARD_BYTES) {
+            discard(frames).await;
+        }
         return Err(too_large());
     }
-    let bytes = body.into_bytes_limit(limit).await.map_err(|e| match e {
-        poem::error::ReadBodyError::PayloadTooLarge => too_large(),
-        _ => Failure::bad_request("cannot read the request body"),
-    })?;
+    // Chunked bodies have no declared length: the limit is checked as the
+    // frames arrive.
+    let mut bytes = Vec::new();
+    while let Some(frame) = frames.next().await {
+        let frame = frame.map_err(|_| Failure::bad_request("cannot read the request body"))?;
+        if bytes.len() + frame.len() > limit {
+            discard(frames).await;
+            return Err(too_large());
+        }
+        bytes.extend_from_slice(&frame);
+    }
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(Failure::bad_request("the request body is empty"));
     }
@@ -360,6 +376,34 @@ async fn post_params(request: &Request, body: Body, limit: usize) -> Result<Para
         )),
         Err(_) => Err(Failure::bad_request("the request body is not valid JSON")),
     }
+}
+
+/// Most of an oversized body that is read and dropped before the 413 is
+/// sent (see [`discard`]).
+const DISCARD_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Longest time spent dropping the rest of an oversized body.
+const DISCARD_TIME: Duration = Duration::from_secs(10);
+
+/// Reads and drops what is left of a refused body before its answer is
+/// sent. Most clients send the whole body before they read the answer;
+/// closing a connection with unread data in it makes the kernel reset it,
+/// and the reset destroys the 413 on its way, so such a client saw a broken
+/// connection (or a proxy's 400) instead. Bounded by [`DISCARD_BYTES`] and
+/// [`DISCARD_TIME`]: past either, the connection is closed after all.
+async fn discard<F: AsRef<[u8]>>(
+    mut frames: impl futures::Stream<Item = std::io::Result<F>> + Unpin,
+) {
+    let drain = async {
+        let mut left = DISCARD_BYTES;
+        while let Some(Ok(frame)) = frames.next().await {
+            left = left.saturating_sub(frame.as_ref().len() as u64);
+            if left == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DISCARD_TIME, drain).await;
 }
 
 /// `application/json`, with no charset or UTF-8.
@@ -450,17 +494,6 @@ fn missing_variables(
         .collect()
 }
 
-/// The code of an error found before execution. The depth and complexity
-/// limits are told apart from other validation failures by async-graphql's
-/// fixed messages.
-fn validation_code(error: &Value) -> &'static str {
-    match error.get("message").and_then(Value::as_str) {
-        Some("Query is nested too deep.") => "QUERY_TOO_DEEP",
-        Some("Query is too complex.") => "QUERY_TOO_COMPLEX",
-        _ => "GRAPHQL_VALIDATION_FAILED",
-    }
-}
-
 /// `error` with `extensions.code` set to `code` unless it has one.
 fn with_code(mut error: Value, code: &str) -> Value {
     if let Value::Object(fields) = &mut error {
@@ -493,10 +526,14 @@ fn request_error(media: MediaType, errors: Vec<Value>) -> Response {
 }
 
 fn failure_response(media: MediaType, failure: Failure) -> (Response, Outcome) {
+    let mut extensions = json!({ "code": failure.code });
+    if failure.retryable {
+        extensions["retryable"] = Value::Bool(true);
+    }
     let body = json!({
         "errors": [{
             "message": failure.message,
-            "extensions": { "code": failure.code },
+            "extensions": extensions,
         }]
     });
     let mut response = json_response(failure.status, media, &body);

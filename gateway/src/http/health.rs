@@ -1,5 +1,6 @@
 //! `GET /healthz` (the process answers) and `GET /readyz` (every storage
-//! master answers).
+//! master answers, within `storage.readiness_timeout_ms`; the masters are
+//! pinged at once, see `readiness.rs`).
 //!
 //! Readiness failures are logged with their cause but answered with a bare
 //! 503: the probe endpoint is unauthenticated, and driver errors can name
@@ -20,13 +21,17 @@ pub(super) fn healthz() -> &'static str {
 
 #[handler]
 pub(super) async fn readyz(Data(gateway): Data<&Arc<Gateway>>) -> Response {
-    match gateway.store.ping().await {
-        Ok(()) => "ok".into_response(),
-        Err(error) => {
-            tracing::warn!(error = %error, "readiness check failed");
-            "storage unavailable"
-                .with_status(StatusCode::SERVICE_UNAVAILABLE)
-                .into_response()
-        }
+    let unready = gateway
+        .store
+        .unready_clusters(gateway.readiness_timeout)
+        .await;
+    if unready.is_empty() {
+        return "ok".into_response();
     }
+    for (cluster, error) in &unready {
+        tracing::warn!(cluster = %cluster, error = %error, "readiness check failed");
+    }
+    "storage unavailable"
+        .with_status(StatusCode::SERVICE_UNAVAILABLE)
+        .into_response()
 }

@@ -8,10 +8,15 @@
 //! `_total` suffixes are easy to get subtly wrong, and the crate is the
 //! Prometheus project's own.
 //!
-//! Operation names come from clients, so they are capped: names must look
-//! like GraphQL names, be at most 64 characters long, and only the first
-//! [`MAX_OPERATIONS`] distinct names get their own series; later ones are
-//! counted as `other`.
+//! Operation names come from clients, so the label set is bounded: a name
+//! must look like a GraphQL name of at most 64 characters, and gets its own
+//! series only if it is listed in `metrics.operations` or is among the first
+//! `metrics.max_operations` other distinct names; every other request is
+//! counted as `other`. A series, once created, is never dropped (a counter
+//! that vanishes and comes back reads as a reset), so the unlisted slots go
+//! first come, first served rather than to the currently busiest names;
+//! listing the operations that matter keeps their series whatever clients
+//! send.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -28,10 +33,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use super::Gateway;
+use crate::config::MetricsConfig;
 use crate::Store;
-
-/// Distinct operation names with their own series.
-const MAX_OPERATIONS: usize = 256;
 
 /// What became of a GraphQL request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,12 +74,16 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     latency: Histogram,
-    operations: Mutex<HashSet<String>>,
+    /// Names from `metrics.operations`.
+    listed: HashSet<String>,
+    /// Unlisted names given a series so far, at most `max_unlisted`.
+    unlisted: Mutex<HashSet<String>>,
+    max_unlisted: usize,
 }
 
 impl Metrics {
     /// Metrics of a gateway in front of `store`.
-    pub fn new(store: Store) -> Metrics {
+    pub fn new(store: Store, config: &MetricsConfig) -> Metrics {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
@@ -96,7 +103,9 @@ impl Metrics {
             registry,
             requests,
             latency,
-            operations: Mutex::new(HashSet::new()),
+            listed: config.operations.iter().cloned().collect(),
+            unlisted: Mutex::new(HashSet::new()),
+            max_unlisted: config.max_operations,
         }
     }
 
@@ -122,12 +131,15 @@ impl Metrics {
         if !graphql_name {
             return "other".to_string();
         }
-        let mut known = self.operations.lock().unwrap_or_else(|e| e.into_inner());
-        if known.contains(name) {
+        if self.listed.contains(name) {
             return name.to_string();
         }
-        if known.len() < MAX_OPERATIONS {
-            known.insert(name.to_string());
+        let mut unlisted = self.unlisted.lock().unwrap_or_else(|e| e.into_inner());
+        if unlisted.contains(name) {
+            return name.to_string();
+        }
+        if unlisted.len() < self.max_unlisted {
+            unlisted.insert(name.to_string());
             return name.to_string();
         }
         "other".to_string()

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use poem::listener::TcpAcceptor;
 use poem::{get, Endpoint, EndpointExt as _, IntoEndpoint, IntoResponse, Request, Response, Route};
 
-use crate::config::LimitsConfig;
+use crate::config::Config;
 use crate::Store;
 
 pub use admission::Admission;
@@ -44,23 +44,22 @@ pub struct Gateway {
     admission: Admission,
     metrics: Metrics,
     max_body_bytes: usize,
+    /// How long `/readyz` waits for the storage masters.
+    readiness_timeout: Duration,
 }
 
 impl Gateway {
     /// A gateway serving `schema` (built from `store`'s definitions) under
-    /// the given limits. Needs a tokio runtime (it starts the rate limiter's
-    /// cleanup task).
-    pub fn new(
-        store: Store,
-        schema: async_graphql::dynamic::Schema,
-        limits: &LimitsConfig,
-    ) -> Gateway {
+    /// the limits and metrics settings of `config`. Needs a tokio runtime
+    /// (it starts the rate limiter's cleanup task).
+    pub fn new(store: Store, schema: async_graphql::dynamic::Schema, config: &Config) -> Gateway {
         Gateway {
-            metrics: Metrics::new(store.clone()),
+            metrics: Metrics::new(store.clone(), &config.metrics),
             store,
             schema,
-            admission: Admission::new(limits),
-            max_body_bytes: limits.max_body_bytes,
+            admission: Admission::new(&config.limits),
+            max_body_bytes: config.limits.max_body_bytes,
+            readiness_timeout: config.storage.readiness_timeout(),
         }
     }
 }

@@ -192,7 +192,7 @@ impl Pass<'_> {
                 Ok(()) => {
                     written.insert(target);
                 }
-                Err(err) if err.is_unavailable() || err.is_retryable() => {
+                Err(err) if err.is_transient() || err.is_retryable() => {
                     result.failed_targets.push((target, err));
                 }
                 Err(err) => {
@@ -222,7 +222,7 @@ impl Pass<'_> {
         let (quarantine, retry, advanced) = match first {
             Ok(()) => (quarantine, retry, advanced),
             Err(err)
-                if err.is_unavailable()
+                if err.is_transient()
                     || err.is_retryable()
                     || matches!(err, Error::LeaseLost(_)) =>
             {
@@ -304,7 +304,7 @@ impl Pass<'_> {
             )
             .await;
         if let Err(err) = first {
-            if err.is_unavailable() || err.is_retryable() {
+            if err.is_transient() || err.is_retryable() {
                 return Err(err);
             }
             failures.extend(self.isolate(self.cluster, &entries, touched).await?);
@@ -481,7 +481,7 @@ impl Pass<'_> {
             .await;
             match outcome {
                 Ok(()) => {}
-                Err(err) if err.is_unavailable() || matches!(err, Error::LeaseLost(_)) => {
+                Err(err) if err.is_transient() || matches!(err, Error::LeaseLost(_)) => {
                     return Err(err)
                 }
                 Err(err) => {

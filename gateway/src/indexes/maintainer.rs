@@ -595,7 +595,7 @@ impl Worker {
             Err(err) => {
                 self.failures += 1;
                 let delay = Duration::from_millis(100 << self.failures.min(6));
-                if err.is_unavailable() {
+                if err.is_transient() {
                     tracing::warn!(datastore = %self.datastore, error = %err, "index maintenance waits for its cluster");
                 } else {
                     tracing::error!(datastore = %self.datastore, error = %err, "index maintenance pass failed; retrying");

@@ -13,6 +13,13 @@
 //! possible only with long higher-ranked bounds on every function, while the
 //! per-driver parts (binding, decoding, connecting, insert ids) are small and
 //! written out in each driver's file.
+//!
+//! No request waits on a server database without bound: the pool's acquire
+//! timeout limits the wait for a connection, and every statement is waited
+//! for at most the statement timeout ([`Timeouts`], `storage.timeout_ms`),
+//! after which its connection is closed. Driver errors become
+//! [`crate::Error`]s through `Error::from_sqlx`, which tells a lost or
+//! unreachable database (`STORAGE_UNAVAILABLE`) from a failed statement.
 
 pub mod ddl;
 mod mysql;
@@ -21,7 +28,9 @@ pub mod sql;
 mod sqlite;
 pub mod value;
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -75,18 +84,82 @@ pub struct ConnectOptions {
     pub cluster: String,
     /// Largest number of pooled connections.
     pub max_connections: u32,
-    /// How long to wait for a connection before reporting the cluster unavailable.
-    pub acquire_timeout: std::time::Duration,
+    /// How long to wait for a connection, opening one included, before
+    /// reporting the cluster unavailable.
+    pub acquire_timeout: Duration,
+    /// How long a server database may take to answer one statement (a
+    /// commit included) before the cluster is reported unavailable; the
+    /// connection is then closed rather than reused. SQLite, a local file,
+    /// waits on its own busy timeout instead.
+    pub statement_timeout: Duration,
 }
 
 impl Default for ConnectOptions {
     fn default() -> Self {
+        let timeouts = Timeouts::default();
         ConnectOptions {
             cluster: "default".to_string(),
             max_connections: 16,
-            acquire_timeout: std::time::Duration::from_secs(5),
+            acquire_timeout: timeouts.acquire,
+            statement_timeout: timeouts.statement,
         }
     }
+}
+
+/// How long a request waits on a database before its cluster is reported
+/// unavailable (`STORAGE_UNAVAILABLE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// For a pooled connection, opening one included.
+    pub acquire: Duration,
+    /// For the answer to one statement.
+    pub statement: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            acquire: Duration::from_secs(5),
+            statement: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Waits for `work`, at most `limit` when there is one; `None` when the
+/// database did not answer in time.
+async fn answered<T>(limit: Option<Duration>, work: impl Future<Output = T>) -> Option<T> {
+    match limit {
+        None => Some(work.await),
+        Some(limit) => tokio::time::timeout(limit, work).await.ok(),
+    }
+}
+
+/// The result of a statement waited for by [`answered`] on `conn`. A
+/// connection that did not answer in time is closed when it is dropped
+/// instead of going back to the pool, where sqlx would first wait for it to
+/// answer a ping (as long as the operating system keeps a dead TCP
+/// connection open) and keep its pool slot meanwhile.
+fn settle<DB: sqlx::Database, T>(
+    conn: &mut sqlx::pool::PoolConnection<DB>,
+    outcome: Option<Result<T, sqlx::Error>>,
+    limit: Option<Duration>,
+) -> Result<T, sqlx::Error> {
+    outcome.unwrap_or_else(|| {
+        conn.close_on_drop();
+        Err(no_answer(limit.unwrap_or_default()))
+    })
+}
+
+/// The error of a statement that got no answer within `limit`: an I/O
+/// timeout, which [`crate::Error::from_sqlx`] reports as unavailability.
+pub(crate) fn no_answer(limit: Duration) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "no answer from the database within {} ms",
+            limit.as_millis()
+        ),
+    ))
 }
 
 /// Opens the database at `url` (`sqlite:`, `mysql:`/`mariadb:`, `postgres:`).
@@ -109,6 +182,13 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Back
 /// Implements [`Backend`] and [`Tx`] for one sqlx driver. The driver module
 /// supplies `bind`, `decode` and `insert_returning_id` functions, and the
 /// statement that opens a write transaction when it is not plain `BEGIN`.
+///
+/// Every statement runs on a connection taken from the pool here (the
+/// pool's acquire timeout bounds the wait for it) and is waited for at most
+/// `statement_timeout`; a connection that does not answer in time is closed
+/// (see [`settle`]). A transaction is a pooled connection with sqlx's
+/// transaction manager rather than `sqlx::Transaction`, so that a
+/// transaction whose connection stopped answering can close it too.
 macro_rules! sqlx_backend {
     ($backend:ident, $tx:ident, $db:ty, $dialect:expr, $begin:expr) => {
         pub struct $backend {
@@ -117,13 +197,31 @@ macro_rules! sqlx_backend {
             /// Pool for reads outside transactions.
             reader: sqlx::Pool<$db>,
             cluster: String,
+            /// Longest wait for the answer to one statement; `None` on SQLite.
+            statement_timeout: Option<std::time::Duration>,
             /// Dropped with the backend, which stops its background tasks.
             _stop: Option<tokio::sync::oneshot::Sender<()>>,
         }
 
+        /// An open transaction on one pooled connection.
         pub struct $tx {
-            tx: sqlx::Transaction<'static, $db>,
+            conn: sqlx::pool::PoolConnection<$db>,
+            /// Until committed: dropping the transaction rolls it back.
+            open: bool,
             cluster: String,
+            statement_timeout: Option<std::time::Duration>,
+        }
+
+        type Manager = <$db as sqlx::Database>::TransactionManager;
+
+        impl Drop for $tx {
+            fn drop(&mut self) {
+                if self.open {
+                    // Queued, and sent before the connection's next use (the
+                    // pool pings a returned connection), as sqlx does.
+                    <Manager as sqlx::TransactionManager>::start_rollback(&mut self.conn);
+                }
+            }
         }
 
         fn build<'q>(
@@ -150,6 +248,19 @@ macro_rules! sqlx_backend {
                 .collect()
         }
 
+        impl $backend {
+            fn error(&self, err: sqlx::Error) -> $crate::Error {
+                $crate::Error::from_sqlx(&self.cluster, err)
+            }
+
+            async fn acquire(
+                &self,
+                pool: &sqlx::Pool<$db>,
+            ) -> $crate::Result<sqlx::pool::PoolConnection<$db>> {
+                pool.acquire().await.map_err(|e| self.error(e))
+            }
+        }
+
         #[async_trait::async_trait]
         impl $crate::storage::Backend for $backend {
             fn dialect(&self) -> $crate::storage::Dialect {
@@ -165,38 +276,57 @@ macro_rules! sqlx_backend {
                 sql: &$crate::storage::Sql,
                 cols: &[$crate::storage::ColType],
             ) -> $crate::Result<Vec<$crate::storage::Row>> {
-                let err = |e| $crate::Error::from_sqlx(&self.cluster, e);
-                let rows = build(sql).fetch_all(&self.reader).await.map_err(err)?;
-                decode_rows(rows, cols).map_err(err)
+                let limit = self.statement_timeout;
+                let mut conn = self.acquire(&self.reader).await?;
+                let outcome =
+                    $crate::storage::answered(limit, build(sql).fetch_all(&mut *conn)).await;
+                let rows = $crate::storage::settle(&mut conn, outcome, limit)
+                    .map_err(|e| self.error(e))?;
+                decode_rows(rows, cols).map_err(|e| self.error(e))
             }
 
             async fn execute(&self, sql: &$crate::storage::Sql) -> $crate::Result<u64> {
-                let result = build(sql)
-                    .execute(&self.writer)
-                    .await
-                    .map_err(|e| $crate::Error::from_sqlx(&self.cluster, e))?;
+                let limit = self.statement_timeout;
+                let mut conn = self.acquire(&self.writer).await?;
+                let outcome =
+                    $crate::storage::answered(limit, build(sql).execute(&mut *conn)).await;
+                let result = $crate::storage::settle(&mut conn, outcome, limit)
+                    .map_err(|e| self.error(e))?;
                 Ok(result.rows_affected())
             }
 
             async fn begin(&self) -> $crate::Result<Box<dyn $crate::storage::Tx>> {
-                let begin: Option<&'static str> = $begin;
-                let tx = match begin {
-                    Some(statement) => self.writer.begin_with(statement).await,
-                    None => self.writer.begin().await,
-                }
-                .map_err(|e| $crate::Error::from_sqlx(&self.cluster, e))?;
+                let limit = self.statement_timeout;
+                let mut conn = self.acquire(&self.writer).await?;
+                let statement: Option<&'static str> = $begin;
+                let begin = <Manager as sqlx::TransactionManager>::begin(
+                    &mut conn,
+                    statement.map(std::borrow::Cow::Borrowed),
+                );
+                let outcome = $crate::storage::answered(limit, begin).await;
+                $crate::storage::settle(&mut conn, outcome, limit).map_err(|e| self.error(e))?;
                 Ok(Box::new($tx {
-                    tx,
+                    conn,
+                    open: true,
                     cluster: self.cluster.clone(),
+                    statement_timeout: limit,
                 }))
             }
 
             async fn ping(&self) -> $crate::Result<()> {
-                sqlx::query("SELECT 1")
-                    .execute(&self.reader)
-                    .await
-                    .map_err(|e| $crate::Error::from_sqlx(&self.cluster, e))?;
+                let limit = self.statement_timeout;
+                let mut conn = self.acquire(&self.reader).await?;
+                let outcome =
+                    $crate::storage::answered(limit, sqlx::query("SELECT 1").execute(&mut *conn))
+                        .await;
+                $crate::storage::settle(&mut conn, outcome, limit).map_err(|e| self.error(e))?;
                 Ok(())
+            }
+        }
+
+        impl $tx {
+            fn error(&self, err: sqlx::Error) -> $crate::Error {
+                $crate::Error::from_sqlx(&self.cluster, err)
             }
         }
 
@@ -207,17 +337,20 @@ macro_rules! sqlx_backend {
                 sql: &$crate::storage::Sql,
                 cols: &[$crate::storage::ColType],
             ) -> $crate::Result<Vec<$crate::storage::Row>> {
-                let cluster = &self.cluster;
-                let err = |e| $crate::Error::from_sqlx(cluster, e);
-                let rows = build(sql).fetch_all(&mut *self.tx).await.map_err(err)?;
-                decode_rows(rows, cols).map_err(err)
+                let limit = self.statement_timeout;
+                let outcome =
+                    $crate::storage::answered(limit, build(sql).fetch_all(&mut *self.conn)).await;
+                let rows = $crate::storage::settle(&mut self.conn, outcome, limit)
+                    .map_err(|e| self.error(e))?;
+                decode_rows(rows, cols).map_err(|e| self.error(e))
             }
 
             async fn execute(&mut self, sql: &$crate::storage::Sql) -> $crate::Result<u64> {
-                let result = build(sql)
-                    .execute(&mut *self.tx)
-                    .await
-                    .map_err(|e| $crate::Error::from_sqlx(&self.cluster, e))?;
+                let limit = self.statement_timeout;
+                let outcome =
+                    $crate::storage::answered(limit, build(sql).execute(&mut *self.conn)).await;
+                let result = $crate::storage::settle(&mut self.conn, outcome, limit)
+                    .map_err(|e| self.error(e))?;
                 Ok(result.rows_affected())
             }
 
@@ -226,17 +359,26 @@ macro_rules! sqlx_backend {
                 sql: &$crate::storage::Sql,
                 id_column: &str,
             ) -> $crate::Result<i64> {
-                insert_returning_id(&mut self.tx, sql, id_column)
-                    .await
-                    .map_err(|e| $crate::Error::from_sqlx(&self.cluster, e))
+                let limit = self.statement_timeout;
+                let outcome = $crate::storage::answered(
+                    limit,
+                    insert_returning_id(&mut self.conn, sql, id_column),
+                )
+                .await;
+                $crate::storage::settle(&mut self.conn, outcome, limit).map_err(|e| self.error(e))
             }
 
-            async fn commit(self: Box<Self>) -> $crate::Result<()> {
-                let cluster = self.cluster;
-                self.tx
-                    .commit()
-                    .await
-                    .map_err(|e| $crate::Error::from_sqlx(&cluster, e))
+            async fn commit(mut self: Box<Self>) -> $crate::Result<()> {
+                let limit = self.statement_timeout;
+                let outcome = $crate::storage::answered(
+                    limit,
+                    <Manager as sqlx::TransactionManager>::commit(&mut self.conn),
+                )
+                .await;
+                $crate::storage::settle(&mut self.conn, outcome, limit)
+                    .map_err(|e| self.error(e))?;
+                self.open = false;
+                Ok(())
             }
         }
     };

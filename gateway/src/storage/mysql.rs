@@ -28,6 +28,7 @@ impl MySqlBackend {
             writer: pool.clone(),
             reader: pool,
             cluster: options.cluster.clone(),
+            statement_timeout: Some(options.statement_timeout),
             _stop: None,
         })
     }
@@ -75,10 +76,10 @@ fn decode(row: &sqlx::mysql::MySqlRow, i: usize, ty: ColType) -> Result<Value, s
 }
 
 async fn insert_returning_id(
-    tx: &mut sqlx::Transaction<'static, MySql>,
+    conn: &mut sqlx::MySqlConnection,
     sql: &Sql,
     _id_column: &str,
 ) -> Result<i64, sqlx::Error> {
-    let result = build(sql).execute(&mut **tx).await?;
+    let result = build(sql).execute(conn).await?;
     i64::try_from(result.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))
 }

@@ -32,6 +32,7 @@ impl PostgresBackend {
             writer: pool.clone(),
             reader: pool,
             cluster: options.cluster.clone(),
+            statement_timeout: Some(options.statement_timeout),
             _stop: None,
         })
     }
@@ -83,7 +84,7 @@ fn decode(row: &sqlx::postgres::PgRow, i: usize, ty: ColType) -> Result<Value, s
 }
 
 async fn insert_returning_id(
-    tx: &mut sqlx::Transaction<'static, Postgres>,
+    conn: &mut sqlx::PgConnection,
     sql: &Sql,
     id_column: &str,
 ) -> Result<i64, sqlx::Error> {
@@ -96,6 +97,6 @@ async fn insert_returning_id(
     for value in sql.params() {
         query = bind(query, value);
     }
-    let row = query.fetch_one(&mut **tx).await?;
+    let row = query.fetch_one(conn).await?;
     row.try_get::<i64, _>(0)
 }

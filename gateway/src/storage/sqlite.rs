@@ -69,6 +69,9 @@ impl SqliteBackend {
             writer,
             reader,
             cluster: options.cluster.clone(),
+            // A local file: lock waits are bounded by the busy timeout,
+            // and writes queue for the one writer connection.
+            statement_timeout: None,
             _stop: Some(stop),
         })
     }
@@ -140,10 +143,10 @@ fn decode(row: &sqlx::sqlite::SqliteRow, i: usize, ty: ColType) -> Result<Value,
 }
 
 async fn insert_returning_id(
-    tx: &mut sqlx::Transaction<'static, Sqlite>,
+    conn: &mut sqlx::SqliteConnection,
     sql: &Sql,
     _id_column: &str,
 ) -> Result<i64, sqlx::Error> {
-    let result = build(sql).execute(&mut **tx).await?;
+    let result = build(sql).execute(conn).await?;
     Ok(result.last_insert_rowid())
 }

@@ -1,0 +1,428 @@
+//! The depth and complexity limits of a request, with introspection counted
+//! apart.
+//!
+//! async-graphql's own `limit_depth`/`limit_complexity` count every field,
+//! those under `__schema` and `__type` included. The introspection query of
+//! graphql-js (`getIntrospectionQuery()`, which GraphiQL, graphql-codegen,
+//! Apollo tooling and schemathesis send) nests about fifteen fields deep
+//! through its `TypeRef` fragment, so it was refused with `QUERY_TOO_DEEP`
+//! and clients could not generate code from a live server. Here the part of
+//! an operation outside introspection is held to the configured
+//! [`GraphqlLimits`], and introspection subtrees to fixed bounds of their
+//! own that admit every variant of the standard query but not the known
+//! ways to make introspection expensive:
+//!
+//! - list fields of `__Type` (`fields`, `inputFields`, `interfaces`,
+//!   `possibleTypes`) nested in one another: each level multiplies the
+//!   answer by the size of the schema. Like graphql-js's
+//!   `MaxIntrospectionDepthRule`, at most [`MAX_INTROSPECTION_LISTS`]
+//!   levels (the standard query uses one);
+//! - introspection repeated under many aliases: at most
+//!   [`MAX_INTROSPECTION_FIELDS`] fields, twice the largest standard query.
+//!
+//! The check is an async-graphql extension that runs right after parsing,
+//! before validation, on the operation the request selects, with each
+//! fragment counted where it is spread (as async-graphql counts). Counting
+//! stops as soon as a bound is passed, so a document whose nested fragment
+//! spreads expand exponentially costs no more than the limit; unknown
+//! fragments and fragment cycles are skipped here and refused by
+//! validation.
+
+use std::sync::{Arc, Mutex};
+
+use async_graphql::extensions::{
+    Extension, ExtensionContext, ExtensionFactory, NextParseQuery, NextPrepareRequest,
+};
+use async_graphql::parser::types::{
+    DocumentOperations, ExecutableDocument, OperationDefinition, Selection, SelectionSet,
+};
+use async_graphql::{ErrorExtensionValues, Name, ServerError, ServerResult, Variables};
+
+use super::GraphqlLimits;
+
+/// Deepest nesting of the list fields of `__Type` inside introspection.
+const MAX_INTROSPECTION_LISTS: usize = 2;
+
+/// Most fields selected under `__schema` and `__type` in one operation.
+/// The largest standard introspection query (every option on) selects 230
+/// once its fragments are expanded; each further field can repeat the
+/// schema-sized answer of a list, so the bound stays near that.
+const MAX_INTROSPECTION_FIELDS: usize = 500;
+
+/// The list fields of `__Type`.
+const INTROSPECTION_LISTS: [&str; 4] = ["fields", "inputFields", "interfaces", "possibleTypes"];
+
+/// Registers the limits on a schema: a fresh check per request.
+pub struct QueryLimits(pub GraphqlLimits);
+
+impl ExtensionFactory for QueryLimits {
+    fn create(&self) -> Arc<dyn Extension> {
+        Arc::new(LimitCheck {
+            limits: self.0,
+            operation: Mutex::new(None),
+        })
+    }
+}
+
+/// The check of one request.
+struct LimitCheck {
+    limits: GraphqlLimits,
+    /// The operation name the request asked for, kept from
+    /// `prepare_request` for `parse_query`, which is not told.
+    operation: Mutex<Option<String>>,
+}
+
+#[async_trait::async_trait]
+impl Extension for LimitCheck {
+    async fn prepare_request(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        request: async_graphql::Request,
+        next: NextPrepareRequest<'_>,
+    ) -> ServerResult<async_graphql::Request> {
+        *self.operation.lock().unwrap_or_else(|e| e.into_inner()) = request.operation_name.clone();
+        next.run(ctx, request).await
+    }
+
+    async fn parse_query(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        query: &str,
+        variables: &Variables,
+        next: NextParseQuery<'_>,
+    ) -> ServerResult<ExecutableDocument> {
+        let document = next.run(ctx, query, variables).await.map_err(|error| {
+            // async-graphql's own guard against deep recursion in the parser.
+            if error
+                .message
+                .starts_with("The recursion depth of the query")
+            {
+                coded(error.message, "QUERY_TOO_DEEP")
+            } else {
+                error
+            }
+        })?;
+        let name = self
+            .operation
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(operation) = selected_operation(&document, name.as_deref()) {
+            measure(&document, operation, self.limits).map_err(|e| e.into_error(self.limits))?;
+        }
+        Ok(document)
+    }
+}
+
+/// The operation a request runs; `None` when the name is unknown or
+/// needed, which execution reports.
+fn selected_operation<'d>(
+    document: &'d ExecutableDocument,
+    name: Option<&str>,
+) -> Option<&'d OperationDefinition> {
+    match (&document.operations, name) {
+        (DocumentOperations::Single(operation), _) => Some(&operation.node),
+        (DocumentOperations::Multiple(operations), Some(name)) => {
+            operations.get(name).map(|operation| &operation.node)
+        }
+        (DocumentOperations::Multiple(operations), None) if operations.len() == 1 => {
+            operations.values().next().map(|operation| &operation.node)
+        }
+        (DocumentOperations::Multiple(_), None) => None,
+    }
+}
+
+/// Which bound an operation passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exceeded {
+    Depth,
+    Complexity,
+    IntrospectionLists,
+    IntrospectionFields,
+}
+
+impl Exceeded {
+    fn into_error(self, limits: GraphqlLimits) -> ServerError {
+        let (code, message) = match self {
+            Exceeded::Depth => (
+                "QUERY_TOO_DEEP",
+                format!(
+                    "the query nests fields more than {} deep (introspection not counted)",
+                    limits.depth
+                ),
+            ),
+            Exceeded::Complexity => (
+                "QUERY_TOO_COMPLEX",
+                format!(
+                    "the query selects more than {} fields (introspection not counted)",
+                    limits.complexity
+                ),
+            ),
+            Exceeded::IntrospectionLists => (
+                "QUERY_TOO_DEEP",
+                format!(
+                    "introspection nests `fields`, `inputFields`, `interfaces` or `possibleTypes` more than {MAX_INTROSPECTION_LISTS} deep"
+                ),
+            ),
+            Exceeded::IntrospectionFields => (
+                "QUERY_TOO_COMPLEX",
+                format!("introspection selects more than {MAX_INTROSPECTION_FIELDS} fields"),
+            ),
+        };
+        coded(message, code)
+    }
+}
+
+fn coded(message: String, code: &str) -> ServerError {
+    let mut error = ServerError::new(message, None);
+    let mut extensions = ErrorExtensionValues::default();
+    extensions.set("code", code);
+    error.extensions = Some(extensions);
+    error
+}
+
+/// What an operation within the limits selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Measure {
+    /// Fields outside introspection: the complexity.
+    fields: usize,
+    /// Fields under `__schema` and `__type`.
+    introspection_fields: usize,
+}
+
+/// Measures `operation` of `document`, or tells which limit it passes.
+fn measure(
+    document: &ExecutableDocument,
+    operation: &OperationDefinition,
+    limits: GraphqlLimits,
+) -> Result<Measure, Exceeded> {
+    let mut count = Count {
+        document,
+        limits,
+        expanding: Vec::new(),
+        fields: 0,
+        introspection_fields: 0,
+    };
+    count.walk(&operation.selection_set.node, Level::User { depth: 0 })?;
+    Ok(Measure {
+        fields: count.fields,
+        introspection_fields: count.introspection_fields,
+    })
+}
+
+/// Where in the operation a selection set is.
+#[derive(Debug, Clone, Copy)]
+enum Level {
+    /// Outside introspection, `depth` fields deep.
+    User { depth: usize },
+    /// Inside `__schema` or `__type`, under `lists` nested list fields.
+    Introspection { lists: usize },
+}
+
+struct Count<'d> {
+    document: &'d ExecutableDocument,
+    limits: GraphqlLimits,
+    /// Fragments being expanded, to step over cycles.
+    expanding: Vec<&'d Name>,
+    /// Fields outside introspection: the complexity.
+    fields: usize,
+    introspection_fields: usize,
+}
+
+impl<'d> Count<'d> {
+    fn walk(&mut self, set: &'d SelectionSet, level: Level) -> Result<(), Exceeded> {
+        for selection in &set.items {
+            match &selection.node {
+                Selection::Field(field) => {
+                    let name = field.node.name.node.as_str();
+                    let inner = match level {
+                        Level::User { .. } if name == "__schema" || name == "__type" => {
+                            self.count_introspection()?;
+                            Level::Introspection { lists: 0 }
+                        }
+                        Level::User { depth } => {
+                            if depth + 1 > self.limits.depth {
+                                return Err(Exceeded::Depth);
+                            }
+                            self.fields += 1;
+                            if self.fields > self.limits.complexity {
+                                return Err(Exceeded::Complexity);
+                            }
+                            Level::User { depth: depth + 1 }
+                        }
+                        Level::Introspection { lists } => {
+                            self.count_introspection()?;
+                            let lists = lists + usize::from(INTROSPECTION_LISTS.contains(&name));
+                            if lists > MAX_INTROSPECTION_LISTS {
+                                return Err(Exceeded::IntrospectionLists);
+                            }
+                            Level::Introspection { lists }
+                        }
+                    };
+                    self.walk(&field.node.selection_set.node, inner)?;
+                }
+                Selection::InlineFragment(fragment) => {
+                    self.walk(&fragment.node.selection_set.node, level)?;
+                }
+                Selection::FragmentSpread(spread) => {
+                    let name = &spread.node.fragment_name.node;
+                    let Some(fragment) = self.document.fragments.get(name) else {
+                        continue;
+                    };
+                    if self.expanding.contains(&name) {
+                        continue;
+                    }
+                    self.expanding.push(name);
+                    let result = self.walk(&fragment.node.selection_set.node, level);
+                    self.expanding.pop();
+                    result?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn count_introspection(&mut self) -> Result<(), Exceeded> {
+        self.introspection_fields += 1;
+        if self.introspection_fields > MAX_INTROSPECTION_FIELDS {
+            return Err(Exceeded::IntrospectionFields);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use async_graphql::parser::parse_query;
+
+    use super::*;
+
+    fn measured(query: &str, limits: GraphqlLimits) -> Result<Measure, Exceeded> {
+        let document = parse_query(query).expect("query parses");
+        let operation = selected_operation(&document, None).expect("one operation");
+        measure(&document, operation, limits)
+    }
+
+    const TIGHT: GraphqlLimits = GraphqlLimits {
+        depth: 2,
+        complexity: 3,
+    };
+
+    /// The fixtures of `tests/fixtures/introspection`: `(name, query)`.
+    fn standard_queries() -> Vec<(String, String)> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/introspection");
+        let mut queries = Vec::new();
+        for version in std::fs::read_dir(&root).expect("fixtures") {
+            let version = version.expect("entry").path();
+            if !version.is_dir() {
+                continue;
+            }
+            for file in std::fs::read_dir(&version).expect("version dir") {
+                let file = file.expect("entry").path();
+                let text = std::fs::read_to_string(&file).expect("fixture");
+                queries.push((file.display().to_string(), text));
+            }
+        }
+        assert!(queries.len() >= 20, "{} fixtures", queries.len());
+        queries
+    }
+
+    #[test]
+    fn standard_introspection_is_not_counted_and_fits_its_own_bounds() {
+        for (name, query) in standard_queries() {
+            let measure = measured(&query, TIGHT).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            assert_eq!(measure.fields, 0, "{name}");
+            // A margin below the bound, for options graphql-js may add.
+            assert!(
+                measure.introspection_fields * 2 < MAX_INTROSPECTION_FIELDS,
+                "{name}: {measure:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn user_fields_keep_their_limits_beside_introspection() {
+        let deep = "{ __schema { types { name } } a { b { c } } }";
+        assert_eq!(measured(deep, TIGHT), Err(Exceeded::Depth));
+        let wide = "{ __typename a b c d }";
+        assert_eq!(measured(wide, TIGHT), Err(Exceeded::Complexity));
+        let fits = "{ __type(name: \"Query\") { fields { name } } a { b } }";
+        assert_eq!(
+            measured(fits, TIGHT),
+            Ok(Measure {
+                fields: 2,
+                introspection_fields: 3
+            })
+        );
+        // A fragment counts where it is spread, an inline fragment is transparent.
+        let spread = "query { a { ...F } } fragment F on T { ... on T { b { c } } }";
+        assert_eq!(measured(spread, TIGHT), Err(Exceeded::Depth));
+    }
+
+    #[test]
+    fn only_the_selected_operation_counts() {
+        let document = parse_query("query Deep { a { b { c } } } query Flat { a }").unwrap();
+        let deep = selected_operation(&document, Some("Deep")).unwrap();
+        assert_eq!(measure(&document, deep, TIGHT), Err(Exceeded::Depth));
+        let flat = selected_operation(&document, Some("Flat")).unwrap();
+        assert!(measure(&document, flat, TIGHT).is_ok());
+        assert!(selected_operation(&document, None).is_none());
+        assert!(selected_operation(&document, Some("Other")).is_none());
+    }
+
+    #[test]
+    fn nested_introspection_lists_are_refused() {
+        let two = "{ __schema { types { fields { type { fields { name } } } } } }";
+        assert!(measured(two, TIGHT).is_ok());
+        let three = "{ __schema { types { fields { type { fields { type { inputFields { name } } } } } } } }";
+        assert_eq!(measured(three, TIGHT), Err(Exceeded::IntrospectionLists));
+        let through_fragments = "{ __type(name: \"Q\") { ...A } }
+            fragment A on __Type { fields { type { ...B } } }
+            fragment B on __Type { interfaces { ...C } }
+            fragment C on __Type { possibleTypes { name } }";
+        assert_eq!(
+            measured(through_fragments, TIGHT),
+            Err(Exceeded::IntrospectionLists)
+        );
+    }
+
+    #[test]
+    fn aliased_introspection_is_bounded() {
+        let aliases: String = (0..MAX_INTROSPECTION_FIELDS)
+            .map(|i| format!("t{i}: __type(name: \"Query\") {{ name }} "))
+            .collect();
+        let query = format!("{{ {aliases} }}");
+        assert_eq!(
+            measured(&query, GraphqlLimits::default()),
+            Err(Exceeded::IntrospectionFields)
+        );
+    }
+
+    #[test]
+    fn exponential_fragments_stop_at_the_limit() {
+        // F0 spreads F1 twice, F1 spreads F2 twice, …: 2^40 fields expanded.
+        let mut query = String::from("{ ...F0 }");
+        for i in 0..40 {
+            query.push_str(&format!(
+                " fragment F{i} on Query {{ ...F{n} ...F{n} }}",
+                n = i + 1
+            ));
+        }
+        query.push_str(" fragment F40 on Query { a }");
+        assert_eq!(
+            measured(&query, GraphqlLimits::default()),
+            Err(Exceeded::Complexity)
+        );
+        // A cycle is left to validation.
+        let cycle = "{ ...A } fragment A on Query { a ...B } fragment B on Query { b ...A }";
+        assert_eq!(
+            measured(cycle, TIGHT),
+            Ok(Measure {
+                fields: 2,
+                introspection_fields: 0
+            })
+        );
+    }
+}

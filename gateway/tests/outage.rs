@@ -1,0 +1,669 @@
+//! Storage outages seen through the real binary: a PostgreSQL server whose
+//! sessions are ended, that is cut off by a network partition, killed and
+//! restarted, all under write load; and databases that accept connections
+//! but never answer. Every error a client sees must be
+//! `STORAGE_UNAVAILABLE` with `extensions.retryable: true` (never
+//! `INTERNAL`), requests and `/readyz` must come back rather than hang, and
+//! writes must succeed again once the database is back.
+//!
+//! The PostgreSQL test runs a private server (its own data directory, a
+//! free loopback port, stopped when the test ends) and needs the server
+//! binaries (`initdb`, `postgres` on `PATH` or in
+//! `/usr/lib/postgresql/*/bin`); without them it prints why it is skipped.
+//! No assertion is about speed: waits are for outcomes, with generous
+//! bounds that only a hang exceeds.
+
+#[path = "support/server.rs"]
+mod server;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use server::Server;
+
+/// One small datastore, so the test does not wait for shard tables.
+fn write_definitions(dir: &Path) -> PathBuf {
+    let datastores = dir.join("datastores");
+    std::fs::create_dir_all(datastores.join("items")).unwrap();
+    std::fs::write(
+        datastores.join("items/datastore.yaml"),
+        "name: items\nshards: 4\ncolumns:\n  - name: DATA\n",
+    )
+    .unwrap();
+    datastores
+}
+
+/// Starts `cellgate serve` on `database` with `config` as its
+/// `cellgate.yaml`.
+fn serve(database: &str, config: &str) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let datastores = write_definitions(dir.path());
+    let config_file = dir.path().join("cellgate.yaml");
+    std::fs::write(&config_file, config).unwrap();
+    let args: Vec<OsString> = vec![
+        "--datastores".into(),
+        datastores.into(),
+        "--database".into(),
+        database.into(),
+        "--config".into(),
+        config_file.into(),
+    ];
+    Server::start_in(dir, args)
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+const PUT: &str = "mutation($cells: [ItemsCellInput!]!) {
+  itemsPutCells(cells: $cells) { status error { code message retryable } }
+}";
+
+/// What became of one write.
+#[derive(Debug)]
+enum Write {
+    Stored,
+    /// Refused, with every error `STORAGE_UNAVAILABLE` and retryable.
+    Unavailable,
+    /// Anything else: the defect this file pins.
+    Unexpected(String),
+}
+
+/// Writes one new cell and classifies the answer.
+async fn write_one(client: &reqwest::Client, server: &str, n: u64) -> Write {
+    let cell = json!({
+        "rowKey": uuid::Uuid::new_v4(), "column": "DATA", "refKey": 1, "body": {"n": n}
+    });
+    let body = json!({ "query": PUT, "variables": { "cells": [cell] } });
+    let response = match client.post(server).json(&body).send().await {
+        Ok(response) => response,
+        Err(e) => return Write::Unexpected(format!("no answer: {e}")),
+    };
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    let Ok(answer) = serde_json::from_str::<Value>(&text) else {
+        return Write::Unexpected(format!("{status}: {text}"));
+    };
+    if status != StatusCode::OK {
+        return Write::Unexpected(format!("{status}: {answer}"));
+    }
+    let Some(errors) = answer["errors"].as_array() else {
+        return match answer["data"]["itemsPutCells"][0]["status"].as_str() {
+            Some("WRITTEN") => Write::Stored,
+            _ => Write::Unexpected(answer.to_string()),
+        };
+    };
+    let mut refusals: Vec<&Value> = errors.iter().map(|e| &e["extensions"]).collect();
+    let cell_error = &answer["data"]["itemsPutCells"][0]["error"];
+    if !cell_error.is_null() {
+        refusals.push(cell_error);
+    }
+    if refusals
+        .iter()
+        .all(|e| e["code"] == "STORAGE_UNAVAILABLE" && e["retryable"] == true)
+    {
+        Write::Unavailable
+    } else {
+        Write::Unexpected(answer.to_string())
+    }
+}
+
+/// Counts of the writes made by [`Load`].
+#[derive(Debug, Default)]
+struct Tally {
+    stored: u64,
+    unavailable: u64,
+    unexpected: Vec<String>,
+    /// Answers received by each writer.
+    answers: Vec<u64>,
+}
+
+/// Writers that keep writing new cells until stopped.
+struct Load {
+    tally: Arc<Mutex<Tally>>,
+    stop: Arc<AtomicBool>,
+    writers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(server: &Server, writers: usize) -> Load {
+        let tally = Arc::new(Mutex::new(Tally {
+            answers: vec![0; writers],
+            ..Tally::default()
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers = (0..writers as u64)
+            .map(|w| {
+                let (tally, stop, url) = (tally.clone(), stop.clone(), server.graphql());
+                tokio::spawn(async move {
+                    let client = client();
+                    let mut n = w * 1_000_000;
+                    while !stop.load(Ordering::Relaxed) {
+                        n += 1;
+                        let outcome = write_one(&client, &url, n).await;
+                        let refused = !matches!(outcome, Write::Stored);
+                        {
+                            let mut tally = tally.lock().unwrap();
+                            tally.answers[w as usize] += 1;
+                            match outcome {
+                                Write::Stored => tally.stored += 1,
+                                Write::Unavailable => tally.unavailable += 1,
+                                Write::Unexpected(what) => tally.unexpected.push(what),
+                            }
+                        }
+                        if refused {
+                            // No tight loop of instant failures while the
+                            // database is down.
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            tally,
+            stop,
+            writers,
+        }
+    }
+
+    /// Answers received so far by each writer.
+    fn answers(&self) -> Vec<u64> {
+        self.tally.lock().unwrap().answers.clone()
+    }
+
+    /// Writes stored and writes refused (whatever the error) so far.
+    fn counts(&self) -> (u64, u64) {
+        let tally = self.tally.lock().unwrap();
+        (
+            tally.stored,
+            tally.unavailable + tally.unexpected.len() as u64,
+        )
+    }
+
+    /// Waits until `done(stored, refused)` holds; fails after 120 s (a
+    /// bound only a stuck server reaches).
+    async fn wait_for(&self, what: &str, done: impl Fn(u64, u64) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let (stored, refused) = self.counts();
+            if done(stored, refused) {
+                return;
+            }
+            let tally = self.tally.lock().unwrap();
+            assert!(
+                Instant::now() < deadline,
+                "waited 120 s for {what}; {} stored, {} unavailable, unexpected: {:?}",
+                tally.stored,
+                tally.unavailable,
+                &tally.unexpected[..tally.unexpected.len().min(3)]
+            );
+            drop(tally);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn finish(self) -> Tally {
+        self.stop.store(true, Ordering::Relaxed);
+        for writer in self.writers {
+            writer.await.unwrap();
+        }
+        Arc::try_unwrap(self.tally)
+            .expect("writers finished")
+            .into_inner()
+            .unwrap()
+    }
+}
+
+/// Polls `/readyz` until it answers `status`.
+async fn wait_ready(server: &Server, status: StatusCode) {
+    let client = client();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let got = client
+            .get(server.url("/readyz"))
+            .send()
+            .await
+            .map(|r| r.status());
+        if got.as_ref().ok() == Some(&status) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz did not answer {status} within 120 s (last: {got:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A private PostgreSQL server on loopback; stopped (immediate shutdown)
+/// when dropped.
+struct Postgres {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    port: u16,
+    /// The server's user and group when the test runs as root (PostgreSQL
+    /// refuses to run as root).
+    owner: Option<(u32, u32)>,
+    postmaster: Option<Child>,
+}
+
+impl Postgres {
+    /// The directory holding `initdb` and `postgres`, if installed.
+    fn binaries() -> Option<PathBuf> {
+        let has = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+        let mut candidates: Vec<PathBuf> = std::env::var_os("PATH")
+            .map(|path| std::env::split_paths(&path).collect())
+            .unwrap_or_default();
+        let mut installed: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .map(|dirs| dirs.flatten().map(|d| d.path().join("bin")).collect())
+            .unwrap_or_default();
+        installed.sort_by_key(|dir| {
+            dir.parent()
+                .and_then(|v| v.file_name())
+                .and_then(|v| v.to_str())
+                .and_then(|v| v.parse::<u32>().ok())
+                .unwrap_or(0)
+        });
+        candidates.extend(installed.into_iter().rev());
+        candidates.into_iter().find(|dir| has(dir))
+    }
+
+    /// The uid and gid of the `postgres` user.
+    fn postgres_user() -> Option<(u32, u32)> {
+        let id = |flag: &str| -> Option<u32> {
+            let output = Command::new("id").args([flag, "postgres"]).output().ok()?;
+            String::from_utf8(output.stdout).ok()?.trim().parse().ok()
+        };
+        Some((id("-u")?, id("-g")?))
+    }
+
+    /// Initializes a data directory, or says why it cannot.
+    fn init() -> Result<Postgres, String> {
+        let bin = Postgres::binaries()
+            .ok_or("PostgreSQL server binaries (initdb, postgres) not found")?;
+        let dir = tempfile::tempdir().unwrap();
+        let is_root = Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+            .unwrap_or(false);
+        let owner = if is_root {
+            let owner =
+                Postgres::postgres_user().ok_or("running as root without a postgres user")?;
+            std::os::unix::fs::chown(dir.path(), Some(owner.0), Some(owner.1)).unwrap();
+            Some(owner)
+        } else {
+            None
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let postgres = Postgres {
+            bin,
+            dir,
+            port,
+            owner,
+            postmaster: None,
+        };
+        let data = postgres.data();
+        let output = postgres
+            .command("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(postgres)
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut command = Command::new(self.bin.join(program));
+        command.current_dir(self.dir.path());
+        if let Some((uid, gid)) = self.owner {
+            use std::os::unix::process::CommandExt as _;
+            command.uid(uid).gid(gid);
+        }
+        command
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Starts the server and waits until it accepts queries. After a kill
+    /// the old server's sessions take a moment to exit; until they have,
+    /// the new one refuses to start, so it is started again.
+    async fn start(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let log = std::fs::File::options()
+                .create(true)
+                .append(true)
+                .open(self.dir.path().join("postgres.log"))
+                .unwrap();
+            let mut child = self
+                .command("postgres")
+                .arg("-D")
+                .arg(self.data())
+                .args(["-p", &self.port.to_string()])
+                .args(["-c", "listen_addresses=127.0.0.1"])
+                .args(["-c", "unix_socket_directories="])
+                .args(["-c", "fsync=off"])
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap();
+            loop {
+                if child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                use sqlx::Connection as _;
+                if let Ok(conn) = sqlx::PgConnection::connect(&self.url()).await {
+                    let _ = conn.close().await;
+                    self.postmaster = Some(child);
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "PostgreSQL did not start; log:\n{}",
+                    self.log()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "PostgreSQL did not start; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Sends `signal` to the postmaster and waits for it to exit.
+    fn stop(&mut self, signal: &str) {
+        if let Some(mut child) = self.postmaster.take() {
+            let _ = Command::new("kill")
+                .args([&format!("-{signal}"), &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        // Immediate shutdown: the postmaster takes its sessions with it.
+        self.stop("QUIT");
+    }
+}
+
+/// A TCP proxy in front of a database that can be cut off like a network
+/// partition: while frozen it accepts connections but passes no bytes in
+/// either direction, so statements in flight get no answer.
+struct Partition {
+    port: u16,
+    frozen: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Partition {
+    async fn open(upstream: u16) -> Partition {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (frozen, watch) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                else {
+                    continue;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(Partition::pump(client_read, server_write, watch.clone()));
+                tokio::spawn(Partition::pump(server_read, client_write, watch.clone()));
+            }
+        });
+        Partition { port, frozen, task }
+    }
+
+    /// Copies bytes from `from` to `to`, holding them while frozen.
+    async fn pump(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        mut frozen: tokio::sync::watch::Receiver<bool>,
+    ) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut buf = vec![0; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if frozen.wait_for(|frozen| !frozen).await.is_err() {
+                return;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
+    }
+
+    fn freeze(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+// While PostgreSQL restarted, some writes failed with INTERNAL
+// ("terminating connection due to unexpected postmaster exit") instead of
+// STORAGE_UNAVAILABLE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_while_postgres_dies_and_restarts_are_storage_unavailable() {
+    let mut postgres = match Postgres::init() {
+        Ok(postgres) => postgres,
+        Err(why) => {
+            eprintln!(
+                "skipped writes_while_postgres_dies_and_restarts_are_storage_unavailable: {why}"
+            );
+            return;
+        }
+    };
+    postgres.start().await;
+    let partition = Partition::open(postgres.port).await;
+    let server = serve(
+        &format!("postgres://postgres@127.0.0.1:{}/postgres", partition.port),
+        "storage:\n  timeout_ms: 2000\n  readiness_timeout_ms: 1000\n",
+    );
+    wait_ready(&server, StatusCode::OK).await;
+    let load = Load::start(&server, 16);
+    load.wait_for("writes before the outage", |stored, _| stored >= 20)
+        .await;
+
+    // Sessions ended by the server, as on a fast shutdown or a failover:
+    // each one gets FATAL 57P01, often in the middle of a transaction.
+    let (stored_before, failed_before) = load.counts();
+    let mut admin = {
+        use sqlx::Connection as _;
+        sqlx::PgConnection::connect(&postgres.url()).await.unwrap()
+    };
+    let terminate = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()";
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while load.counts().1 < failed_before + 10 {
+        sqlx::query(terminate).execute(&mut admin).await.unwrap();
+        assert!(
+            Instant::now() < deadline,
+            "ending sessions failed no write: {:?}",
+            load.counts()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(admin);
+    load.wait_for("writes after the sessions ended", |stored, _| {
+        stored >= stored_before + 20
+    })
+    .await;
+
+    // A network partition: statements in flight get no answer. Every writer
+    // must get answers while it lasts, not wait for it to end.
+    let (stored_before, _) = load.counts();
+    let answered_before = load.answers();
+    partition.freeze(true);
+    load.wait_for("every writer answered during the partition", |_, _| {
+        let answers = load.answers();
+        answers
+            .iter()
+            .zip(&answered_before)
+            .all(|(now, before)| *now >= before + 2)
+    })
+    .await;
+    wait_ready(&server, StatusCode::SERVICE_UNAVAILABLE).await;
+    partition.freeze(false);
+    load.wait_for("writes after the partition", |stored, _| {
+        stored >= stored_before + 20
+    })
+    .await;
+    wait_ready(&server, StatusCode::OK).await;
+
+    // SIGKILL: the postmaster vanishes and its sessions end on their own;
+    // QUIT: an immediate shutdown, which terminates every session.
+    for signal in ["KILL", "QUIT"] {
+        let (_, failed_before) = load.counts();
+        postgres.stop(signal);
+        load.wait_for("writes refused during the outage", |_, refused| {
+            refused >= failed_before + 10
+        })
+        .await;
+        wait_ready(&server, StatusCode::SERVICE_UNAVAILABLE).await;
+
+        postgres.start().await;
+        let (stored_at_restart, _) = load.counts();
+        load.wait_for("writes after the restart", |stored, _| {
+            stored >= stored_at_restart + 20
+        })
+        .await;
+        wait_ready(&server, StatusCode::OK).await;
+    }
+    let tally = load.finish().await;
+    // What the server saw, for the test log: driver errors by kind.
+    let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+    for line in server
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("request failed"))
+    {
+        let error = line.split(" error=").nth(1).unwrap_or(line);
+        *kinds.entry(error.chars().take(120).collect()).or_default() += 1;
+    }
+    eprintln!("errors logged by the server: {kinds:#?}");
+    eprintln!(
+        "{} writes stored, {} refused as STORAGE_UNAVAILABLE, {} unexpected",
+        tally.stored,
+        tally.unavailable,
+        tally.unexpected.len()
+    );
+    assert!(
+        tally.unexpected.is_empty(),
+        "{} answers were not STORAGE_UNAVAILABLE/retryable, e.g. {:?}\nserver stderr:\n{}",
+        tally.unexpected.len(),
+        &tally.unexpected[..tally.unexpected.len().min(5)],
+        server.stderr()
+    );
+}
+
+/// A loopback listener that accepts connections and never answers; it
+/// stops accepting when dropped.
+struct BlackHole {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BlackHole {
+    async fn open() -> BlackHole {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        BlackHole { port, task }
+    }
+}
+
+impl Drop for BlackHole {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+// A database that accepts connections and never answers left requests and
+// /readyz waiting on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_never_answers_gets_storage_unavailable_and_503() {
+    let hole = BlackHole::open().await;
+    let config = "storage:\n  timeout_ms: 1000\n  readiness_timeout_ms: 500\n";
+    for scheme in ["postgres", "mysql"] {
+        let server = serve(
+            &format!("{scheme}://cellgate@127.0.0.1:{}/cells", hole.port),
+            config,
+        );
+        let client = client();
+        for n in 0..3 {
+            match write_one(&client, &server.graphql(), n).await {
+                Write::Unavailable => {}
+                other => panic!("{scheme}: {other:?}"),
+            }
+        }
+        let read = json!({ "query": format!(
+            "{{ items {{ latestCell(rowKey: \"{}\", column: DATA) {{ refKey }} }} }}",
+            uuid::Uuid::new_v4()
+        )});
+        let answer: Value = client
+            .post(server.graphql())
+            .json(&read)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let error = &answer["errors"][0]["extensions"];
+        assert_eq!(error["code"], "STORAGE_UNAVAILABLE", "{scheme}: {answer}");
+        assert_eq!(error["retryable"], true, "{scheme}: {answer}");
+        let readyz = client.get(server.url("/readyz")).send().await.unwrap();
+        assert_eq!(readyz.status(), StatusCode::SERVICE_UNAVAILABLE, "{scheme}");
+    }
+}
