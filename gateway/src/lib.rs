@@ -23,4 +23,4 @@ mod topology;
 pub mod upgrade;
 
 pub use error::{Error, Result};
-pub use store::{DatastoreMetrics, IndexStatus, Store, StoreMetrics, StoreOptions};
+pub use store::{ClusterMetrics, DatastoreMetrics, IndexStatus, Store, StoreMetrics, StoreOptions};

@@ -112,8 +112,18 @@ pub struct StoreMetrics {
     /// Delay from cell commit to index update since start, in microseconds:
     /// `(quantile, value)` for 0.5, 0.9, 0.99 and 1.0, plus the sample count.
     pub index_delay_us: (Vec<(f64, u64)>, u64),
-    /// Clusters and whether each is serving.
-    pub clusters: Vec<(String, bool)>,
+    pub clusters: Vec<ClusterMetrics>,
+}
+
+/// One storage cluster, for monitoring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterMetrics {
+    pub name: String,
+    /// Prepared and serving.
+    pub ready: bool,
+    /// Statements this process sent to its master, `BEGIN` and `COMMIT`
+    /// included.
+    pub statements: u64,
 }
 
 impl Store {
@@ -324,7 +334,11 @@ impl Store {
             clusters: topology
                 .clusters
                 .iter()
-                .map(|c| (c.name.clone(), c.state() == ClusterState::Ready))
+                .map(|c| ClusterMetrics {
+                    name: c.name.clone(),
+                    ready: c.state() == ClusterState::Ready,
+                    statements: c.master.statements(),
+                })
                 .collect(),
         }
     }

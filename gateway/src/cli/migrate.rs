@@ -51,11 +51,11 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
 pub(super) fn report(store: &crate::Store) -> anyhow::Result<ExitCode> {
     let metrics = store.metrics();
     let mut failed = false;
-    for (cluster, ready) in &metrics.clusters {
-        if *ready {
-            println!("cluster {cluster}: tables ready");
+    for cluster in &metrics.clusters {
+        if cluster.ready {
+            println!("cluster {}: tables ready", cluster.name);
         } else {
-            println!("cluster {cluster}: unreachable, not migrated");
+            println!("cluster {}: unreachable, not migrated", cluster.name);
             failed = true;
         }
     }

@@ -298,9 +298,19 @@ impl Collector for StoreCollector {
             None,
             GaugeType,
         )?;
-        for (cluster, ready) in &snapshot.clusters {
-            let labels = [("cluster", cluster.as_str())];
-            ConstGauge::new(i64::from(*ready)).encode(family.encode_family(&labels)?)?;
+        for cluster in &snapshot.clusters {
+            let labels = [("cluster", cluster.name.as_str())];
+            ConstGauge::new(i64::from(cluster.ready)).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "cellgate_storage_statements",
+            "SQL statements this process sent to each cluster's master, BEGIN and COMMIT included",
+            None,
+            CounterType,
+        )?;
+        for cluster in &snapshot.clusters {
+            let labels = [("cluster", cluster.name.as_str())];
+            ConstCounter::new(cluster.statements).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }

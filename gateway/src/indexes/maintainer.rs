@@ -405,8 +405,11 @@ impl Worker {
     ) {
         let options = self.shared.options.clone();
         let mut next_lease_round = Instant::now();
+        // The first sweep after one interval: a maintaining worker finds
+        // its work when it takes its leases.
+        let sweep_every = options.sweep_every.max(Duration::from_millis(10));
         let mut sweep_tick =
-            tokio::time::interval(options.sweep_every.max(Duration::from_millis(10)));
+            tokio::time::interval_at(tokio::time::Instant::now() + sweep_every, sweep_every);
         sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let waiting = self.backoff;

@@ -61,6 +61,10 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Checks the database answers.
     async fn ping(&self) -> Result<()>;
+
+    /// Statements sent so far, `BEGIN` and `COMMIT` included: what a
+    /// request costs the database, for metrics and benchmarks.
+    fn statements(&self) -> u64;
 }
 
 /// An open transaction; dropped without `commit` it rolls back.
@@ -69,10 +73,6 @@ pub trait Tx: Send {
     async fn fetch(&mut self, sql: &Sql, cols: &[ColType]) -> Result<Vec<Row>>;
 
     async fn execute(&mut self, sql: &Sql) -> Result<u64>;
-
-    /// Runs an `INSERT` into a table with an auto-increment key named
-    /// `id_column` and returns the key it was given.
-    async fn insert_returning_id(&mut self, sql: &Sql, id_column: &str) -> Result<i64>;
 
     async fn commit(self: Box<Self>) -> Result<()>;
 }
@@ -180,8 +180,8 @@ pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Back
 }
 
 /// Implements [`Backend`] and [`Tx`] for one sqlx driver. The driver module
-/// supplies `bind`, `decode` and `insert_returning_id` functions, and the
-/// statement that opens a write transaction when it is not plain `BEGIN`.
+/// supplies `bind` and `decode` functions, and the statement that opens a
+/// write transaction when it is not plain `BEGIN`.
 ///
 /// Every statement runs on a connection taken from the pool here (the
 /// pool's acquire timeout bounds the wait for it) and is waited for at most
@@ -199,6 +199,8 @@ macro_rules! sqlx_backend {
             cluster: String,
             /// Longest wait for the answer to one statement; `None` on SQLite.
             statement_timeout: Option<std::time::Duration>,
+            /// Statements sent, shared with the transactions.
+            statements: std::sync::Arc<std::sync::atomic::AtomicU64>,
             /// Dropped with the backend, which stops its background tasks.
             _stop: Option<tokio::sync::oneshot::Sender<()>>,
         }
@@ -210,6 +212,11 @@ macro_rules! sqlx_backend {
             open: bool,
             cluster: String,
             statement_timeout: Option<std::time::Duration>,
+            statements: std::sync::Arc<std::sync::atomic::AtomicU64>,
+        }
+
+        fn count(statements: &std::sync::atomic::AtomicU64) {
+            statements.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
 
         type Manager = <$db as sqlx::Database>::TransactionManager;
@@ -278,6 +285,7 @@ macro_rules! sqlx_backend {
             ) -> $crate::Result<Vec<$crate::storage::Row>> {
                 let limit = self.statement_timeout;
                 let mut conn = self.acquire(&self.reader).await?;
+                count(&self.statements);
                 let outcome =
                     $crate::storage::answered(limit, build(sql).fetch_all(&mut *conn)).await;
                 let rows = $crate::storage::settle(&mut conn, outcome, limit)
@@ -288,6 +296,7 @@ macro_rules! sqlx_backend {
             async fn execute(&self, sql: &$crate::storage::Sql) -> $crate::Result<u64> {
                 let limit = self.statement_timeout;
                 let mut conn = self.acquire(&self.writer).await?;
+                count(&self.statements);
                 let outcome =
                     $crate::storage::answered(limit, build(sql).execute(&mut *conn)).await;
                 let result = $crate::storage::settle(&mut conn, outcome, limit)
@@ -299,6 +308,7 @@ macro_rules! sqlx_backend {
                 let limit = self.statement_timeout;
                 let mut conn = self.acquire(&self.writer).await?;
                 let statement: Option<&'static str> = $begin;
+                count(&self.statements);
                 let begin = <Manager as sqlx::TransactionManager>::begin(
                     &mut conn,
                     statement.map(std::borrow::Cow::Borrowed),
@@ -310,6 +320,7 @@ macro_rules! sqlx_backend {
                     open: true,
                     cluster: self.cluster.clone(),
                     statement_timeout: limit,
+                    statements: self.statements.clone(),
                 }))
             }
 
@@ -321,6 +332,10 @@ macro_rules! sqlx_backend {
                         .await;
                 $crate::storage::settle(&mut conn, outcome, limit).map_err(|e| self.error(e))?;
                 Ok(())
+            }
+
+            fn statements(&self) -> u64 {
+                self.statements.load(std::sync::atomic::Ordering::Relaxed)
             }
         }
 
@@ -338,6 +353,7 @@ macro_rules! sqlx_backend {
                 cols: &[$crate::storage::ColType],
             ) -> $crate::Result<Vec<$crate::storage::Row>> {
                 let limit = self.statement_timeout;
+                count(&self.statements);
                 let outcome =
                     $crate::storage::answered(limit, build(sql).fetch_all(&mut *self.conn)).await;
                 let rows = $crate::storage::settle(&mut self.conn, outcome, limit)
@@ -347,6 +363,7 @@ macro_rules! sqlx_backend {
 
             async fn execute(&mut self, sql: &$crate::storage::Sql) -> $crate::Result<u64> {
                 let limit = self.statement_timeout;
+                count(&self.statements);
                 let outcome =
                     $crate::storage::answered(limit, build(sql).execute(&mut *self.conn)).await;
                 let result = $crate::storage::settle(&mut self.conn, outcome, limit)
@@ -354,22 +371,9 @@ macro_rules! sqlx_backend {
                 Ok(result.rows_affected())
             }
 
-            async fn insert_returning_id(
-                &mut self,
-                sql: &$crate::storage::Sql,
-                id_column: &str,
-            ) -> $crate::Result<i64> {
-                let limit = self.statement_timeout;
-                let outcome = $crate::storage::answered(
-                    limit,
-                    insert_returning_id(&mut self.conn, sql, id_column),
-                )
-                .await;
-                $crate::storage::settle(&mut self.conn, outcome, limit).map_err(|e| self.error(e))
-            }
-
             async fn commit(mut self: Box<Self>) -> $crate::Result<()> {
                 let limit = self.statement_timeout;
+                count(&self.statements);
                 let outcome = $crate::storage::answered(
                     limit,
                     <Manager as sqlx::TransactionManager>::commit(&mut self.conn),

@@ -9,7 +9,7 @@ use sqlx::{MySql, Row as _};
 use std::str::FromStr;
 
 use super::value::uuid_from_bytes;
-use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Sql, Value};
+use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Value};
 
 sqlx_backend!(MySqlBackend, MySqlTx, MySql, Dialect::MySql, None);
 
@@ -29,6 +29,7 @@ impl MySqlBackend {
             reader: pool,
             cluster: options.cluster.clone(),
             statement_timeout: Some(options.statement_timeout),
+            statements: Default::default(),
             _stop: None,
         })
     }
@@ -73,13 +74,4 @@ fn decode(row: &sqlx::mysql::MySqlRow, i: usize, ty: ColType) -> Result<Value, s
             .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>(i)?
             .map_or(null, Value::DateTime),
     })
-}
-
-async fn insert_returning_id(
-    conn: &mut sqlx::MySqlConnection,
-    sql: &Sql,
-    _id_column: &str,
-) -> Result<i64, sqlx::Error> {
-    let result = build(sql).execute(conn).await?;
-    i64::try_from(result.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))
 }

@@ -9,7 +9,7 @@ use std::str::FromStr;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Postgres, Row as _};
 
-use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Sql, Value};
+use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Value};
 
 sqlx_backend!(
     PostgresBackend,
@@ -33,6 +33,7 @@ impl PostgresBackend {
             reader: pool,
             cluster: options.cluster.clone(),
             statement_timeout: Some(options.statement_timeout),
+            statements: Default::default(),
             _stop: None,
         })
     }
@@ -81,22 +82,4 @@ fn decode(row: &sqlx::postgres::PgRow, i: usize, ty: ColType) -> Result<Value, s
             .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>(i)?
             .map_or(null, Value::DateTime),
     })
-}
-
-async fn insert_returning_id(
-    conn: &mut sqlx::PgConnection,
-    sql: &Sql,
-    id_column: &str,
-) -> Result<i64, sqlx::Error> {
-    let text = format!(
-        "{} RETURNING {}",
-        sql.text(),
-        Dialect::Postgres.quote(id_column)
-    );
-    let mut query = sqlx::query(&text);
-    for value in sql.params() {
-        query = bind(query, value);
-    }
-    let row = query.fetch_one(conn).await?;
-    row.try_get::<i64, _>(0)
 }

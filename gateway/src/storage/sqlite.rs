@@ -15,7 +15,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Row as _, Sqlite};
 
 use super::value::uuid_from_bytes;
-use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Sql, Value};
+use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Value};
 
 // `BEGIN IMMEDIATE` takes the write lock at the start: a transaction that
 // reads and then writes can otherwise fail with SQLITE_BUSY_SNAPSHOT when
@@ -72,6 +72,7 @@ impl SqliteBackend {
             // A local file: lock waits are bounded by the busy timeout,
             // and writes queue for the one writer connection.
             statement_timeout: None,
+            statements: Default::default(),
             _stop: Some(stop),
         })
     }
@@ -140,13 +141,4 @@ fn decode(row: &sqlx::sqlite::SqliteRow, i: usize, ty: ColType) -> Result<Value,
             ),
         },
     })
-}
-
-async fn insert_returning_id(
-    conn: &mut sqlx::SqliteConnection,
-    sql: &Sql,
-    _id_column: &str,
-) -> Result<i64, sqlx::Error> {
-    let result = build(sql).execute(conn).await?;
-    Ok(result.last_insert_rowid())
 }

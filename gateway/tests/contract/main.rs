@@ -69,6 +69,8 @@ contract_suite!(
     unstorable_values_do_not_stall_a_shard,
     the_sweep_indexes_cells_nobody_announced,
     two_gateways_moving_shard_fields_agree_with_a_recomputation,
+    statements_per_batch_and_page,
+    text_keys_compare_without_padding,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {
@@ -1348,4 +1350,119 @@ async fn index_query_is_an_index_range_scan(env: Arc<Env>) {
         let page = store.query_index("trips", &query).await.unwrap();
         assert_eq!(page.entries.len(), 5);
     }
+}
+
+/// Statements this store sent to its one cluster so far.
+fn statements(store: &Store) -> u64 {
+    store.metrics().clusters[0].statements
+}
+
+// Regression: a 50-cell batch ran ~170 statements (one transaction per
+// shard, one INSERT per cell) and a 20-row page with row bodies 20, one per
+// shard.
+async fn statements_per_batch_and_page(env: Arc<Env>) {
+    let store = env
+        .open_tuned(|o| {
+            o.maintain_indexes = false;
+            o.maintenance.sweep_every = Duration::from_secs(3600);
+        })
+        .await;
+    let driver = Uuid::new_v4();
+    let city = Uuid::new_v4();
+    let rows: Vec<Uuid> = (0..50).map(|_| Uuid::new_v4()).collect();
+    let batch: Vec<NewCell> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, row)| {
+            cell(
+                *row,
+                "BASE",
+                1,
+                trip(driver, city, &format!("2024-01-01T00:00:{i:02}Z")),
+            )
+        })
+        .collect();
+    let before = statements(&store);
+    for result in store.put_cells("trips", batch.clone()).await.unwrap() {
+        assert_eq!(result.unwrap(), PutStatus::Written);
+    }
+    let written = statements(&store) - before;
+    assert!(written <= 6, "a 50-cell batch took {written} statements");
+    // The same batch again: all duplicates, no more statements.
+    let before = statements(&store);
+    for result in store.put_cells("trips", batch).await.unwrap() {
+        assert_eq!(result.unwrap(), PutStatus::Duplicate);
+    }
+    assert!(statements(&store) - before <= 6);
+    store.sync_indexes().await.unwrap();
+    let before = statements(&store);
+    let page = store
+        .query_index(
+            "trips",
+            &IndexQuery {
+                first: Some(20),
+                ..by_driver(driver)
+            },
+        )
+        .await
+        .unwrap();
+    let wanted: Vec<(Uuid, String)> = page
+        .entries
+        .iter()
+        .map(|e| (e.row_key, "BASE".to_string()))
+        .collect();
+    let cells = store.get_cells_latest("trips", &wanted).await.unwrap();
+    assert_eq!(cells.iter().flatten().count(), 20);
+    let read = statements(&store) - before;
+    assert!(
+        read <= 3,
+        "a 20-row page with row bodies took {read} statements"
+    );
+}
+
+// Regression: MySQL's `_bin` collations pad with spaces, so `'a'` and
+// `'a '` were one key in SQL but two in the Rust merge.
+async fn text_keys_compare_without_padding(env: Arc<Env>) {
+    let store = env.open().await;
+    let owner = format!("pad-{}", Uuid::new_v4());
+    let (plain, padded) = (Uuid::new_v4(), Uuid::new_v4());
+    for (row, s) in [(plain, "a"), (padded, "a ")] {
+        store
+            .put_cell(
+                "items",
+                cell(row, "DATA", 1, json!({"owner": owner, "s": s})),
+            )
+            .await
+            .unwrap();
+    }
+    store.sync_indexes().await.unwrap();
+    let page = store
+        .query_index(
+            "items",
+            &IndexQuery {
+                index: "items_index".into(),
+                shard_values: vec![Literal::String(owner.clone())],
+                filter: Some("s = \"a\"".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows_of(&page), vec![plain]);
+    let page = store
+        .query_index(
+            "items",
+            &IndexQuery {
+                index: "items_index".into(),
+                shard_values: vec![Literal::String(owner)],
+                order_by: vec![OrderBy {
+                    field: "s".into(),
+                    descending: false,
+                }],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows_of(&page), vec![plain, padded]);
 }
