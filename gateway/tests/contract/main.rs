@@ -71,6 +71,7 @@ contract_suite!(
     two_gateways_moving_shard_fields_agree_with_a_recomputation,
     statements_per_batch_and_page,
     text_keys_compare_without_padding,
+    a_v1_store_is_refused_then_converted,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {
