@@ -1,7 +1,7 @@
 //! Batched cell reads for `row` fields: every cell a response needs is
 //! collected by a per-request DataLoader and fetched with one query per
-//! datastore shard (`Store::get_cells_latest` / `Store::get_cells`), so a
-//! page of index entries never costs one query per row.
+//! storage cluster (`Store::get_cells_latest` / `Store::get_cells`), so a
+//! page of index entries never costs one query per row or per shard.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! Only this module knows async-graphql. `build_schema` (in `schema.rs`)
 //! turns the definitions into a dynamic schema; `execute` runs one request
 //! with its per-request data: the store and a DataLoader (`loaders.rs`)
-//! that batches cell reads per shard. `scalars.rs` holds the custom scalars,
+//! that batches cell reads per cluster. `scalars.rs` holds the custom scalars,
 //! `errors.rs` the mapping of store errors to stable codes, and `limits.rs`
 //! the depth and complexity limits (introspection counted apart).
 

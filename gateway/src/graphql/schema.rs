@@ -416,7 +416,7 @@ impl DatastoreTypes {
             })
             .argument(InputValue::new("rowKeys", TypeRef::named_nn_list_nn(UUID)))
             .description(
-                "Several rows, in the order asked; cells are fetched in one query per shard.",
+                "Several rows, in the order asked; cells are fetched in one query per cluster.",
             ),
         );
         let d = ds.clone();

@@ -859,12 +859,17 @@ async fn mark_ready_indexes(topology: &Topology, shared: &Maintainer, ds: &Datas
     };
     for (position, pending, ready) in caught_up {
         let index = &ds.indexes[position];
+        let was_building = index.pending() > 0;
         index.set_pending(pending);
         if ready {
             match crate::catalog::mark_ready(topology, ds, index).await {
                 Ok(()) => {
                     index.set_ready();
-                    tracing::info!(datastore = %ds.name(), index = %index.def.name, version = index.version, "index built and ready");
+                    if was_building {
+                        tracing::info!(datastore = %ds.name(), index = %index.def.name, version = index.version, "index built and ready");
+                    } else {
+                        tracing::debug!(datastore = %ds.name(), index = %index.def.name, version = index.version, "index ready");
+                    }
                 }
                 Err(err) => {
                     tracing::warn!(datastore = %ds.name(), index = %index.def.name, error = %err, "cannot record a ready index yet")
