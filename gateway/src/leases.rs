@@ -185,6 +185,49 @@ pub(crate) async fn acquire(
     }
 }
 
+/// Appends `WHERE holder = ? AND name IN (…)`.
+fn where_held(sql: &mut Sql, holder: &str, names: impl IntoIterator<Item = String>) {
+    sql.push(" WHERE ")
+        .ident("holder")
+        .push(" = ")
+        .bind(Value::Text(holder.to_string()))
+        .push(" AND ")
+        .ident("name")
+        .push(" IN ")
+        .bind_list(names.into_iter().map(Value::Text));
+}
+
+/// The leases among `names` that `holder` holds with the token `wanted`
+/// gives for each, stamped with `expires_at`.
+async fn still_held(
+    backend: &dyn Backend,
+    holder: &str,
+    wanted: &HashMap<&str, i64>,
+    expires_at: DateTime<Utc>,
+) -> Result<Vec<Lease>> {
+    let mut check = Sql::new(backend.dialect());
+    check
+        .push("SELECT ")
+        .idents(["name", "token"])
+        .push(" FROM ")
+        .ident(ddl::LEASES_TABLE);
+    where_held(&mut check, holder, wanted.keys().map(|n| n.to_string()));
+    Ok(backend
+        .fetch(&check, &[ColType::Text, ColType::Int])
+        .await?
+        .into_iter()
+        .filter_map(|row| {
+            let name = row[0].as_text()?;
+            let token = row[1].as_int()?;
+            (wanted.get(name) == Some(&token)).then(|| Lease {
+                name: name.to_string(),
+                token,
+                expires_at,
+            })
+        })
+        .collect())
+}
+
 /// Takes every lease of `rows` that is still as read (free or expired), in
 /// two statements; returns the ones taken. For a process that wants them
 /// all, which is the common case of a single gateway.
@@ -240,34 +283,7 @@ pub(crate) async fn acquire_all(
         .iter()
         .map(|r| (r.name.as_str(), r.token + 1))
         .collect();
-    let mut check = Sql::new(dialect);
-    check
-        .push("SELECT ")
-        .idents(["name", "token"])
-        .push(" FROM ")
-        .ident(ddl::LEASES_TABLE)
-        .push(" WHERE ")
-        .ident("holder")
-        .push(" = ")
-        .bind(Value::Text(holder.to_string()))
-        .push(" AND ")
-        .ident("name")
-        .push(" IN ")
-        .bind_list(rows.iter().map(|r| Value::Text(r.name.clone())));
-    Ok(backend
-        .fetch(&check, &[ColType::Text, ColType::Int])
-        .await?
-        .into_iter()
-        .filter_map(|row| {
-            let name = row[0].as_text()?;
-            let token = row[1].as_int()?;
-            (wanted.get(name) == Some(&token)).then(|| Lease {
-                name: name.to_string(),
-                token,
-                expires_at,
-            })
-        })
-        .collect())
+    still_held(backend, holder, &wanted, expires_at).await
 }
 
 /// Extends the leases `held` by `holder`; returns those still held, with
@@ -291,44 +307,14 @@ pub(crate) async fn renew(
             .push(" SET ")
             .ident("expires_at")
             .push(" = ")
-            .bind(Value::DateTime(expires_at))
-            .push(" WHERE ")
-            .ident("holder")
-            .push(" = ")
-            .bind(Value::Text(holder.to_string()))
-            .push(" AND ")
-            .ident("name")
-            .push(" IN ")
-            .bind_list(chunk.iter().map(|l| Value::Text(l.name.clone())));
+            .bind(Value::DateTime(expires_at));
+        where_held(&mut sql, holder, chunk.iter().map(|l| l.name.clone()));
         backend.execute(&sql).await?;
-        let mut check = Sql::new(backend.dialect());
-        check
-            .push("SELECT ")
-            .idents(["name", "token"])
-            .push(" FROM ")
-            .ident(ddl::LEASES_TABLE)
-            .push(" WHERE ")
-            .ident("holder")
-            .push(" = ")
-            .bind(Value::Text(holder.to_string()))
-            .push(" AND ")
-            .ident("name")
-            .push(" IN ")
-            .bind_list(chunk.iter().map(|l| Value::Text(l.name.clone())));
-        for row in backend
-            .fetch(&check, &[ColType::Text, ColType::Int])
-            .await?
-        {
-            if let (Some(name), Some(token)) = (row[0].as_text(), row[1].as_int()) {
-                if tokens.get(name) == Some(&token) {
-                    renewed.push(Lease {
-                        name: name.to_string(),
-                        token,
-                        expires_at,
-                    });
-                }
-            }
-        }
+        let wanted: HashMap<&str, i64> = chunk
+            .iter()
+            .filter_map(|l| Some((l.name.as_str(), *tokens.get(l.name.as_str())?)))
+            .collect();
+        renewed.extend(still_held(backend, holder, &wanted, expires_at).await?);
     }
     Ok(renewed)
 }
@@ -342,15 +328,8 @@ pub(crate) async fn release(backend: &dyn Backend, holder: &str, names: &[String
             .push(" SET ")
             .ident("expires_at")
             .push(" = ")
-            .bind(Value::DateTime(epoch()))
-            .push(" WHERE ")
-            .ident("holder")
-            .push(" = ")
-            .bind(Value::Text(holder.to_string()))
-            .push(" AND ")
-            .ident("name")
-            .push(" IN ")
-            .bind_list(chunk.iter().map(|n| Value::Text(n.clone())));
+            .bind(Value::DateTime(epoch()));
+        where_held(&mut sql, holder, chunk.iter().cloned());
         backend.execute(&sql).await?;
     }
     Ok(())

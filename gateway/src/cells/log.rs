@@ -150,20 +150,7 @@ pub(crate) async fn log_keys(
             .push(" FROM ")
             .ident(&ddl::cells_table(ds.name()))
             .push(" WHERE ");
-        for (i, (shard, after)) in chunk.iter().enumerate() {
-            if i > 0 {
-                sql.push(" OR ");
-            }
-            sql.push("(")
-                .ident("shard")
-                .push(" = ")
-                .bind(Value::Int(i64::from(*shard)))
-                .push(" AND ")
-                .ident("added_id")
-                .push(" > ")
-                .bind(Value::Int(*after))
-                .push(")");
-        }
+        positions_condition(&mut sql, chunk, " > ");
         sql.push(" ORDER BY ")
             .idents(["shard", "added_id"])
             .push(&format!(" LIMIT {}", limit - keys.len()));
@@ -195,6 +182,24 @@ pub(crate) async fn log_keys(
         }
     }
     Ok(keys)
+}
+
+/// Appends `(shard = ? AND added_id <op> ?) OR …` for `positions`.
+pub(crate) fn positions_condition(sql: &mut Sql, positions: &[(u32, i64)], op: &str) {
+    for (i, (shard, added_id)) in positions.iter().enumerate() {
+        if i > 0 {
+            sql.push(" OR ");
+        }
+        sql.push("(")
+            .ident("shard")
+            .push(" = ")
+            .bind(Value::Int(i64::from(*shard)))
+            .push(" AND ")
+            .ident("added_id")
+            .push(op)
+            .bind(Value::Int(*added_id))
+            .push(")");
+    }
 }
 
 /// The last `added_id` of every shard of `ds` held by the cluster of

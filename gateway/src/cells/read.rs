@@ -19,8 +19,9 @@ use crate::topology::{DatastoreRuntime, Topology};
 /// Keys per statement of a batch read.
 pub(crate) const READ_CHUNK: usize = 500;
 
-/// Columns selected by every cell query, in this order.
-const CELL_COLUMNS: [&str; 7] = [
+/// Columns selected by every cell query (and written by every insert),
+/// in this order.
+pub(crate) const CELL_COLUMNS: [&str; 7] = [
     "shard",
     "added_id",
     "row_key",

@@ -392,15 +392,7 @@ async fn commit_primary(
             sql.push("INSERT INTO ")
                 .ident(&cells_table)
                 .push(" (")
-                .idents([
-                    "shard",
-                    "added_id",
-                    "row_key",
-                    "column_name",
-                    "ref_key",
-                    "body",
-                    "created_at",
-                ])
+                .idents(super::read::CELL_COLUMNS)
                 .push(") VALUES ")
                 .values(chunk.iter().map(|(cell, added_id)| {
                     vec![

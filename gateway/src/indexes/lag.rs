@@ -110,20 +110,7 @@ pub(crate) async fn oldest(
             .push(") FROM ")
             .ident(&ddl::cells_table(ds.name()))
             .push(" WHERE ");
-        for (i, (shard, added_id)) in chunk.iter().enumerate() {
-            if i > 0 {
-                sql.push(" OR ");
-            }
-            sql.push("(")
-                .ident("shard")
-                .push(" = ")
-                .bind(Value::Int(i64::from(*shard)))
-                .push(" AND ")
-                .ident("added_id")
-                .push(" = ")
-                .bind(Value::Int(*added_id))
-                .push(")");
-        }
+        crate::cells::log::positions_condition(&mut sql, chunk, " = ");
         let rows = backend.fetch(&sql, &[ColType::DateTime]).await?;
         if let Some(found) = rows.first().and_then(|r| r[0].as_datetime()) {
             oldest = Some(oldest.map_or(found, |o| o.min(found)));
