@@ -99,7 +99,7 @@ impl Database {
 
     async fn connect(&self) -> anyhow::Result<std::sync::Arc<dyn storage::Backend>> {
         let options = ConnectOptions {
-            cluster: "bench".to_string(),
+            cluster: "main".to_string(),
             max_connections: 1,
             ..ConnectOptions::default()
         };
@@ -119,7 +119,7 @@ impl Database {
         let found = backend
             .fetch(&self.dialect.table_exists(&table), &[ColType::Text])
             .await
-            .map_err(|e| anyhow::anyhow!("cannot look for `{table}`: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("cannot read the database {}: {e}", redact(&self.url)))?;
         if found.is_empty() {
             return Ok(());
         }

@@ -76,12 +76,12 @@ impl Gateway {
             .json(&json!({ "query": query, "variables": variables }))
             .send()
             .await
-            .map_err(|e| format!("request failed: {e}"))?;
+            .map_err(|e| format!("request failed: {}", chain(&e)))?;
         let status = response.status();
         let body = response
             .bytes()
             .await
-            .map_err(|e| format!("reading the answer failed: {e}"))?;
+            .map_err(|e| format!("reading the answer failed: {}", chain(&e)))?;
         if status != reqwest::StatusCode::OK {
             let text = String::from_utf8_lossy(&body);
             return Err(format!("HTTP {status}: {}", truncate(&text, 300)));
@@ -108,7 +108,7 @@ impl Gateway {
             .timeout(timeout)
             .send()
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| chain(&e))?;
         Ok(response.status().as_u16())
     }
 
@@ -133,6 +133,22 @@ impl Gateway {
             .with_context(|| format!("cannot read {url}"))?;
         Ok(Metrics::parse(&text))
     }
+}
+
+/// An error with its causes, `outer: inner: …` (reqwest's own text names
+/// only the outermost, e.g. "error sending request", not why).
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// `text` cut to at most `max` characters.
