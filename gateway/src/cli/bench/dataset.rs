@@ -186,6 +186,11 @@ impl Dataset {
         cells
     }
 
+    /// The drivers the queries ask for.
+    pub fn queried_drivers(&self) -> &[Uuid] {
+        &self.queried
+    }
+
     /// A driver whose page is never empty.
     pub fn random_driver(&self) -> Uuid {
         self.queried[rand::thread_rng().gen_range(0..self.queried.len())]

@@ -12,8 +12,6 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde_json::{json, Value};
 
-use super::phase::REQUEST_TIMEOUT;
-
 /// Longest wait for `/metrics` or `/readyz`.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -32,8 +30,9 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// A client for the gateway at `base`, which may end in `/graphql`.
-    pub fn new(base: &str, concurrency: u32) -> anyhow::Result<Gateway> {
+    /// A client for the gateway at `base`, which may end in `/graphql`,
+    /// waiting at most `timeout` for a GraphQL answer.
+    pub fn new(base: &str, concurrency: u32, timeout: Duration) -> anyhow::Result<Gateway> {
         let url = reqwest::Url::parse(base)
             .with_context(|| format!("invalid gateway URL `{base}` (expected http://HOST:PORT)"))?;
         anyhow::ensure!(
@@ -56,7 +55,7 @@ impl Gateway {
             .pool_max_idle_per_host(concurrency as usize + 2)
             .tcp_nodelay(true)
             .connect_timeout(PROBE_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
+            .timeout(timeout)
             .build()
             .context("cannot build the HTTP client")?;
         Ok(Gateway {
@@ -321,11 +320,11 @@ mod tests {
             "http://127.0.0.1:8080/graphql",
         ] {
             assert_eq!(
-                Gateway::new(given, 1).unwrap().base,
+                Gateway::new(given, 1, PROBE_TIMEOUT).unwrap().base,
                 "http://127.0.0.1:8080"
             );
         }
-        assert!(Gateway::new("https://example.org", 1).is_err());
-        assert!(Gateway::new("127.0.0.1:8080", 1).is_err());
+        assert!(Gateway::new("https://example.org", 1, PROBE_TIMEOUT).is_err());
+        assert!(Gateway::new("127.0.0.1:8080", 1, PROBE_TIMEOUT).is_err());
     }
 }

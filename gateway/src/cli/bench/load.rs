@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use super::database::StorageFigures;
 use super::dataset::{cell_input, Dataset, DATASTORE, LOAD};
 use super::http::{truncate, Gateway};
-use super::phase::{progress_bar, REQUEST_TIMEOUT};
+use super::phase::progress_bar;
 use crate::cells::{NewCell, PutStatus};
 use crate::Store;
 
@@ -48,6 +48,7 @@ pub async fn via_rust(
     store: &Store,
     data: &Arc<Dataset>,
     concurrency: u32,
+    timeout: Duration,
 ) -> anyhow::Result<Duration> {
     let store = store.clone();
     let put: Put = Arc::new(move |cells| {
@@ -69,7 +70,7 @@ pub async fn via_rust(
             check_written(written, expected)
         })
     });
-    load(data, concurrency, put).await
+    load(data, concurrency, timeout, put).await
 }
 
 /// Loads the data set through `tripsPutCells`; how long it took.
@@ -77,6 +78,7 @@ pub async fn via_graphql(
     gateway: &Arc<Gateway>,
     data: &Arc<Dataset>,
     concurrency: u32,
+    timeout: Duration,
 ) -> anyhow::Result<Duration> {
     let gateway = gateway.clone();
     let put: Put = Arc::new(move |cells| {
@@ -96,7 +98,7 @@ pub async fn via_graphql(
             check_written(written, expected)
         })
     });
-    load(data, concurrency, put).await
+    load(data, concurrency, timeout, put).await
 }
 
 fn check_written(written: usize, expected: usize) -> Result<(), String> {
@@ -110,7 +112,12 @@ fn check_written(written: usize, expected: usize) -> Result<(), String> {
     }
 }
 
-async fn load(data: &Arc<Dataset>, concurrency: u32, put: Put) -> anyhow::Result<Duration> {
+async fn load(
+    data: &Arc<Dataset>,
+    concurrency: u32,
+    timeout: Duration,
+    put: Put,
+) -> anyhow::Result<Duration> {
     let batches = data.load_batches();
     let bar = progress_bar(
         data.cells(),
@@ -141,9 +148,9 @@ async fn load(data: &Arc<Dataset>, concurrency: u32, put: Put) -> anyhow::Result
                 }
                 let cells = data.load_batch(number);
                 let count = cells.len() as u64;
-                let result = match tokio::time::timeout(REQUEST_TIMEOUT, put(cells)).await {
+                let result = match tokio::time::timeout(timeout, put(cells)).await {
                     Ok(result) => result,
-                    Err(_) => Err(format!("no answer within {REQUEST_TIMEOUT:?}")),
+                    Err(_) => Err(format!("no answer within {timeout:?} (--request-timeout)")),
                 };
                 match result {
                     Ok(()) => bar.inc(count),

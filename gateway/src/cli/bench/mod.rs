@@ -274,6 +274,18 @@ pub struct BenchArgs {
     )]
     pub drain_timeout: u64,
 
+    /// Longest wait, in seconds, for one request (a load batch included);
+    /// a request without an answer by then counts as an error, and fails
+    /// the load.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "CELLGATE_BENCH_REQUEST_TIMEOUT",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub request_timeout: u64,
+
     /// Also write the results as JSON to FILE, to compare runs.
     #[arg(long, value_name = "FILE", env = "CELLGATE_BENCH_JSON")]
     pub json: Option<PathBuf>,
@@ -297,6 +309,10 @@ impl BenchArgs {
 
     fn drain_timeout(&self) -> Duration {
         Duration::from_secs(self.drain_timeout)
+    }
+
+    fn request_timeout(&self) -> Duration {
+        Duration::from_secs(self.request_timeout)
     }
 }
 
@@ -365,6 +381,8 @@ fn parameters(
         duration_seconds: args.duration,
         write_batch: args.batch,
         sample_every_ms: SAMPLE_EVERY.as_millis() as u64,
+        request_timeout_seconds: args.request_timeout,
+        drain_timeout_seconds: args.drain_timeout,
     }
 }
 
@@ -375,7 +393,7 @@ async fn external(
     data: &Arc<Dataset>,
     workloads: &[Workload],
 ) -> anyhow::Result<Report> {
-    let gateway = Arc::new(Gateway::new(url, args.concurrency)?);
+    let gateway = Arc::new(Gateway::new(url, args.concurrency, args.request_timeout())?);
     let mut report = Report::new(parameters(
         args,
         data,
@@ -448,7 +466,8 @@ async fn local(
     let mut load = match via {
         LoadVia::Rust => {
             let store = open_store(&defs, &database).await?;
-            let elapsed = load::via_rust(&store, data, args.concurrency).await?;
+            let elapsed =
+                load::via_rust(&store, data, args.concurrency, args.request_timeout()).await?;
             let started = Instant::now();
             sync(&store, args).await?;
             load_report(via, data, elapsed, Some(started.elapsed()))
@@ -459,6 +478,7 @@ async fn local(
                 &args.datastores,
                 work_dir.path(),
                 args.concurrency,
+                args.request_timeout(),
             )
             .await?;
             let source = Arc::new(Source::Http(server.gateway.clone()));
@@ -482,6 +502,7 @@ async fn local(
         &args.datastores,
         work_dir.path(),
         args.concurrency,
+        args.request_timeout(),
     )
     .await?;
     report.cold_start = Some(server.cold_start);
@@ -593,7 +614,8 @@ async fn load_via_graphql(
     source: &Source,
 ) -> anyhow::Result<LoadReport> {
     let before = source.snapshot().await.unwrap_or_default();
-    let elapsed = load::via_graphql(gateway, data, args.concurrency).await?;
+    let elapsed =
+        load::via_graphql(gateway, data, args.concurrency, args.request_timeout()).await?;
     let drained = maintenance::drain(
         source,
         &before,
@@ -609,12 +631,51 @@ async fn load_via_graphql(
             drained.last.describe_pending()
         );
     }
+    if !drained.measured {
+        // A gateway that reports neither applied nor pending cells: wait
+        // until every queried driver has a page, so that the workloads do
+        // not count index maintenance still running as errors.
+        eprintln!("the gateway reports no index progress; waiting for every driver's page");
+        wait_for_pages(gateway, data, args.drain_timeout()).await?;
+    }
     Ok(load_report(
         LoadVia::Graphql,
         data,
         elapsed,
         drained.done.then_some(drained.elapsed),
     ))
+}
+
+/// Polls the index query of every queried driver until its page has
+/// entries, at most `timeout` in all.
+async fn wait_for_pages(
+    gateway: &Gateway,
+    data: &Dataset,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    for driver in data.queried_drivers() {
+        loop {
+            let answer = gateway
+                .graphql(QUERY, data.query_variables(*driver))
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot query the index: {e}"))?;
+            let found = answer
+                .pointer("/trips/driverPartnerIndex/edges")
+                .and_then(Value::as_array)
+                .is_some_and(|edges| !edges.is_empty());
+            if found {
+                break;
+            }
+            anyhow::ensure!(
+                started.elapsed() < timeout,
+                "the index had no entries for driver {driver} {} s after loading (--drain-timeout)",
+                timeout.as_secs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
 }
 
 /// Runs every workload on one path, in order; the write phase with index
@@ -633,7 +694,14 @@ async fn run_workloads(
         let sampler = (workload == Workload::Write)
             .then(|| Sampler::start(source.clone(), duration + Duration::from_secs(60)));
         let label = format!("{} ({path})", workload.name());
-        let outcome = phase::run(&label, args.concurrency, duration, op(workload)).await?;
+        let outcome = phase::run(
+            &label,
+            args.concurrency,
+            duration,
+            args.request_timeout(),
+            op(workload),
+        )
+        .await?;
         let after = source.snapshot().await.ok();
         let statements = match (
             before.as_ref().and_then(|b| b.statements),

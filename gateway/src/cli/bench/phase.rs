@@ -15,8 +15,6 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-/// Longest wait for one request.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Upper bound on the requests of one worker in one phase.
 const MAX_REQUESTS_PER_WORKER: u64 = 10_000_000;
 
@@ -61,11 +59,13 @@ pub fn progress_bar(length: u64, template: &str, prefix: String) -> ProgressBar 
     bar
 }
 
-/// Runs `op` from `concurrency` workers until `duration` has passed.
+/// Runs `op` from `concurrency` workers until `duration` has passed,
+/// waiting at most `timeout` for each request.
 pub async fn run(
     label: &str,
     concurrency: u32,
     duration: Duration,
+    timeout: Duration,
     op: Op,
 ) -> anyhow::Result<Outcome> {
     let bar = progress_bar(
@@ -93,9 +93,9 @@ pub async fn run(
             let mut done = 0u64;
             while Instant::now() < deadline && done < MAX_REQUESTS_PER_WORKER {
                 let sent = Instant::now();
-                let result = match tokio::time::timeout(REQUEST_TIMEOUT, op()).await {
+                let result = match tokio::time::timeout(timeout, op()).await {
                     Ok(result) => result,
-                    Err(_) => Err(format!("no answer within {REQUEST_TIMEOUT:?}")),
+                    Err(_) => Err(format!("no answer within {timeout:?}")),
                 };
                 latency.saturating_record(sent.elapsed().as_micros() as u64);
                 done += 1;

@@ -38,6 +38,8 @@ pub struct Parameters {
     pub duration_seconds: u64,
     pub write_batch: u32,
     pub sample_every_ms: u64,
+    pub request_timeout_seconds: u64,
+    pub drain_timeout_seconds: u64,
 }
 
 /// One workload on one path.
@@ -345,10 +347,13 @@ impl Report {
         if let Some(load) = &self.load {
             let _ = writeln!(
                 out,
-                "  load: {:.0} cells/s via {}, indexes caught up {} s later",
+                "  load: {:.0} cells/s via {}, {}",
                 load.cells_per_second,
                 load.via,
-                opt(load.catch_up_seconds, 2)
+                match load.catch_up_seconds {
+                    Some(s) => format!("indexes caught up {s:.2} s later"),
+                    None => "index catch-up not measured".to_string(),
+                }
             );
         }
         if let Some(cold) = &self.cold_start {
@@ -379,11 +384,11 @@ impl Report {
         for m in &self.maintenance {
             let _ = writeln!(
                 out,
-                "  index maintenance ({}): applied {} cells/s while {:.0} were written, lag p99 {:.0} ms, drained {}",
+                "  index maintenance ({}): applied {} cells/s while {:.0} were written, lag p99 {} ms, drained {}",
                 m.path,
                 opt(m.apply_cells_per_second, 0),
                 m.write_cells_per_second,
-                m.lag_ms.p99,
+                opt((m.samples > 0).then_some(m.lag_ms.p99), 0),
                 match m.drain_seconds {
                     Some(s) => format!("{s:.2} s after the writes"),
                     None => "—".to_string(),

@@ -56,6 +56,7 @@ impl Server {
         datastores: &Path,
         work_dir: &Path,
         concurrency: u32,
+        timeout: Duration,
     ) -> anyhow::Result<Server> {
         // No rate or concurrency limit: the benchmark is the only client.
         let config = work_dir.join("serve.yaml");
@@ -68,7 +69,11 @@ impl Server {
         let log_file = std::fs::File::create(&log)
             .with_context(|| format!("cannot create `{}`", log.display()))?;
         let address = free_address()?;
-        let gateway = Arc::new(Gateway::new(&format!("http://{address}"), concurrency)?);
+        let gateway = Arc::new(Gateway::new(
+            &format!("http://{address}"),
+            concurrency,
+            timeout,
+        )?);
         let exe = std::env::current_exe().context("cannot find the cellgate executable")?;
         let mut command = tokio::process::Command::new(&exe);
         for (name, _) in std::env::vars_os() {
