@@ -100,15 +100,23 @@ pub enum Command {
     /// `/metrics` until Ctrl-C or SIGTERM. Settings come from the flags,
     /// then `--config FILE`, then the defaults.
     Serve(ServeArgs),
-    /// Measure the HTTP gateway against the Rust API on a fresh store.
+    /// Measure loading, cold start, queries, writes and index maintenance.
     ///
-    /// Loads trips into a new SQLite store (a temporary directory unless
-    /// `--data` is given), starts `cellgate serve` on a free port of
-    /// 127.0.0.1, runs an index query and a batched write through it for
-    /// `--duration` seconds each at `--concurrency`, runs the same work
-    /// in-process through the Rust API, and prints requests, req/s, p50 and
-    /// p99 latency and errors per workload and path. Exits 1 if any request
-    /// failed.
+    /// On an empty store (a temporary SQLite store, `--data DIR`, or
+    /// `--database URL` on MySQL/MariaDB or PostgreSQL): loads `--trips`
+    /// trips (BASE and STATUS cells) through the Rust API or GraphQL and
+    /// reports cells/s, the time until the indexes caught up and the size
+    /// of the store; times `cellgate serve` from spawn to the first 200 of
+    /// `/readyz`; runs the `query`, `rows` and `write` workloads for
+    /// `--duration` seconds each at `--concurrency`, over HTTP and then
+    /// in-process through the Rust API, with p50/p99 latency, statements
+    /// per request, and pending cells, lag, apply rate and drain time of
+    /// index maintenance during the writes; and ends with an exact count
+    /// of statements per write batch and per page of rows. With `--url`
+    /// it drives an already running gateway over HTTP only. Prints the
+    /// command, parameters and seed first, tables and a summary at the end
+    /// (`--json FILE` writes them as JSON). Exits 1 if any request failed
+    /// or the indexes did not catch up.
     Bench(BenchArgs),
 }
 
