@@ -75,8 +75,8 @@ struct Inner {
     maintaining: bool,
     /// Definition changes worth a warning (superseded or removed indexes).
     warnings: Vec<String>,
-    /// Dropped with the store, which stops the maintenance workers.
-    _shutdown: tokio::sync::watch::Sender<bool>,
+    /// Set (or dropped with the store) to stop the maintenance workers.
+    shutdown: tokio::sync::watch::Sender<bool>,
 }
 
 /// Counters of one datastore.
@@ -249,7 +249,7 @@ impl Store {
                 maintainer,
                 maintaining: options.maintain_indexes,
                 warnings,
-                _shutdown: shutdown,
+                shutdown,
             }),
         })
     }
@@ -311,6 +311,14 @@ impl Store {
             cluster.master()?.ping().await?;
         }
         Ok(())
+    }
+
+    /// Stops index maintenance and waits (at most `grace`) until the
+    /// workers have given up their leases, so other gateways take their
+    /// shards over at once rather than after the lease time.
+    pub async fn shutdown(&self, grace: Duration) {
+        let _ = self.inner.shutdown.send(true);
+        self.inner.maintainer.join(grace).await;
     }
 
     /// A snapshot of the store's counters and index maintenance, for

@@ -870,3 +870,52 @@ async fn a_killed_gateway_s_shards_are_taken_over() {
     metrics_with(&a, r#"cellgate_index_pending_cells{datastore="trips"} 0"#).await;
     assert_eq!(count_entries(&a, driver).await, 2000, "every write indexed");
 }
+
+// Regression: a gateway stopped with SIGTERM kept its index leases until
+// they expired, so the others waited the whole lease time to take over.
+#[tokio::test]
+async fn a_stopped_gateway_hands_its_shards_over_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("leases.yaml");
+    // Far longer than the test waits: only a release explains a takeover.
+    std::fs::write(
+        &config,
+        "indexes:\n  lease_time_ms: 600000\n  sweep_interval_ms: 200\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_string();
+    let a = Server::start_on(dir, &["--config", &config]);
+    let second = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(a.dir.path().join("data"), second.path().join("data")).unwrap();
+    let mut b = Server::start_on(second, &["--config", &config]);
+    let mut split = false;
+    for _ in 0..600 {
+        let held_b = buckets_held(
+            &client()
+                .get(b.url("/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        );
+        if held_b > 0.0 {
+            split = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        split,
+        "the second gateway never took a share of the buckets"
+    );
+    let status = Command::new("kill")
+        .args(["-TERM", &b.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = b.child.wait().unwrap();
+    assert!(exit.success(), "SIGTERM ends the gateway cleanly: {exit:?}");
+    metrics_with(&a, r#"cellgate_index_buckets_held{datastore="trips"} 64"#).await;
+}

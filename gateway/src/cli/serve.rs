@@ -149,7 +149,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let address = listener
         .local_addr()
         .context("cannot read the bound address")?;
-    let gateway = Arc::new(Gateway::new(store, schema, &config));
+    let gateway = Arc::new(Gateway::new(store.clone(), schema, &config));
     let shutdown = shutdown_signal()?;
 
     println!("cellgate listening on http://{address} — GraphQL playground at http://{address}/");
@@ -158,9 +158,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .context("cannot write to stdout")?;
     tracing::info!(%address, "serving");
 
-    crate::http::serve(listener, gateway, shutdown)
-        .await
-        .context("the HTTP server failed")?;
+    let served = crate::http::serve(listener, gateway, shutdown).await;
+    // Leases released now let other gateways take the shards over at once.
+    store.shutdown(std::time::Duration::from_secs(5)).await;
+    served.context("the HTTP server failed")?;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
 }

@@ -100,6 +100,8 @@ pub(crate) struct Maintainer {
     counters: Mutex<HashMap<String, Arc<Counters>>>,
     /// Buckets held per (datastore, cluster), for metrics.
     held: Mutex<HashMap<(String, usize), usize>>,
+    /// The worker tasks, to wait for them at shutdown.
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 /// The maintenance figures of one datastore, for `/metrics`.
@@ -146,6 +148,20 @@ impl Maintainer {
             lag: Mutex::new(HashMap::new()),
             counters: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Waits for the workers to end (after a shutdown), at most `grace`.
+    pub(crate) async fn join(&self, grace: Duration) {
+        let tasks = std::mem::take(&mut *self.tasks.lock().expect("tasks"));
+        if tokio::time::timeout(grace, futures::future::join_all(tasks))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "index maintenance did not stop in time; its leases expire on their own"
+            );
         }
     }
 
@@ -284,7 +300,8 @@ pub(crate) fn start(
                 topology,
             );
             worker.maintain = maintain;
-            tokio::spawn(worker.run(receiver, stopped.clone()));
+            let task = tokio::spawn(worker.run(receiver, stopped.clone()));
+            maintainer.tasks.lock().expect("tasks").push(task);
         }
     }
     let maintainer = Arc::downgrade(maintainer);
@@ -435,7 +452,9 @@ impl Worker {
                     let short = self.leases().await;
                     // Short of a fair share: buckets are changing hands
                     // (a gateway stopped or started); look again soon.
-                    let every = options.lease_time / 4;
+                    // Renewal needs a quarter of the lease time; gateways
+                    // that come and go are noticed within two seconds.
+                    let every = (options.lease_time / 4).min(Duration::from_secs(2));
                     let wait = if short { every.min(Duration::from_millis(250)) } else { every };
                     next_lease_round = Instant::now() + wait.max(Duration::from_millis(20));
                 }
