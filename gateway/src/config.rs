@@ -131,6 +131,13 @@ pub struct IndexesConfig {
     /// quarantine_after: 3
     /// ```
     pub quarantine_after: u32,
+    /// Maintenance passes a gateway runs at once per datastore and cluster,
+    /// over disjoint groups of shards (0: 2 on SQLite, 4 on a server).
+    ///
+    /// ```yaml
+    /// concurrent_passes: 0
+    /// ```
+    pub concurrent_passes: usize,
 }
 
 impl Default for IndexesConfig {
@@ -141,6 +148,7 @@ impl Default for IndexesConfig {
             lease_time_ms: defaults.lease_time.as_millis() as u64,
             sweep_interval_ms: defaults.sweep_every.as_millis() as u64,
             quarantine_after: defaults.quarantine_after,
+            concurrent_passes: defaults.passes,
         }
     }
 }
@@ -152,6 +160,7 @@ impl IndexesConfig {
             lease_time: std::time::Duration::from_millis(self.lease_time_ms.max(100)),
             sweep_every: std::time::Duration::from_millis(self.sweep_interval_ms.max(10)),
             quarantine_after: self.quarantine_after.max(1),
+            passes: self.concurrent_passes.min(64),
         }
     }
 }

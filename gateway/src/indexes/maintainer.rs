@@ -59,6 +59,9 @@ pub struct MaintainerOptions {
     pub sweep_every: Duration,
     /// Failed attempts after which an index entry is quarantined.
     pub quarantine_after: u32,
+    /// Passes a worker runs at once over disjoint buckets of shards;
+    /// 0 picks by backend (2 on SQLite, 4 on a server).
+    pub passes: usize,
 }
 
 impl Default for MaintainerOptions {
@@ -67,6 +70,7 @@ impl Default for MaintainerOptions {
             lease_time: Duration::from_secs(10),
             sweep_every: Duration::from_secs(1),
             quarantine_after: 3,
+            passes: 0,
         }
     }
 }
@@ -494,7 +498,9 @@ impl Worker {
             .collect()
     }
 
-    /// Runs one pass over a batch of dirty shards.
+    /// Runs a round of passes: up to `passes` at once, each over whole
+    /// lease buckets of dirty shards (so no two lock the same lease row or
+    /// touch the same index entries), at most [`PASS_SHARDS`] shards each.
     async fn pass(&mut self) {
         let Some(topology) = self.topology.upgrade() else {
             self.dirty.clear();
@@ -504,7 +510,85 @@ impl Worker {
             self.dirty.clear();
             return;
         };
-        // Only shards under a lease that is comfortably valid.
+        let batches = self.batches(&topology);
+        if batches.is_empty() {
+            // Dirty shards whose leases are about to lapse wait for renewal.
+            self.backoff = Some(Instant::now() + Duration::from_millis(100));
+            return;
+        }
+        let down = self.targets_down();
+        let holder = self.shared.holder.clone();
+        let consumers: Vec<Consumer> = self.consumers.clone();
+        let quarantine_after = self.shared.options.quarantine_after;
+        let mut work = Vec::with_capacity(batches.len());
+        for batch in &batches {
+            // Consumers of skipped targets count as caught up for this pass.
+            let offsets: BTreeMap<u32, Vec<i64>> = batch
+                .iter()
+                .map(|s| {
+                    let per = self.offsets[s]
+                        .iter()
+                        .zip(&self.consumers)
+                        .map(|(o, c)| {
+                            if down.contains(&c.target) {
+                                i64::MAX
+                            } else {
+                                *o
+                            }
+                        })
+                        .collect();
+                    (*s, per)
+                })
+                .collect();
+            let leases: Vec<Lease> = batch
+                .iter()
+                .filter_map(|s| self.bucket_of.get(s))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .filter_map(|b| self.held.get(b).cloned())
+                .collect();
+            // The failed attempts of this batch's rows travel with it.
+            let shards: BTreeSet<u32> = batch.iter().copied().collect();
+            let attempts: HashMap<(usize, Uuid), u32> = self
+                .attempts
+                .iter()
+                .filter(|((_, row), _)| {
+                    shards.contains(&crate::shards::row_shard(row, ds.def.shards))
+                })
+                .map(|(k, v)| (*k, *v))
+                .collect();
+            work.push((offsets, leases, attempts));
+        }
+        let runs = work.iter_mut().map(|(offsets, leases, attempts)| {
+            let (topology, ds, consumers, holder) = (&topology, &ds, &consumers, &holder);
+            let cluster = self.cluster;
+            async move {
+                let mut pass = Pass {
+                    topology,
+                    ds,
+                    cluster,
+                    consumers,
+                    fence: Some(Fence { holder, leases }),
+                    attempts,
+                    quarantine_after,
+                };
+                pass.run(offsets).await
+            }
+        });
+        let results = futures::future::join_all(runs).await;
+        for ((batch, (_, _, attempts)), result) in batches.iter().zip(work).zip(results) {
+            let shards: BTreeSet<u32> = batch.iter().copied().collect();
+            self.attempts.retain(|(_, row), _| {
+                !shards.contains(&crate::shards::row_shard(row, ds.def.shards))
+            });
+            self.attempts.extend(attempts);
+            self.settle(&topology, batch, &down, result);
+        }
+    }
+
+    /// Picks the batches of the next round: whole buckets of dirty shards
+    /// under comfortably valid leases, from the rotating cursor on.
+    fn batches(&mut self, topology: &Topology) -> Vec<Vec<u32>> {
         let margin = chrono::Duration::from_std(self.shared.options.lease_time / 4)
             .unwrap_or(chrono::Duration::seconds(2));
         let now = Utc::now();
@@ -514,62 +598,68 @@ impl Worker {
             .filter(|(_, l)| l.expires_at - margin > now)
             .map(|(b, _)| *b)
             .collect();
-        let mut batch: Vec<u32> = self
+        let mut by_bucket: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+        for shard in self
             .dirty
             .range(self.cursor..)
             .chain(self.dirty.range(..self.cursor))
-            .copied()
-            .filter(|s| self.bucket_of.get(s).is_some_and(|b| valid.contains(b)))
-            .take(PASS_SHARDS)
-            .collect();
-        if batch.is_empty() {
-            // Dirty shards whose leases are about to lapse wait for renewal.
-            self.backoff = Some(Instant::now() + Duration::from_millis(100));
-            return;
+        {
+            if let Some(bucket) = self.bucket_of.get(shard).filter(|b| valid.contains(b)) {
+                by_bucket.entry(*bucket).or_default().push(*shard);
+            }
         }
-        batch.sort_unstable();
-        self.cursor = batch.last().map_or(0, |s| s + 1);
-        let down = self.targets_down();
-        // Consumers of skipped targets count as caught up for this pass.
-        let offsets: BTreeMap<u32, Vec<i64>> = batch
-            .iter()
-            .map(|s| {
-                let per = self.offsets[s]
-                    .iter()
-                    .zip(&self.consumers)
-                    .map(|(o, c)| {
-                        if down.contains(&c.target) {
-                            i64::MAX
-                        } else {
-                            *o
-                        }
-                    })
-                    .collect();
-                (*s, per)
-            })
-            .collect();
-        let leases: Vec<Lease> = batch
-            .iter()
-            .filter_map(|s| self.bucket_of.get(s))
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .filter_map(|b| self.held.get(b).cloned())
-            .collect();
-        let holder = self.shared.holder.clone();
-        let consumers: Vec<Consumer> = self.consumers.clone();
-        let mut pass = Pass {
-            topology: &topology,
-            ds: &ds,
-            cluster: self.cluster,
-            consumers: &consumers,
-            fence: Some(Fence {
-                holder: &holder,
-                leases: &leases,
-            }),
-            attempts: &mut self.attempts,
-            quarantine_after: self.shared.options.quarantine_after,
-        };
-        match pass.run(&offsets).await {
+        // Buckets in rotation order from the cursor.
+        let start = self.bucket_of.get(&self.cursor).copied().unwrap_or(0);
+        let mut order: Vec<usize> = by_bucket.keys().copied().collect();
+        order.sort_by_key(|b| (*b < start, *b));
+        let passes = self.passes(topology);
+        let mut batches: Vec<Vec<u32>> = Vec::new();
+        let mut current: Vec<u32> = Vec::new();
+        let mut last_bucket = None;
+        for bucket in order {
+            let shards = &by_bucket[&bucket];
+            if !current.is_empty() && current.len() + shards.len() > PASS_SHARDS {
+                batches.push(std::mem::take(&mut current));
+                if batches.len() == passes {
+                    break;
+                }
+            }
+            current.extend(shards);
+            last_bucket = Some(bucket);
+        }
+        if !current.is_empty() && batches.len() < passes {
+            batches.push(current);
+        }
+        if let Some(bucket) = last_bucket {
+            self.cursor = self.buckets[bucket].shards.last().map_or(0, |s| s + 1);
+        }
+        for batch in &mut batches {
+            batch.sort_unstable();
+        }
+        batches
+    }
+
+    /// Passes run at once: a server database takes concurrent writers,
+    /// SQLite's single writer only lets one pass read while another writes.
+    fn passes(&self, topology: &Topology) -> usize {
+        match self.shared.options.passes {
+            0 => match topology.clusters[self.cluster].master.dialect() {
+                crate::storage::Dialect::Sqlite => 2,
+                _ => 4,
+            },
+            n => n,
+        }
+    }
+
+    /// Takes in the outcome of one pass.
+    fn settle(
+        &mut self,
+        topology: &Topology,
+        batch: &[u32],
+        down: &BTreeSet<usize>,
+        result: Result<apply::PassResult>,
+    ) {
+        match result {
             Ok(result) => {
                 self.failures = 0;
                 for (shard, per) in &result.offsets {
@@ -594,12 +684,14 @@ impl Worker {
                 if result.failed_targets.is_empty() {
                     self.down.retain(|_, (until, _)| *until > Instant::now());
                 }
-                for shard in &batch {
+                for shard in batch {
                     let caught_up = self.heads.get(shard).is_none_or(|head| {
-                        self.offsets[shard]
-                            .iter()
-                            .zip(&self.consumers)
-                            .all(|(o, c)| down.contains(&c.target) || o >= head)
+                        self.offsets.get(shard).is_some_and(|offsets| {
+                            offsets
+                                .iter()
+                                .zip(&self.consumers)
+                                .all(|(o, c)| down.contains(&c.target) || o >= head)
+                        })
                     });
                     if result.complete.contains(shard) && caught_up {
                         self.dirty.remove(shard);
