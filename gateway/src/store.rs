@@ -315,10 +315,20 @@ impl Store {
 
     /// Stops index maintenance and waits (at most `grace`) until the
     /// workers have given up their leases, so other gateways take their
-    /// shards over at once rather than after the lease time.
+    /// shards over at once rather than after the lease time; then closes
+    /// every connection, waiting for them to close (an embedded store
+    /// copies its WAL into the database file), so the next process opens
+    /// the store without waiting on this one. The store answers nothing
+    /// afterwards.
     pub async fn shutdown(&self, grace: Duration) {
         let _ = self.inner.shutdown.send(true);
         self.inner.maintainer.join(grace).await;
+        let backends = self
+            .topology_ref()
+            .clusters
+            .iter()
+            .flat_map(|c| std::iter::once(&c.master).chain(&c.replicas));
+        futures::future::join_all(backends.map(|b| b.close())).await;
     }
 
     /// A snapshot of the store's counters and index maintenance, for

@@ -128,6 +128,47 @@ async fn corrupt_body_is_an_error_naming_the_cell() {
     assert_eq!(page.entries.len(), 1);
 }
 
+/// `shutdown` closes the connections and waits for them: the last one
+/// copies the WAL back, so the next process neither replays it nor waits
+/// for another process's closing checkpoint.
+#[tokio::test]
+async fn shutdown_leaves_the_embedded_store_checkpointed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), true).await;
+    let rows: Vec<Uuid> = (0..300).map(|_| Uuid::new_v4()).collect();
+    let cells = rows
+        .iter()
+        .map(|r| {
+            cell(
+                *r,
+                "BASE",
+                1,
+                json!({"driver_partner_uuid": Uuid::new_v4().to_string(), "pad": "x".repeat(500)}),
+            )
+        })
+        .collect();
+    for result in store.put_cells("trips", cells).await.unwrap() {
+        result.unwrap();
+    }
+    let wal = dir.path().join("cellgate.db-wal");
+    assert!(
+        std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0) > 0,
+        "writes went to the WAL"
+    );
+    store.shutdown(std::time::Duration::from_secs(5)).await;
+    let left = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    assert_eq!(left, 0, "the WAL was copied back and truncated at shutdown");
+
+    let reopened = open(dir.path(), false).await;
+    for row in &rows {
+        let cell = reopened
+            .get_cell_latest("trips", *row, "BASE")
+            .await
+            .unwrap();
+        assert!(cell.is_some(), "row {row} reads back after the restart");
+    }
+}
+
 /// Two clusters: an SQLite file and a server that is not there.
 fn split_topology(dir: &Path, buffer_count: usize) -> StorageConfig {
     StorageConfig {

@@ -65,6 +65,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Statements sent so far, `BEGIN` and `COMMIT` included: what a
     /// request costs the database, for metrics and benchmarks.
     fn statements(&self) -> u64;
+
+    /// Closes every connection and waits until they are closed (on SQLite,
+    /// the last one checkpoints the WAL into the database file). Calls
+    /// after it fail as if the database had gone away.
+    async fn close(&self);
 }
 
 /// An open transaction; dropped without `commit` it rolls back.
@@ -201,8 +206,9 @@ macro_rules! sqlx_backend {
             statement_timeout: Option<std::time::Duration>,
             /// Statements sent, shared with the transactions.
             statements: std::sync::Arc<std::sync::atomic::AtomicU64>,
-            /// Dropped with the backend, which stops its background tasks.
-            _stop: Option<tokio::sync::oneshot::Sender<()>>,
+            /// Dropped with the backend or taken by `close`, which stops
+            /// its background tasks.
+            stop: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
         }
 
         /// An open transaction on one pooled connection.
@@ -336,6 +342,17 @@ macro_rules! sqlx_backend {
 
             fn statements(&self) -> u64 {
                 self.statements.load(std::sync::atomic::Ordering::Relaxed)
+            }
+
+            async fn close(&self) {
+                let stop = self.stop.lock().map(|mut s| s.take()).unwrap_or(None);
+                if let Some(stop) = stop {
+                    let _ = stop.send(());
+                }
+                self.reader.close().await;
+                // The writer is the last open connection now.
+                Self::closing(&self.writer).await;
+                self.writer.close().await;
             }
         }
 

@@ -14,6 +14,9 @@ use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Value};
 sqlx_backend!(MySqlBackend, MySqlTx, MySql, Dialect::MySql, None);
 
 impl MySqlBackend {
+    /// Nothing to do before the writer closes.
+    async fn closing(_writer: &sqlx::MySqlPool) {}
+
     pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
         let url = url.replacen("mariadb:", "mysql:", 1);
         let connect = MySqlConnectOptions::from_str(&url)
@@ -30,7 +33,7 @@ impl MySqlBackend {
             cluster: options.cluster.clone(),
             statement_timeout: Some(options.statement_timeout),
             statements: Default::default(),
-            _stop: None,
+            stop: Default::default(),
         })
     }
 }

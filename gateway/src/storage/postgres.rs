@@ -20,6 +20,9 @@ sqlx_backend!(
 );
 
 impl PostgresBackend {
+    /// Nothing to do before the writer closes.
+    async fn closing(_writer: &sqlx::PgPool) {}
+
     pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
         let connect = PgConnectOptions::from_str(url)
             .map_err(|e| crate::Error::Config(format!("invalid postgres url: {e}")))?
@@ -34,7 +37,7 @@ impl PostgresBackend {
             cluster: options.cluster.clone(),
             statement_timeout: Some(options.statement_timeout),
             statements: Default::default(),
-            _stop: None,
+            stop: Default::default(),
         })
     }
 }

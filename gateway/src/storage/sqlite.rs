@@ -29,13 +29,19 @@ sqlx_backend!(
 );
 
 impl SqliteBackend {
+    /// Before the writer closes: the WAL copied back, so the next process
+    /// neither replays it nor waits for this one's closing checkpoint.
+    async fn closing(writer: &sqlx::SqlitePool) {
+        truncate_on_close(writer).await;
+    }
+
     pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
         let connect = SqliteConnectOptions::from_str(url)
             .map_err(|e| crate::Error::Config(format!("invalid sqlite url `{url}`: {e}")))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(10))
+            .busy_timeout(BUSY_TIMEOUT)
             .statement_cache_capacity(1024)
             // Checkpoints run in the background (see `checkpoint_in_background`),
             // not inside whichever commit crosses the WAL size threshold.
@@ -64,7 +70,7 @@ impl SqliteBackend {
             .await
             .map_err(err)?;
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        checkpoint_in_background(&reader, stopped);
+        checkpoint_in_background(&writer, &reader, stopped);
         Ok(SqliteBackend {
             writer,
             reader,
@@ -73,21 +79,34 @@ impl SqliteBackend {
             // and writes queue for the one writer connection.
             statement_timeout: None,
             statements: Default::default(),
-            _stop: Some(stop),
+            stop: std::sync::Mutex::new(Some(stop)),
         })
     }
 }
 
+/// Longest wait for a lock another process holds.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// WAL pages (4 KiB each, 64 MiB) past which the WAL file is truncated
+/// once copied back: passive checkpoints copy frames but never shrink the
+/// file, which under steady writes and reads would otherwise grow for as
+/// long as the process runs, and be copied back in one go by whichever
+/// process closes the database last.
+const WAL_TRUNCATE_PAGES: i64 = 16_384;
+
 /// Copies the WAL back into the database file every few hundred
-/// milliseconds with a passive checkpoint, which never blocks writers. Left
-/// to SQLite, the commit that crosses the WAL threshold would do it inline
-/// and stall every writer behind it for milliseconds. Stops when the
-/// backend is dropped.
+/// milliseconds with a passive checkpoint, which never blocks writers, and
+/// truncates the WAL when it has grown past [`WAL_TRUNCATE_PAGES`]. Left to
+/// SQLite, the commit that crosses the WAL threshold would do it inline and
+/// stall every writer behind it for milliseconds. Stops when the backend is
+/// dropped.
 fn checkpoint_in_background(
+    writer: &sqlx::SqlitePool,
     reader: &sqlx::SqlitePool,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
 ) {
-    let pool = reader.clone();
+    let writer = writer.clone();
+    let reader = reader.clone();
     tokio::spawn(async move {
         let mut interval = tokio::time::interval(Duration::from_millis(250));
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -96,12 +115,56 @@ fn checkpoint_in_background(
                 _ = &mut stopped => return,
                 _ = interval.tick() => {}
             }
-            let checkpoint = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)");
-            if let Err(err) = checkpoint.execute(&pool).await {
+            let checkpoint = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)");
+            let outcome = match checkpoint.fetch_one(&reader).await {
+                Ok((_, pages, _)) if pages >= WAL_TRUNCATE_PAGES => truncate_wal(&writer).await,
+                Ok(_) => Ok(()),
+                Err(err) => Err(err),
+            };
+            if let Err(err) = outcome {
                 tracing::debug!(error = %err, "background WAL checkpoint failed");
             }
         }
     });
+}
+
+/// Copies what is left of the WAL back and truncates it, on the writer
+/// connection so this process's writers wait instead of failing; gives up
+/// at once (to try again later) while a reader still needs old frames.
+async fn truncate_wal(writer: &sqlx::SqlitePool) -> Result<(), sqlx::Error> {
+    let mut conn = writer.acquire().await?;
+    sqlx::query("PRAGMA busy_timeout = 50")
+        .execute(&mut *conn)
+        .await?;
+    let truncated = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+        .execute(&mut *conn)
+        .await;
+    sqlx::query(&format!(
+        "PRAGMA busy_timeout = {}",
+        BUSY_TIMEOUT.as_millis()
+    ))
+    .execute(&mut *conn)
+    .await?;
+    truncated.map(|_| ())
+}
+
+/// Copies the WAL back and truncates it on the last open connection when
+/// the backend closes. A connection closing beside it can hold the
+/// checkpoint lock for a moment (the checkpoint then reports busy at
+/// once), so it is tried again for up to a second.
+async fn truncate_on_close(writer: &sqlx::SqlitePool) {
+    for _ in 0..20 {
+        let checkpoint = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(TRUNCATE)");
+        match checkpoint.fetch_one(writer).await {
+            Ok((0, _, _)) => return,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(err) => {
+                tracing::debug!(error = %err, "closing WAL checkpoint failed");
+                return;
+            }
+        }
+    }
+    tracing::debug!("closing WAL checkpoint stayed busy; the next open replays the WAL");
 }
 
 fn bind<'q>(

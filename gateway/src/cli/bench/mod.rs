@@ -291,6 +291,9 @@ pub struct BenchArgs {
     pub json: Option<PathBuf>,
 }
 
+/// Longest wait for an in-process store's index maintenance to stop.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// Longest wait for a previous process's index leases (10 s by default)
 /// to be released or to expire.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(15);
@@ -470,7 +473,9 @@ async fn local(
                 load::via_rust(&store, data, args.concurrency, args.request_timeout()).await?;
             let started = Instant::now();
             sync(&store, args).await?;
-            load_report(via, data, elapsed, Some(started.elapsed()))
+            let report = load_report(via, data, elapsed, Some(started.elapsed()));
+            store.shutdown(SHUTDOWN_GRACE).await;
+            report
         }
         LoadVia::Graphql => {
             let server = Server::start(
@@ -530,7 +535,7 @@ async fn local(
     })
     .await?;
     drop(source);
-    drop(store);
+    store.shutdown(SHUTDOWN_GRACE).await;
     settle(&database, "the Rust API store").await?;
 
     // 5. The exact statement probe.
