@@ -20,15 +20,22 @@
 //! - introspection repeated under many aliases: at most
 //!   [`MAX_INTROSPECTION_FIELDS`] fields, twice the largest standard query.
 //!
-//! The check is an async-graphql extension that runs right after parsing,
-//! before validation, on the operation the request selects, with each
-//! fragment counted where it is spread (as async-graphql counts). Counting
-//! stops as soon as a bound is passed, so a document whose nested fragment
-//! spreads expand exponentially costs no more than the limit; unknown
-//! fragments and fragment cycles are skipped here and refused by
-//! validation.
+//! User fields cost 1 each, multiplied by the page sizes of the list
+//! fields above them (`first`, `limit`, the number of `rowKeys`, or a
+//! default page), so aliases × `first: 1000` × `row` fan-out is seen; the
+//! number of aliases is capped too. Refusals carry `extensions.limit`,
+//! `extensions.limitName` and, for the cost, `extensions.cost`.
+//!
+//! The check is an async-graphql extension that runs when the request is
+//! prepared, before async-graphql's parse step (whose recursion check
+//! walks every fragment spread) and validation, with each fragment
+//! counted where it is spread (as async-graphql counts). Every expansion
+//! of a spread counts toward `max_fragment_spreads` and fragment cycles
+//! are refused, so a document whose fragments spread each other
+//! exponentially is refused after a few hundred steps; unknown fragments
+//! are skipped here and refused by validation.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextParseQuery, NextPrepareRequest,
@@ -58,30 +65,34 @@ pub struct QueryLimits(pub GraphqlLimits);
 
 impl ExtensionFactory for QueryLimits {
     fn create(&self) -> Arc<dyn Extension> {
-        Arc::new(LimitCheck {
-            limits: self.0,
-            operation: Mutex::new(None),
-        })
+        Arc::new(LimitCheck { limits: self.0 })
     }
 }
 
 /// The check of one request.
 struct LimitCheck {
     limits: GraphqlLimits,
-    /// The operation name the request asked for, kept from
-    /// `prepare_request` for `parse_query`, which is not told.
-    operation: Mutex<Option<String>>,
 }
 
 #[async_trait::async_trait]
 impl Extension for LimitCheck {
+    /// Checks the limits before async-graphql's own parse step, which
+    /// walks every fragment spread of every operation (its recursion and
+    /// directive checks) and so would expand a fragment bomb before any
+    /// later hook ran.
     async fn prepare_request(
         &self,
         ctx: &ExtensionContext<'_>,
-        request: async_graphql::Request,
+        mut request: async_graphql::Request,
         next: NextPrepareRequest<'_>,
     ) -> ServerResult<async_graphql::Request> {
-        *self.operation.lock().unwrap_or_else(|e| e.into_inner()) = request.operation_name.clone();
+        let name = request.operation_name.clone();
+        let variables = request.variables.clone();
+        // A document that does not parse is reported by the parse step.
+        if let Ok(document) = request.parsed_query() {
+            check(document, name.as_deref(), self.limits, &variables)
+                .map_err(|e| e.into_error(self.limits))?;
+        }
         next.run(ctx, request).await
     }
 
@@ -92,7 +103,7 @@ impl Extension for LimitCheck {
         variables: &Variables,
         next: NextParseQuery<'_>,
     ) -> ServerResult<ExecutableDocument> {
-        let document = next.run(ctx, query, variables).await.map_err(|error| {
+        next.run(ctx, query, variables).await.map_err(|error| {
             // async-graphql's own guard against deep recursion in the parser.
             if error
                 .message
@@ -102,18 +113,33 @@ impl Extension for LimitCheck {
             } else {
                 error
             }
-        })?;
-        let name = self
-            .operation
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        if let Some(operation) = selected_operation(&document, name.as_deref()) {
-            measure(&document, operation, self.limits, variables)
-                .map_err(|e| e.into_error(self.limits))?;
-        }
-        Ok(document)
+        })
     }
+}
+
+/// Holds the operation the request selects to `limits`, and every other
+/// operation of the document to the bounds on fragment expansion (which
+/// async-graphql's parse step walks for all of them).
+fn check(
+    document: &ExecutableDocument,
+    name: Option<&str>,
+    limits: GraphqlLimits,
+    variables: &Variables,
+) -> Result<(), Exceeded> {
+    let selected = selected_operation(document, name);
+    let unbounded = GraphqlLimits {
+        depth: usize::MAX,
+        complexity: usize::MAX,
+        aliases: usize::MAX,
+        ..limits
+    };
+    for (_, operation) in document.operations.iter() {
+        let operation = &operation.node;
+        let is_selected = selected.is_some_and(|s| std::ptr::eq(s, operation));
+        let limits = if is_selected { limits } else { unbounded };
+        measure(document, operation, limits, variables)?;
+    }
+    Ok(())
 }
 
 /// The operation a request runs; `None` when the name is unknown or
@@ -144,6 +170,8 @@ enum Exceeded {
     },
     Aliases,
     FragmentSpreads,
+    /// A fragment spreads itself, directly or through others.
+    FragmentCycle,
     IntrospectionLists,
     IntrospectionFields,
 }
@@ -184,6 +212,12 @@ impl Exceeded {
                 limits.fragment_spreads,
                 None,
             ),
+            Exceeded::FragmentCycle => (
+                "GRAPHQL_VALIDATION_FAILED",
+                "a fragment spreads itself, directly or through other fragments".to_string(),
+                0,
+                None,
+            ),
             Exceeded::IntrospectionLists => (
                 "QUERY_TOO_DEEP",
                 format!(
@@ -217,6 +251,7 @@ impl Exceeded {
             Exceeded::Complexity { .. } => "complexity",
             Exceeded::Aliases => "aliases",
             Exceeded::FragmentSpreads => "fragmentSpreads",
+            Exceeded::FragmentCycle => "fragmentCycle",
             Exceeded::IntrospectionLists => "introspectionLists",
             Exceeded::IntrospectionFields => "introspectionFields",
         }
@@ -384,8 +419,12 @@ impl<'d> Count<'d> {
                     let Some(fragment) = self.document.fragments.get(name) else {
                         continue;
                     };
+                    // Refused here rather than left to validation: the
+                    // parse step before validation expands cycles until
+                    // its recursion limit, 2^32 times for two fragments
+                    // that spread each other twice.
                     if self.expanding.contains(&name) {
-                        continue;
+                        return Err(Exceeded::FragmentCycle.into());
                     }
                     self.expanding.push(name);
                     let result = self.walk(&fragment.node.selection_set.node, level);
@@ -587,28 +626,35 @@ mod tests {
             measured(&query, GraphqlLimits::default()),
             Err(Exceeded::FragmentSpreads)
         );
-        // Regression: spreads that only lead into cycles select no field,
-        // so counting fields alone let 2^30 expansions through.
+        // Ten spreads of the next fragment, ten levels deep: 10^10
+        // expansions, few fields before the limit on spreads.
         let mut bomb = String::from("{ ...F0 }");
-        for i in 0..30 {
-            bomb.push_str(&format!(
-                " fragment F{i} on Query {{ ...F{n} ...F{n} }}",
-                n = i + 1
-            ));
+        for i in 0..10 {
+            let spreads = format!("...F{} ", i + 1).repeat(10);
+            bomb.push_str(&format!(" fragment F{i} on Query {{ {spreads}}}"));
         }
-        bomb.push_str(" fragment F30 on Query { ...F0 }");
+        bomb.push_str(" fragment F10 on Query { __typename }");
         assert_eq!(
             measured(&bomb, GraphqlLimits::default()),
             Err(Exceeded::FragmentSpreads)
         );
-        // A cycle is left to validation.
-        let cycle = "{ ...A } fragment A on Query { a ...B } fragment B on Query { b ...A }";
+        // Regression: spreads that only lead into cycles select no field,
+        // so counting fields alone let 10^10 expansions through.
+        let cyclic = bomb.replace("{ __typename }", "{ ...F0 }");
         assert_eq!(
-            measured(cycle, TIGHT),
-            Ok(Measure {
-                cost: 2,
-                introspection_fields: 0
-            })
+            measured(&cyclic, GraphqlLimits::default()),
+            Err(Exceeded::FragmentCycle)
+        );
+        // Regression: a cycle was left to validation, but the parse step
+        // before it expanded two fragments spreading each other twice 2^32
+        // times.
+        let cycle = "{ ...A } fragment A on Query { ...B ...B } fragment B on Query { ...A ...A }";
+        assert_eq!(measured(cycle, TIGHT), Err(Exceeded::FragmentCycle));
+        // Operations that are not run are bounded too.
+        let document = parse_query(&format!("query Run {{ a }} query Other {bomb}")).unwrap();
+        assert_eq!(
+            check(&document, Some("Run"), TIGHT, &Variables::default()),
+            Err(Exceeded::FragmentSpreads)
         );
     }
 
