@@ -622,3 +622,24 @@ async fn sigterm_is_honoured_while_requests_run() {
     assert!(status.success(), "{status:?}: {}", server.stderr());
     heavy.abort();
 }
+
+#[tokio::test]
+async fn requests_past_the_deadline_are_cancelled_with_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = config(dir.path(), "limits:\n  request_timeout_ms: 1\n");
+    let server = Server::start(&["--config", &file]);
+    let keys: Vec<String> = (0..1000)
+        .map(|_| uuid::Uuid::new_v4().to_string())
+        .collect();
+    let (status, answer) = post_json(
+        &server,
+        None,
+        &json!({
+            "query": "query($k: [UUID!]!) { trips { rows(rowKeys: $k) { base { body } status { body } } } }",
+            "variables": { "k": keys },
+        }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{answer}");
+    assert_eq!(code(&answer), "TIMEOUT", "{answer}");
+}

@@ -651,7 +651,7 @@ mod tests {
         let cycle = "{ ...A } fragment A on Query { ...B ...B } fragment B on Query { ...A ...A }";
         assert_eq!(measured(cycle, TIGHT), Err(Exceeded::FragmentCycle));
         // Operations that are not run are bounded too.
-        let document = parse_query(&format!("query Run {{ a }} query Other {bomb}")).unwrap();
+        let document = parse_query(format!("query Run {{ a }} query Other {bomb}")).unwrap();
         assert_eq!(
             check(&document, Some("Run"), TIGHT, &Variables::default()),
             Err(Exceeded::FragmentSpreads)
