@@ -442,9 +442,8 @@ pub struct LimitsConfig {
     /// ```
     pub rate_limit_per_second: u32,
     /// GraphQL requests per second accepted with one API token (bursts of
-    /// the same size); more get 429 `RATE_LIMITED` with `Retry-After`.
-    /// Requests with a token are limited by this instead of the per-address
-    /// rate (0 = no limit).
+    /// the same size), in addition to the per-address rate; more get 429
+    /// `RATE_LIMITED` with `Retry-After` (0 = no limit).
     ///
     /// ```yaml
     /// rate_limit_per_token_per_second: 1000

@@ -543,9 +543,27 @@ async fn slow_bodies_time_out_and_connections_are_capped_per_client() {
     let dir = tempfile::tempdir().unwrap();
     let file = config(
         dir.path(),
-        "limits:\n  body_timeout_ms: 300\n  max_connections_per_client: 4\n",
+        "limits:\n  body_timeout_ms: 300\n  header_timeout_ms: 300\n  max_connections_per_client: 4\n",
     );
     let server = Server::start(&["--config", &file]);
+    // Headers that never end: the connection is closed.
+    let address = server.base.trim_start_matches("http://");
+    let mut headers = TcpStream::connect(address).unwrap();
+    headers
+        .write_all(b"POST /graphql HTTP/1.1\r\nhost: x\r\ncontent-type: appl")
+        .unwrap();
+    headers
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let start = Instant::now();
+    let mut rest = Vec::new();
+    let read = std::io::Read::read_to_end(&mut headers, &mut rest);
+    assert!(
+        read.is_ok() && start.elapsed() < Duration::from_secs(5),
+        "{read:?} after {:?}",
+        start.elapsed()
+    );
+
     let mut slow = stalled_client(&server.base);
     slow.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();

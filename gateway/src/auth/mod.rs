@@ -120,6 +120,10 @@ impl Authenticator {
                 scopes: scopes.clone(),
             });
         }
+        // Stored tokens have one shape; anything else needs no lookup.
+        if !tokens::well_formed(token) {
+            return Err(AuthError::Invalid);
+        }
         if let Some(cached) = self.cached(&hash) {
             return cached.ok_or(AuthError::Invalid);
         }

@@ -58,6 +58,23 @@ pub fn generate() -> NewToken {
     }
 }
 
+/// Whether `token` has the shape of a generated token:
+/// `cg_<16 hex digits>_<43 URL-safe base64 characters>`.
+pub fn well_formed(token: &str) -> bool {
+    let Some(rest) = token.strip_prefix(TOKEN_PREFIX) else {
+        return false;
+    };
+    let Some((id, secret)) = rest.split_once('_') else {
+        return false;
+    };
+    id.len() == 16
+        && id.bytes().all(|b| b.is_ascii_hexdigit())
+        && secret.len() == 43
+        && secret
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 /// `sha256:<hex>` of a token.
 pub fn hash(token: &str) -> String {
     let digest = Sha256::digest(token.as_bytes());
@@ -212,6 +229,9 @@ mod tests {
         assert_eq!(a.token.len(), 3 + 16 + 1 + 43);
         assert_eq!(a.hash, hash(&a.token));
         assert!(a.hash.starts_with("sha256:") && a.hash.len() == 7 + 64);
+        assert!(well_formed(&a.token));
+        assert!(!well_formed("cg_0000000000000000_short"));
+        assert!(!well_formed(&a.token[1..]));
         assert_eq!(
             hash("abc"),
             "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"

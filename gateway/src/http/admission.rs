@@ -1,6 +1,6 @@
 //! Admission control for GraphQL requests ("thick and thin pipe"): a cap on
-//! requests executing at once and a rate limit per API token or, for
-//! requests without one, per client address.
+//! requests executing at once, a rate limit per client address and one per
+//! API token.
 //!
 //! Both answer at once when exceeded (503 `OVERLOADED`, 429 `RATE_LIMITED`)
 //! instead of queueing: under overload a queue only adds latency to every
@@ -33,17 +33,6 @@ pub struct Admission {
     rate: Option<Arc<DefaultKeyedRateLimiter<IpAddr>>>,
     token_rate: Option<Arc<DefaultKeyedRateLimiter<Arc<str>>>>,
     clock: DefaultClock,
-}
-
-/// Who a request is rate limited as.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Client {
-    /// A request with an API token (its id or configured name).
-    Token(Arc<str>),
-    /// A request without a token, from this address.
-    Address(IpAddr),
-    /// Neither (not an IP socket): not rate limited.
-    Unknown,
 }
 
 /// Why a request was refused.
@@ -87,17 +76,30 @@ impl Admission {
         }
     }
 
-    /// Admits a request from `client` or says why not.
-    pub fn admit(&self, client: &Client) -> Result<Permit, Rejection> {
-        let limited = match (client, &self.rate, &self.token_rate) {
-            (Client::Address(address), Some(rate), _) => rate.check_key(address).err(),
-            (Client::Token(token), _, Some(rate)) => rate.check_key(token).err(),
-            _ => None,
-        };
-        if let Some(not_until) = limited {
-            return Err(Rejection::RateLimited {
-                retry_after: not_until.wait_time_from(self.clock.now()),
-            });
+    /// Applies the per-address rate to a request from `address`. Every
+    /// request is counted, before it is authenticated, so that clients
+    /// sending invalid tokens are slowed down too.
+    pub fn limit_address(&self, address: Option<IpAddr>) -> Result<(), Rejection> {
+        match (&self.rate, address) {
+            (Some(rate), Some(address)) => {
+                rate.check_key(&address)
+                    .map_err(|not_until| Rejection::RateLimited {
+                        retry_after: not_until.wait_time_from(self.clock.now()),
+                    })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Admits an authenticated request: the per-token rate for requests
+    /// with a token, then the concurrency limit.
+    pub fn admit(&self, token: Option<&Arc<str>>) -> Result<Permit, Rejection> {
+        if let (Some(rate), Some(token)) = (&self.token_rate, token) {
+            if let Err(not_until) = rate.check_key(token) {
+                return Err(Rejection::RateLimited {
+                    retry_after: not_until.wait_time_from(self.clock.now()),
+                });
+            }
         }
         let slot = match &self.concurrency {
             None => None,
@@ -142,51 +144,49 @@ mod tests {
     #[test]
     fn a_busy_gateway_refuses_at_once_and_recovers() {
         let admission = Admission::new(&limits(1, 0));
-        let first = admission.admit(&Client::Unknown).expect("first admitted");
-        assert_eq!(
-            admission.admit(&Client::Unknown).err(),
-            Some(Rejection::Overloaded)
-        );
+        let first = admission.admit(None).expect("first admitted");
+        assert_eq!(admission.admit(None).err(), Some(Rejection::Overloaded));
         drop(first);
-        assert!(admission.admit(&Client::Unknown).is_ok());
+        assert!(admission.admit(None).is_ok());
     }
 
     #[test]
     fn the_rate_is_per_client() {
         let admission = Admission::new(&limits(0, 2));
-        let a = Client::Address("10.0.0.1".parse().unwrap());
-        let b = Client::Address("10.0.0.2".parse().unwrap());
-        assert!(admission.admit(&a).is_ok());
-        assert!(admission.admit(&a).is_ok());
-        match admission.admit(&a) {
+        let a = Some("10.0.0.1".parse().unwrap());
+        let b = Some("10.0.0.2".parse().unwrap());
+        assert!(admission.limit_address(a).is_ok());
+        assert!(admission.limit_address(a).is_ok());
+        match admission.limit_address(a) {
             Err(Rejection::RateLimited { retry_after }) => {
                 assert!(retry_after <= Duration::from_secs(1))
             }
             other => panic!("expected a rate limit, got {:?}", other.err()),
         }
-        assert!(admission.admit(&b).is_ok());
+        assert!(admission.limit_address(b).is_ok());
     }
 
     #[test]
     fn the_rate_is_per_token_whatever_the_address() {
         let admission = Admission::new(&limits(0, 1));
-        let token = Client::Token(Arc::from("t1"));
-        assert!(admission.admit(&token).is_ok());
+        let token: Arc<str> = Arc::from("t1");
+        assert!(admission.admit(Some(&token)).is_ok());
         assert!(matches!(
-            admission.admit(&token),
+            admission.admit(Some(&token)),
             Err(Rejection::RateLimited { .. })
         ));
-        assert!(admission.admit(&Client::Token(Arc::from("t2"))).is_ok());
-        assert!(admission
-            .admit(&Client::Address("10.0.0.1".parse().unwrap()))
-            .is_ok());
+        assert!(admission.admit(Some(&Arc::from("t2"))).is_ok());
+        assert!(admission.admit(None).is_ok());
     }
 
     #[test]
     fn zero_turns_the_limits_off() {
         let admission = Admission::new(&limits(0, 0));
         let permits: Vec<_> = (0..1000)
-            .map(|_| admission.admit(&Client::Address(IpAddr::from([10, 0, 0, 1]))))
+            .map(|_| {
+                admission.limit_address(Some(IpAddr::from([10, 0, 0, 1])))?;
+                admission.admit(Some(&Arc::from("t")))
+            })
             .collect();
         assert!(permits.iter().all(Result::is_ok));
     }

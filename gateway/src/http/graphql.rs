@@ -13,10 +13,11 @@
 //!    `extensions` are absent, null or of the right type (400); a GET takes
 //!    the same from its URL, `variables` and `extensions` as JSON text; the
 //!    whole body must arrive within `limits.body_timeout_ms` (408);
-//! 3. **authentication** (`Authorization: Bearer`, `auth/`): 401
-//!    `UNAUTHENTICATED`; then **admission** (rate per token or address and
-//!    concurrency limits, `admission.rs`): 429, 503. Both come after the
-//!    body, so a client stalling mid-body holds no permit;
+//! 3. the **rate per client address** (429), **authentication**
+//!    (`Authorization: Bearer`, `auth/`: 401 `UNAUTHENTICATED`), then
+//!    **admission** (rate per token, concurrency: `admission.rs`, 429,
+//!    503). All come after the body, so a client stalling mid-body holds
+//!    no permit;
 //! 4. **document parsing**: a syntax error is a request error
 //!    (`GRAPHQL_PARSE_FAILED`); over GET, only queries run (405 with
 //!    `Allow: POST` otherwise), since GETs must be safe to repeat and cache;
@@ -42,7 +43,7 @@ use poem::web::Data;
 use poem::{handler, Body, Request, Response};
 use serde_json::{json, Map, Value};
 
-use super::admission::{Client, Rejection};
+use super::admission::Rejection;
 use super::metrics::Outcome;
 use super::Gateway;
 use crate::auth::AuthError;
@@ -180,17 +181,17 @@ async fn respond(
             }
         }
     };
+    let address = request.remote_addr().as_socket_addr().map(|a| a.ip());
+    gateway.admission.limit_address(address).map_err(rejected)?;
     let principal = gateway
         .auth
         .authenticate(request.header(header::AUTHORIZATION))
         .await
         .map_err(unauthenticated)?;
-    let client = match (&principal.token, request.remote_addr().as_socket_addr()) {
-        (Some(token), _) => Client::Token(token.clone()),
-        (None, Some(address)) => Client::Address(address.ip()),
-        (None, None) => Client::Unknown,
-    };
-    let _permit = gateway.admission.admit(&client).map_err(rejected)?;
+    let _permit = gateway
+        .admission
+        .admit(principal.token.as_ref())
+        .map_err(rejected)?;
 
     *operation = params.operation_name.clone();
     let is_get = request.method() == poem::http::Method::GET;
