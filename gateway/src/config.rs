@@ -665,3 +665,27 @@ impl StorageConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auth_is_on_by_default_off_loopback_only() {
+        let auto = AuthConfig::default();
+        assert!(!auto.enabled_for(DEFAULT_LISTEN));
+        assert!(!auto.enabled_for("[::1]:8080".parse().unwrap()));
+        assert!(auto.enabled_for("0.0.0.0:8080".parse().unwrap()));
+        assert!(auto.enabled_for("10.1.2.3:8080".parse().unwrap()));
+        let off = AuthConfig {
+            enabled: Some(false),
+            ..AuthConfig::default()
+        };
+        assert!(!off.enabled_for("0.0.0.0:8080".parse().unwrap()));
+        let on = AuthConfig {
+            enabled: Some(true),
+            ..AuthConfig::default()
+        };
+        assert!(on.enabled_for(DEFAULT_LISTEN));
+    }
+}

@@ -661,3 +661,35 @@ async fn requests_past_the_deadline_are_cancelled_with_timeout() {
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{answer}");
     assert_eq!(code(&answer), "TIMEOUT", "{answer}");
 }
+
+#[tokio::test]
+async fn introspection_and_the_pages_can_be_turned_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = config(
+        dir.path(),
+        "auth:\n  introspection: false\n  playground: false\n",
+    );
+    let server = Server::start(&["--config", &file]);
+    let (status, answer) = post(&server, None, "{ __schema { queryType { name } } }").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    assert_eq!(code(&answer), "FORBIDDEN", "{answer}");
+    let (status, answer) = post(&server, None, "{ datastores { name } }").await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    for page in ["/", "/ui/", "/playground/index.html"] {
+        let response = client().get(server.url(page)).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND, "{page}");
+    }
+}
+
+#[tokio::test]
+async fn introspection_needs_a_token_when_auth_is_on() {
+    let (yaml, secrets) = config_tokens(&[("reader", &["payments:read"])]);
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&["--config", &config(dir.path(), &yaml)]);
+    let query = "{ __schema { queryType { name } } }";
+    let (status, _) = post(&server, None, query).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, answer) = post(&server, Some(&secrets[0]), query).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["data"]["__schema"]["queryType"]["name"], "Query");
+}
