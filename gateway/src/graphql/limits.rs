@@ -276,8 +276,8 @@ struct Measure {
 }
 
 /// Most selections visited while measuring, so that measuring stays cheap
-/// whatever the document: past it the cost found so far is reported as a
-/// lower bound.
+/// whatever the document: past it the operation is refused, with the cost
+/// found so far as a lower bound.
 const MAX_VISITS: usize = 100_000;
 
 /// Largest multiplier of one list field: no field returns more than 1000
@@ -312,7 +312,14 @@ fn measure(
     );
     match walked {
         Err(Stop::Exceeded(exceeded)) => return Err(exceeded),
-        Err(Stop::TooLong) | Ok(()) => {}
+        // Nothing legitimate selects this much; the cost so far is a lower
+        // bound, reported as such.
+        Err(Stop::TooLong) => {
+            return Err(Exceeded::Complexity {
+                cost: count.cost.max((limits.complexity as u64).saturating_add(1)),
+            })
+        }
+        Ok(()) => {}
     }
     if count.cost > limits.complexity as u64 {
         return Err(Exceeded::Complexity { cost: count.cost });
@@ -656,6 +663,20 @@ mod tests {
             check(&document, Some("Run"), TIGHT, &Variables::default()),
             Err(Exceeded::FragmentSpreads)
         );
+    }
+
+    #[test]
+    fn huge_documents_stop_at_the_visit_bound() {
+        let fields = "__typename ".repeat(MAX_VISITS + 1);
+        let query = format!("{{ {fields} }}");
+        let unbounded = GraphqlLimits {
+            complexity: usize::MAX,
+            ..GraphqlLimits::default()
+        };
+        assert!(matches!(
+            measured(&query, unbounded),
+            Err(Exceeded::Complexity { .. })
+        ));
     }
 
     #[test]
