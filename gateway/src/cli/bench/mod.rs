@@ -231,7 +231,8 @@ pub struct BenchArgs {
     /// statement probe are left out. Figures its `/metrics` lacks are shown
     /// as `—`. Give it no rate or concurrency limit
     /// (`limits.rate_limit_per_second: 0`, `limits.max_concurrent_requests:
-    /// 0`), or refused requests count as errors.
+    /// 0`, `limits.max_connections_per_client: 0`), or refused requests
+    /// count as errors.
     #[arg(
         long,
         value_name = "URL",
