@@ -3,14 +3,17 @@
 //! | route | what |
 //! |---|---|
 //! | `POST /graphql`, `GET /graphql` | GraphQL over HTTP (`graphql.rs`) |
-//! | `GET /`, `GET /playground/*` | the GraphiQL playground (`assets.rs`) |
-//! | `GET /ui/` | the web explorer (`assets.rs`) |
+//! | `OPTIONS /graphql` | CORS preflight (`cors.rs`, which wraps the route) |
+//! | `GET /`, `GET /playground/*` | the GraphiQL playground (`assets.rs`; `auth.playground`) |
+//! | `GET /ui/` | the web explorer (`assets.rs`; `auth.playground`) |
 //! | `GET /healthz`, `GET /readyz` | liveness and readiness (`health.rs`) |
-//! | `GET /metrics` | Prometheus metrics (`metrics.rs`) |
+//! | `GET /metrics` | Prometheus metrics (`metrics.rs`; a `*` token with auth on) |
 //!
-//! Admission control (`admission.rs`) applies to `/graphql` only: health
-//! probes and metric scrapes must keep answering while the gateway sheds
-//! load. Every request is logged once, with its method, path, status and
+//! Connections are accepted by `server.rs` (header timeout, connections
+//! per address, shutdown grace). Authentication and admission control
+//! (`admission.rs`) apply to `/graphql` (and authentication to
+//! `/metrics`): health probes and metric scrapes must keep answering while
+//! the gateway sheds load. Every request is logged once, with its method, path, status and
 //! latency, by [`log_requests`].
 //!
 //! The GraphQL handler is written here rather than taken from
