@@ -700,3 +700,63 @@ async fn introspection_needs_a_token_when_auth_is_on() {
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(answer["data"]["__schema"]["queryType"]["name"], "Query");
 }
+
+/// Starts `cellgate serve --listen 0.0.0.0:0 ARGS` and returns it with
+/// the port it chose.
+fn serve_on_every_address(dir: &Path, args: &[&str]) -> (std::process::Child, u16) {
+    use std::io::BufRead as _;
+    let mut child = cellgate(dir)
+        .arg("serve")
+        .args(["--listen", "0.0.0.0:0"])
+        .args(["--data", dir.join("data").to_str().unwrap()])
+        .args(["--datastores", root().join("datastores").to_str().unwrap()])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut port = 0;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("cellgate listening on http://") {
+            let address = rest.split_whitespace().next().unwrap();
+            port = address.rsplit(':').next().unwrap().parse().unwrap();
+            break;
+        }
+    }
+    assert!(port > 0, "no listening line");
+    (child, port)
+}
+
+#[tokio::test]
+async fn auth_is_on_off_loopback_and_turning_it_off_warns() {
+    let query = json!({"query": "{ __typename }"});
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, port) = serve_on_every_address(dir.path(), &[]);
+    let response = client()
+        .post(format!("http://127.0.0.1:{port}/graphql"))
+        .json(&query)
+        .send()
+        .await
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+
+    let (mut child, port) = serve_on_every_address(dir.path(), &["--auth", "off"]);
+    let response = client()
+        .post(format!("http://127.0.0.1:{port}/graphql"))
+        .json(&query)
+        .send()
+        .await
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(response.status(), StatusCode::OK);
+    let stderr = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert!(
+        stderr.contains("WARNING: authentication is OFF"),
+        "{stderr}"
+    );
+}
