@@ -95,6 +95,136 @@ pub struct Config {
     ///   operations: [TripsByDriver]
     /// ```
     pub metrics: MetricsConfig,
+    /// API tokens and what anonymous clients may see; see [`AuthConfig`].
+    ///
+    /// ```yaml
+    /// auth:
+    ///   enabled: true
+    /// ```
+    pub auth: AuthConfig,
+    /// Cross-origin requests from browsers; see [`CorsConfig`].
+    ///
+    /// ```yaml
+    /// cors:
+    ///   allowed_origins: ["https://app.example.com"]
+    /// ```
+    pub cors: CorsConfig,
+}
+
+/// Authentication with API tokens (`Authorization: Bearer <token>`).
+/// Tokens are made with `cellgate token create` and stored hashed in the
+/// first cluster, or listed here by their hash.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Whether requests need a token. Unset (the default): on when the
+    /// gateway listens on a non-loopback address, off on 127.0.0.1/::1.
+    /// `cellgate serve --auth on|off` overrides it.
+    ///
+    /// ```yaml
+    /// enabled: true
+    /// ```
+    pub enabled: Option<bool>,
+    /// Tokens given by their hash (`cellgate token create --no-store`
+    /// prints one), for deployments configured from a repository.
+    ///
+    /// ```yaml
+    /// tokens:
+    ///   - name: dashboards
+    ///     hash: "sha256:6b3a55e0261b0304143f805a24924d0c1c44524821305f31d9277843b8a10f4e"
+    ///     scopes: ["trips:read", "payments:read"]
+    /// ```
+    pub tokens: Vec<ConfigToken>,
+    /// Whether `GET /metrics` needs a token with a `*` scope (metrics
+    /// name every datastore) when auth is on.
+    ///
+    /// ```yaml
+    /// protect_metrics: true
+    /// ```
+    pub protect_metrics: bool,
+    /// Whether introspection (`__schema`, `__type`) is answered. With auth
+    /// on it needs a valid token of any scope.
+    ///
+    /// ```yaml
+    /// introspection: true
+    /// ```
+    pub introspection: bool,
+    /// Whether the GraphiQL playground (`/`) and the explorer (`/ui/`) are
+    /// served.
+    ///
+    /// ```yaml
+    /// playground: true
+    /// ```
+    pub playground: bool,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            enabled: None,
+            tokens: Vec::new(),
+            protect_metrics: true,
+            introspection: true,
+            playground: true,
+        }
+    }
+}
+
+impl AuthConfig {
+    /// Whether auth is on for a gateway listening on `listen`.
+    pub fn enabled_for(&self, listen: SocketAddr) -> bool {
+        self.enabled.unwrap_or(!listen.ip().is_loopback())
+    }
+}
+
+/// A token given by its hash in the configuration.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigToken {
+    /// A name for logs and metrics.
+    pub name: String,
+    /// `sha256:<64 hex digits>` of the token.
+    pub hash: String,
+    /// Scopes such as `trips:read`, `payments:write`, `*:admin`.
+    pub scopes: Vec<String>,
+}
+
+/// Cross-origin resource sharing for `/graphql`. No origin is allowed by
+/// default: browsers then refuse pages of other origins to read answers.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CorsConfig {
+    /// Origins whose pages may call the API, exactly as browsers send them
+    /// (`https://app.example.com`), or `"*"` for any.
+    ///
+    /// ```yaml
+    /// allowed_origins: ["https://app.example.com"]
+    /// ```
+    pub allowed_origins: Vec<String>,
+    /// Whether browsers may send credentials (cookies, HTTP auth) with
+    /// cross-origin requests. Tokens in `Authorization` do not need it. Not
+    /// allowed together with `"*"`, which the CORS spec forbids.
+    ///
+    /// ```yaml
+    /// allow_credentials: false
+    /// ```
+    pub allow_credentials: bool,
+    /// How long browsers may cache a preflight answer, in seconds.
+    ///
+    /// ```yaml
+    /// max_age_seconds: 600
+    /// ```
+    pub max_age_seconds: u32,
+}
+
+impl Default for CorsConfig {
+    fn default() -> Self {
+        CorsConfig {
+            allowed_origins: Vec::new(),
+            allow_credentials: false,
+            max_age_seconds: 600,
+        }
+    }
 }
 
 /// Index maintenance: several gateways on one store share the work through
@@ -179,6 +309,8 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             indexes: IndexesConfig::default(),
             metrics: MetricsConfig::default(),
+            auth: AuthConfig::default(),
+            cors: CorsConfig::default(),
         }
     }
 }
@@ -218,12 +350,82 @@ pub struct LimitsConfig {
     /// max_depth: 12
     /// ```
     pub max_depth: usize,
-    /// Largest GraphQL query complexity (each selected field counts 1).
+    /// Largest GraphQL query cost. Each selected field costs 1, and what
+    /// a list field selects is multiplied by how many items it may return:
+    /// its `first` or `limit` argument (or default), or the number of
+    /// `rowKeys` of `rows`.
     ///
     /// ```yaml
-    /// max_complexity: 2000
+    /// max_complexity: 25000
     /// ```
     pub max_complexity: usize,
+    /// Most aliased fields in one operation.
+    ///
+    /// ```yaml
+    /// max_aliases: 32
+    /// ```
+    pub max_aliases: usize,
+    /// Most fragment spreads expanded in one operation (each spread counts
+    /// every time it is expanded), checked before validation.
+    ///
+    /// ```yaml
+    /// max_fragment_spreads: 500
+    /// ```
+    pub max_fragment_spreads: usize,
+    /// Longest `filter` string of an index query, in bytes.
+    ///
+    /// ```yaml
+    /// max_filter_bytes: 4096
+    /// ```
+    pub max_filter_bytes: usize,
+    /// Most comparisons in one `filter` string.
+    ///
+    /// ```yaml
+    /// max_filter_terms: 64
+    /// ```
+    pub max_filter_terms: usize,
+    /// Most values in one `in` list of an index query's `where`.
+    ///
+    /// ```yaml
+    /// max_in_values: 1000
+    /// ```
+    pub max_in_values: usize,
+    /// Longest time, in milliseconds, a GraphQL request may execute; then
+    /// its work is cancelled and it is answered 504 `TIMEOUT`.
+    ///
+    /// ```yaml
+    /// request_timeout_ms: 30000
+    /// ```
+    pub request_timeout_ms: u64,
+    /// Longest time, in milliseconds, a client may take to send the
+    /// headers of a request; then the connection is closed.
+    ///
+    /// ```yaml
+    /// header_timeout_ms: 10000
+    /// ```
+    pub header_timeout_ms: u64,
+    /// Longest time, in milliseconds, a client may take to send a request
+    /// body; then it is answered 408 `BODY_TIMEOUT`. Bodies are read
+    /// before a request takes one of `max_concurrent_requests`.
+    ///
+    /// ```yaml
+    /// body_timeout_ms: 10000
+    /// ```
+    pub body_timeout_ms: u64,
+    /// Open connections accepted from one client IP address; more are
+    /// closed at once (0 = no limit).
+    ///
+    /// ```yaml
+    /// max_connections_per_client: 256
+    /// ```
+    pub max_connections_per_client: usize,
+    /// After SIGTERM or Ctrl-C, how long, in milliseconds, requests in
+    /// flight may finish before the process exits anyway.
+    ///
+    /// ```yaml
+    /// shutdown_grace_ms: 10000
+    /// ```
+    pub shutdown_grace_ms: u64,
     /// GraphQL requests executed at once; one more gets 503 `OVERLOADED`
     /// immediately (0 = no limit).
     ///
@@ -239,6 +441,14 @@ pub struct LimitsConfig {
     /// rate_limit_per_second: 1000
     /// ```
     pub rate_limit_per_second: u32,
+    /// GraphQL requests per second accepted with one API token (bursts of
+    /// the same size), in addition to the per-address rate; more get 429
+    /// `RATE_LIMITED` with `Retry-After` (0 = no limit).
+    ///
+    /// ```yaml
+    /// rate_limit_per_token_per_second: 1000
+    /// ```
+    pub rate_limit_per_token_per_second: u32,
 }
 
 impl Default for LimitsConfig {
@@ -248,8 +458,19 @@ impl Default for LimitsConfig {
             max_body_bytes: 1024 * 1024,
             max_depth: graphql.depth,
             max_complexity: graphql.complexity,
+            max_aliases: graphql.aliases,
+            max_fragment_spreads: graphql.fragment_spreads,
+            max_filter_bytes: graphql.filter_bytes,
+            max_filter_terms: graphql.filter_terms,
+            max_in_values: graphql.in_values,
+            request_timeout_ms: 30_000,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 10_000,
+            max_connections_per_client: 256,
+            shutdown_grace_ms: 10_000,
             max_concurrent_requests: 256,
             rate_limit_per_second: 1000,
+            rate_limit_per_token_per_second: 1000,
         }
     }
 }
@@ -260,6 +481,11 @@ impl LimitsConfig {
         GraphqlLimits {
             depth: self.max_depth,
             complexity: self.max_complexity,
+            aliases: self.max_aliases,
+            fragment_spreads: self.max_fragment_spreads,
+            filter_bytes: self.max_filter_bytes,
+            filter_terms: self.max_filter_terms,
+            in_values: self.max_in_values,
         }
     }
 }
@@ -437,5 +663,29 @@ impl StorageConfig {
             }],
             ..StorageConfig::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auth_is_on_by_default_off_loopback_only() {
+        let auto = AuthConfig::default();
+        assert!(!auto.enabled_for(DEFAULT_LISTEN));
+        assert!(!auto.enabled_for("[::1]:8080".parse().unwrap()));
+        assert!(auto.enabled_for("0.0.0.0:8080".parse().unwrap()));
+        assert!(auto.enabled_for("10.1.2.3:8080".parse().unwrap()));
+        let off = AuthConfig {
+            enabled: Some(false),
+            ..AuthConfig::default()
+        };
+        assert!(!off.enabled_for("0.0.0.0:8080".parse().unwrap()));
+        let on = AuthConfig {
+            enabled: Some(true),
+            ..AuthConfig::default()
+        };
+        assert!(on.enabled_for(DEFAULT_LISTEN));
     }
 }

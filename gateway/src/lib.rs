@@ -5,6 +5,7 @@
 //! definitions and a [`config::StorageConfig`], then put and read cells,
 //! read a shard's log, and query indexes. The `cellgate` binary wraps it.
 
+pub mod auth;
 mod catalog;
 pub mod cells;
 pub mod cli;

@@ -305,6 +305,16 @@ impl Store {
             .collect()
     }
 
+    /// The master of the first cluster, which holds the API tokens.
+    pub fn tokens_backend(&self) -> Result<Arc<dyn crate::storage::Backend>> {
+        match self.topology_ref().clusters.first() {
+            Some(cluster) => cluster.master().cloned(),
+            None => Err(Error::Config(
+                "no storage cluster is configured".to_string(),
+            )),
+        }
+    }
+
     /// Checks every master answers and is prepared.
     pub async fn ping(&self) -> Result<()> {
         for cluster in &self.topology_ref().clusters {

@@ -262,6 +262,7 @@ async fn migrate_creates_one_table_set_whatever_the_shard_count() {
         [
             "cellgate_catalog",
             "cellgate_leases",
+            "cellgate_tokens",
             "sqlite_sequence",
             "t_buffer",
             "t_cells",

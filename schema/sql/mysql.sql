@@ -19,6 +19,17 @@ CREATE TABLE IF NOT EXISTS `cellgate_leases` (
   PRIMARY KEY (`name`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
+CREATE TABLE IF NOT EXISTS `cellgate_tokens` (
+  `id` VARBINARY(512) NOT NULL,
+  `token_hash` VARBINARY(512) NOT NULL,
+  `name` LONGTEXT NOT NULL,
+  `scopes` LONGTEXT NOT NULL,
+  `created_at` DATETIME(6) NOT NULL,
+  `revoked_at` DATETIME(6),
+  PRIMARY KEY (`id`),
+  UNIQUE KEY `hash` (`token_hash`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
 -- datastore `payments`: 256 logical shards
 
 CREATE TABLE IF NOT EXISTS `payments_cells` (

@@ -19,6 +19,18 @@ CREATE TABLE IF NOT EXISTS "cellgate_leases" (
   PRIMARY KEY ("name")
 );
 
+CREATE TABLE IF NOT EXISTS "cellgate_tokens" (
+  "id" TEXT COLLATE "C" NOT NULL,
+  "token_hash" TEXT COLLATE "C" NOT NULL,
+  "name" TEXT NOT NULL,
+  "scopes" TEXT NOT NULL,
+  "created_at" TIMESTAMPTZ NOT NULL,
+  "revoked_at" TIMESTAMPTZ,
+  PRIMARY KEY ("id")
+);
+
+CREATE UNIQUE INDEX IF NOT EXISTS "cellgate_tokens_hash" ON "cellgate_tokens" ("token_hash");
+
 -- datastore `payments`: 256 logical shards
 
 CREATE TABLE IF NOT EXISTS "payments_cells" (

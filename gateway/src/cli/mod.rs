@@ -21,6 +21,7 @@ mod migrate;
 mod schema;
 mod serve;
 mod store_args;
+mod token;
 mod upgrade;
 
 use std::io::IsTerminal as _;
@@ -38,6 +39,7 @@ pub use index::IndexArgs;
 pub use migrate::MigrateArgs;
 pub use schema::SchemaArgs;
 pub use serve::ServeArgs;
+pub use token::TokenArgs;
 
 /// Default directory of the datastore and index definitions.
 pub const DEFAULT_DATASTORES: &str = "./datastores";
@@ -100,6 +102,12 @@ pub enum Command {
     /// `/metrics` until Ctrl-C or SIGTERM. Settings come from the flags,
     /// then `--config FILE`, then the defaults.
     Serve(ServeArgs),
+    /// Manage API tokens (`create`, `list`, `revoke`).
+    ///
+    /// Tokens are sent as `Authorization: Bearer <token>` and carry scopes
+    /// per datastore: `<datastore>:read|write|admin`, `*` for every one.
+    /// Only a hash of each token is stored, in the first cluster.
+    Token(TokenArgs),
     /// Measure loading, cold start, queries, writes and index maintenance.
     ///
     /// On an empty store (a temporary SQLite store, `--data DIR`, or
@@ -130,6 +138,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Migrate(args) => migrate::run(args).await,
         Command::Index(args) => index::run(args).await,
         Command::Serve(args) => serve::run(args).await,
+        Command::Token(args) => token::run(args).await,
         Command::Bench(args) => bench::run(args).await,
     }
 }

@@ -67,10 +67,24 @@ pub struct ServeArgs {
     )]
     pub demo: bool,
 
+    /// Whether requests need an API token (`Authorization: Bearer …`):
+    /// `on`, `off`, or `auto` (on unless listening on a loopback address).
+    /// [default: auth.enabled of the configuration, else auto]
+    #[arg(long, value_name = "on|off|auto", env = "CELLGATE_AUTH")]
+    pub auth: Option<AuthMode>,
+
     /// Configuration file (`cellgate.yaml`; see `cellgate.example.yaml`).
     /// Flags and their environment variables override its values.
     #[arg(long, value_name = "FILE", env = "CELLGATE_CONFIG")]
     pub config: Option<PathBuf>,
+}
+
+/// `--auth`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthMode {
+    On,
+    Off,
+    Auto,
 }
 
 /// The file's configuration with the flags applied.
@@ -87,6 +101,12 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     }
     if let Some(datastores) = &args.datastores {
         config.datastores = datastores.clone();
+    }
+    match args.auth {
+        Some(AuthMode::On) => config.auth.enabled = Some(true),
+        Some(AuthMode::Off) => config.auth.enabled = Some(false),
+        Some(AuthMode::Auto) => config.auth.enabled = None,
+        None => {}
     }
     let file_storage = std::mem::take(&mut config.storage);
     config.storage = if let Some(url) = &args.database {
@@ -149,8 +169,24 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let address = listener
         .local_addr()
         .context("cannot read the bound address")?;
-    let gateway = Arc::new(Gateway::new(store.clone(), schema, &config));
-    let shutdown = shutdown_signal()?;
+    let gateway =
+        Gateway::new(store.clone(), schema, &config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !gateway.auth_enabled() && !address.ip().is_loopback() {
+        eprintln!(
+            "WARNING: authentication is OFF while listening on {address}: anyone who can reach \
+             this address can read and write every datastore. Use --auth on (or remove \
+             auth.enabled: false) outside local development."
+        );
+        tracing::warn!(%address, "authentication is off on a non-loopback address");
+    }
+    let gateway = Arc::new(gateway);
+    let grace = std::time::Duration::from_millis(config.limits.shutdown_grace_ms);
+    let shutdown = shutdown_signal(grace)?;
+    let options = crate::http::ServerOptions {
+        header_timeout: std::time::Duration::from_millis(config.limits.header_timeout_ms.max(1)),
+        max_connections_per_client: config.limits.max_connections_per_client,
+        shutdown_grace: grace,
+    };
 
     println!("cellgate listening on http://{address} — GraphQL playground at http://{address}/");
     std::io::stdout()
@@ -158,7 +194,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .context("cannot write to stdout")?;
     tracing::info!(%address, "serving");
 
-    let served = crate::http::serve(listener, gateway, shutdown).await;
+    let served = crate::http::serve(listener, gateway, shutdown, options).await;
     // Leases released now let other gateways take the shards over at once.
     store.shutdown(std::time::Duration::from_secs(5)).await;
     served.context("the HTTP server failed")?;
@@ -169,7 +205,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 /// A future that resolves on Ctrl-C or SIGTERM. The handlers are installed
 /// now, not when the future is first polled, so a signal sent right after
 /// the listening line is printed is not lost (it would kill the process).
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+///
+/// The signal also starts a watchdog on a thread of its own: if the
+/// process has not exited `grace` plus a few seconds later (requests that
+/// do not yield, a runtime whose workers are all busy, index workers that
+/// do not stop), it exits anyway, so SIGTERM is honoured under any load.
+fn shutdown_signal(
+    grace: std::time::Duration,
+) -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     let (mut interrupt, mut terminate) = {
         use tokio::signal::unix::{signal, SignalKind};
@@ -187,6 +230,12 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
         #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
         tracing::info!("shutting down: finishing requests in flight");
+        let deadline = grace + std::time::Duration::from_secs(7);
+        std::thread::spawn(move || {
+            std::thread::sleep(deadline);
+            eprintln!("cellgate: still running {deadline:?} after the shutdown signal; exiting");
+            std::process::exit(1);
+        });
     })
 }
 
@@ -201,6 +250,7 @@ mod tests {
             datastores: None,
             database: None,
             demo: false,
+            auth: None,
             config,
         }
     }

@@ -20,23 +20,31 @@
 //! - introspection repeated under many aliases: at most
 //!   [`MAX_INTROSPECTION_FIELDS`] fields, twice the largest standard query.
 //!
-//! The check is an async-graphql extension that runs right after parsing,
-//! before validation, on the operation the request selects, with each
-//! fragment counted where it is spread (as async-graphql counts). Counting
-//! stops as soon as a bound is passed, so a document whose nested fragment
-//! spreads expand exponentially costs no more than the limit; unknown
-//! fragments and fragment cycles are skipped here and refused by
-//! validation.
+//! User fields cost 1 each, multiplied by the page sizes of the list
+//! fields above them (`first`, `limit`, the number of `rowKeys`, or a
+//! default page), so aliases × `first: 1000` × `row` fan-out is seen; the
+//! number of aliases is capped too. Refusals carry `extensions.limit`,
+//! `extensions.limitName` and, for the cost, `extensions.cost`.
+//!
+//! The check is an async-graphql extension that runs when the request is
+//! prepared, before async-graphql's parse step (whose recursion check
+//! walks every fragment spread) and validation, with each fragment
+//! counted where it is spread (as async-graphql counts). Every expansion
+//! of a spread counts toward `max_fragment_spreads` and fragment cycles
+//! are refused, so a document whose fragments spread each other
+//! exponentially is refused after a few hundred steps; unknown fragments
+//! are skipped here and refused by validation.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextParseQuery, NextPrepareRequest,
 };
 use async_graphql::parser::types::{
-    DocumentOperations, ExecutableDocument, OperationDefinition, Selection, SelectionSet,
+    DocumentOperations, ExecutableDocument, Field, OperationDefinition, Selection, SelectionSet,
 };
 use async_graphql::{ErrorExtensionValues, Name, ServerError, ServerResult, Variables};
+use async_graphql_value::{ConstValue, Value};
 
 use super::GraphqlLimits;
 
@@ -57,30 +65,34 @@ pub struct QueryLimits(pub GraphqlLimits);
 
 impl ExtensionFactory for QueryLimits {
     fn create(&self) -> Arc<dyn Extension> {
-        Arc::new(LimitCheck {
-            limits: self.0,
-            operation: Mutex::new(None),
-        })
+        Arc::new(LimitCheck { limits: self.0 })
     }
 }
 
 /// The check of one request.
 struct LimitCheck {
     limits: GraphqlLimits,
-    /// The operation name the request asked for, kept from
-    /// `prepare_request` for `parse_query`, which is not told.
-    operation: Mutex<Option<String>>,
 }
 
 #[async_trait::async_trait]
 impl Extension for LimitCheck {
+    /// Checks the limits before async-graphql's own parse step, which
+    /// walks every fragment spread of every operation (its recursion and
+    /// directive checks) and so would expand a fragment bomb before any
+    /// later hook ran.
     async fn prepare_request(
         &self,
         ctx: &ExtensionContext<'_>,
-        request: async_graphql::Request,
+        mut request: async_graphql::Request,
         next: NextPrepareRequest<'_>,
     ) -> ServerResult<async_graphql::Request> {
-        *self.operation.lock().unwrap_or_else(|e| e.into_inner()) = request.operation_name.clone();
+        let name = request.operation_name.clone();
+        let variables = request.variables.clone();
+        // A document that does not parse is reported by the parse step.
+        if let Ok(document) = request.parsed_query() {
+            check(document, name.as_deref(), self.limits, &variables)
+                .map_err(|e| e.into_error(self.limits))?;
+        }
         next.run(ctx, request).await
     }
 
@@ -91,7 +103,7 @@ impl Extension for LimitCheck {
         variables: &Variables,
         next: NextParseQuery<'_>,
     ) -> ServerResult<ExecutableDocument> {
-        let document = next.run(ctx, query, variables).await.map_err(|error| {
+        next.run(ctx, query, variables).await.map_err(|error| {
             // async-graphql's own guard against deep recursion in the parser.
             if error
                 .message
@@ -101,17 +113,33 @@ impl Extension for LimitCheck {
             } else {
                 error
             }
-        })?;
-        let name = self
-            .operation
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        if let Some(operation) = selected_operation(&document, name.as_deref()) {
-            measure(&document, operation, self.limits).map_err(|e| e.into_error(self.limits))?;
-        }
-        Ok(document)
+        })
     }
+}
+
+/// Holds the operation the request selects to `limits`, and every other
+/// operation of the document to the bounds on fragment expansion (which
+/// async-graphql's parse step walks for all of them).
+fn check(
+    document: &ExecutableDocument,
+    name: Option<&str>,
+    limits: GraphqlLimits,
+    variables: &Variables,
+) -> Result<(), Exceeded> {
+    let selected = selected_operation(document, name);
+    let unbounded = GraphqlLimits {
+        depth: usize::MAX,
+        complexity: usize::MAX,
+        aliases: usize::MAX,
+        ..limits
+    };
+    for (_, operation) in document.operations.iter() {
+        let operation = &operation.node;
+        let is_selected = selected.is_some_and(|s| std::ptr::eq(s, operation));
+        let limits = if is_selected { limits } else { unbounded };
+        measure(document, operation, limits, variables)?;
+    }
+    Ok(())
 }
 
 /// The operation a request runs; `None` when the name is unknown or
@@ -136,40 +164,97 @@ fn selected_operation<'d>(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Exceeded {
     Depth,
-    Complexity,
+    /// The cost (exact, or a lower bound when counting stopped early).
+    Complexity {
+        cost: u64,
+    },
+    Aliases,
+    FragmentSpreads,
+    /// A fragment spreads itself, directly or through others.
+    FragmentCycle,
     IntrospectionLists,
     IntrospectionFields,
 }
 
 impl Exceeded {
     fn into_error(self, limits: GraphqlLimits) -> ServerError {
-        let (code, message) = match self {
+        let (code, message, limit, cost) = match self {
             Exceeded::Depth => (
                 "QUERY_TOO_DEEP",
                 format!(
                     "the query nests fields more than {} deep (introspection not counted)",
                     limits.depth
                 ),
+                limits.depth,
+                None,
             ),
-            Exceeded::Complexity => (
+            Exceeded::Complexity { cost } => (
                 "QUERY_TOO_COMPLEX",
                 format!(
-                    "the query selects more than {} fields (introspection not counted)",
+                    "the query costs {cost}, more than {}: each field costs 1 and list fields multiply what they select by their `first`, `limit` or number of `rowKeys` (introspection not counted)",
                     limits.complexity
                 ),
+                limits.complexity,
+                Some(cost),
+            ),
+            Exceeded::Aliases => (
+                "QUERY_TOO_COMPLEX",
+                format!("the query has more than {} aliases", limits.aliases),
+                limits.aliases,
+                None,
+            ),
+            Exceeded::FragmentSpreads => (
+                "QUERY_TOO_COMPLEX",
+                format!(
+                    "the query expands more than {} fragment spreads",
+                    limits.fragment_spreads
+                ),
+                limits.fragment_spreads,
+                None,
+            ),
+            Exceeded::FragmentCycle => (
+                "GRAPHQL_VALIDATION_FAILED",
+                "a fragment spreads itself, directly or through other fragments".to_string(),
+                0,
+                None,
             ),
             Exceeded::IntrospectionLists => (
                 "QUERY_TOO_DEEP",
                 format!(
                     "introspection nests `fields`, `inputFields`, `interfaces` or `possibleTypes` more than {MAX_INTROSPECTION_LISTS} deep"
                 ),
+                MAX_INTROSPECTION_LISTS,
+                None,
             ),
             Exceeded::IntrospectionFields => (
                 "QUERY_TOO_COMPLEX",
                 format!("introspection selects more than {MAX_INTROSPECTION_FIELDS} fields"),
+                MAX_INTROSPECTION_FIELDS,
+                None,
             ),
         };
-        coded(message, code)
+        let mut error = coded(message, code);
+        if let Some(extensions) = &mut error.extensions {
+            extensions.set("limit", limit as u64);
+            extensions.set("limitName", self.limit_name());
+            if let Some(cost) = cost {
+                extensions.set("cost", cost);
+            }
+        }
+        error
+    }
+
+    /// The name of the configuration option (without `max_`), camel-cased.
+    fn limit_name(self) -> &'static str {
+        match self {
+            Exceeded::Depth => "depth",
+            Exceeded::Complexity { .. } => "complexity",
+            Exceeded::Aliases => "aliases",
+            Exceeded::FragmentSpreads => "fragmentSpreads",
+            Exceeded::FragmentCycle => "fragmentCycle",
+            Exceeded::IntrospectionLists => "introspectionLists",
+            Exceeded::IntrospectionFields => "introspectionFields",
+        }
     }
 }
 
@@ -184,28 +269,63 @@ fn coded(message: String, code: &str) -> ServerError {
 /// What an operation within the limits selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Measure {
-    /// Fields outside introspection: the complexity.
-    fields: usize,
+    /// The cost of the fields outside introspection.
+    cost: u64,
     /// Fields under `__schema` and `__type`.
     introspection_fields: usize,
 }
+
+/// Most selections visited while measuring, so that measuring stays cheap
+/// whatever the document: past it the operation is refused, with the cost
+/// found so far as a lower bound.
+const MAX_VISITS: usize = 100_000;
+
+/// Largest multiplier of one list field: no field returns more than 1000
+/// items, and a larger argument is refused by its resolver with
+/// `LIMIT_EXCEEDED`, which says more than a cost would.
+const MAX_MULTIPLIER: u64 = 1000;
 
 /// Measures `operation` of `document`, or tells which limit it passes.
 fn measure(
     document: &ExecutableDocument,
     operation: &OperationDefinition,
     limits: GraphqlLimits,
+    variables: &Variables,
 ) -> Result<Measure, Exceeded> {
     let mut count = Count {
         document,
         limits,
+        variables,
         expanding: Vec::new(),
-        fields: 0,
+        cost: 0,
+        visits: 0,
+        aliases: 0,
+        spreads: 0,
         introspection_fields: 0,
     };
-    count.walk(&operation.selection_set.node, Level::User { depth: 0 })?;
+    let walked = count.walk(
+        &operation.selection_set.node,
+        Level::User {
+            depth: 0,
+            factor: 1,
+        },
+    );
+    match walked {
+        Err(Stop::Exceeded(exceeded)) => return Err(exceeded),
+        // Nothing legitimate selects this much; the cost so far is a lower
+        // bound, reported as such.
+        Err(Stop::TooLong) => {
+            return Err(Exceeded::Complexity {
+                cost: count.cost.max((limits.complexity as u64).saturating_add(1)),
+            })
+        }
+        Ok(()) => {}
+    }
+    if count.cost > limits.complexity as u64 {
+        return Err(Exceeded::Complexity { cost: count.cost });
+    }
     Ok(Measure {
-        fields: count.fields,
+        cost: count.cost,
         introspection_fields: count.introspection_fields,
     })
 }
@@ -213,64 +333,105 @@ fn measure(
 /// Where in the operation a selection set is.
 #[derive(Debug, Clone, Copy)]
 enum Level {
-    /// Outside introspection, `depth` fields deep.
-    User { depth: usize },
+    /// Outside introspection, `depth` fields deep; each field here costs
+    /// `factor` (the product of the multipliers of the lists above).
+    User { depth: usize, factor: u64 },
     /// Inside `__schema` or `__type`, under `lists` nested list fields.
     Introspection { lists: usize },
+}
+
+/// Why a walk stopped.
+enum Stop {
+    Exceeded(Exceeded),
+    /// [`MAX_VISITS`] reached: the cost so far is a lower bound.
+    TooLong,
+}
+
+impl From<Exceeded> for Stop {
+    fn from(exceeded: Exceeded) -> Stop {
+        Stop::Exceeded(exceeded)
+    }
 }
 
 struct Count<'d> {
     document: &'d ExecutableDocument,
     limits: GraphqlLimits,
+    variables: &'d Variables,
     /// Fragments being expanded, to step over cycles.
     expanding: Vec<&'d Name>,
-    /// Fields outside introspection: the complexity.
-    fields: usize,
+    /// The cost of the fields outside introspection.
+    cost: u64,
+    visits: usize,
+    aliases: usize,
+    spreads: usize,
     introspection_fields: usize,
 }
 
 impl<'d> Count<'d> {
-    fn walk(&mut self, set: &'d SelectionSet, level: Level) -> Result<(), Exceeded> {
+    fn walk(&mut self, set: &'d SelectionSet, level: Level) -> Result<(), Stop> {
         for selection in &set.items {
+            self.visits += 1;
+            if self.visits > MAX_VISITS {
+                return Err(Stop::TooLong);
+            }
             match &selection.node {
                 Selection::Field(field) => {
-                    let name = field.node.name.node.as_str();
+                    let field = &field.node;
+                    if field.alias.is_some() {
+                        self.aliases += 1;
+                        if self.aliases > self.limits.aliases {
+                            return Err(Exceeded::Aliases.into());
+                        }
+                    }
+                    let name = field.name.node.as_str();
                     let inner = match level {
                         Level::User { .. } if name == "__schema" || name == "__type" => {
                             self.count_introspection()?;
                             Level::Introspection { lists: 0 }
                         }
-                        Level::User { depth } => {
+                        Level::User { depth, factor } => {
                             if depth + 1 > self.limits.depth {
-                                return Err(Exceeded::Depth);
+                                return Err(Exceeded::Depth.into());
                             }
-                            self.fields += 1;
-                            if self.fields > self.limits.complexity {
-                                return Err(Exceeded::Complexity);
+                            self.cost = self.cost.saturating_add(factor);
+                            let factor = factor.saturating_mul(self.multiplier(field));
+                            Level::User {
+                                depth: depth + 1,
+                                factor,
                             }
-                            Level::User { depth: depth + 1 }
                         }
                         Level::Introspection { lists } => {
                             self.count_introspection()?;
                             let lists = lists + usize::from(INTROSPECTION_LISTS.contains(&name));
                             if lists > MAX_INTROSPECTION_LISTS {
-                                return Err(Exceeded::IntrospectionLists);
+                                return Err(Exceeded::IntrospectionLists.into());
                             }
                             Level::Introspection { lists }
                         }
                     };
-                    self.walk(&field.node.selection_set.node, inner)?;
+                    self.walk(&field.selection_set.node, inner)?;
                 }
                 Selection::InlineFragment(fragment) => {
                     self.walk(&fragment.node.selection_set.node, level)?;
                 }
                 Selection::FragmentSpread(spread) => {
+                    // Every expansion counts, so a document whose fragments
+                    // spread each other twice over is refused after a few
+                    // hundred steps instead of expanding 2^n times.
+                    self.spreads += 1;
+                    if self.spreads > self.limits.fragment_spreads {
+                        return Err(Exceeded::FragmentSpreads.into());
+                    }
                     let name = &spread.node.fragment_name.node;
                     let Some(fragment) = self.document.fragments.get(name) else {
                         continue;
                     };
+                    // Refused here rather than left to validation: the
+                    // parse step before validation expands cycles until
+                    // its recursion limit, 2^32 times for two fragments
+                    // that spread each other twice.
                     if self.expanding.contains(&name) {
-                        continue;
+                        return Err(Exceeded::FragmentCycle.into());
                     }
                     self.expanding.push(name);
                     let result = self.walk(&fragment.node.selection_set.node, level);
@@ -280,6 +441,56 @@ impl<'d> Count<'d> {
             }
         }
         Ok(())
+    }
+
+    /// How many items `field` may return, each of which costs what the
+    /// field selects: its `first` or `limit` argument, the length of
+    /// `rowKeys`, the default page of a connection (a field selecting
+    /// `edges`) or of the cell log and history, and 1 for anything else.
+    fn multiplier(&self, field: &'d Field) -> u64 {
+        let argument = |name: &str| {
+            field
+                .arguments
+                .iter()
+                .find(|(n, _)| n.node.as_str() == name)
+                .map(|(_, value)| self.resolve(&value.node))
+        };
+        let items = if let Some(value) = argument("first").or_else(|| argument("limit")) {
+            match value {
+                Some(ConstValue::Number(n)) => n.as_u64().unwrap_or(MAX_MULTIPLIER),
+                _ => self.default_page(field),
+            }
+        } else if let Some(keys) = argument("rowKeys") {
+            match keys {
+                Some(ConstValue::List(keys)) => keys.len() as u64,
+                _ => 1,
+            }
+        } else {
+            self.default_page(field)
+        };
+        items.clamp(1, MAX_MULTIPLIER)
+    }
+
+    fn default_page(&self, field: &Field) -> u64 {
+        match field.name.node.as_str() {
+            "history" => 20,
+            "cellsForShard" => 100,
+            _ if field.selection_set.node.items.iter().any(
+                |s| matches!(&s.node, Selection::Field(f) if f.node.name.node.as_str() == "edges"),
+            ) =>
+            {
+                u64::from(crate::indexes::plan::DEFAULT_PAGE)
+            }
+            _ => 1,
+        }
+    }
+
+    /// The value of an argument, with variables replaced by theirs.
+    fn resolve(&self, value: &Value) -> Option<ConstValue> {
+        match value {
+            Value::Variable(name) => self.variables.get(name).cloned(),
+            other => other.clone().into_const(),
+        }
     }
 
     fn count_introspection(&mut self) -> Result<(), Exceeded> {
@@ -302,12 +513,17 @@ mod tests {
     fn measured(query: &str, limits: GraphqlLimits) -> Result<Measure, Exceeded> {
         let document = parse_query(query).expect("query parses");
         let operation = selected_operation(&document, None).expect("one operation");
-        measure(&document, operation, limits)
+        measure(&document, operation, limits, &Variables::default())
     }
 
     const TIGHT: GraphqlLimits = GraphqlLimits {
         depth: 2,
         complexity: 3,
+        aliases: 32,
+        fragment_spreads: 500,
+        filter_bytes: 4096,
+        filter_terms: 64,
+        in_values: 1000,
     };
 
     /// The fixtures of `tests/fixtures/introspection`: `(name, query)`.
@@ -333,7 +549,7 @@ mod tests {
     fn standard_introspection_is_not_counted_and_fits_its_own_bounds() {
         for (name, query) in standard_queries() {
             let measure = measured(&query, TIGHT).unwrap_or_else(|e| panic!("{name}: {e:?}"));
-            assert_eq!(measure.fields, 0, "{name}");
+            assert_eq!(measure.cost, 0, "{name}");
             // A margin below the bound, for options graphql-js may add.
             assert!(
                 measure.introspection_fields * 2 < MAX_INTROSPECTION_FIELDS,
@@ -347,12 +563,12 @@ mod tests {
         let deep = "{ __schema { types { name } } a { b { c } } }";
         assert_eq!(measured(deep, TIGHT), Err(Exceeded::Depth));
         let wide = "{ __typename a b c d }";
-        assert_eq!(measured(wide, TIGHT), Err(Exceeded::Complexity));
+        assert_eq!(measured(wide, TIGHT), Err(Exceeded::Complexity { cost: 5 }));
         let fits = "{ __type(name: \"Query\") { fields { name } } a { b } }";
         assert_eq!(
             measured(fits, TIGHT),
             Ok(Measure {
-                fields: 2,
+                cost: 2,
                 introspection_fields: 3
             })
         );
@@ -365,9 +581,10 @@ mod tests {
     fn only_the_selected_operation_counts() {
         let document = parse_query("query Deep { a { b { c } } } query Flat { a }").unwrap();
         let deep = selected_operation(&document, Some("Deep")).unwrap();
-        assert_eq!(measure(&document, deep, TIGHT), Err(Exceeded::Depth));
+        let none = Variables::default();
+        assert_eq!(measure(&document, deep, TIGHT, &none), Err(Exceeded::Depth));
         let flat = selected_operation(&document, Some("Flat")).unwrap();
-        assert!(measure(&document, flat, TIGHT).is_ok());
+        assert!(measure(&document, flat, TIGHT, &none).is_ok());
         assert!(selected_operation(&document, None).is_none());
         assert!(selected_operation(&document, Some("Other")).is_none());
     }
@@ -394,10 +611,11 @@ mod tests {
             .map(|i| format!("t{i}: __type(name: \"Query\") {{ name }} "))
             .collect();
         let query = format!("{{ {aliases} }}");
-        assert_eq!(
-            measured(&query, GraphqlLimits::default()),
-            Err(Exceeded::IntrospectionFields)
-        );
+        let limits = GraphqlLimits {
+            aliases: usize::MAX,
+            ..GraphqlLimits::default()
+        };
+        assert_eq!(measured(&query, limits), Err(Exceeded::IntrospectionFields));
     }
 
     #[test]
@@ -413,16 +631,77 @@ mod tests {
         query.push_str(" fragment F40 on Query { a }");
         assert_eq!(
             measured(&query, GraphqlLimits::default()),
-            Err(Exceeded::Complexity)
+            Err(Exceeded::FragmentSpreads)
         );
-        // A cycle is left to validation.
-        let cycle = "{ ...A } fragment A on Query { a ...B } fragment B on Query { b ...A }";
+        // Ten spreads of the next fragment, ten levels deep: 10^10
+        // expansions, few fields before the limit on spreads.
+        let mut bomb = String::from("{ ...F0 }");
+        for i in 0..10 {
+            let spreads = format!("...F{} ", i + 1).repeat(10);
+            bomb.push_str(&format!(" fragment F{i} on Query {{ {spreads}}}"));
+        }
+        bomb.push_str(" fragment F10 on Query { __typename }");
         assert_eq!(
-            measured(cycle, TIGHT),
-            Ok(Measure {
-                fields: 2,
-                introspection_fields: 0
-            })
+            measured(&bomb, GraphqlLimits::default()),
+            Err(Exceeded::FragmentSpreads)
         );
+        // Regression: spreads that only lead into cycles select no field,
+        // so counting fields alone let 10^10 expansions through.
+        let cyclic = bomb.replace("{ __typename }", "{ ...F0 }");
+        assert_eq!(
+            measured(&cyclic, GraphqlLimits::default()),
+            Err(Exceeded::FragmentCycle)
+        );
+        // Regression: a cycle was left to validation, but the parse step
+        // before it expanded two fragments spreading each other twice 2^32
+        // times.
+        let cycle = "{ ...A } fragment A on Query { ...B ...B } fragment B on Query { ...A ...A }";
+        assert_eq!(measured(cycle, TIGHT), Err(Exceeded::FragmentCycle));
+        // Operations that are not run are bounded too.
+        let document = parse_query(format!("query Run {{ a }} query Other {bomb}")).unwrap();
+        assert_eq!(
+            check(&document, Some("Run"), TIGHT, &Variables::default()),
+            Err(Exceeded::FragmentSpreads)
+        );
+    }
+
+    #[test]
+    fn huge_documents_stop_at_the_visit_bound() {
+        let fields = "__typename ".repeat(MAX_VISITS + 1);
+        let query = format!("{{ {fields} }}");
+        let unbounded = GraphqlLimits {
+            complexity: usize::MAX,
+            ..GraphqlLimits::default()
+        };
+        assert!(matches!(
+            measured(&query, unbounded),
+            Err(Exceeded::Complexity { .. })
+        ));
+    }
+
+    #[test]
+    fn list_fields_multiply_what_they_select() {
+        let limits = GraphqlLimits::default();
+        let page =
+            "{ trips { byDriver(first: 1000) { edges { node { row { base { body } } } } } } }";
+        // trips 1, byDriver 1, then 1000 × (edges, node, row, base, body).
+        assert_eq!(measured(page, limits).map(|m| m.cost), Ok(5002));
+        let aliased: String = (0..8)
+            .map(|i| format!("p{i}: byDriver(first: 1000) {{ edges {{ node {{ row {{ base {{ body }} }} }} }} }} "))
+            .collect();
+        let fan_out = format!("{{ trips {{ {aliased} }} }}");
+        assert_eq!(
+            measured(&fan_out, limits),
+            Err(Exceeded::Complexity { cost: 40_009 })
+        );
+        // Variables count as their values; a connection without `first`
+        // counts its default page.
+        let document =
+            parse_query("query($n: Int, $k: [UUID!]!) { t { a(limit: $n) { x } rows(rowKeys: $k) { y z } c { edges { node { w } } } } }")
+                .unwrap();
+        let operation = selected_operation(&document, None).unwrap();
+        let variables = Variables::from_json(serde_json::json!({"n": 7, "k": ["a", "b", "c"]}));
+        let cost = measure(&document, operation, limits, &variables).map(|m| m.cost);
+        assert_eq!(cost, Ok(1 + (1 + 7) + (1 + 3 * 2) + (1 + 50 * 3)));
     }
 }

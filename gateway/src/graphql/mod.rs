@@ -7,6 +7,7 @@
 //! `errors.rs` the mapping of store errors to stable codes, and `limits.rs`
 //! the depth and complexity limits (introspection counted apart).
 
+mod access;
 mod errors;
 mod limits;
 mod loaders;
@@ -16,14 +17,18 @@ mod schema;
 
 use async_graphql::dataloader::DataLoader;
 
+pub use access::{authorize, AccessMap, Denied};
 pub use schema::{build_schema, camel, pascal, sdl, GraphqlLimits};
 
 use crate::Store;
 
-/// Runs one GraphQL request against the schema.
+/// Runs one GraphQL request against the schema for `principal` (whose
+/// access `authorize` has checked; resolvers use it to list only the
+/// datastores it may read).
 pub async fn execute(
     schema: &async_graphql::dynamic::Schema,
     store: &Store,
+    principal: crate::auth::Principal,
     request: async_graphql::Request,
 ) -> async_graphql::Response {
     let loader = DataLoader::new(
@@ -33,6 +38,6 @@ pub async fn execute(
         tokio::spawn,
     );
     schema
-        .execute(request.data(store.clone()).data(loader))
+        .execute(request.data(store.clone()).data(loader).data(principal))
         .await
 }

@@ -46,8 +46,19 @@ use crate::Store;
 pub struct GraphqlLimits {
     /// Deepest selection nesting accepted.
     pub depth: usize,
-    /// Largest query complexity accepted (each selected field counts 1).
+    /// Largest query cost accepted: each field costs 1, and what a list
+    /// field selects is multiplied by the items it may return.
     pub complexity: usize,
+    /// Most aliased fields in one operation.
+    pub aliases: usize,
+    /// Most fragment spread expansions in one operation.
+    pub fragment_spreads: usize,
+    /// Longest `filter` string, in bytes.
+    pub filter_bytes: usize,
+    /// Most comparisons in one `filter` string.
+    pub filter_terms: usize,
+    /// Most values in one `in` list.
+    pub in_values: usize,
 }
 
 impl Default for GraphqlLimits {
@@ -56,7 +67,14 @@ impl Default for GraphqlLimits {
             // Introspection does not count (see `limits.rs`), so GraphiQL's
             // schema query, which nests 15 levels, passes at any depth.
             depth: 12,
-            complexity: 2_000,
+            // A page of 1000 index entries with a `row` and a cell body
+            // costs about 5000; eight such aliases do not pass.
+            complexity: 25_000,
+            aliases: 32,
+            fragment_spreads: 500,
+            filter_bytes: 4096,
+            filter_terms: 64,
+            in_values: 1000,
         }
     }
 }
@@ -272,6 +290,7 @@ fn schema_for(
         builder = builder.register(mutation);
     }
     builder
+        .data(limits)
         .extension(QueryLimits(limits))
         .finish()
         .map_err(|e| crate::Error::Config(format!("cannot build the GraphQL schema: {e}")))
@@ -567,6 +586,45 @@ impl DatastoreTypes {
         }
         Ok(object)
     }
+}
+
+/// The limits the schema was built with.
+fn limits(ctx: &ResolverContext<'_>) -> GraphqlLimits {
+    ctx.data::<GraphqlLimits>().copied().unwrap_or_default()
+}
+
+/// Refuses a filter string longer than the limits allow before it is
+/// planned (a 10,000-term filter took seconds to plan). A filter that
+/// does not parse is left to the planner, whose error says where.
+fn check_filter(filter: &str, limits: GraphqlLimits) -> async_graphql::Result<()> {
+    if filter.len() > limits.filter_bytes {
+        return Err(coded(
+            "LIMIT_EXCEEDED",
+            format!("`filter` is at most {} bytes", limits.filter_bytes),
+        ));
+    }
+    if let Ok(parsed) = index_dsl::parse_filter(filter) {
+        if parsed.conditions.len() > limits.filter_terms {
+            return Err(coded(
+                "LIMIT_EXCEEDED",
+                format!("`filter` has at most {} conditions", limits.filter_terms),
+            ));
+        }
+        if parsed
+            .conditions
+            .iter()
+            .any(|c| c.values.len() > limits.in_values)
+        {
+            return Err(coded(
+                "LIMIT_EXCEEDED",
+                format!(
+                    "an `in` list of `filter` has at most {} values",
+                    limits.in_values
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Reads a page-size argument, with its default and maximum.
@@ -1045,8 +1103,15 @@ fn index_query(
                     "lt" => CompareOp::Lt,
                     "lte" => CompareOp::Le,
                     "in" => {
-                        let values = value
-                            .list()?
+                        let list = value.list()?;
+                        let max = limits(ctx).in_values;
+                        if list.len() > max {
+                            return Err(coded(
+                                "LIMIT_EXCEEDED",
+                                format!("{what}: at most {max} values"),
+                            ));
+                        }
+                        let values = list
                             .iter()
                             .map(|v| literal(&v, field.ty, &what))
                             .collect::<async_graphql::Result<Vec<_>>>()?;
@@ -1073,7 +1138,9 @@ fn index_query(
         }
     }
     if let Some(filter) = ctx.args.get("filter").filter(|v| !v.is_null()) {
-        query.filter = Some(filter.string()?.to_string());
+        let filter = filter.string()?;
+        check_filter(filter, limits(ctx))?;
+        query.filter = Some(filter.to_string());
     }
     if let Some(order) = ctx.args.get("orderBy").filter(|v| !v.is_null()) {
         for key in order.list()?.iter() {
@@ -1308,8 +1375,22 @@ fn datastores_field(topology: Topology<'_>, defs: &index_dsl::Definitions) -> Fi
     Field::new(
         "datastores",
         TypeRef::named_nn_list_nn("DatastoreInfo"),
-        move |_| {
-            let value = value.clone();
+        move |ctx| {
+            let mut value = value.clone();
+            // Only the datastores the caller may read are listed.
+            if let (Ok(principal), Value::List(items)) =
+                (ctx.data::<crate::auth::Principal>(), &mut value)
+            {
+                items.retain(|item| match item {
+                    Value::Object(fields) => match fields.get("name") {
+                        Some(Value::String(name)) => {
+                            principal.allows(name, crate::auth::Access::Read)
+                        }
+                        _ => false,
+                    },
+                    _ => false,
+                });
+            }
             FieldFuture::new(async move { Ok(Some(meta_value(value))) })
         },
     )

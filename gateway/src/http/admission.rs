@@ -1,14 +1,17 @@
 //! Admission control for GraphQL requests ("thick and thin pipe"): a cap on
-//! requests executing at once and a per-client rate limit.
+//! requests executing at once, a rate limit per client address and one per
+//! API token.
 //!
 //! Both answer at once when exceeded (503 `OVERLOADED`, 429 `RATE_LIMITED`)
 //! instead of queueing: under overload a queue only adds latency to every
 //! request and lets the backlog grow until the process falls over, while a
 //! quick refusal lets clients back off and keeps the admitted requests fast.
 //!
-//! Clients are told apart by the IP address of the TCP peer. Forwarded-for
-//! headers are not trusted, since any client can set them; behind a proxy,
-//! limit per client at the proxy.
+//! Anonymous clients are told apart by the IP address of the TCP peer.
+//! Forwarded-for headers are not trusted, since any client can set them;
+//! behind a proxy, limit per client at the proxy. Requests are admitted
+//! after their body has been read (`graphql.rs`), so a client that stalls
+//! while sending holds no permit.
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
@@ -28,6 +31,7 @@ const FORGET_IDLE_CLIENTS_EVERY: Duration = Duration::from_secs(60);
 pub struct Admission {
     concurrency: Option<Arc<Semaphore>>,
     rate: Option<Arc<DefaultKeyedRateLimiter<IpAddr>>>,
+    token_rate: Option<Arc<DefaultKeyedRateLimiter<Arc<str>>>>,
     clock: DefaultClock,
 }
 
@@ -54,21 +58,44 @@ impl Admission {
             .then(|| Arc::new(Semaphore::new(limits.max_concurrent_requests)));
         let rate = NonZeroU32::new(limits.rate_limit_per_second)
             .map(|per_second| Arc::new(RateLimiter::keyed(Quota::per_second(per_second))));
-        if let (Some(rate), Ok(runtime)) = (&rate, tokio::runtime::Handle::try_current()) {
-            runtime.spawn(forget_idle_clients(Arc::downgrade(rate)));
+        let token_rate = NonZeroU32::new(limits.rate_limit_per_token_per_second)
+            .map(|per_second| Arc::new(RateLimiter::keyed(Quota::per_second(per_second))));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            if let Some(rate) = &rate {
+                runtime.spawn(forget_idle_clients(Arc::downgrade(rate)));
+            }
+            if let Some(rate) = &token_rate {
+                runtime.spawn(forget_idle_clients(Arc::downgrade(rate)));
+            }
         }
         Admission {
             concurrency,
             rate,
+            token_rate,
             clock: DefaultClock::default(),
         }
     }
 
-    /// Admits a request from `client` (`None` when the peer is not an IP
-    /// socket, which is not rate limited) or says why not.
-    pub fn admit(&self, client: Option<IpAddr>) -> Result<Permit, Rejection> {
-        if let (Some(rate), Some(client)) = (&self.rate, client) {
-            if let Err(not_until) = rate.check_key(&client) {
+    /// Applies the per-address rate to a request from `address`. Every
+    /// request is counted, before it is authenticated, so that clients
+    /// sending invalid tokens are slowed down too.
+    pub fn limit_address(&self, address: Option<IpAddr>) -> Result<(), Rejection> {
+        match (&self.rate, address) {
+            (Some(rate), Some(address)) => {
+                rate.check_key(&address)
+                    .map_err(|not_until| Rejection::RateLimited {
+                        retry_after: not_until.wait_time_from(self.clock.now()),
+                    })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Admits an authenticated request: the per-token rate for requests
+    /// with a token, then the concurrency limit.
+    pub fn admit(&self, token: Option<&Arc<str>>) -> Result<Permit, Rejection> {
+        if let (Some(rate), Some(token)) = (&self.token_rate, token) {
+            if let Err(not_until) = rate.check_key(token) {
                 return Err(Rejection::RateLimited {
                     retry_after: not_until.wait_time_from(self.clock.now()),
                 });
@@ -87,7 +114,10 @@ impl Admission {
 
 /// Drops the rate limiter's state of clients that are back to a full burst,
 /// so that memory follows the active clients, not every client ever seen.
-async fn forget_idle_clients(rate: Weak<DefaultKeyedRateLimiter<IpAddr>>) {
+async fn forget_idle_clients<K>(rate: Weak<DefaultKeyedRateLimiter<K>>)
+where
+    K: std::hash::Hash + Eq + Clone,
+{
     let mut tick = tokio::time::interval(FORGET_IDLE_CLIENTS_EVERY);
     tick.tick().await;
     loop {
@@ -106,6 +136,7 @@ mod tests {
         LimitsConfig {
             max_concurrent_requests: concurrent,
             rate_limit_per_second: per_second,
+            rate_limit_per_token_per_second: per_second,
             ..LimitsConfig::default()
         }
     }
@@ -122,24 +153,40 @@ mod tests {
     #[test]
     fn the_rate_is_per_client() {
         let admission = Admission::new(&limits(0, 2));
-        let a: IpAddr = "10.0.0.1".parse().unwrap();
-        let b: IpAddr = "10.0.0.2".parse().unwrap();
-        assert!(admission.admit(Some(a)).is_ok());
-        assert!(admission.admit(Some(a)).is_ok());
-        match admission.admit(Some(a)) {
+        let a = Some("10.0.0.1".parse().unwrap());
+        let b = Some("10.0.0.2".parse().unwrap());
+        assert!(admission.limit_address(a).is_ok());
+        assert!(admission.limit_address(a).is_ok());
+        match admission.limit_address(a) {
             Err(Rejection::RateLimited { retry_after }) => {
                 assert!(retry_after <= Duration::from_secs(1))
             }
             other => panic!("expected a rate limit, got {:?}", other.err()),
         }
-        assert!(admission.admit(Some(b)).is_ok());
+        assert!(admission.limit_address(b).is_ok());
+    }
+
+    #[test]
+    fn the_rate_is_per_token_whatever_the_address() {
+        let admission = Admission::new(&limits(0, 1));
+        let token: Arc<str> = Arc::from("t1");
+        assert!(admission.admit(Some(&token)).is_ok());
+        assert!(matches!(
+            admission.admit(Some(&token)),
+            Err(Rejection::RateLimited { .. })
+        ));
+        assert!(admission.admit(Some(&Arc::from("t2"))).is_ok());
+        assert!(admission.admit(None).is_ok());
     }
 
     #[test]
     fn zero_turns_the_limits_off() {
         let admission = Admission::new(&limits(0, 0));
         let permits: Vec<_> = (0..1000)
-            .map(|_| admission.admit(Some(IpAddr::from([10, 0, 0, 1]))))
+            .map(|_| {
+                admission.limit_address(Some(IpAddr::from([10, 0, 0, 1])))?;
+                admission.admit(Some(&Arc::from("t")))
+            })
             .collect();
         assert!(permits.iter().all(Result::is_ok));
     }

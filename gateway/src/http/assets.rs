@@ -146,6 +146,8 @@ fn serve(path: &str, request: &Request, csp: &'static str) -> Response {
         builder
             .header(header::CONTENT_SECURITY_POLICY, csp)
             .header(header::REFERRER_POLICY, "same-origin")
+            // For browsers that predate `frame-ancestors` in the CSP.
+            .header(header::X_FRAME_OPTIONS, "DENY")
     } else {
         builder
     };

@@ -5,14 +5,19 @@
 //!    `application/graphql-response+json` when the client accepts it at
 //!    least as much as `application/json`, `application/json` for `*/*`, a
 //!    missing header or `application/json`; anything else is 406;
-//! 2. **admission** (rate and concurrency limits, `admission.rs`): 429, 503;
-//! 3. **request parsing**: a POST needs `Content-Type: application/json`
+//! 2. **request parsing**: a POST needs `Content-Type: application/json`
 //!    (415), a body within the size limit (413; a chunked body is counted as
 //!    it arrives, and the rest of a refused body is read and dropped, within
 //!    bounds, so that the client can read the answer) holding a JSON object (400)
 //!    whose `query` is a string and whose `operationName`, `variables` and
 //!    `extensions` are absent, null or of the right type (400); a GET takes
-//!    the same from its URL, `variables` and `extensions` as JSON text;
+//!    the same from its URL, `variables` and `extensions` as JSON text; the
+//!    whole body must arrive within `limits.body_timeout_ms` (408);
+//! 3. the **rate per client address** (429), **authentication**
+//!    (`Authorization: Bearer`, `auth/`: 401 `UNAUTHENTICATED`), then
+//!    **admission** (rate per token, concurrency: `admission.rs`, 429,
+//!    503). All come after the body, so a client stalling mid-body holds
+//!    no permit;
 //! 4. **document parsing**: a syntax error is a request error
 //!    (`GRAPHQL_PARSE_FAILED`); over GET, only queries run (405 with
 //!    `Allow: POST` otherwise), since GETs must be safe to repeat and cache;
@@ -20,6 +25,7 @@
 //!    validates the document and coerces variables before executing; a
 //!    failure there comes back as a response with errors, `null` data and no
 //!    error path, which is a request error (`GRAPHQL_VALIDATION_FAILED`).
+//!    Execution past `limits.request_timeout_ms` is cancelled: 504 `TIMEOUT`.
 //!
 //! Request errors have no `data` entry. With `application/graphql-response+json`
 //! they are answered 400; with `application/json`, 200 (the legacy media
@@ -40,6 +46,7 @@ use serde_json::{json, Map, Value};
 use super::admission::Rejection;
 use super::metrics::Outcome;
 use super::Gateway;
+use crate::auth::AuthError;
 
 const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
 const JSON: &str = "application/json";
@@ -102,6 +109,13 @@ pub(super) async fn graphql_get(request: &Request, Data(gateway): Data<&Arc<Gate
     handle(gateway, request, None).await
 }
 
+/// `OPTIONS /graphql`; answered by the CORS layer (`cors.rs`) before it
+/// gets here.
+#[handler]
+pub(super) fn graphql_options() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
 #[handler]
 pub(super) async fn graphql_post(
     request: &Request,
@@ -146,13 +160,39 @@ async fn respond(
     media: MediaType,
     operation: &mut Option<String>,
 ) -> Result<(Response, Outcome), Failure> {
-    let client = request.remote_addr().as_socket_addr().map(|a| a.ip());
-    let _permit = gateway.admission.admit(client).map_err(rejected)?;
-
+    // The body is read before a permit is taken, within its own deadline,
+    // so clients that stall while sending hold no permit.
     let params = match body {
         None => get_params(request)?,
-        Some(body) => post_params(request, body, gateway.max_body_bytes).await?,
+        Some(body) => {
+            let read = post_params(request, body, gateway.max_body_bytes);
+            match tokio::time::timeout(gateway.body_timeout, read).await {
+                Ok(params) => params?,
+                Err(_) => {
+                    return Err(Failure::new(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "BODY_TIMEOUT",
+                        format!(
+                            "the request body did not arrive within {} ms",
+                            gateway.body_timeout.as_millis()
+                        ),
+                    ))
+                }
+            }
+        }
     };
+    let address = request.remote_addr().as_socket_addr().map(|a| a.ip());
+    gateway.admission.limit_address(address).map_err(rejected)?;
+    let principal = gateway
+        .auth
+        .authenticate(request.header(header::AUTHORIZATION))
+        .await
+        .map_err(unauthenticated)?;
+    let _permit = gateway
+        .admission
+        .admit(principal.token.as_ref())
+        .map_err(rejected)?;
+
     *operation = params.operation_name.clone();
     let is_get = request.method() == poem::http::Method::GET;
 
@@ -180,6 +220,17 @@ async fn respond(
             return Ok((request_error(media, errors), Outcome::Invalid));
         }
     };
+    if let Err(denied) = crate::graphql::authorize(
+        document,
+        requested_name.as_deref(),
+        &principal,
+        &gateway.access,
+        gateway.introspection,
+    ) {
+        let mut failure = Failure::new(StatusCode::FORBIDDEN, "FORBIDDEN", denied.message);
+        failure.outcome = Outcome::Denied;
+        return Err(failure);
+    }
     let selected = select_operation(document, requested_name.as_deref());
     if operation.is_none() {
         *operation = selected.and_then(|(name, _)| name.map(str::to_string));
@@ -212,7 +263,23 @@ async fn respond(
         }
     }
 
-    let response = crate::graphql::execute(&gateway.schema, &gateway.store, graphql_request).await;
+    // Dropping the execution at the deadline cancels its work: every
+    // resolver awaits the store, and CPU-bound steps are bounded by the
+    // limits checked before execution.
+    let execution =
+        crate::graphql::execute(&gateway.schema, &gateway.store, principal, graphql_request);
+    let Ok(response) = tokio::time::timeout(gateway.request_timeout, execution).await else {
+        let mut failure = Failure::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "TIMEOUT",
+            format!(
+                "the request did not finish within {} ms and was cancelled",
+                gateway.request_timeout.as_millis()
+            ),
+        );
+        failure.outcome = Outcome::TimedOut;
+        return Err(failure);
+    };
     // Validation and variable coercion run before execution, and their
     // errors are the only ones without a path and with no data at all.
     let before_execution = response.data == async_graphql::Value::Null
@@ -273,6 +340,31 @@ fn negotiate(accept: Option<&str>) -> Option<MediaType> {
     } else {
         None
     }
+}
+
+fn unauthenticated(error: AuthError) -> Failure {
+    let message = match error {
+        AuthError::Missing => {
+            "this server needs an API token: send `Authorization: Bearer <token>`"
+        }
+        AuthError::Invalid => "the API token is not valid (unknown or revoked)",
+        AuthError::Unavailable => {
+            let mut failure = Failure::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "STORAGE_UNAVAILABLE",
+                "the API tokens cannot be read right now; retry later",
+            );
+            failure.retryable = true;
+            failure.outcome = Outcome::Error;
+            return failure;
+        }
+    };
+    let mut failure = Failure::new(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", message);
+    failure.outcome = Outcome::Denied;
+    failure
+        .headers
+        .push((header::WWW_AUTHENTICATE, "Bearer".to_string()));
+    failure
 }
 
 fn rejected(rejection: Rejection) -> Failure {

@@ -49,6 +49,10 @@ pub enum Outcome {
     RateLimited,
     /// Refused by the concurrency limit.
     Overloaded,
+    /// Refused for want of a valid token (401) or of a scope (403).
+    Denied,
+    /// Cancelled at the request deadline.
+    TimedOut,
 }
 
 impl Outcome {
@@ -59,6 +63,8 @@ impl Outcome {
             Outcome::Invalid => "invalid",
             Outcome::RateLimited => "rate_limited",
             Outcome::Overloaded => "overloaded",
+            Outcome::Denied => "denied",
+            Outcome::TimedOut => "timeout",
         }
     }
 }
@@ -154,13 +160,48 @@ impl Metrics {
     }
 }
 
+/// `GET /metrics`. With auth on and `auth.protect_metrics`, it needs a
+/// token with a `*` scope, since the metrics name every datastore.
 #[handler]
-pub(super) fn metrics(Data(gateway): Data<&Arc<Gateway>>) -> Response {
+pub(super) async fn metrics(
+    request: &poem::Request,
+    Data(gateway): Data<&Arc<Gateway>>,
+) -> Response {
+    if gateway.auth.enabled() && gateway.protect_metrics {
+        let header = request.header(poem::http::header::AUTHORIZATION);
+        match gateway.auth.authenticate(header).await {
+            Ok(principal) if principal.scopes.covers_every_datastore() => {}
+            Ok(_) => {
+                return plain(
+                    poem::http::StatusCode::FORBIDDEN,
+                    "FORBIDDEN: /metrics needs a token with a `*` scope",
+                )
+            }
+            Err(_) => {
+                let mut response = plain(
+                    poem::http::StatusCode::UNAUTHORIZED,
+                    "UNAUTHENTICATED: /metrics needs `Authorization: Bearer <token>`",
+                );
+                response.headers_mut().insert(
+                    poem::http::header::WWW_AUTHENTICATE,
+                    poem::http::HeaderValue::from_static("Bearer"),
+                );
+                return response;
+            }
+        }
+    }
     gateway
         .metrics
         .encode()
         .with_content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
         .into_response()
+}
+
+fn plain(status: poem::http::StatusCode, text: &'static str) -> Response {
+    Response::builder()
+        .status(status)
+        .content_type("text/plain; charset=utf-8")
+        .body(text)
 }
 
 /// Reads the store's counters at each scrape.

@@ -3,14 +3,17 @@
 //! | route | what |
 //! |---|---|
 //! | `POST /graphql`, `GET /graphql` | GraphQL over HTTP (`graphql.rs`) |
-//! | `GET /`, `GET /playground/*` | the GraphiQL playground (`assets.rs`) |
-//! | `GET /ui/` | the web explorer (`assets.rs`) |
+//! | `OPTIONS /graphql` | CORS preflight (`cors.rs`, which wraps the route) |
+//! | `GET /`, `GET /playground/*` | the GraphiQL playground (`assets.rs`; `auth.playground`) |
+//! | `GET /ui/` | the web explorer (`assets.rs`; `auth.playground`) |
 //! | `GET /healthz`, `GET /readyz` | liveness and readiness (`health.rs`) |
-//! | `GET /metrics` | Prometheus metrics (`metrics.rs`) |
+//! | `GET /metrics` | Prometheus metrics (`metrics.rs`; a `*` token with auth on) |
 //!
-//! Admission control (`admission.rs`) applies to `/graphql` only: health
-//! probes and metric scrapes must keep answering while the gateway sheds
-//! load. Every request is logged once, with its method, path, status and
+//! Connections are accepted by `server.rs` (header timeout, connections
+//! per address, shutdown grace). Authentication and admission control
+//! (`admission.rs`) apply to `/graphql` (and authentication to
+//! `/metrics`): health probes and metric scrapes must keep answering while
+//! the gateway sheds load. Every request is logged once, with its method, path, status and
 //! latency, by [`log_requests`].
 //!
 //! The GraphQL handler is written here rather than taken from
@@ -21,21 +24,24 @@
 
 mod admission;
 mod assets;
+mod cors;
 mod graphql;
 mod health;
 mod metrics;
+mod server;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use poem::listener::TcpAcceptor;
 use poem::{get, Endpoint, EndpointExt as _, IntoEndpoint, IntoResponse, Request, Response, Route};
 
-use crate::config::Config;
+use crate::auth::Authenticator;
+use crate::config::{Config, CorsConfig};
 use crate::Store;
 
 pub use admission::Admission;
 pub use metrics::Metrics;
+pub use server::ServerOptions;
 
 /// Everything a request handler needs; shared by all requests.
 pub struct Gateway {
@@ -43,39 +49,75 @@ pub struct Gateway {
     schema: async_graphql::dynamic::Schema,
     admission: Admission,
     metrics: Metrics,
+    auth: Authenticator,
+    access: crate::graphql::AccessMap,
+    introspection: bool,
+    playground: bool,
+    /// Whether `/metrics` needs a token with a `*` scope.
+    protect_metrics: bool,
+    cors: CorsConfig,
     max_body_bytes: usize,
+    body_timeout: Duration,
+    request_timeout: Duration,
     /// How long `/readyz` waits for the storage masters.
     readiness_timeout: Duration,
 }
 
 impl Gateway {
     /// A gateway serving `schema` (built from `store`'s definitions) under
-    /// the limits and metrics settings of `config`. Needs a tokio runtime
-    /// (it starts the rate limiter's cleanup task).
-    pub fn new(store: Store, schema: async_graphql::dynamic::Schema, config: &Config) -> Gateway {
-        Gateway {
+    /// the limits, auth and metrics settings of `config`. Needs a tokio
+    /// runtime (it starts the rate limiter's cleanup task). Fails on an
+    /// invalid `auth` or `cors` section.
+    pub fn new(
+        store: Store,
+        schema: async_graphql::dynamic::Schema,
+        config: &Config,
+    ) -> crate::Result<Gateway> {
+        let auth_on = config.auth.enabled_for(config.listen);
+        cors::validate(&config.cors)?;
+        Ok(Gateway {
             metrics: Metrics::new(store.clone(), &config.metrics),
+            auth: Authenticator::new(&config.auth, auth_on, Some(store.clone()))?,
+            access: crate::graphql::AccessMap::new(store.definitions()),
+            introspection: config.auth.introspection,
+            playground: config.auth.playground,
+            protect_metrics: config.auth.protect_metrics,
+            cors: config.cors.clone(),
             store,
             schema,
             admission: Admission::new(&config.limits),
             max_body_bytes: config.limits.max_body_bytes,
+            body_timeout: Duration::from_millis(config.limits.body_timeout_ms.max(1)),
+            request_timeout: Duration::from_millis(config.limits.request_timeout_ms.max(1)),
             readiness_timeout: config.storage.readiness_timeout(),
-        }
+        })
+    }
+
+    /// Whether requests need an API token.
+    pub fn auth_enabled(&self) -> bool {
+        self.auth.enabled()
     }
 }
 
-/// The routes of the gateway.
+/// The routes of the gateway. The pages are left out when
+/// `auth.playground` is off.
 pub fn routes(gateway: Arc<Gateway>) -> impl IntoEndpoint {
-    Route::new()
-        .at(
-            "/graphql",
-            get(graphql::graphql_get).post(graphql::graphql_post),
-        )
-        .at("/", get(assets::playground))
-        .at("/playground/*path", get(assets::playground_file))
-        .at("/ui", get(assets::explorer_redirect))
-        .at("/ui/", get(assets::explorer_file))
-        .at("/ui/*path", get(assets::explorer_file))
+    let mut route = Route::new().at(
+        "/graphql",
+        get(graphql::graphql_get)
+            .post(graphql::graphql_post)
+            .options(graphql::graphql_options)
+            .around(|endpoint, request| async move { cors::cors(endpoint, request).await }),
+    );
+    if gateway.playground {
+        route = route
+            .at("/", get(assets::playground))
+            .at("/playground/*path", get(assets::playground_file))
+            .at("/ui", get(assets::explorer_redirect))
+            .at("/ui/", get(assets::explorer_file))
+            .at("/ui/*path", get(assets::explorer_file));
+    }
+    route
         .at("/healthz", get(health::healthz))
         .at("/readyz", get(health::readyz))
         .at("/metrics", get(metrics::metrics))
@@ -84,16 +126,15 @@ pub fn routes(gateway: Arc<Gateway>) -> impl IntoEndpoint {
 }
 
 /// Serves the gateway on an already bound listener until `shutdown`
-/// resolves, then lets requests in flight finish (for at most 10 seconds).
+/// resolves, then lets requests in flight finish for at most
+/// `limits.shutdown_grace_ms` (see `server.rs`).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     gateway: Arc<Gateway>,
     shutdown: impl std::future::Future<Output = ()>,
+    options: ServerOptions,
 ) -> std::io::Result<()> {
-    let acceptor = TcpAcceptor::from_tokio(listener)?;
-    poem::Server::new_with_acceptor(acceptor)
-        .run_with_graceful_shutdown(routes(gateway), shutdown, Some(Duration::from_secs(10)))
-        .await
+    server::run(listener, routes(gateway), shutdown, options).await
 }
 
 /// Logs one line per request. Errors that poem turns into responses (404,

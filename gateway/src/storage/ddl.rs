@@ -10,8 +10,9 @@
 //! | `<ds>_quarantine` | index entries that could not be applied | `(index_name, row_key)` |
 //! | `<ds>_ix_<index>[_v<N>]` | one entry per row key of one index version | `row_key` |
 //!
-//! and per cluster `cellgate_catalog` (what the tables were built from) and
-//! `cellgate_leases` (named leases with fencing tokens). The number of
+//! and per cluster `cellgate_catalog` (what the tables were built from),
+//! `cellgate_leases` (named leases with fencing tokens) and `cellgate_tokens`
+//! (API tokens, used on the first cluster). The number of
 //! tables depends on the definitions only, never on the shard count: the
 //! embedded default holds a few dozen schema objects however many shards a
 //! datastore has, and no read or write ever runs DDL. Every row carries its
@@ -39,6 +40,11 @@ pub const CATALOG_TABLE: &str = "cellgate_catalog";
 
 /// Named leases with holders, expiry and fencing tokens.
 pub const LEASES_TABLE: &str = "cellgate_leases";
+
+/// API tokens (`auth/tokens.rs`): id, hash, name, scopes, revocation. Made
+/// on every cluster with the other cluster tables; the gateway uses the one
+/// on the first cluster.
+pub const TOKENS_TABLE: &str = "cellgate_tokens";
 
 /// The registry of the per-shard layout that preceded this one; its
 /// presence marks a store that needs `cellgate migrate --from-v1`.
@@ -316,6 +322,18 @@ pub fn cluster_ddl(dialect: Dialect) -> Vec<String> {
             .col("expires_at", Col::DateTime, true)
             .col("acquired_at", Col::DateTime, true)
             .primary_key(&["name"])
+            .build(),
+    );
+    out.extend(
+        TableDef::new(dialect, TOKENS_TABLE)
+            .col("id", Col::Name, true)
+            .col("token_hash", Col::Name, true)
+            .col("name", Col::Text, true)
+            .col("scopes", Col::Text, true)
+            .col("created_at", Col::DateTime, true)
+            .col("revoked_at", Col::DateTime, false)
+            .primary_key(&["id"])
+            .unique("hash", &["token_hash"])
             .build(),
     );
     out

@@ -72,6 +72,7 @@ contract_suite!(
     statements_per_batch_and_page,
     text_keys_compare_without_padding,
     a_v1_store_is_refused_then_converted,
+    tokens_are_stored_hashed_found_and_revoked,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {
@@ -1466,4 +1467,38 @@ async fn text_keys_compare_without_padding(env: Arc<Env>) {
         .await
         .unwrap();
     assert_eq!(rows_of(&page), vec![plain, padded]);
+}
+
+async fn tokens_are_stored_hashed_found_and_revoked(env: Arc<Env>) {
+    use cellgate::auth::{tokens, Scopes};
+    let store = env.open().await;
+    let backend = store.tokens_backend().unwrap();
+    let token = tokens::generate();
+    let scopes = Scopes::parse(&["trips:read", "*:admin"]).unwrap();
+    tokens::insert(backend.as_ref(), &token, "ci", &scopes)
+        .await
+        .unwrap();
+    let found = tokens::find(backend.as_ref(), &token.hash)
+        .await
+        .unwrap()
+        .expect("found by its hash");
+    assert_eq!(
+        (found.id.as_str(), found.name.as_str()),
+        (token.id.as_str(), "ci")
+    );
+    assert_eq!(found.scopes, scopes);
+    assert_eq!(found.revoked_at, None);
+    assert!(tokens::find(backend.as_ref(), &tokens::hash("other"))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(tokens::revoke(backend.as_ref(), &token.id).await.unwrap());
+    assert!(!tokens::revoke(backend.as_ref(), &token.id).await.unwrap());
+    assert!(tokens::find(backend.as_ref(), &token.hash)
+        .await
+        .unwrap()
+        .is_none());
+    let listed = tokens::list(backend.as_ref()).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].revoked_at.is_some());
 }

@@ -29,28 +29,52 @@ pub struct Gateway {
     graphql: Arc<str>,
 }
 
+/// `base` as `http://host:port[/prefix]`, without `/graphql`.
+fn normalized(base: &str) -> anyhow::Result<String> {
+    let url = reqwest::Url::parse(base)
+        .with_context(|| format!("invalid gateway URL `{base}` (expected http://HOST:PORT)"))?;
+    anyhow::ensure!(
+        url.scheme() == "http",
+        "unsupported gateway URL `{base}`: only http:// is supported"
+    );
+    anyhow::ensure!(
+        url.host_str().is_some() && url.query().is_none() && url.fragment().is_none(),
+        "invalid gateway URL `{base}` (expected http://HOST:PORT)"
+    );
+    let path = url.path().trim_end_matches('/');
+    let path = path.strip_suffix("/graphql").unwrap_or(path);
+    let authority = match url.port() {
+        Some(port) => format!("{}:{port}", url.host_str().unwrap_or_default()),
+        None => url.host_str().unwrap_or_default().to_string(),
+    };
+    Ok(format!("http://{authority}{path}"))
+}
+
 impl Gateway {
     /// A client for the gateway at `base`, which may end in `/graphql`,
     /// waiting at most `timeout` for a GraphQL answer.
     pub fn new(base: &str, concurrency: u32, timeout: Duration) -> anyhow::Result<Gateway> {
-        let url = reqwest::Url::parse(base)
-            .with_context(|| format!("invalid gateway URL `{base}` (expected http://HOST:PORT)"))?;
-        anyhow::ensure!(
-            url.scheme() == "http",
-            "unsupported gateway URL `{base}`: only http:// is supported"
-        );
-        anyhow::ensure!(
-            url.host_str().is_some() && url.query().is_none() && url.fragment().is_none(),
-            "invalid gateway URL `{base}` (expected http://HOST:PORT)"
-        );
-        let path = url.path().trim_end_matches('/');
-        let path = path.strip_suffix("/graphql").unwrap_or(path);
-        let authority = match url.port() {
-            Some(port) => format!("{}:{port}", url.host_str().unwrap_or_default()),
-            None => url.host_str().unwrap_or_default().to_string(),
-        };
-        let base = format!("http://{authority}{path}");
+        Gateway::authenticated(base, concurrency, timeout, None)
+    }
+
+    /// Like [`Gateway::new`], sending `Authorization: Bearer <token>` with
+    /// every request when a token is given.
+    pub fn authenticated(
+        base: &str,
+        concurrency: u32,
+        timeout: Duration,
+        token: Option<&str>,
+    ) -> anyhow::Result<Gateway> {
+        let base = normalized(base)?;
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = token {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+                .context("the token is not a valid header value")?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let client = reqwest::Client::builder()
+            .default_headers(headers)
             .no_proxy()
             .pool_max_idle_per_host(concurrency as usize + 2)
             .tcp_nodelay(true)

@@ -231,7 +231,8 @@ pub struct BenchArgs {
     /// statement probe are left out. Figures its `/metrics` lacks are shown
     /// as `—`. Give it no rate or concurrency limit
     /// (`limits.rate_limit_per_second: 0`, `limits.max_concurrent_requests:
-    /// 0`), or refused requests count as errors.
+    /// 0`, `limits.max_connections_per_client: 0`), or refused requests
+    /// count as errors.
     #[arg(
         long,
         value_name = "URL",
@@ -239,6 +240,18 @@ pub struct BenchArgs {
         conflicts_with_all = ["database", "data"]
     )]
     pub url: Option<String>,
+
+    /// API token sent as `Authorization: Bearer` to the gateway of
+    /// `--url`, for gateways with auth on; it needs `trips:write` (and a
+    /// `*` scope for `/metrics`).
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "CELLGATE_BENCH_TOKEN",
+        hide_env_values = true,
+        requires = "url"
+    )]
+    pub token: Option<String>,
 
     /// Directory for the benchmark's SQLite store, kept afterwards; it must
     /// not hold trips yet. [default: a temporary directory, removed at the
@@ -396,7 +409,12 @@ async fn external(
     data: &Arc<Dataset>,
     workloads: &[Workload],
 ) -> anyhow::Result<Report> {
-    let gateway = Arc::new(Gateway::new(url, args.concurrency, args.request_timeout())?);
+    let gateway = Arc::new(Gateway::authenticated(
+        url,
+        args.concurrency,
+        args.request_timeout(),
+        args.token.as_deref(),
+    )?);
     let mut report = Report::new(parameters(
         args,
         data,

@@ -62,7 +62,7 @@ impl Server {
         let config = work_dir.join("serve.yaml");
         std::fs::write(
             &config,
-            "limits:\n  rate_limit_per_second: 0\n  max_concurrent_requests: 0\n",
+            "limits:\n  rate_limit_per_second: 0\n  max_concurrent_requests: 0\n  max_connections_per_client: 0\n",
         )
         .with_context(|| format!("cannot write `{}`", config.display()))?;
         let log = work_dir.join("serve.log");

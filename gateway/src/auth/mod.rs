@@ -1,0 +1,229 @@
+//! Who a request comes from and what it may do: API tokens with
+//! per-datastore scopes.
+//!
+//! `tokens.rs` makes, hashes and stores tokens (`cellgate_tokens` on the
+//! first cluster); `scopes.rs` parses and checks `<datastore>:<access>`
+//! grants. [`Authenticator`] turns an `Authorization: Bearer` header into a
+//! [`Principal`]. Stored tokens are looked up by hash and the answer is
+//! cached for [`CACHE_TTL`], so a revoked token stops working within that
+//! time on every gateway without a restart, while a busy client costs one
+//! lookup per second rather than one per request. Which GraphQL fields
+//! need which access is decided in `graphql/access.rs`; this module knows
+//! neither GraphQL nor HTTP.
+
+pub mod scopes;
+pub mod tokens;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use scopes::{Access, Scope, Scopes};
+
+use crate::config::AuthConfig;
+use crate::Store;
+
+/// How long the answer of a token lookup is reused.
+pub const CACHE_TTL: Duration = Duration::from_secs(1);
+
+/// Most cached lookups; past it the cache starts over, so clients sending
+/// random tokens cannot grow it without bound.
+const CACHE_CAPACITY: usize = 10_000;
+
+/// The caller of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// The token's id (stored tokens) or configured name; `None` when auth
+    /// is off.
+    pub token: Option<Arc<str>>,
+    pub scopes: Scopes,
+}
+
+impl Principal {
+    /// Everything allowed: auth is off.
+    pub fn unrestricted() -> Principal {
+        Principal {
+            token: None,
+            scopes: Scopes::all(),
+        }
+    }
+
+    pub fn allows(&self, datastore: &str, access: Access) -> bool {
+        self.scopes.allows(datastore, access)
+    }
+}
+
+/// Why a request has no principal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthError {
+    /// No `Authorization` header (or not a bearer token).
+    Missing,
+    /// A token that is unknown or revoked.
+    Invalid,
+    /// The token store could not be read.
+    Unavailable,
+}
+
+/// Authenticates requests against the configured and stored tokens.
+pub struct Authenticator {
+    enabled: bool,
+    configured: HashMap<String, (Arc<str>, Scopes)>,
+    store: Option<Store>,
+    cache: Mutex<HashMap<String, (Instant, Option<Principal>)>>,
+}
+
+impl Authenticator {
+    /// An authenticator for `config`; `enabled` says whether auth is on.
+    /// Fails on a configured token with an invalid hash or scope.
+    pub fn new(config: &AuthConfig, enabled: bool, store: Option<Store>) -> crate::Result<Self> {
+        let mut configured = HashMap::new();
+        for token in &config.tokens {
+            let hex = token.hash.strip_prefix("sha256:").unwrap_or("");
+            if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(crate::Error::Config(format!(
+                    "auth.tokens: the hash of `{}` is not sha256:<64 hex digits>",
+                    token.name
+                )));
+            }
+            let scopes = Scopes::parse(&token.scopes).map_err(|e| {
+                crate::Error::Config(format!("auth.tokens: token `{}`: {e}", token.name))
+            })?;
+            configured.insert(
+                format!("sha256:{}", hex.to_ascii_lowercase()),
+                (Arc::from(token.name.as_str()), scopes),
+            );
+        }
+        Ok(Authenticator {
+            enabled,
+            configured,
+            store,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Whether requests need a token.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The principal of a request with this `Authorization` header. With
+    /// auth off every request is [`Principal::unrestricted`].
+    pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, AuthError> {
+        if !self.enabled {
+            return Ok(Principal::unrestricted());
+        }
+        let token = bearer(authorization).ok_or(AuthError::Missing)?;
+        let hash = tokens::hash(token);
+        if let Some((name, scopes)) = self.configured.get(&hash) {
+            return Ok(Principal {
+                token: Some(name.clone()),
+                scopes: scopes.clone(),
+            });
+        }
+        // Stored tokens have one shape; anything else needs no lookup.
+        if !tokens::well_formed(token) {
+            return Err(AuthError::Invalid);
+        }
+        if let Some(cached) = self.cached(&hash) {
+            return cached.ok_or(AuthError::Invalid);
+        }
+        let Some(store) = &self.store else {
+            return Err(AuthError::Invalid);
+        };
+        let found = match store.tokens_backend() {
+            Ok(backend) => tokens::find(backend.as_ref(), &hash).await,
+            Err(error) => Err(error),
+        };
+        let principal = match found {
+            Ok(row) => row.map(|row| Principal {
+                token: Some(Arc::from(row.id.as_str())),
+                scopes: row.scopes,
+            }),
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the API tokens");
+                return Err(AuthError::Unavailable);
+            }
+        };
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= CACHE_CAPACITY {
+            cache.clear();
+        }
+        cache.insert(hash, (Instant::now(), principal.clone()));
+        principal.ok_or(AuthError::Invalid)
+    }
+
+    fn cached(&self, hash: &str) -> Option<Option<Principal>> {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        match cache.get(hash) {
+            Some((at, principal)) if at.elapsed() < CACHE_TTL => Some(principal.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+fn bearer(header: Option<&str>) -> Option<&str> {
+    let header = header?.trim();
+    let (scheme, token) = header.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigToken;
+
+    #[test]
+    fn only_bearer_tokens_are_read() {
+        assert_eq!(bearer(Some("Bearer abc")), Some("abc"));
+        assert_eq!(bearer(Some("bearer  abc ")), Some("abc"));
+        assert_eq!(bearer(Some("Basic abc")), None);
+        assert_eq!(bearer(Some("Bearer ")), None);
+        assert_eq!(bearer(None), None);
+    }
+
+    #[tokio::test]
+    async fn configured_tokens_are_matched_by_hash() {
+        let token = tokens::generate();
+        let config = AuthConfig {
+            tokens: vec![ConfigToken {
+                name: "ci".into(),
+                hash: token.hash.to_uppercase().replace("SHA256:", "sha256:"),
+                scopes: vec!["trips:read".into()],
+            }],
+            ..AuthConfig::default()
+        };
+        let auth = Authenticator::new(&config, true, None).unwrap();
+        let principal = auth
+            .authenticate(Some(&format!("Bearer {}", token.token)))
+            .await
+            .unwrap();
+        assert_eq!(principal.token.as_deref(), Some("ci"));
+        assert!(principal.allows("trips", Access::Read));
+        assert!(!principal.allows("trips", Access::Write));
+        assert_eq!(
+            auth.authenticate(Some("Bearer cg_other")).await,
+            Err(AuthError::Invalid)
+        );
+        assert_eq!(auth.authenticate(None).await, Err(AuthError::Missing));
+        let off = Authenticator::new(&config, false, None).unwrap();
+        assert_eq!(off.authenticate(None).await, Ok(Principal::unrestricted()));
+    }
+
+    #[test]
+    fn malformed_configured_tokens_are_refused() {
+        let config = |hash: &str, scope: &str| AuthConfig {
+            tokens: vec![ConfigToken {
+                name: "x".into(),
+                hash: hash.into(),
+                scopes: vec![scope.into()],
+            }],
+            ..AuthConfig::default()
+        };
+        let good = tokens::hash("t");
+        assert!(Authenticator::new(&config(&good, "trips:read"), true, None).is_ok());
+        assert!(Authenticator::new(&config("md5:00", "trips:read"), true, None).is_err());
+        assert!(Authenticator::new(&config(&good, "trips:all"), true, None).is_err());
+    }
+}
