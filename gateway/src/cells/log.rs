@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use super::read::{cell_from_row, select_cells, CELL_TYPES};
 use super::Cell;
 use crate::error::{Error, Result};
-use crate::storage::{ddl, Backend, ColType, Sql, Value, MAX_PARAMS};
+use crate::storage::{ddl, Backend, ColType, Dialect, Sql, Value, MAX_PARAMS};
 use crate::topology::{DatastoreRuntime, Topology};
 
 /// A position in a shard's log.
@@ -144,16 +144,7 @@ pub(crate) async fn log_keys(
         if keys.len() >= limit {
             break;
         }
-        let mut sql = Sql::new(backend.dialect());
-        sql.push("SELECT ")
-            .idents(["shard", "added_id", "row_key", "column_name", "created_at"])
-            .push(" FROM ")
-            .ident(&ddl::cells_table(ds.name()))
-            .push(" WHERE ");
-        positions_condition(&mut sql, chunk, " > ");
-        sql.push(" ORDER BY ")
-            .idents(["shard", "added_id"])
-            .push(&format!(" LIMIT {}", limit - keys.len()));
+        let sql = log_keys_sql(backend.dialect(), ds, chunk, limit - keys.len());
         let types = [
             ColType::Int,
             ColType::Int,
@@ -182,6 +173,69 @@ pub(crate) async fn log_keys(
         }
     }
     Ok(keys)
+}
+
+/// The statement of [`log_keys`] for one chunk of positions.
+///
+/// PostgreSQL gets a join of the positions with the log, one index range
+/// scan per position: given the `OR` form, it either scans the whole
+/// primary key in order (seconds on a few hundred thousand cells) or
+/// rechecks every term on every row found. MySQL's range optimizer and
+/// SQLite's multi-index `OR` turn the `OR` form into one range per
+/// position themselves.
+fn log_keys_sql(
+    dialect: Dialect,
+    ds: &DatastoreRuntime,
+    positions: &[(u32, i64)],
+    limit: usize,
+) -> Sql {
+    const COLUMNS: [&str; 5] = ["shard", "added_id", "row_key", "column_name", "created_at"];
+    let table = ddl::cells_table(ds.name());
+    let mut sql = Sql::new(dialect);
+    if dialect == Dialect::Postgres {
+        sql.push("SELECT ");
+        for (i, column) in COLUMNS.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            sql.push("c.").ident(column);
+        }
+        sql.push(" FROM (VALUES ");
+        for (i, (shard, after)) in positions.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            sql.push("(")
+                .bind(Value::Int(i64::from(*shard)))
+                .push(", ")
+                .bind(Value::Int(*after))
+                .push(")");
+        }
+        sql.push(") AS p(s, a) CROSS JOIN LATERAL (SELECT ")
+            .idents(COLUMNS)
+            .push(" FROM ")
+            .ident(&table)
+            .push(" WHERE ")
+            .ident("shard")
+            .push(" = p.s AND ")
+            .ident("added_id")
+            .push(" > p.a ORDER BY ")
+            .ident("added_id")
+            .push(&format!(" LIMIT {limit}) AS c ORDER BY c."))
+            .ident("shard")
+            .push(", c.")
+            .ident("added_id");
+    } else {
+        sql.push("SELECT ")
+            .idents(COLUMNS)
+            .push(" FROM ")
+            .ident(&table)
+            .push(" WHERE ");
+        positions_condition(&mut sql, positions, " > ");
+        sql.push(" ORDER BY ").idents(["shard", "added_id"]);
+    }
+    sql.push(&format!(" LIMIT {limit}"));
+    sql
 }
 
 /// Appends `(shard = ? AND added_id <op> ?) OR …` for `positions`.

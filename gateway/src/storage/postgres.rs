@@ -26,7 +26,11 @@ impl PostgresBackend {
     pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
         let connect = PgConnectOptions::from_str(url)
             .map_err(|e| crate::Error::Config(format!("invalid postgres url: {e}")))?
-            .statement_cache_capacity(1024);
+            .statement_cache_capacity(1024)
+            // Every statement here is a short indexed one; JIT compilation
+            // (triggered by the cost estimates of large `IN`/`VALUES`
+            // lists) would add a hundred milliseconds or more to each.
+            .options([("jit", "off")]);
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
