@@ -19,6 +19,15 @@ CREATE TABLE IF NOT EXISTS `cellgate_leases` (
   PRIMARY KEY (`name`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
+CREATE TABLE IF NOT EXISTS `cellgate_id_segments` (
+  `biz_tag` VARBINARY(512) NOT NULL,
+  `max_id` BIGINT NOT NULL,
+  `step` BIGINT NOT NULL,
+  `description` LONGTEXT NOT NULL,
+  `update_time` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`biz_tag`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
 -- datastore `payments`: 256 logical shards
 
 CREATE TABLE IF NOT EXISTS `payments_cells` (

@@ -19,6 +19,15 @@ CREATE TABLE IF NOT EXISTS "cellgate_leases" (
   PRIMARY KEY ("name")
 );
 
+CREATE TABLE IF NOT EXISTS "cellgate_id_segments" (
+  "biz_tag" TEXT NOT NULL,
+  "max_id" INTEGER NOT NULL,
+  "step" INTEGER NOT NULL,
+  "description" TEXT NOT NULL,
+  "update_time" INTEGER NOT NULL,
+  PRIMARY KEY ("biz_tag")
+);
+
 -- datastore `payments`: 256 logical shards
 
 CREATE TABLE IF NOT EXISTS "payments_cells" (

@@ -122,6 +122,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut options = StoreOptions::new(config.storage.clone());
     options.maintain_indexes = config.indexes.maintain;
     options.maintenance = config.indexes.maintainer();
+    options.ids = config.ids.options(Some(&config.data));
     let store = Store::open(defs, options)
         .await
         .map_err(|e| anyhow::anyhow!("cannot open storage (clusters {clusters}): {e}"))?;

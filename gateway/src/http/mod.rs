@@ -7,6 +7,7 @@
 //! | `GET /ui/` | the web explorer (`assets.rs`) |
 //! | `GET /healthz`, `GET /readyz` | liveness and readiness (`health.rs`) |
 //! | `GET /metrics` | Prometheus metrics (`metrics.rs`) |
+//! | `GET /api/segment/get/{tag}`, `GET /api/snowflake/get/{key}` | Leaf-style plain IDs (`ids.rs`) |
 //!
 //! Admission control (`admission.rs`) applies to `/graphql` only: health
 //! probes and metric scrapes must keep answering while the gateway sheds
@@ -23,6 +24,7 @@ mod admission;
 mod assets;
 mod graphql;
 mod health;
+mod ids;
 mod metrics;
 
 use std::sync::Arc;
@@ -79,6 +81,8 @@ pub fn routes(gateway: Arc<Gateway>) -> impl IntoEndpoint {
         .at("/healthz", get(health::healthz))
         .at("/readyz", get(health::readyz))
         .at("/metrics", get(metrics::metrics))
+        .at("/api/segment/get/:tag", get(ids::segment))
+        .at("/api/snowflake/get/:key", get(ids::snowflake))
         .data(gateway)
         .around(|endpoint, request| async move { log_requests(endpoint, request).await })
 }
