@@ -481,7 +481,12 @@ impl Snowflake {
                 }
                 Err(error) => {
                     tracing::warn!(%error, "cannot renew the snowflake worker lease");
-                    self.lock().state = LeaseState::Stale;
+                    let mut gen = self.lock();
+                    // A lease from the cache stays "cached" until the
+                    // database confirms it.
+                    if gen.state == LeaseState::Held {
+                        gen.state = LeaseState::Stale;
+                    }
                     return;
                 }
             }

@@ -6,10 +6,12 @@ mod bodies;
 mod catalog;
 mod concurrency;
 mod harness;
+mod ids;
 mod maintenance;
 
 use catalog::*;
 use concurrency::*;
+use ids::*;
 use maintenance::*;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -72,6 +74,14 @@ contract_suite!(
     statements_per_batch_and_page,
     text_keys_compare_without_padding,
     a_v1_store_is_refused_then_converted,
+    segment_allocators_never_hand_out_an_id_twice,
+    a_segment_switch_never_waits_on_the_database_with_prefetch,
+    segments_serve_from_memory_while_the_database_is_down,
+    unknown_biz_tags_are_refused_not_created,
+    snowflake_clock_rollback_waits_or_refuses,
+    snowflake_worker_ids_are_recycled_after_the_lease_expires,
+    snowflake_restarts_from_the_disk_cache_with_the_database_down,
+    tagged_ids_name_the_shard_of_their_row,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {
