@@ -364,14 +364,13 @@ impl Segments {
 
     /// The step of the next segment, from how long the latest one lasted.
     fn next_step(&self, step: i64, lasted: Duration) -> i64 {
-        let next = if lasted < self.segment_duration {
-            step.saturating_mul(2)
-        } else if lasted < self.segment_duration * 2 {
-            step
-        } else {
-            step / 2
-        };
-        next.clamp(self.min_step, self.max_step)
+        adapt(
+            step,
+            lasted,
+            self.segment_duration,
+            self.min_step,
+            self.max_step,
+        )
     }
 
     async fn load(&self, buffer: &TagBuffer) {
@@ -449,5 +448,48 @@ impl Segments {
             .collect();
         out.sort_by(|a, b| a.tag.cmp(&b.tag));
         out
+    }
+}
+
+/// Leaf's rule: double the step when a segment lasted less than `aim`,
+/// keep it up to twice that, halve it beyond; within `min..=max`.
+fn adapt(step: i64, lasted: Duration, aim: Duration, min: i64, max: i64) -> i64 {
+    let next = if lasted < aim {
+        step.saturating_mul(2)
+    } else if lasted < aim * 2 {
+        step
+    } else {
+        step / 2
+    };
+    next.clamp(min, max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_step_aims_at_one_segment_per_period() {
+        let aim = Duration::from_secs(900);
+        let s = Duration::from_secs;
+        assert_eq!(adapt(1000, s(60), aim, 1000, 1_000_000), 2000);
+        assert_eq!(adapt(800_000, s(60), aim, 1000, 1_000_000), 1_000_000);
+        assert_eq!(adapt(4000, s(1000), aim, 1000, 1_000_000), 4000);
+        assert_eq!(adapt(4000, s(3600), aim, 1000, 1_000_000), 2000);
+        assert_eq!(adapt(1500, s(3600), aim, 1000, 1_000_000), 1000);
+    }
+
+    #[test]
+    fn prefetch_starts_at_a_tenth() {
+        let mut state = State {
+            current: 0..100,
+            current_len: 100,
+            ..State::default()
+        };
+        assert!(!state.used_a_tenth());
+        state.current = 9..100;
+        assert!(!state.used_a_tenth());
+        state.current = 10..100;
+        assert!(state.used_a_tenth());
     }
 }
