@@ -284,8 +284,37 @@ impl Segments {
         }
     }
 
+    /// `count` IDs of `tag` from the current segment when it holds them:
+    /// the common case, without cloning the buffer's `Arc` or preparing a
+    /// wait.
+    fn take_current(self: &Arc<Self>, tag: &str, count: i64) -> Option<Vec<Range<i64>>> {
+        let tags = self.tags.read().expect("tags lock");
+        let buffer = tags.get(tag)?;
+        let mut state = buffer.state.lock().expect("tag lock");
+        let start = state.current.start;
+        if state.current.end - start < count {
+            return None;
+        }
+        state.current.start += count;
+        if self.prefetch
+            && state.started
+            && state.next.is_none()
+            && !state.loading
+            && state.used_a_tenth()
+            && !state.backing_off()
+        {
+            state.loading = true;
+            self.spawn_load(buffer);
+        }
+        buffer.issued.fetch_add(count as u64, Relaxed);
+        Some(vec![start..start + count])
+    }
+
     /// `count` IDs of `tag` as ranges.
     pub(crate) async fn take(self: &Arc<Self>, tag: &str, count: i64) -> Result<Vec<Range<i64>>> {
+        if let Some(out) = self.take_current(tag, count) {
+            return Ok(out);
+        }
         let buffer = self.buffer(tag);
         let mut out = Vec::with_capacity(1);
         let mut need = count;
