@@ -307,7 +307,9 @@ impl Segments {
             self.spawn_load(buffer);
         }
         buffer.issued.fetch_add(count as u64, Relaxed);
-        Some(vec![start..start + count])
+        let mut out = Vec::with_capacity(1);
+        out.push(start..start + count);
+        Some(out)
     }
 
     /// `count` IDs of `tag` as ranges.
