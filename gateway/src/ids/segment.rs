@@ -307,9 +307,7 @@ impl Segments {
             self.spawn_load(buffer);
         }
         buffer.issued.fetch_add(count as u64, Relaxed);
-        let mut out = Vec::with_capacity(1);
-        out.push(start..start + count);
-        Some(out)
+        Some(std::iter::once(start..start + count).collect())
     }
 
     /// `count` IDs of `tag` as ranges.
