@@ -207,33 +207,32 @@ async fn paced(ids: &Ids, n: usize, pause: Duration) -> (Duration, Vec<i64>) {
 }
 
 pub async fn a_segment_switch_never_waits_on_the_database_with_prefetch(env: Arc<Env>) {
-    // A segment load is 4 statements of 25 ms: 100 ms. The 90 IDs after
-    // the 10% mark take at least 180 ms, so a prefetched segment is
-    // always there in time, and a request that waits shows it.
-    let (backend, _) = flaky(&env, Duration::from_millis(25)).await;
+    // A segment load is 4 statements each held back 10 ms: at least 40 ms.
+    // The 90 IDs after the 10% mark take at least 270 ms, so a prefetched
+    // segment is always there in time, and a request that waits shows it.
+    let (backend, _) = flaky(&env, Duration::from_millis(10)).await;
     let on = Ids::open(backend.clone(), segment_options(100, 100, true))
         .await
         .unwrap();
     on.create_tag(&tag("paced", 100)).await.unwrap();
-    let (slowest, got) = paced(&on, 450, Duration::from_millis(2)).await;
+    let (_, got) = paced(&on, 450, Duration::from_millis(3)).await;
     let metrics = &on.metrics().tags[0];
     assert!(metrics.segment_loads >= 5, "{metrics:?}");
-    assert_eq!(metrics.boundary_waits, 0, "{metrics:?}");
-    assert!(
-        slowest < Duration::from_millis(60),
-        "no request waited for a load: slowest {slowest:?}"
+    assert_eq!(
+        metrics.boundary_waits, 0,
+        "no request waited for a load: {metrics:?}"
     );
     assert!(got.windows(2).all(|w| w[0] < w[1]));
 
-    // The same pace without prefetch waits at every boundary: the test
-    // can tell the two apart.
+    // The same pace without prefetch waits at every boundary, each time
+    // for a whole load: the test can tell the two apart.
     let off = Ids::open(backend, segment_options(100, 100, false))
         .await
         .unwrap();
-    let (slowest, _) = paced(&off, 250, Duration::from_millis(2)).await;
+    let (slowest, _) = paced(&off, 250, Duration::from_millis(3)).await;
     let metrics = &off.metrics().tags[0];
     assert!(metrics.boundary_waits >= 2, "{metrics:?}");
-    assert!(slowest >= Duration::from_millis(90), "slowest {slowest:?}");
+    assert!(slowest >= Duration::from_millis(40), "slowest {slowest:?}");
 }
 
 pub async fn segments_serve_from_memory_while_the_database_is_down(env: Arc<Env>) {
