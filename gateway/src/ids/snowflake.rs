@@ -198,7 +198,11 @@ impl Snowflake {
             stopped: false,
         };
         if let Some(cache) = &cache {
+            // Regression: a restart within the millisecond of the last
+            // issued ID issued sequence 0 of it again. The cached
+            // millisecond counts as used up; issuing starts after it.
             gen.last_ms = cache.last_ms;
+            gen.seq = MAX_SEQUENCE + 1;
             gen.reserved_ms = cache.last_ms;
             gen.tag_floor_sec = (cache.last_ms - options.epoch_ms).div_euclid(1000);
             let expires_at = DateTime::from_timestamp_millis(cache.expires_at_ms);

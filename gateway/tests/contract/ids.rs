@@ -446,3 +446,26 @@ pub async fn tagged_ids_name_the_shard_of_their_row(env: Arc<Env>) {
         assert_eq!(decoded.version, 1);
     }
 }
+
+// Regression: a restart within the millisecond of the last issued ID
+// issued sequence 0 of that millisecond again.
+pub async fn snowflake_restart_in_the_same_millisecond_issues_no_duplicate(env: Arc<Env>) {
+    let (backend, _) = flaky(&env, Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(cellgate::ids::DEFAULT_EPOCH_MS + 5_000));
+    let options = || IdsOptions {
+        worker_lease: Duration::from_secs(60),
+        ..snowflake_options(Some(clock.clone()), dir.path())
+    };
+    let ids = Ids::open(backend.clone(), options()).await.unwrap();
+    ids.wait_for_worker(Duration::from_secs(5)).await.unwrap();
+    let before = ids.snowflake_ids(3).await.unwrap();
+    ids.shutdown().await;
+    drop(ids);
+    let restarted = Ids::open(backend, options()).await.unwrap();
+    let after = restarted.snowflake_ids(3).await.unwrap();
+    assert!(
+        after[0] > *before.last().unwrap(),
+        "{before:?} then {after:?}"
+    );
+}

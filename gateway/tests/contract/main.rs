@@ -81,6 +81,7 @@ contract_suite!(
     snowflake_clock_rollback_waits_or_refuses,
     snowflake_worker_ids_are_recycled_after_the_lease_expires,
     snowflake_restarts_from_the_disk_cache_with_the_database_down,
+    snowflake_restart_in_the_same_millisecond_issues_no_duplicate,
     tagged_ids_name_the_shard_of_their_row,
 );
 
