@@ -109,6 +109,213 @@ pub struct Config {
     ///   allowed_origins: ["https://app.example.com"]
     /// ```
     pub cors: CorsConfig,
+    /// ID allocation (Leaf segments, snowflake, shard-tagged IDs); see
+    /// [`IdsConfig`].
+    ///
+    /// ```yaml
+    /// ids:
+    ///   tags: [{ name: order, step: 1000 }]
+    /// ```
+    pub ids: IdsConfig,
+}
+
+/// ID allocation. Segment mode hands out IDs of a biz tag from segments
+/// taken from `cellgate_id_segments`; snowflake mode composes time, a
+/// leased worker id and a sequence.
+///
+/// ```yaml
+/// ids:
+///   cluster: main
+///   prefetch: true
+///   min_step: 1000
+///   max_step: 1000000
+///   segment_duration_ms: 900000
+///   max_count: 10000
+///   tags:
+///     - { name: order, step: 1000, start: 1, description: order numbers }
+///   snowflake:
+///     enabled: true
+///     epoch_ms: 1704067200000
+///     worker_lease_ms: 600000
+///     cache: ""
+/// ```
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdsConfig {
+    /// Cluster holding `cellgate_id_segments` and the worker leases
+    /// (empty: the first cluster).
+    ///
+    /// ```yaml
+    /// cluster: main
+    /// ```
+    pub cluster: String,
+    /// Load the next segment in the background once 10% of the current
+    /// one is used, so no request waits on the database at a boundary.
+    ///
+    /// ```yaml
+    /// prefetch: true
+    /// ```
+    pub prefetch: bool,
+    /// Smallest segment the adaptive step shrinks to.
+    ///
+    /// ```yaml
+    /// min_step: 1000
+    /// ```
+    pub min_step: i64,
+    /// Largest segment the adaptive step grows to.
+    ///
+    /// ```yaml
+    /// max_step: 1000000
+    /// ```
+    pub max_step: i64,
+    /// How long one segment should last: the step doubles when a segment
+    /// lasted less, halves when it lasted more than twice as long.
+    ///
+    /// ```yaml
+    /// segment_duration_ms: 900000
+    /// ```
+    pub segment_duration_ms: u64,
+    /// Most IDs one request may ask for.
+    ///
+    /// ```yaml
+    /// max_count: 10000
+    /// ```
+    pub max_count: usize,
+    /// Biz tags created at start-up if missing (existing ones are left as
+    /// they are).
+    ///
+    /// ```yaml
+    /// tags: [{ name: order, step: 1000 }]
+    /// ```
+    pub tags: Vec<IdTagConfig>,
+    /// Snowflake mode; see [`SnowflakeConfig`].
+    pub snowflake: SnowflakeConfig,
+}
+
+impl Default for IdsConfig {
+    fn default() -> Self {
+        IdsConfig {
+            cluster: String::new(),
+            prefetch: true,
+            min_step: 1000,
+            max_step: 1_000_000,
+            segment_duration_ms: 900_000,
+            max_count: 10_000,
+            tags: Vec::new(),
+            snowflake: SnowflakeConfig::default(),
+        }
+    }
+}
+
+/// A biz tag to create at start-up.
+///
+/// ```yaml
+/// { name: order, step: 1000, start: 1, description: order numbers }
+/// ```
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct IdTagConfig {
+    /// Tag name: letters, digits, `_`, `-`, `.` and `:`, at most 128.
+    pub name: String,
+    /// First segment length (the adaptive step starts here).
+    #[serde(default = "default_step")]
+    pub step: i64,
+    /// First ID of the tag.
+    #[serde(default = "default_start")]
+    pub start: i64,
+    /// What the IDs are for.
+    #[serde(default)]
+    pub description: String,
+}
+
+fn default_step() -> i64 {
+    1000
+}
+
+fn default_start() -> i64 {
+    1
+}
+
+/// Snowflake IDs: 1 sign bit, 41 bits of milliseconds since `epoch_ms`,
+/// 10 bits of worker id, 12 bits of sequence.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SnowflakeConfig {
+    /// Take a worker id and serve snowflake IDs.
+    ///
+    /// ```yaml
+    /// enabled: true
+    /// ```
+    pub enabled: bool,
+    /// The epoch of the time bits, in Unix milliseconds (default
+    /// 2024-01-01T00:00:00Z). Never change it for a running system.
+    ///
+    /// ```yaml
+    /// epoch_ms: 1704067200000
+    /// ```
+    pub epoch_ms: i64,
+    /// How long a worker id lease lasts without renewal; a worker id whose
+    /// lease expired is given to the next gateway that needs one.
+    ///
+    /// ```yaml
+    /// worker_lease_ms: 600000
+    /// ```
+    pub worker_lease_ms: u64,
+    /// File caching the leased worker id and the last issued time, so a
+    /// restart works while the database is down (empty:
+    /// `<data>/snowflake-worker.json`).
+    ///
+    /// ```yaml
+    /// cache: /var/lib/cellgate/snowflake-worker.json
+    /// ```
+    pub cache: String,
+}
+
+impl Default for SnowflakeConfig {
+    fn default() -> Self {
+        SnowflakeConfig {
+            enabled: true,
+            epoch_ms: crate::ids::DEFAULT_EPOCH_MS,
+            worker_lease_ms: 600_000,
+            cache: String::new(),
+        }
+    }
+}
+
+impl IdsConfig {
+    /// The allocator settings; `data` is the data directory, home of the
+    /// default worker cache.
+    pub fn options(&self, data: Option<&Path>) -> crate::ids::IdsOptions {
+        let cache = if !self.snowflake.cache.is_empty() {
+            Some(PathBuf::from(&self.snowflake.cache))
+        } else {
+            data.map(|d| d.join("snowflake-worker.json"))
+        };
+        crate::ids::IdsOptions {
+            cluster: (!self.cluster.is_empty()).then(|| self.cluster.clone()),
+            prefetch: self.prefetch,
+            min_step: self.min_step.max(1),
+            max_step: self.max_step.max(self.min_step.max(1)),
+            segment_duration: std::time::Duration::from_millis(self.segment_duration_ms.max(1)),
+            max_count: self.max_count.max(1),
+            tags: self
+                .tags
+                .iter()
+                .map(|t| crate::ids::NewTag {
+                    name: t.name.clone(),
+                    start: t.start,
+                    step: t.step,
+                    description: t.description.clone(),
+                })
+                .collect(),
+            snowflake: self.snowflake.enabled,
+            epoch_ms: self.snowflake.epoch_ms,
+            worker_lease: std::time::Duration::from_millis(self.snowflake.worker_lease_ms.max(100)),
+            worker_cache: cache,
+            clock: None,
+            max_workers: crate::ids::MAX_WORKERS,
+        }
+    }
 }
 
 /// Authentication with API tokens (`Authorization: Bearer <token>`).
@@ -311,6 +518,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             auth: AuthConfig::default(),
             cors: CorsConfig::default(),
+            ids: IdsConfig::default(),
         }
     }
 }

@@ -102,6 +102,19 @@ pub enum Error {
     /// A maintenance pass found that another process took its lease.
     #[error("lease `{0}` is held by another process")]
     LeaseLost(String),
+    /// A biz tag that was never created (tags are created by `cellgate ids
+    /// create-tag`, the `createIdTag` mutation or `ids.tags` in the
+    /// configuration, never by a request for IDs).
+    #[error("unknown biz tag `{0}`")]
+    UnknownBizTag(String),
+    /// IDs cannot be issued now: the segment table cannot be reached and
+    /// the buffered segments are used up, or no snowflake worker id is held.
+    #[error("ids unavailable: {0}")]
+    IdSourceUnavailable(String),
+    /// The clock is behind the last issued snowflake timestamp by more than
+    /// the few milliseconds the generator waits out.
+    #[error("the clock moved backwards by {behind_ms} ms; no ids are issued until it catches up")]
+    ClockMovedBackwards { behind_ms: i64 },
     /// A broken invariant of the store (never caused by client input).
     #[error("internal error: {0}")]
     Internal(String),
@@ -131,6 +144,9 @@ impl Error {
             Error::LayoutUpgradeRequired(_) => "LAYOUT_UPGRADE_REQUIRED",
             Error::IndexBuilding { .. } => "INDEX_BUILDING",
             Error::LeaseLost(_) => "LEASE_LOST",
+            Error::UnknownBizTag(_) => "UNKNOWN_BIZ_TAG",
+            Error::IdSourceUnavailable(_) => "ID_SOURCE_UNAVAILABLE",
+            Error::ClockMovedBackwards { .. } => "CLOCK_MOVED_BACKWARDS",
             Error::Internal(_) => "INTERNAL",
         }
     }
@@ -162,7 +178,9 @@ impl Error {
         match self {
             Error::Unavailable { .. }
             | Error::ClusterNotReady { .. }
-            | Error::IndexBuilding { .. } => true,
+            | Error::IndexBuilding { .. }
+            | Error::IdSourceUnavailable(_)
+            | Error::ClockMovedBackwards { .. } => true,
             Error::Shared(inner) => inner.is_transient(),
             _ => false,
         }

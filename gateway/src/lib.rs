@@ -14,6 +14,7 @@ pub mod demo;
 mod error;
 pub mod graphql;
 pub mod http;
+pub mod ids;
 pub mod indexes;
 mod leases;
 mod retry;

@@ -48,6 +48,8 @@ pub struct StoreOptions {
     /// indexes stay unbuilt). Only that command sets it.
     #[doc(hidden)]
     pub converting_v1: bool,
+    /// ID allocation (segments, snowflake worker lease).
+    pub ids: crate::ids::IdsOptions,
 }
 
 impl StoreOptions {
@@ -59,6 +61,10 @@ impl StoreOptions {
             maintenance: MaintainerOptions::default(),
             require_all_clusters: false,
             converting_v1: false,
+            ids: crate::ids::IdsOptions {
+                snowflake: false,
+                ..crate::ids::IdsOptions::default()
+            },
         }
     }
 }
@@ -77,6 +83,7 @@ struct Inner {
     warnings: Vec<String>,
     /// Set (or dropped with the store) to stop the maintenance workers.
     shutdown: tokio::sync::watch::Sender<bool>,
+    ids: crate::ids::Ids,
 }
 
 /// Counters of one datastore.
@@ -243,6 +250,17 @@ impl Store {
                 options.maintain_indexes,
             );
         }
+        let ids_cluster = match &options.ids.cluster {
+            None => &topology.clusters[0],
+            Some(name) => topology
+                .clusters
+                .iter()
+                .find(|c| c.name == *name)
+                .ok_or_else(|| {
+                    Error::Config(format!("ids.cluster `{name}` is not a configured cluster"))
+                })?,
+        };
+        let ids = crate::ids::Ids::open(ids_cluster.master.clone(), options.ids.clone()).await?;
         Ok(Store {
             inner: Arc::new(Inner {
                 topology,
@@ -250,6 +268,7 @@ impl Store {
                 maintaining: options.maintain_indexes,
                 warnings,
                 shutdown,
+                ids,
             }),
         })
     }
@@ -260,6 +279,18 @@ impl Store {
 
     pub(crate) fn topology_arc(&self) -> Arc<Topology> {
         self.inner.topology.clone()
+    }
+
+    /// The ID allocator (segments, snowflake and tagged IDs).
+    pub fn ids(&self) -> &crate::ids::Ids {
+        &self.inner.ids
+    }
+
+    /// The logical shard of `row_key` in `datastore` (the stable hash of
+    /// `shards.rs`), e.g. to tag an ID with it.
+    pub fn row_shard(&self, datastore: &str, row_key: &Uuid) -> Result<u32> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        Ok(crate::shards::row_shard(row_key, ds.def.shards))
     }
 
     /// The definitions the store serves.
@@ -331,6 +362,7 @@ impl Store {
     /// the store without waiting on this one. The store answers nothing
     /// afterwards.
     pub async fn shutdown(&self, grace: Duration) {
+        self.inner.ids.shutdown().await;
         let _ = self.inner.shutdown.send(true);
         self.inner.maintainer.join(grace).await;
         let backends = self

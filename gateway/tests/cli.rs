@@ -261,6 +261,7 @@ async fn migrate_creates_one_table_set_whatever_the_shard_count() {
     expect![[r#"
         [
             "cellgate_catalog",
+            "cellgate_id_segments",
             "cellgate_leases",
             "cellgate_tokens",
             "sqlite_sequence",

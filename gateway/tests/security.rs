@@ -226,6 +226,47 @@ async fn every_scope_and_operation_kind_is_allowed_or_refused() {
         metrics(Some(&secrets[4])).await.unwrap().status(),
         StatusCode::OK
     );
+
+    // IDs belong to no datastore: only `*` scopes take them, and only
+    // `*:admin` creates a biz tag.
+    let (status, answer) = post(&server, Some(&secrets[2]), "{ snowflakeIds(count: 1) }").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    assert_eq!(code(&answer), "FORBIDDEN", "{answer}");
+    let create = r#"mutation { createIdTag(bizTag: "orders") }"#;
+    let (status, answer) = post(&server, Some(&secrets[2]), create).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    let (status, answer) = post(&server, Some(&secrets[4]), create).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let (status, answer) = post(
+        &server,
+        Some(&secrets[4]),
+        r#"{ nextIds(bizTag: "orders", count: 2) }"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        answer["data"]["nextIds"].as_array().map(Vec::len),
+        Some(2),
+        "{answer}"
+    );
+    let plain = |token: Option<&str>| {
+        let mut request = client().get(server.url("/api/segment/get/orders"));
+        if let Some(token) = token {
+            request = request.header(AUTHORIZATION, format!("Bearer {token}"));
+        }
+        request.send()
+    };
+    assert_eq!(
+        plain(None).await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        plain(Some(&secrets[0])).await.unwrap().status(),
+        StatusCode::FORBIDDEN
+    );
+    let allowed = plain(Some(&secrets[4])).await.unwrap();
+    assert_eq!(allowed.status(), StatusCode::OK);
+    assert!(allowed.text().await.unwrap().trim().parse::<i64>().is_ok());
 }
 
 fn token_command(dir: &Path, args: &[&str]) -> std::process::Output {

@@ -30,6 +30,15 @@ CREATE TABLE IF NOT EXISTS `cellgate_tokens` (
   UNIQUE KEY `hash` (`token_hash`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
+CREATE TABLE IF NOT EXISTS `cellgate_id_segments` (
+  `biz_tag` VARBINARY(512) NOT NULL,
+  `max_id` BIGINT NOT NULL,
+  `step` BIGINT NOT NULL,
+  `description` LONGTEXT NOT NULL,
+  `update_time` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`biz_tag`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
 -- datastore `payments`: 256 logical shards
 
 CREATE TABLE IF NOT EXISTS `payments_cells` (

@@ -31,6 +31,15 @@ CREATE TABLE IF NOT EXISTS "cellgate_tokens" (
 
 CREATE UNIQUE INDEX IF NOT EXISTS "cellgate_tokens_hash" ON "cellgate_tokens" ("token_hash");
 
+CREATE TABLE IF NOT EXISTS "cellgate_id_segments" (
+  "biz_tag" TEXT COLLATE "C" NOT NULL,
+  "max_id" BIGINT NOT NULL,
+  "step" BIGINT NOT NULL,
+  "description" TEXT NOT NULL,
+  "update_time" TIMESTAMPTZ NOT NULL,
+  PRIMARY KEY ("biz_tag")
+);
+
 -- datastore `payments`: 256 logical shards
 
 CREATE TABLE IF NOT EXISTS "payments_cells" (

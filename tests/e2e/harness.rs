@@ -362,6 +362,19 @@ impl Server {
         response["data"].clone()
     }
 
+    /// GETs `path` (e.g. `/api/segment/get/order`); returns the status and
+    /// the body as text.
+    pub async fn get_text(&self, path: &str) -> (StatusCode, String) {
+        let response = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path} failed: {e}\nstderr:\n{}", self.stderr()));
+        let status = response.status();
+        (status, response.text().await.expect("response body"))
+    }
+
     /// POSTs a raw body with `Content-Type: application/json`; returns the
     /// status and the JSON response (checked by [`check_errors`]).
     pub async fn post_raw(&self, body: &str, accept: Accept) -> (StatusCode, Value) {

@@ -8,6 +8,7 @@
 mod cells;
 mod errors;
 mod harness;
+mod ids;
 mod indexes;
 mod meta;
 
@@ -25,4 +26,5 @@ e2e_suite!(
     errors::query_errors_have_stable_codes,
     meta::datastores_describe_definitions_and_topology,
     meta::demo_server_answers_the_readme_query,
+    ids::ids_over_graphql_and_leaf_routes,
 );

@@ -16,6 +16,7 @@ mod bench;
 mod check;
 mod ddl;
 mod generated;
+mod ids;
 mod index;
 mod migrate;
 mod schema;
@@ -35,6 +36,7 @@ use index_dsl::Definitions;
 pub use bench::BenchArgs;
 pub use check::CheckArgs;
 pub use ddl::DdlArgs;
+pub use ids::IdsArgs;
 pub use index::IndexArgs;
 pub use migrate::MigrateArgs;
 pub use schema::SchemaArgs;
@@ -95,6 +97,9 @@ pub enum Command {
     Migrate(MigrateArgs),
     /// Manage index tables (`drop`).
     Index(IndexArgs),
+    /// IDs: create biz tags, take segment or snowflake IDs, list the tags,
+    /// decode an ID, and measure the allocator (`ids bench`).
+    Ids(IdsArgs),
     /// Serve the GraphQL API over HTTP.
     ///
     /// Loads the definitions, opens the store, and serves `POST/GET
@@ -137,6 +142,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Schema(args) => schema::run(args),
         Command::Migrate(args) => migrate::run(args).await,
         Command::Index(args) => index::run(args).await,
+        Command::Ids(args) => ids::run(args).await,
         Command::Serve(args) => serve::run(args).await,
         Command::Token(args) => token::run(args).await,
         Command::Bench(args) => bench::run(args).await,

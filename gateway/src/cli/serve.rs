@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
@@ -142,6 +143,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut options = StoreOptions::new(config.storage.clone());
     options.maintain_indexes = config.indexes.maintain;
     options.maintenance = config.indexes.maintainer();
+    options.ids = config.ids.options(Some(&config.data));
     let store = Store::open(defs, options)
         .await
         .map_err(|e| anyhow::anyhow!("cannot open storage (clusters {clusters}): {e}"))?;
@@ -158,6 +160,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 plural(summary.cells, "cell", "cells"),
             ),
             None => println!("demo data not loaded: the store already holds cells"),
+        }
+    }
+
+    if config.ids.snowflake.enabled {
+        // Serve snowflake IDs from the first request when the database
+        // answers; without it, requests say so until a worker id is leased.
+        if let Err(error) = store.ids().wait_for_worker(Duration::from_secs(3)).await {
+            tracing::warn!(%error, "serving without a snowflake worker id for now");
         }
     }
 

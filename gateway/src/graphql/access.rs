@@ -30,6 +30,10 @@ pub struct AccessMap {
     mutation: HashMap<String, (String, Access)>,
 }
 
+/// What the root fields of no particular datastore are checked against:
+/// only `*` scopes allow it.
+pub const ANY_DATASTORE: &str = "*";
+
 /// Fields of `<Ds>Query` that need `admin`.
 const ADMIN_QUERY_FIELDS: [&str; 3] = super::maintenance::QUERY_FIELDS;
 
@@ -49,6 +53,16 @@ impl AccessMap {
             );
             map.query.insert(field, datastore.name.clone());
         }
+        // IDs belong to no datastore: they need a scope on every datastore
+        // (`*:read` to take them, `*:admin` to create a biz tag).
+        for field in super::ids::QUERY_FIELDS {
+            map.query
+                .insert(field.to_string(), ANY_DATASTORE.to_string());
+        }
+        map.mutation.insert(
+            super::ids::CREATE_TAG.to_string(),
+            (ANY_DATASTORE.to_string(), Access::Admin),
+        );
         map
     }
 }

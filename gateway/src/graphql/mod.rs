@@ -4,11 +4,12 @@
 //! turns the definitions into a dynamic schema; `execute` runs one request
 //! with its per-request data: the store and a DataLoader (`loaders.rs`)
 //! that batches cell reads per cluster. `scalars.rs` holds the custom scalars,
-//! `errors.rs` the mapping of store errors to stable codes, and `limits.rs`
+//! `ids.rs` the ID fields, `errors.rs` the mapping of store errors to stable codes, and `limits.rs`
 //! the depth and complexity limits (introspection counted apart).
 
 mod access;
 mod errors;
+mod ids;
 mod limits;
 mod loaders;
 mod maintenance;
@@ -17,7 +18,7 @@ mod schema;
 
 use async_graphql::dataloader::DataLoader;
 
-pub use access::{authorize, AccessMap, Denied};
+pub use access::{authorize, AccessMap, Denied, ANY_DATASTORE};
 pub use schema::{build_schema, camel, pascal, sdl, GraphqlLimits};
 
 use crate::Store;

@@ -210,11 +210,7 @@ fn schema_for(
     limits: GraphqlLimits,
 ) -> crate::Result<Schema> {
     let defs = defs.clone();
-    let mut builder = Schema::build(
-        "Query",
-        (!defs.datastores.is_empty()).then_some("Mutation"),
-        None,
-    );
+    let mut builder = Schema::build("Query", Some("Mutation"), None);
     for scalar in scalars::scalars() {
         builder = builder.register(scalar);
     }
@@ -249,10 +245,23 @@ fn schema_for(
     {
         builder = builder.register(object);
     }
-    let mut query = Object::new("Query").description("Reads of every datastore.");
+    let (id_objects, id_enums) = super::ids::types();
+    for object in id_objects {
+        builder = builder.register(object);
+    }
+    for e in id_enums {
+        builder = builder.register(e);
+    }
+    let mut query = Object::new("Query").description("Reads of every datastore, and IDs.");
     query = query.field(datastores_field(topology, &defs));
-    let mut mutation = Object::new("Mutation").description("Writes of every datastore.");
+    for field in super::ids::query_fields() {
+        query = query.field(field);
+    }
+    let mut mutation =
+        Object::new("Mutation").description("Writes of every datastore, and ID tags.");
+    mutation = mutation.field(super::ids::create_tag_field());
     let mut seen = std::collections::HashSet::from(["datastores".to_string()]);
+    seen.extend(super::ids::QUERY_FIELDS.iter().map(|f| f.to_string()));
     for datastore in &defs.datastores {
         let ds: Arc<str> = Arc::from(datastore.name.as_str());
         if !seen.insert(camel(&datastore.name)) {
@@ -286,9 +295,7 @@ fn schema_for(
         mutation = mutation.field(super::maintenance::retry_field(&ds));
     }
     builder = builder.register(query);
-    if !defs.datastores.is_empty() {
-        builder = builder.register(mutation);
-    }
+    builder = builder.register(mutation);
     builder
         .data(limits)
         .extension(QueryLimits(limits))

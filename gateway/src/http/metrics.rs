@@ -167,27 +167,12 @@ pub(super) async fn metrics(
     request: &poem::Request,
     Data(gateway): Data<&Arc<Gateway>>,
 ) -> Response {
-    if gateway.auth.enabled() && gateway.protect_metrics {
-        let header = request.header(poem::http::header::AUTHORIZATION);
-        match gateway.auth.authenticate(header).await {
-            Ok(principal) if principal.scopes.covers_every_datastore() => {}
-            Ok(_) => {
-                return plain(
-                    poem::http::StatusCode::FORBIDDEN,
-                    "FORBIDDEN: /metrics needs a token with a `*` scope",
-                )
-            }
-            Err(_) => {
-                let mut response = plain(
-                    poem::http::StatusCode::UNAUTHORIZED,
-                    "UNAUTHENTICATED: /metrics needs `Authorization: Bearer <token>`",
-                );
-                response.headers_mut().insert(
-                    poem::http::header::WWW_AUTHENTICATE,
-                    poem::http::HeaderValue::from_static("Bearer"),
-                );
-                return response;
-            }
+    if gateway.protect_metrics {
+        let refused = gateway
+            .refuse_plain(request, "/metrics", crate::auth::Access::Read)
+            .await;
+        if let Some(response) = refused {
+            return response;
         }
     }
     gateway
@@ -195,13 +180,6 @@ pub(super) async fn metrics(
         .encode()
         .with_content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
         .into_response()
-}
-
-fn plain(status: poem::http::StatusCode, text: &'static str) -> Response {
-    Response::builder()
-        .status(status)
-        .content_type("text/plain; charset=utf-8")
-        .body(text)
 }
 
 /// Reads the store's counters at each scrape.
@@ -353,6 +331,102 @@ impl Collector for StoreCollector {
             let labels = [("cluster", cluster.name.as_str())];
             ConstCounter::new(cluster.statements).encode(family.encode_family(&labels)?)?;
         }
-        Ok(())
+        encode_ids(&self.0.ids().metrics(), &mut encoder)
     }
+}
+
+/// The ID allocator's figures: per biz tag, and the snowflake worker.
+fn encode_ids(
+    ids: &crate::ids::IdsMetrics,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    use prometheus_client::metrics::MetricType::{Counter as CounterType, Gauge as GaugeType};
+    type Figure = fn(&crate::ids::TagMetrics) -> i64;
+    let per_tag: [(&str, &str, _, Figure); 4] = [
+        (
+            "cellgate_ids_issued",
+            "Segment IDs handed out by this process, per biz tag",
+            CounterType,
+            |t| t.issued as i64,
+        ),
+        (
+            "cellgate_ids_segment_loads",
+            "Segments taken from the database, per biz tag",
+            CounterType,
+            |t| t.segment_loads as i64,
+        ),
+        (
+            "cellgate_ids_boundary_waits",
+            "Requests that waited for the database at a segment boundary (0 while prefetch keeps up), per biz tag",
+            CounterType,
+            |t| t.boundary_waits as i64,
+        ),
+        (
+            "cellgate_ids_segment_step",
+            "Length of the latest segment (the adaptive step), per biz tag",
+            GaugeType,
+            |t| t.step,
+        ),
+    ];
+    for (name, help, kind, value) in per_tag {
+        let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+        for tag in &ids.tags {
+            let labels = [("tag", tag.tag.as_str())];
+            let v = value(tag).max(0);
+            match kind {
+                CounterType => {
+                    ConstCounter::new(v as u64).encode(family.encode_family(&labels)?)?
+                }
+                _ => ConstGauge::new(v).encode(family.encode_family(&labels)?)?,
+            }
+        }
+    }
+    let Some(snowflake) = &ids.snowflake else {
+        return Ok(());
+    };
+    ConstGauge::new(snowflake.worker_id.map(i64::from).unwrap_or(-1)).encode(
+        encoder.encode_descriptor(
+            "cellgate_ids_snowflake_worker_id",
+            "The leased snowflake worker id (-1: none)",
+            None,
+            GaugeType,
+        )?,
+    )?;
+    let mut family = encoder.encode_descriptor(
+        "cellgate_ids_snowflake_lease",
+        "State of the snowflake worker lease (1 for the current state)",
+        None,
+        GaugeType,
+    )?;
+    use crate::ids::LeaseState;
+    for state in [
+        LeaseState::None,
+        LeaseState::Cached,
+        LeaseState::Held,
+        LeaseState::Stale,
+        LeaseState::Lost,
+    ] {
+        let labels = [("state", state.as_str())];
+        ConstGauge::new(i64::from(snowflake.lease_state == state))
+            .encode(family.encode_family(&labels)?)?;
+    }
+    ConstGauge::new(snowflake.lease_remaining_ms).encode(encoder.encode_descriptor(
+        "cellgate_ids_snowflake_lease_remaining_ms",
+        "Milliseconds until the worker lease expires unless renewed",
+        None,
+        GaugeType,
+    )?)?;
+    ConstCounter::new(snowflake.issued).encode(encoder.encode_descriptor(
+        "cellgate_ids_snowflake_issued",
+        "Snowflake and tagged IDs issued by this process",
+        None,
+        CounterType,
+    )?)?;
+    ConstCounter::new(snowflake.clock_refusals).encode(encoder.encode_descriptor(
+        "cellgate_ids_clock_refusals",
+        "Snowflake requests refused because the clock moved backwards",
+        None,
+        CounterType,
+    )?)?;
+    Ok(())
 }

@@ -8,6 +8,7 @@
 //! | `GET /ui/` | the web explorer (`assets.rs`; `auth.playground`) |
 //! | `GET /healthz`, `GET /readyz` | liveness and readiness (`health.rs`) |
 //! | `GET /metrics` | Prometheus metrics (`metrics.rs`; a `*` token with auth on) |
+//! | `GET /api/segment/get/{tag}`, `GET /api/snowflake/get/{key}` | Leaf-style plain IDs (`ids.rs`) |
 //!
 //! Connections are accepted by `server.rs` (header timeout, connections
 //! per address, shutdown grace). Authentication and admission control
@@ -27,6 +28,7 @@ mod assets;
 mod cors;
 mod graphql;
 mod health;
+mod ids;
 mod metrics;
 mod server;
 
@@ -64,6 +66,48 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// With auth on, the answer to a plain route (`what`, e.g. "/metrics")
+    /// requested without a token whose `*` scope allows `access`: 401
+    /// without a valid token, 403 with one that lacks the scope. `None`
+    /// when the request may go on.
+    pub(super) async fn refuse_plain(
+        &self,
+        request: &Request,
+        what: &str,
+        access: crate::auth::Access,
+    ) -> Option<Response> {
+        if !self.auth.enabled() {
+            return None;
+        }
+        let plain = |status: poem::http::StatusCode, text: String| {
+            Response::builder()
+                .status(status)
+                .content_type("text/plain; charset=utf-8")
+                .body(text)
+        };
+        let header = request.header(poem::http::header::AUTHORIZATION);
+        match self.auth.authenticate(header).await {
+            Ok(principal) if principal.allows(crate::graphql::ANY_DATASTORE, access) => None,
+            Ok(_) => Some(plain(
+                poem::http::StatusCode::FORBIDDEN,
+                format!(
+                    "FORBIDDEN: {what} needs a token with a `*:{}` scope",
+                    access.as_str()
+                ),
+            )),
+            Err(_) => {
+                let mut response = plain(
+                    poem::http::StatusCode::UNAUTHORIZED,
+                    format!("UNAUTHENTICATED: {what} needs `Authorization: Bearer <token>`"),
+                );
+                response.headers_mut().insert(
+                    poem::http::header::WWW_AUTHENTICATE,
+                    poem::http::HeaderValue::from_static("Bearer"),
+                );
+                Some(response)
+            }
+        }
+    }
     /// A gateway serving `schema` (built from `store`'s definitions) under
     /// the limits, auth and metrics settings of `config`. Needs a tokio
     /// runtime (it starts the rate limiter's cleanup task). Fails on an
@@ -121,6 +165,8 @@ pub fn routes(gateway: Arc<Gateway>) -> impl IntoEndpoint {
         .at("/healthz", get(health::healthz))
         .at("/readyz", get(health::readyz))
         .at("/metrics", get(metrics::metrics))
+        .at("/api/segment/get/:tag", get(ids::segment))
+        .at("/api/snowflake/get/:key", get(ids::snowflake))
         .data(gateway)
         .around(|endpoint, request| async move { log_requests(endpoint, request).await })
 }

@@ -11,8 +11,9 @@
 //! | `<ds>_ix_<index>[_v<N>]` | one entry per row key of one index version | `row_key` |
 //!
 //! and per cluster `cellgate_catalog` (what the tables were built from),
-//! `cellgate_leases` (named leases with fencing tokens) and `cellgate_tokens`
-//! (API tokens, used on the first cluster). The number of
+//! `cellgate_leases` (named leases with fencing tokens), `cellgate_tokens`
+//! (API tokens, used on the first cluster) and `cellgate_id_segments` (Leaf
+//! segments per biz tag, used on the cluster `ids.cluster` names). The number of
 //! tables depends on the definitions only, never on the shard count: the
 //! embedded default holds a few dozen schema objects however many shards a
 //! datastore has, and no read or write ever runs DDL. Every row carries its
@@ -45,6 +46,9 @@ pub const LEASES_TABLE: &str = "cellgate_leases";
 /// on every cluster with the other cluster tables; the gateway uses the one
 /// on the first cluster.
 pub const TOKENS_TABLE: &str = "cellgate_tokens";
+/// Leaf segments of ID allocation: one row per biz tag with the highest
+/// ID handed out in a segment so far (`ids/segment.rs`).
+pub const ID_SEGMENTS_TABLE: &str = "cellgate_id_segments";
 
 /// The registry of the per-shard layout that preceded this one; its
 /// presence marks a store that needs `cellgate migrate --from-v1`.
@@ -334,6 +338,16 @@ pub fn cluster_ddl(dialect: Dialect) -> Vec<String> {
             .col("revoked_at", Col::DateTime, false)
             .primary_key(&["id"])
             .unique("hash", &["token_hash"])
+            .build(),
+    );
+    out.extend(
+        TableDef::new(dialect, ID_SEGMENTS_TABLE)
+            .col("biz_tag", Col::Name, true)
+            .col("max_id", Col::BigInt, true)
+            .col("step", Col::BigInt, true)
+            .col("description", Col::Text, true)
+            .col("update_time", Col::DateTime, true)
+            .primary_key(&["biz_tag"])
             .build(),
     );
     out

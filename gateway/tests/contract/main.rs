@@ -6,10 +6,12 @@ mod bodies;
 mod catalog;
 mod concurrency;
 mod harness;
+mod ids;
 mod maintenance;
 
 use catalog::*;
 use concurrency::*;
+use ids::*;
 use maintenance::*;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -73,6 +75,15 @@ contract_suite!(
     text_keys_compare_without_padding,
     a_v1_store_is_refused_then_converted,
     tokens_are_stored_hashed_found_and_revoked,
+    segment_allocators_never_hand_out_an_id_twice,
+    a_segment_switch_never_waits_on_the_database_with_prefetch,
+    segments_serve_from_memory_while_the_database_is_down,
+    unknown_biz_tags_are_refused_not_created,
+    snowflake_clock_rollback_waits_or_refuses,
+    snowflake_worker_ids_are_recycled_after_the_lease_expires,
+    snowflake_restarts_from_the_disk_cache_with_the_database_down,
+    snowflake_restart_in_the_same_millisecond_issues_no_duplicate,
+    tagged_ids_name_the_shard_of_their_row,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {
