@@ -4,7 +4,7 @@
 // 127.0.0.1 refused and recorded, console errors and accessibility
 // violations collected, screenshots saved as artifacts.
 
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { mkdtemp, rm, mkdir, readFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, dirname } from 'node:path';
@@ -35,17 +35,32 @@ const CHROMIUM_FLAGS = [
   '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1',
 ];
 
-/** Starts `cellgate serve --demo` on a free port; resolves when it listens. */
-export async function startServer() {
-  const bin = process.env.CELLGATE_BIN || join(root, 'target', 'debug', 'cellgate');
+const bin = () => process.env.CELLGATE_BIN || join(root, 'target', 'debug', 'cellgate');
+// The gateway must not pick up a database or config from the caller's environment.
+const cleanEnv = () => Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('CELLGATE_')));
+
+/**
+ * Starts `cellgate serve --demo` on a free port; resolves when it listens.
+ * `args` are added to the command line; `prepare(cellgate, data)` runs first
+ * with a function that runs another cellgate command on the same store and
+ * returns its stdout.
+ */
+export async function startServer({ args = [], prepare } = {}) {
   const data = await mkdtemp(join(tmpdir(), 'cellgate-browser-'));
-  // The gateway must not pick up a database or config from the caller's environment.
-  const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('CELLGATE_')));
-  const child = spawn(
-    bin,
-    ['serve', '--demo', '--listen', '127.0.0.1:0', '--data', data, '--datastores', join(root, 'datastores')],
-    { env: { ...env, RUST_LOG: 'warn' }, stdio: ['ignore', 'pipe', 'pipe'] },
-  );
+  const env = cleanEnv();
+  const common = ['--data', data, '--datastores', join(root, 'datastores')];
+  if (prepare) {
+    const cellgate = (...command) => {
+      const run = spawnSync(bin(), [...command, ...common], { env, encoding: 'utf8' });
+      assert.equal(run.status, 0, `cellgate ${command.join(' ')}: ${run.stderr}`);
+      return run.stdout;
+    };
+    await prepare(cellgate);
+  }
+  const child = spawn(bin(), ['serve', '--demo', '--listen', '127.0.0.1:0', ...common, ...args], {
+    env: { ...env, RUST_LOG: 'warn' },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let stderr = '';
   child.stderr.on('data', (chunk) => {
     stderr += chunk;
