@@ -223,6 +223,18 @@ impl Error {
 /// mid-statement shows up in several forms depending on when it broke: an
 /// I/O error, a protocol error on a half-read message, or a final error
 /// message from a server that is going down.
+/// Whether `err` says the connection a statement ran on was already lost
+/// (the server restarted or dropped it while it sat in the pool), so the
+/// same statement may succeed on a new connection at once. A statement
+/// that got no answer in time is not retried: that would double the wait.
+pub(crate) fn is_lost_connection(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(io) => io.kind() != std::io::ErrorKind::TimedOut,
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => false,
+        other => is_unavailable(other),
+    }
+}
+
 fn is_unavailable(err: &sqlx::Error) -> bool {
     match err {
         sqlx::Error::Io(_)

@@ -294,8 +294,23 @@ macro_rules! sqlx_backend {
                 count(&self.statements);
                 let outcome =
                     $crate::storage::answered(limit, build(sql).fetch_all(&mut *conn)).await;
-                let rows = $crate::storage::settle(&mut conn, outcome, limit)
-                    .map_err(|e| self.error(e))?;
+                let rows = match $crate::storage::settle(&mut conn, outcome, limit) {
+                    // The pool lends idle connections without a test round
+                    // trip, so one the server dropped meanwhile fails here;
+                    // a plain read is repeated once on a new connection.
+                    Err(e) if $crate::error::is_lost_connection(&e) && sql.is_plain_read() => {
+                        conn.close_on_drop();
+                        drop(conn);
+                        let mut conn = self.acquire(&self.reader).await?;
+                        count(&self.statements);
+                        let outcome =
+                            $crate::storage::answered(limit, build(sql).fetch_all(&mut *conn))
+                                .await;
+                        $crate::storage::settle(&mut conn, outcome, limit)
+                    }
+                    other => other,
+                }
+                .map_err(|e| self.error(e))?;
                 decode_rows(rows, cols).map_err(|e| self.error(e))
             }
 

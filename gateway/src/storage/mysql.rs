@@ -25,6 +25,11 @@ impl MySqlBackend {
             .statement_cache_capacity(1024);
         let pool = MySqlPoolOptions::new()
             .max_connections(options.max_connections)
+            // sqlx tests every returned connection already; testing it again
+            // when it is lent cost a round trip per statement. A connection
+            // lost while idle fails its statement, and reads are repeated
+            // once (`Backend::fetch`).
+            .test_before_acquire(false)
             .acquire_timeout(options.acquire_timeout)
             .connect_lazy_with(connect);
         Ok(MySqlBackend {

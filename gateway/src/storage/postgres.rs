@@ -33,6 +33,11 @@ impl PostgresBackend {
             .options([("jit", "off")]);
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
+            // sqlx tests every returned connection already; testing it again
+            // when it is lent cost a round trip per statement. A connection
+            // lost while idle fails its statement, and reads are repeated
+            // once (`Backend::fetch`).
+            .test_before_acquire(false)
             .acquire_timeout(options.acquire_timeout)
             .connect_lazy_with(connect);
         Ok(PostgresBackend {

@@ -303,11 +303,46 @@ impl Sql {
         &self.text
     }
 
+    /// Whether the statement only reads (a `SELECT` without a locking
+    /// clause), so that running it twice has the effect of running it once.
+    pub fn is_plain_read(&self) -> bool {
+        let text = self.text.trim_start();
+        text.get(..6)
+            .is_some_and(|verb| verb.eq_ignore_ascii_case("SELECT"))
+            && !text.contains(" FOR UPDATE")
+            && !text.contains(" FOR SHARE")
+    }
+
     pub fn params(&self) -> &[Value] {
         &self.params
     }
 
     pub fn is_empty(&self) -> bool {
         self.text.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_selects_without_locks_are_plain_reads() {
+        let read = |text: &str| {
+            let mut sql = Sql::new(Dialect::Postgres);
+            sql.push(text);
+            sql.is_plain_read()
+        };
+        assert!(read("SELECT 1"));
+        assert!(read("  select \"row_key\" FROM \"t\""));
+        assert!(!read(
+            "SELECT \"shard\" FROM \"s\" WHERE \"shard\" = 1 FOR UPDATE"
+        ));
+        assert!(!read("SELECT 1 FOR SHARE"));
+        assert!(!read("UPDATE \"t\" SET \"a\" = 1"));
+        assert!(!read(
+            "WITH x AS (DELETE FROM \"t\" RETURNING 1) SELECT * FROM x"
+        ));
+        assert!(!read("SEL"));
     }
 }
