@@ -657,6 +657,14 @@ pub struct LimitsConfig {
     /// rate_limit_per_token_per_second: 1000
     /// ```
     pub rate_limit_per_token_per_second: u32,
+    /// Bytes of GraphQL document text whose parsed form is kept, so that a
+    /// document sent again is not parsed again (0 = parse every request).
+    /// Documents are cached by their exact text; the variables may differ.
+    ///
+    /// ```yaml
+    /// document_cache_bytes: 16777216
+    /// ```
+    pub document_cache_bytes: u64,
 }
 
 impl Default for LimitsConfig {
@@ -679,6 +687,7 @@ impl Default for LimitsConfig {
             max_concurrent_requests: 256,
             rate_limit_per_second: 1000,
             rate_limit_per_token_per_second: 1000,
+            document_cache_bytes: 16 * 1024 * 1024,
         }
     }
 }

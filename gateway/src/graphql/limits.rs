@@ -86,13 +86,18 @@ impl Extension for LimitCheck {
         mut request: async_graphql::Request,
         next: NextPrepareRequest<'_>,
     ) -> ServerResult<async_graphql::Request> {
-        let name = request.operation_name.clone();
-        let variables = request.variables.clone();
+        let name = request.operation_name.take();
+        // Taken out and put back rather than cloned: the variables of a
+        // write hold every cell body.
+        let variables = std::mem::take(&mut request.variables);
         // A document that does not parse is reported by the parse step.
-        if let Ok(document) = request.parsed_query() {
-            check(document, name.as_deref(), self.limits, &variables)
-                .map_err(|e| e.into_error(self.limits))?;
-        }
+        let checked = match request.parsed_query() {
+            Ok(document) => check(document, name.as_deref(), self.limits, &variables),
+            Err(_) => Ok(()),
+        };
+        request.operation_name = name;
+        request.variables = variables;
+        checked.map_err(|e| e.into_error(self.limits))?;
         next.run(ctx, request).await
     }
 

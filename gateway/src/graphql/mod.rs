@@ -5,9 +5,11 @@
 //! with its per-request data: the store and a DataLoader (`loaders.rs`)
 //! that batches cell reads per cluster. `scalars.rs` holds the custom scalars,
 //! `ids.rs` the ID fields, `errors.rs` the mapping of store errors to stable codes, and `limits.rs`
-//! the depth and complexity limits (introspection counted apart).
+//! the depth and complexity limits (introspection counted apart), and
+//! `documents.rs` the cache of parsed documents.
 
 mod access;
+mod documents;
 mod errors;
 mod ids;
 mod limits;
@@ -19,6 +21,7 @@ mod schema;
 use async_graphql::dataloader::DataLoader;
 
 pub use access::{authorize, AccessMap, Denied, ANY_DATASTORE};
+pub use documents::Documents;
 pub use schema::{build_schema, camel, pascal, sdl, GraphqlLimits};
 
 use crate::Store;

@@ -210,8 +210,10 @@ async fn respond(
         .keys()
         .map(|name| name.to_string())
         .collect();
-    let document = match graphql_request.parsed_query() {
-        Ok(document) => document,
+    // Parsed once per distinct text (`graphql/documents.rs`); async-graphql
+    // then uses this tree instead of parsing again.
+    match gateway.documents.parse(&graphql_request.query) {
+        Ok(document) => graphql_request.set_parsed_query(document),
         Err(error) => {
             let errors = vec![with_code(
                 serde_json::to_value(&error).unwrap_or_default(),
@@ -219,7 +221,10 @@ async fn respond(
             )];
             return Ok((request_error(media, errors), Outcome::Invalid));
         }
-    };
+    }
+    let document = graphql_request
+        .parsed_query()
+        .map_err(|_| Failure::bad_request("invalid GraphQL document"))?;
     if let Err(denied) = crate::graphql::authorize(
         document,
         requested_name.as_deref(),
@@ -282,8 +287,12 @@ async fn respond(
     };
     // Validation and variable coercion run before execution, and their
     // errors are the only ones without a path and with no data at all.
+    if response.errors.is_empty() {
+        // The common case goes straight to bytes, without a `Value` tree.
+        let body = serde_json::to_vec(&response).unwrap_or_default();
+        return Ok((json_bytes(StatusCode::OK, media, body), Outcome::Ok));
+    }
     let before_execution = response.data == async_graphql::Value::Null
-        && !response.errors.is_empty()
         && response.errors.iter().all(|e| e.path.is_empty());
     let mut value = serde_json::to_value(&response).unwrap_or_else(|_| json!({}));
     if before_execution {
@@ -293,11 +302,7 @@ async fn respond(
             .collect();
         return Ok((request_error(media, errors), Outcome::Invalid));
     }
-    let outcome = if response.errors.is_empty() {
-        Outcome::Ok
-    } else {
-        Outcome::Error
-    };
+    let outcome = Outcome::Error;
     if let Some(Value::Array(errors)) = value.get_mut("errors") {
         for error in errors.iter_mut() {
             *error = with_code(std::mem::take(error), "INTERNAL_SERVER_ERROR");
@@ -638,11 +643,15 @@ fn failure_response(media: MediaType, failure: Failure) -> (Response, Outcome) {
 }
 
 fn json_response(status: StatusCode, media: MediaType, body: &Value) -> Response {
+    json_bytes(status, media, serde_json::to_vec(body).unwrap_or_default())
+}
+
+fn json_bytes(status: StatusCode, media: MediaType, body: Vec<u8>) -> Response {
     Response::builder()
         .status(status)
         .content_type(media.content_type())
         .header(header::VARY, "accept")
-        .body(serde_json::to_vec(body).unwrap_or_default())
+        .body(body)
 }
 
 #[cfg(test)]

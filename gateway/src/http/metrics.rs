@@ -89,7 +89,11 @@ pub struct Metrics {
 
 impl Metrics {
     /// Metrics of a gateway in front of `store`.
-    pub fn new(store: Store, config: &MetricsConfig) -> Metrics {
+    pub fn new(
+        store: Store,
+        documents: Arc<crate::graphql::Documents>,
+        config: &MetricsConfig,
+    ) -> Metrics {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
@@ -105,6 +109,7 @@ impl Metrics {
             latency.clone(),
         );
         registry.register_collector(Box::new(StoreCollector(store)));
+        registry.register_collector(Box::new(DocumentCollector(documents)));
         Metrics {
             registry,
             requests,
@@ -183,6 +188,30 @@ pub(super) async fn metrics(
 }
 
 /// Reads the store's counters at each scrape.
+/// The hits and misses of the parsed-document cache.
+struct DocumentCollector(Arc<crate::graphql::Documents>);
+
+impl std::fmt::Debug for DocumentCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DocumentCollector")
+    }
+}
+
+impl Collector for DocumentCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let (hits, misses) = self.0.counts();
+        let mut family = encoder.encode_descriptor(
+            "cellgate_graphql_documents",
+            "GraphQL documents taken from the parse cache (hit) or parsed (miss)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        ConstCounter::new(hits).encode(family.encode_family(&[("cache", "hit")])?)?;
+        ConstCounter::new(misses).encode(family.encode_family(&[("cache", "miss")])?)?;
+        Ok(())
+    }
+}
+
 struct StoreCollector(Store);
 
 impl std::fmt::Debug for StoreCollector {

@@ -49,6 +49,8 @@ pub use server::ServerOptions;
 pub struct Gateway {
     store: Store,
     schema: async_graphql::dynamic::Schema,
+    /// Parsed documents by text (`limits.document_cache_bytes`).
+    documents: Arc<crate::graphql::Documents>,
     admission: Admission,
     metrics: Metrics,
     auth: Authenticator,
@@ -119,8 +121,11 @@ impl Gateway {
     ) -> crate::Result<Gateway> {
         let auth_on = config.auth.enabled_for(config.listen);
         cors::validate(&config.cors)?;
+        let documents = Arc::new(crate::graphql::Documents::new(
+            config.limits.document_cache_bytes,
+        ));
         Ok(Gateway {
-            metrics: Metrics::new(store.clone(), &config.metrics),
+            metrics: Metrics::new(store.clone(), documents.clone(), &config.metrics),
             auth: Authenticator::new(&config.auth, auth_on, Some(store.clone()))?,
             access: crate::graphql::AccessMap::new(store.definitions()),
             introspection: config.auth.introspection,
@@ -129,6 +134,7 @@ impl Gateway {
             cors: config.cors.clone(),
             store,
             schema,
+            documents,
             admission: Admission::new(&config.limits),
             max_body_bytes: config.limits.max_body_bytes,
             body_timeout: Duration::from_millis(config.limits.body_timeout_ms.max(1)),

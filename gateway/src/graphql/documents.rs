@@ -1,0 +1,112 @@
+//! Parsed GraphQL documents, cached by their text.
+//!
+//! Clients send the same few documents over and over with different
+//! variables, and parsing one (async-graphql's pest grammar) cost about a
+//! tenth of the CPU of a simple index query. A document depends only on
+//! its text, so the parse is done once per distinct text and later
+//! requests get a copy of the syntax tree, which is much cheaper to clone
+//! than to parse (names are shared `Arc<str>`s).
+//!
+//! The cache is bounded by the total length of the cached texts (a syntax
+//! tree is a small multiple of its text), and moka's admission policy
+//! keeps a stream of one-off documents from evicting the frequent ones.
+//! Texts that fail to parse are not cached: the parse error is cheap and
+//! caching it would let garbage take the place of real documents.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_graphql::parser::types::ExecutableDocument;
+use async_graphql::ServerError;
+
+/// Documents longer than this are parsed every time: they are rare, and
+/// one of them would take the room of hundreds of ordinary ones.
+const MAX_CACHED_TEXT: usize = 64 * 1024;
+
+/// The cache of parsed documents; shared by all requests.
+pub struct Documents {
+    /// `None` when caching is off.
+    cache: Option<moka::sync::Cache<String, ExecutableDocument>>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl Documents {
+    /// A cache holding documents whose texts add up to at most
+    /// `capacity_bytes` (0 turns caching off).
+    pub fn new(capacity_bytes: u64) -> Documents {
+        let cache = (capacity_bytes > 0).then(|| {
+            moka::sync::Cache::builder()
+                .max_capacity(capacity_bytes)
+                .weigher(|text: &String, _| u32::try_from(text.len()).unwrap_or(u32::MAX))
+                .build()
+        });
+        Documents {
+            cache,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    /// The parsed document of `text`: from the cache, or parsed now (and
+    /// cached when it parses).
+    pub fn parse(&self, text: &str) -> Result<ExecutableDocument, ServerError> {
+        if let Some(document) = self.cache.as_ref().and_then(|cache| cache.get(text)) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(document);
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let document = async_graphql::parser::parse_query(text)?;
+        if let Some(cache) = self
+            .cache
+            .as_ref()
+            .filter(|_| text.len() <= MAX_CACHED_TEXT)
+        {
+            cache.insert(text.to_string(), document.clone());
+        }
+        Ok(document)
+    }
+
+    /// Requests answered from the cache and requests that parsed, since
+    /// start.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeated_text_is_parsed_once() {
+        let documents = Documents::new(1 << 20);
+        let text = "query Q($id: UUID!) { trips { row(rowKey: $id) { rowKey } } }";
+        let first = documents.parse(text).expect("parses");
+        let second = documents.parse(text).expect("parses");
+        assert_eq!(format!("{first:?}"), format!("{second:?}"));
+        assert_eq!(documents.counts(), (1, 1));
+    }
+
+    #[test]
+    fn texts_that_do_not_parse_are_not_cached() {
+        let documents = Documents::new(1 << 20);
+        assert!(documents.parse("query {").is_err());
+        assert!(documents.parse("query {").is_err());
+        assert_eq!(documents.counts(), (0, 2));
+        let cache = documents.cache.as_ref().expect("caching is on");
+        cache.run_pending_tasks();
+        assert_eq!(cache.entry_count(), 0);
+    }
+
+    #[test]
+    fn a_zero_capacity_caches_nothing() {
+        let documents = Documents::new(0);
+        let text = "{ __typename }";
+        documents.parse(text).expect("parses");
+        documents.parse(text).expect("parses");
+        assert_eq!(documents.counts(), (0, 2));
+    }
+}
