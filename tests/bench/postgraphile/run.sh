@@ -207,6 +207,7 @@ start_ns=$(date +%s%N)
 psql_db -d "$DB" -c "\\copy plain.trips (row_key, driver_partner_uuid, city_uuid, trip_created_at, body) FROM '$WORK/trips.csv' WITH (FORMAT csv)"
 copy_ms=$(( ($(date +%s%N) - start_ns) / 1000000 ))
 echo "COPY into plain.trips: $copy_ms ms"
+[ "$KEEP" = 1 ] || rm -f "$WORK/trips.csv"
 echo "waiting for cellgate's indexes"
 bench catchup --timeout 900 --out "$WORK/load-catchup.json"
 rows="$(psql_db -d "$DB" -At -c "SELECT (SELECT count(*) FROM plain.trips) || ' ' || (SELECT count(*) FROM trips_ix_driver_partner_index)")"
