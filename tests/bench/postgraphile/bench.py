@@ -347,7 +347,8 @@ class Psql:
         self.process = subprocess.Popen(
             ["psql", "-h", args.pg_host, "-p", str(args.pg_port), "-U", args.pg_user,
              "-d", args.database, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            env=dict(os.environ, PGCONNECT_TIMEOUT="10", PGOPTIONS="-c statement_timeout=30s"))
 
     def query(self, sql):
         sql = sql.strip()
@@ -601,6 +602,12 @@ def cmd_capture(args):
                 sent = log.statements(start, end, user)
                 if user == args.pg_user:
                     sent = [s for s in sent if shape(s["sql"]) not in background]
+                if quiet:
+                    # Index maintenance starts at the write's COMMIT and can
+                    # log its first read before the answer arrives here.
+                    commits = [i for i, s in enumerate(sent) if s["sql"].upper() == "COMMIT"]
+                    if commits:
+                        sent = sent[:commits[-1] + 1]
                 run = {"statements": sent, "count": len(sent), "detail": detail}
                 if quiet:
                     # Until the database is quiet again: the index

@@ -71,7 +71,10 @@ PG_URL="postgres://$PG_USER@$PG_HOST:$PG_PORT/$DB"
 
 log() { printf '\n== %s  %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 fail() { echo "FAILED: $*" >&2; exit 1; }
-psql_db() { psql -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" -X -q -v ON_ERROR_STOP=1 "$@"; }
+psql_db() {
+  PGCONNECT_TIMEOUT=10 timeout 900 psql -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" -X -q \
+    -v ON_ERROR_STOP=1 "$@"
+}
 bench() {
   python3 "$HERE/bench.py" --work "$WORK" --database "$DB" --pg-host "$PG_HOST" \
     --pg-port "$PG_PORT" --pg-user "$PG_USER" --seed "$SEED" \
@@ -137,7 +140,9 @@ command -v psql >/dev/null || fail "psql is needed"
 command -v pgbench >/dev/null || fail "pgbench is needed"
 if ! command -v wrk >/dev/null; then
   echo "installing wrk from Debian"
-  apt-get install -y wrk >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y wrk >/dev/null; }
+  timeout 600 apt-get install -y wrk >/dev/null 2>&1 \
+    || { timeout 600 apt-get update >/dev/null && timeout 600 apt-get install -y wrk >/dev/null; } \
+    || fail "cannot install wrk"
 fi
 NODE="$HERE/node_modules/node/bin/node"
 if ! "$NODE" --version 2>/dev/null | grep -q '^v22\.' \
@@ -150,10 +155,10 @@ fi
 "$NODE" --version | grep -q '^v22\.' || fail "$NODE is not Node 22"
 if [ ! -x "$CELLGATE_BIN" ]; then
   echo "$CELLGATE_BIN is missing: cargo build --release -p cellgate"
-  (cd "$REPO" && cargo build --release -p cellgate)
+  (cd "$REPO" && timeout 3600 cargo build --release -p cellgate)
   CELLGATE_BIN="$REPO/target/release/cellgate"
 fi
-PGCONNECT_TIMEOUT=10 psql_db -d postgres -c "SELECT 1" >/dev/null \
+psql_db -d postgres -c "SELECT 1" >/dev/null \
   || fail "PostgreSQL does not answer at $PG_HOST:$PG_PORT as $PG_USER"
 [ -r "$PG_LOG" ] || fail "cannot read the PostgreSQL log $PG_LOG (set PG_LOG)"
 
