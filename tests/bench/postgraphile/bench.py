@@ -897,7 +897,8 @@ def cmd_report(args):
     out.append("")
     out.append(f"- Machine: {meta['nproc']} cores, {meta['memory']}; {meta['pg_version']}; "
                f"load average at start {meta['loadavg']}")
-    out.append(f"- cellgate: `{meta['cellgate_bin']}`, commit {meta['cellgate_commit']}; "
+    out.append(f"- cellgate: `{meta['cellgate_bin']}` (built {meta.get('cellgate_bin_built', '?')}), "
+               f"repository at commit {meta['cellgate_commit']}; "
                f"pool of {meta['pool']} connections; admission limits off (`cellgate.yaml`)")
     out.append(f"- PostGraphile {meta['postgraphile_version']} (Amber preset + connection-filter "
                f"{meta['filter_version']}) on Node {meta['node_version']}, one process, pool of "

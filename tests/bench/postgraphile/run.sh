@@ -39,7 +39,7 @@ PG_LOG="${PG_LOG:-/var/log/postgresql/postgresql-15-main.log}"
 POOL=16
 PGL_ROLE=postgraphile_bench
 CELLGATE_BIN="${CELLGATE_BIN:-$REPO/target/release/cellgate}"
-COMMAND="$0 $*"
+COMMAND="$(echo "$0 $*" | sed 's/ *$//')"
 
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 
@@ -270,6 +270,8 @@ meta = {
     "started": e["META_STAMP"], "command": e["META_COMMAND"], "nproc": os.cpu_count(),
     "memory": f"{mem_kb / 1024 / 1024:.0f} GiB", "loadavg": " ".join(open("/proc/loadavg").read().split()[:3]),
     "pg_version": "PostgreSQL " + e["META_PG"], "cellgate_bin": e["META_BIN"],
+    "cellgate_bin_built": __import__("datetime").datetime.fromtimestamp(
+        os.path.getmtime(e["META_BIN"]), __import__("datetime").timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     "cellgate_commit": e["META_COMMIT"], "node_version": e["META_NODE"],
     "postgraphile_version": pkg("postgraphile"),
     "filter_version": pkg("postgraphile-plugin-connection-filter"),
