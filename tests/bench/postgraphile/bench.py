@@ -960,7 +960,7 @@ def cmd_report(args):
         out.append("")
         out.append("```sql")
         for st in s["statements"]:
-            text = re.sub(r"\s+", " ", st["sql"])
+            text = re.sub(r"\s+", " ", st["sql"]).rstrip(" ;")
             if len(text) > 1500:
                 text = text[:1500] + f" … ({len(text)} characters)"
             out.append(text + ";")
@@ -1010,7 +1010,7 @@ def statements_dump(statements):
             continue
         out.append(f"-- ==== {name}: {s['median']} statements (counts of the runs: {s['counts']})")
         for st in s["statements"]:
-            out.append(st["sql"] + ";")
+            out.append(st["sql"].rstrip().rstrip(";") + ";")
             params = sorted(st["params"].items(), key=lambda p: int(p[0]))
             for n, v in params:
                 out.append(f"--   ${n} = {short(v, 120)}")
