@@ -483,3 +483,42 @@ pub async fn compressible_and_deep_bodies_read_back(env: Arc<Env>) {
         assert_eq!(data["trips"]["latestCell"]["body"], body, "{data}");
     }
 }
+
+/// Regression: JSON numbers were parsed with serde_json's fast float
+/// path, which is off by one bit for some inputs, so `-122.36647480579401`
+/// was stored and read back as `-122.366474805794`.
+pub async fn floats_read_back_to_the_last_bit(env: Arc<Env>) {
+    let server = env.serve(Defs::Small, &[]);
+    let floats = [
+        -122.366_474_805_794_01_f64,
+        37.774_929_499_999_996,
+        0.1 + 0.2,
+        f64::MIN_POSITIVE,
+        1.797_693_134_862_315_7e308,
+        -5e-324,
+    ];
+    for value in floats {
+        let expected = json!({ "x": value });
+        // Through variables, as JSON text.
+        let row = Uuid::new_v4();
+        put_trips(&server, vec![cell(row, "NOTES", 1, expected.clone())]).await;
+        // Through an inline GraphQL literal, written with Rust's exact
+        // shortest representation.
+        let literal_row = Uuid::new_v4();
+        let mutation = format!(
+            r#"mutation {{ tripsPutCells(cells: [{{rowKey: "{literal_row}", column: NOTES, refKey: 1, body: {{x: {value:?}}}}}]) {{ status }} }}"#
+        );
+        let data = server.data(&mutation, json!({})).await;
+        assert_eq!(data["tripsPutCells"][0]["status"], "WRITTEN", "{data}");
+        for row in [row, literal_row] {
+            let data = server
+                .data(
+                    "query($row: UUID!) { trips { latestCell(rowKey: $row, column: NOTES) { body } } }",
+                    json!({ "row": row }),
+                )
+                .await;
+            let body = &data["trips"]["latestCell"]["body"];
+            assert_eq!(body["x"].as_f64(), Some(value), "{value:?} came back as {body}");
+        }
+    }
+}
