@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::{codec, Cell, CellKey};
 use crate::error::{Error, Result};
 use crate::shards::row_shard;
-use crate::storage::{ddl, Backend, ColType, Row, Sql, Value};
+use crate::storage::{ddl, Backend, ColType, Dialect, Row, Sql, Value};
 use crate::topology::{DatastoreRuntime, Topology};
 
 /// Keys per statement of a batch read.
@@ -43,6 +43,11 @@ pub(crate) const CELL_TYPES: [ColType; 7] = [
 /// Appends `SELECT <cell columns> FROM <table> [alias]` to `sql`.
 pub(crate) fn select_cells(sql: &mut Sql, table: &str, alias: Option<&str>) {
     sql.push("SELECT ");
+    cells_from(sql, table, alias);
+}
+
+/// The cell columns and the `FROM` clause of [`select_cells`].
+fn cells_from(sql: &mut Sql, table: &str, alias: Option<&str>) {
     for (i, col) in CELL_COLUMNS.iter().enumerate() {
         if i > 0 {
             sql.push(", ");
@@ -270,6 +275,33 @@ pub(crate) async fn latest_cells(
     }
     let table = ddl::cells_table(ds.name());
     let mut sql = Sql::new(backend.dialect());
+    if backend.dialect() == Dialect::Postgres {
+        // `DISTINCT ON` keeps the first row of each (row, column) in the
+        // order given: one backward step on the unique key per pair, about
+        // a quarter cheaper than the correlated `MAX` below.
+        sql.push("SELECT DISTINCT ON (c.")
+            .ident("row_key")
+            .push(", c.")
+            .ident("column_name")
+            .push(") ");
+        cells_from(&mut sql, &table, Some("c"));
+        sql.push(" WHERE c.")
+            .ident("row_key")
+            .push(" IN ")
+            .bind_list(uuid_list(rows.iter().copied()))
+            .push(" AND c.")
+            .ident("column_name")
+            .push(" IN ")
+            .bind_list(text_list(columns.iter().map(String::as_str)))
+            .push(" ORDER BY c.")
+            .ident("row_key")
+            .push(", c.")
+            .ident("column_name")
+            .push(", c.")
+            .ident("ref_key")
+            .push(" DESC");
+        return decode_latest(backend, &sql, rows, columns).await;
+    }
     select_cells(&mut sql, &table, Some("c"));
     sql.push(" WHERE c.")
         .ident("row_key")
@@ -294,11 +326,23 @@ pub(crate) async fn latest_cells(
         .push(" = c.")
         .ident("column_name")
         .push(")");
+    decode_latest(backend, &sql, rows, columns).await
+}
+
+/// Runs a latest-cells statement and decodes the cells of the wanted
+/// pairs (an `IN` on rows and one on columns also matches pairs that were
+/// not asked for).
+async fn decode_latest(
+    backend: &dyn Backend,
+    sql: &Sql,
+    rows: &[Uuid],
+    columns: &[String],
+) -> Result<Vec<Result<Cell>>> {
     let wanted: HashSet<(Uuid, &str)> = rows
         .iter()
         .flat_map(|r| columns.iter().map(move |c| (*r, c.as_str())))
         .collect();
-    let fetched = backend.fetch(&sql, &CELL_TYPES).await?;
+    let fetched = backend.fetch(sql, &CELL_TYPES).await?;
     Ok(fetched
         .into_iter()
         .map(cell_from_row)
