@@ -491,7 +491,7 @@ pub async fn floats_read_back_to_the_last_bit(env: Arc<Env>) {
     let server = env.serve(Defs::Small, &[]);
     let floats = [
         -122.366_474_805_794_01_f64,
-        37.774_929_499_999_996,
+        37.774_929_499_999_99,
         0.1 + 0.2,
         f64::MIN_POSITIVE,
         1.797_693_134_862_315_7e308,
@@ -518,7 +518,11 @@ pub async fn floats_read_back_to_the_last_bit(env: Arc<Env>) {
                 )
                 .await;
             let body = &data["trips"]["latestCell"]["body"];
-            assert_eq!(body["x"].as_f64(), Some(value), "{value:?} came back as {body}");
+            assert_eq!(
+                body["x"].as_f64(),
+                Some(value),
+                "{value:?} came back as {body}"
+            );
         }
     }
 }

@@ -26,24 +26,22 @@
 //! number of aliases is capped too. Refusals carry `extensions.limit`,
 //! `extensions.limitName` and, for the cost, `extensions.cost`.
 //!
-//! The check is an async-graphql extension that runs when the request is
-//! prepared, before async-graphql's parse step (whose recursion check
-//! walks every fragment spread) and validation, with each fragment
+//! The check runs in the HTTP handler on the parsed document, before
+//! async-graphql's own preparation (whose recursion check walks every
+//! fragment spread) and validation. It is not an async-graphql extension:
+//! a registered extension wraps the resolution of every field in a boxed
+//! future of its own, which cost several percent of a simple query.
+//! Each fragment is
 //! counted where it is spread (as async-graphql counts). Every expansion
 //! of a spread counts toward `max_fragment_spreads` and fragment cycles
 //! are refused, so a document whose fragments spread each other
 //! exponentially is refused after a few hundred steps; unknown fragments
 //! are skipped here and refused by validation.
 
-use std::sync::Arc;
-
-use async_graphql::extensions::{
-    Extension, ExtensionContext, ExtensionFactory, NextParseQuery, NextPrepareRequest,
-};
 use async_graphql::parser::types::{
     DocumentOperations, ExecutableDocument, Field, OperationDefinition, Selection, SelectionSet,
 };
-use async_graphql::{ErrorExtensionValues, Name, ServerError, ServerResult, Variables};
+use async_graphql::{ErrorExtensionValues, Name, ServerError, Variables};
 use async_graphql_value::{ConstValue, Value};
 
 use super::GraphqlLimits;
@@ -60,66 +58,27 @@ const MAX_INTROSPECTION_FIELDS: usize = 500;
 /// The list fields of `__Type`.
 const INTROSPECTION_LISTS: [&str; 4] = ["fields", "inputFields", "interfaces", "possibleTypes"];
 
-/// Registers the limits on a schema: a fresh check per request.
-pub struct QueryLimits(pub GraphqlLimits);
-
-impl ExtensionFactory for QueryLimits {
-    fn create(&self) -> Arc<dyn Extension> {
-        Arc::new(LimitCheck { limits: self.0 })
-    }
-}
-
-/// The check of one request.
-struct LimitCheck {
+/// Checks a parsed request against `limits` before it runs: the selected
+/// operation against the configured limits, every other operation of the
+/// document against the bounds on fragment expansion (which async-graphql's
+/// parse step walks for all of them). The error carries the stable code.
+pub fn check_limits(
+    document: &ExecutableDocument,
+    operation_name: Option<&str>,
+    variables: &Variables,
     limits: GraphqlLimits,
+) -> Result<(), ServerError> {
+    check(document, operation_name, limits, variables).map_err(|e| e.into_error(limits))
 }
 
-#[async_trait::async_trait]
-impl Extension for LimitCheck {
-    /// Checks the limits before async-graphql's own parse step, which
-    /// walks every fragment spread of every operation (its recursion and
-    /// directive checks) and so would expand a fragment bomb before any
-    /// later hook ran.
-    async fn prepare_request(
-        &self,
-        ctx: &ExtensionContext<'_>,
-        mut request: async_graphql::Request,
-        next: NextPrepareRequest<'_>,
-    ) -> ServerResult<async_graphql::Request> {
-        let name = request.operation_name.take();
-        // Taken out and put back rather than cloned: the variables of a
-        // write hold every cell body.
-        let variables = std::mem::take(&mut request.variables);
-        // A document that does not parse is reported by the parse step.
-        let checked = match request.parsed_query() {
-            Ok(document) => check(document, name.as_deref(), self.limits, &variables),
-            Err(_) => Ok(()),
-        };
-        request.operation_name = name;
-        request.variables = variables;
-        checked.map_err(|e| e.into_error(self.limits))?;
-        next.run(ctx, request).await
-    }
-
-    async fn parse_query(
-        &self,
-        ctx: &ExtensionContext<'_>,
-        query: &str,
-        variables: &Variables,
-        next: NextParseQuery<'_>,
-    ) -> ServerResult<ExecutableDocument> {
-        next.run(ctx, query, variables).await.map_err(|error| {
-            // async-graphql's own guard against deep recursion in the parser.
-            if error
-                .message
-                .starts_with("The recursion depth of the query")
-            {
-                coded(error.message, "QUERY_TOO_DEEP")
-            } else {
-                error
-            }
-        })
-    }
+/// The code of an error async-graphql reports while preparing a request:
+/// `QUERY_TOO_DEEP` for its own guard against deep recursion, which runs
+/// on the parsed document before validation; `None` for the others.
+pub fn prepare_error_code(error: &ServerError) -> Option<&'static str> {
+    error
+        .message
+        .starts_with("The recursion depth of the query")
+        .then_some("QUERY_TOO_DEEP")
 }
 
 /// Holds the operation the request selects to `limits`, and every other

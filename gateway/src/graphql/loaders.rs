@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use async_graphql::dataloader::Loader;
+use async_graphql::dataloader::{DataLoader, HashMapCache, Loader};
 use uuid::Uuid;
 
 use crate::cells::{Cell, CellKey};
@@ -24,6 +24,12 @@ pub enum CellRequest {
     /// One exact version.
     Exact { datastore: Arc<str>, key: CellKey },
 }
+
+/// The per-request loader of cells. It caches what it loaded (and what
+/// index fields fed it, see `prefetch_rows` in `schema.rs`) for the rest
+/// of the request: cells are immutable, and a request sees one version of
+/// a row's latest cells.
+pub type Cells = DataLoader<CellLoader, HashMapCache>;
 
 pub struct CellLoader {
     pub store: Store,

@@ -22,6 +22,7 @@ use async_graphql::dataloader::DataLoader;
 
 pub use access::{authorize, AccessMap, Denied, ANY_DATASTORE};
 pub use documents::Documents;
+pub use limits::{check_limits, prepare_error_code};
 pub use schema::{build_schema, camel, pascal, sdl, GraphqlLimits};
 
 use crate::Store;
@@ -35,11 +36,12 @@ pub async fn execute(
     principal: crate::auth::Principal,
     request: async_graphql::Request,
 ) -> async_graphql::Response {
-    let loader = DataLoader::new(
+    let loader: loaders::Cells = DataLoader::with_cache(
         loaders::CellLoader {
             store: store.clone(),
         },
         tokio::spawn,
+        async_graphql::dataloader::HashMapCache::default(),
     );
     schema
         .execute(request.data(store.clone()).data(loader).data(principal))

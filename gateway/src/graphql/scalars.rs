@@ -81,9 +81,23 @@ pub fn datetime_value(t: DateTime<Utc>) -> Value {
     Value::String(t.to_rfc3339_opts(SecondsFormat::AutoSi, true))
 }
 
-/// A GraphQL value from JSON.
-pub fn json_value(json: serde_json::Value) -> Value {
-    Value::from_json(json).unwrap_or(Value::Null)
+/// A JSON value (a cell body) as a GraphQL value, converted node by node
+/// from a borrowed tree: no copy of the tree first, no serde round trip.
+/// Bodies nest at most `codec::MAX_BODY_DEPTH` levels, so the recursion is
+/// bounded.
+pub fn json_value(json: &serde_json::Value) -> Value {
+    match json {
+        serde_json::Value::Null => Value::Null,
+        serde_json::Value::Bool(b) => Value::Boolean(*b),
+        serde_json::Value::Number(n) => Value::Number(n.clone()),
+        serde_json::Value::String(s) => Value::String(s.clone()),
+        serde_json::Value::Array(items) => Value::List(items.iter().map(json_value).collect()),
+        serde_json::Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (async_graphql::Name::new(k), json_value(v)))
+                .collect(),
+        ),
+    }
 }
 
 /// A typed storage value as the GraphQL value of its index field.

@@ -20,7 +20,6 @@
 
 use std::sync::Arc;
 
-use async_graphql::dataloader::DataLoader;
 use async_graphql::dynamic::{
     Enum, EnumItem, Field, FieldFuture, FieldValue, InputObject, InputValue, Object,
     ResolverContext, Schema, TypeRef, ValueAccessor,
@@ -30,8 +29,7 @@ use index_dsl::{CompareOp, Condition, Datastore, FieldType, Index, Literal};
 use uuid::Uuid;
 
 use super::errors::{bad_input, coded, from_store};
-use super::limits::QueryLimits;
-use super::loaders::{CellLoader, CellRequest};
+use super::loaders::{CellRequest, Cells};
 use super::scalars::{
     self, datetime, datetime_value, int64, int64_value, json_value, sql_value, DATETIME, INT64,
     JSON, UUID,
@@ -298,7 +296,6 @@ fn schema_for(
     builder = builder.register(mutation);
     builder
         .data(limits)
-        .extension(QueryLimits(limits))
         .finish()
         .map_err(|e| crate::Error::Config(format!("cannot build the GraphQL schema: {e}")))
 }
@@ -365,7 +362,7 @@ impl DatastoreTypes {
                 let column = column_name.clone();
                 FieldFuture::new(async move {
                     let row = parent::<RowRef>(&ctx)?;
-                    let loader = ctx.data::<DataLoader<CellLoader>>()?;
+                    let loader = ctx.data::<Cells>()?;
                     let request = match ctx.args.get("refKey").filter(|v| !v.is_null()) {
                         Some(v) => CellRequest::Exact {
                             datastore: ds,
@@ -678,7 +675,7 @@ fn cell_type() -> Object {
         .field(from_parent::<Cell, _>(
             "body",
             TypeRef::named_nn(JSON),
-            |c| json_value(c.body.clone()),
+            |c| json_value(&c.body),
         ))
         .field(from_parent::<Cell, _>(
             "createdAt",
@@ -1011,6 +1008,14 @@ fn index_types(
 /// `Query.<datastore>.<index>`: the index as a Relay connection.
 fn index_field(datastore: &Datastore, index: &Index, ds: &Arc<str>) -> Field {
     let names = IndexTypes::new(datastore, index);
+    // (GraphQL field of the row type, column) for every column.
+    let columns: Arc<Vec<(String, Arc<str>)>> = Arc::new(
+        datastore
+            .columns
+            .iter()
+            .map(|c| (camel(&c.name), Arc::from(c.name.as_str())))
+            .collect(),
+    );
     let shard_field = index.shard_field().clone();
     let shard_arg = camel(&shard_field.name);
     let shard_list_arg = format!("{shard_arg}In");
@@ -1021,11 +1026,13 @@ fn index_field(datastore: &Datastore, index: &Index, ds: &Arc<str>) -> Field {
     Field::new(camel(&index.name), TypeRef::named_nn(&names.connection), move |ctx| {
         let index = resolver_index.clone();
         let ds = ds.clone();
+        let columns = columns.clone();
         let (arg, list_arg) = (arg.clone(), list_arg.clone());
         FieldFuture::new(async move {
             let store = ctx.data::<Store>()?;
             let query = index_query(&ctx, &index, &arg, &list_arg)?;
             let page = store.query_index(&ds, &query).await.map_err(|e| from_store(&e))?;
+            prefetch_rows(&ctx, store, &ds, &columns, &page).await?;
             Ok(Some(FieldValue::owned_any(page)))
         })
     })
@@ -1059,6 +1066,54 @@ fn index_field(datastore: &Datastore, index: &Index, ds: &Arc<str>) -> Field {
         InputValue::new("after", TypeRef::named(TypeRef::STRING))
             .description("the `endCursor` of the previous page"),
     )
+}
+
+/// Reads the latest cells the page's `edges.node.row` selects, for all its
+/// entries at once, into the request's cell loader, so the `row` fields
+/// find them there instead of waiting for the loader to batch them (and
+/// without its batching delay). A `row` column asked for with `refKey`, or
+/// a row without the column, is left to the loader.
+async fn prefetch_rows(
+    ctx: &ResolverContext<'_>,
+    store: &Store,
+    ds: &Arc<str>,
+    columns: &[(String, Arc<str>)],
+    page: &crate::indexes::IndexPage,
+) -> async_graphql::Result<()> {
+    let row = ctx.look_ahead().field("edges").field("node").field("row");
+    if page.entries.is_empty() || !row.exists() {
+        return Ok(());
+    }
+    let selected: Vec<&Arc<str>> = columns
+        .iter()
+        .filter(|(field, _)| row.field(field).exists())
+        .map(|(_, column)| column)
+        .collect();
+    if selected.is_empty() {
+        return Ok(());
+    }
+    let wanted: Vec<(Uuid, String)> = page
+        .entries
+        .iter()
+        .flat_map(|e| selected.iter().map(move |c| (e.row_key, c.to_string())))
+        .collect();
+    let cells = store
+        .get_cells_latest(ds, &wanted)
+        .await
+        .map_err(|e| from_store(&e))?;
+    let found = wanted
+        .into_iter()
+        .zip(cells)
+        .filter_map(|((row_key, column), cell)| {
+            let request = CellRequest::Latest {
+                datastore: ds.clone(),
+                row_key,
+                column: column.into(),
+            };
+            cell.map(|cell| (request, cell))
+        });
+    ctx.data::<Cells>()?.feed_many(found).await;
+    Ok(())
 }
 
 /// Turns the arguments of an index field into an [`IndexQuery`].

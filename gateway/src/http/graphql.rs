@@ -41,6 +41,7 @@ use futures::StreamExt as _;
 use poem::http::{header, HeaderValue, StatusCode};
 use poem::web::Data;
 use poem::{handler, Body, Request, Response};
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::admission::Rejection;
@@ -96,12 +97,29 @@ impl Failure {
     }
 }
 
-/// The GraphQL parameters of a request, checked for type.
+/// The GraphQL parameters of a request, checked for type. Variables and
+/// extensions go from the request's JSON text straight into async-graphql's
+/// values, without an intermediate JSON tree (a write's variables hold
+/// every cell body).
 struct Params {
     query: String,
     operation_name: Option<String>,
-    variables: Option<Map<String, Value>>,
-    extensions: Option<Map<String, Value>>,
+    variables: async_graphql::Variables,
+    extensions: async_graphql::Extensions,
+}
+
+/// The members of a request object, each left as JSON text until its
+/// type is checked. Other members are ignored.
+#[derive(serde::Deserialize)]
+struct RawParams<'a> {
+    #[serde(borrow, default)]
+    query: Option<&'a RawValue>,
+    #[serde(rename = "operationName", borrow, default)]
+    operation_name: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    variables: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    extensions: Option<&'a RawValue>,
 }
 
 #[handler]
@@ -196,13 +214,10 @@ async fn respond(
     *operation = params.operation_name.clone();
     let is_get = request.method() == poem::http::Method::GET;
 
-    let mut graphql_request: async_graphql::Request = serde_json::from_value(json!({
-        "query": params.query,
-        "operationName": params.operation_name,
-        "variables": params.variables.unwrap_or_default(),
-        "extensions": params.extensions.unwrap_or_default(),
-    }))
-    .map_err(|_| Failure::bad_request("invalid GraphQL request parameters"))?;
+    let mut graphql_request = async_graphql::Request::new(params.query);
+    graphql_request.operation_name = params.operation_name;
+    graphql_request.variables = params.variables;
+    graphql_request.extensions = params.extensions;
 
     let requested_name = graphql_request.operation_name.clone();
     let provided: Vec<String> = graphql_request
@@ -211,9 +226,9 @@ async fn respond(
         .map(|name| name.to_string())
         .collect();
     // Parsed once per distinct text (`graphql/documents.rs`); async-graphql
-    // then uses this tree instead of parsing again.
-    match gateway.documents.parse(&graphql_request.query) {
-        Ok(document) => graphql_request.set_parsed_query(document),
+    // is then given this tree instead of parsing again.
+    let document = match gateway.documents.parse(&graphql_request.query) {
+        Ok(document) => document,
         Err(error) => {
             let errors = vec![with_code(
                 serde_json::to_value(&error).unwrap_or_default(),
@@ -221,12 +236,9 @@ async fn respond(
             )];
             return Ok((request_error(media, errors), Outcome::Invalid));
         }
-    }
-    let document = graphql_request
-        .parsed_query()
-        .map_err(|_| Failure::bad_request("invalid GraphQL document"))?;
+    };
     if let Err(denied) = crate::graphql::authorize(
-        document,
+        &document,
         requested_name.as_deref(),
         &principal,
         &gateway.access,
@@ -236,7 +248,7 @@ async fn respond(
         failure.outcome = Outcome::Denied;
         return Err(failure);
     }
-    let selected = select_operation(document, requested_name.as_deref());
+    let selected = select_operation(&document, requested_name.as_deref());
     if operation.is_none() {
         *operation = selected.and_then(|(name, _)| name.map(str::to_string));
     }
@@ -267,6 +279,21 @@ async fn respond(
             return Ok((request_error(media, errors), Outcome::Invalid));
         }
     }
+    // Depth, cost and aliases (`graphql/limits.rs`), before async-graphql
+    // walks the document.
+    if let Err(error) = crate::graphql::check_limits(
+        &document,
+        requested_name.as_deref(),
+        &graphql_request.variables,
+        gateway.graphql_limits,
+    ) {
+        let errors = vec![with_code(
+            serde_json::to_value(&error).unwrap_or_default(),
+            "GRAPHQL_VALIDATION_FAILED",
+        )];
+        return Ok((request_error(media, errors), Outcome::Invalid));
+    }
+    graphql_request.set_parsed_query(document);
 
     // Dropping the execution at the deadline cancels its work: every
     // resolver awaits the store, and CPU-bound steps are bounded by the
@@ -294,14 +321,19 @@ async fn respond(
     }
     let before_execution = response.data == async_graphql::Value::Null
         && response.errors.iter().all(|e| e.path.is_empty());
-    let mut value = serde_json::to_value(&response).unwrap_or_else(|_| json!({}));
     if before_execution {
-        let errors = take_errors(&mut value)
-            .into_iter()
-            .map(|error| with_code(error, "GRAPHQL_VALIDATION_FAILED"))
+        let errors = response
+            .errors
+            .iter()
+            .map(|error| {
+                let code = crate::graphql::prepare_error_code(error)
+                    .unwrap_or("GRAPHQL_VALIDATION_FAILED");
+                with_code(serde_json::to_value(error).unwrap_or_default(), code)
+            })
             .collect();
         return Ok((request_error(media, errors), Outcome::Invalid));
     }
+    let mut value = serde_json::to_value(&response).unwrap_or_else(|_| json!({}));
     let outcome = Outcome::Error;
     if let Some(Value::Array(errors)) = value.get_mut("errors") {
         for error in errors.iter_mut() {
@@ -421,7 +453,12 @@ fn get_params(request: &Request) -> Result<Params, Failure> {
         };
         params.insert(name, value);
     }
-    checked_params(params)
+    // GETs are small: they go through the same checks as a POST body.
+    let text = serde_json::to_string(&Value::Object(params))
+        .map_err(|_| Failure::bad_request("malformed query string"))?;
+    let raw: RawParams =
+        serde_json::from_str(&text).map_err(|_| Failure::bad_request("malformed query string"))?;
+    checked_params(raw)
 }
 
 /// The parameters of a POST from its JSON body.
@@ -465,13 +502,23 @@ async fn post_params(request: &Request, body: Body, limit: usize) -> Result<Para
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(Failure::bad_request("the request body is empty"));
     }
-    match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(params)) => checked_params(params),
-        Ok(Value::Array(_)) => Err(Failure::bad_request("batched requests are not supported")),
-        Ok(_) => Err(Failure::bad_request(
+    // serde would also read a struct from a JSON array, so the kind of
+    // value is told from its first byte; the parse checks the rest.
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    match serde_json::from_slice::<RawParams>(&bytes) {
+        Ok(raw) if first == Some(&b'{') => checked_params(raw),
+        _ if serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err() => {
+            Err(Failure::bad_request("the request body is not valid JSON"))
+        }
+        _ if first == Some(&b'[') => {
+            Err(Failure::bad_request("batched requests are not supported"))
+        }
+        _ if first == Some(&b'{') => Err(Failure::bad_request(
+            "the request parameters must be an object without repeated members",
+        )),
+        _ => Err(Failure::bad_request(
             "the request body must be a JSON object",
         )),
-        Err(_) => Err(Failure::bad_request("the request body is not valid JSON")),
     }
 }
 
@@ -520,31 +567,40 @@ fn is_json_utf8(content_type: &str) -> bool {
     })
 }
 
-fn checked_params(mut params: Map<String, Value>) -> Result<Params, Failure> {
-    let query = match params.remove("query") {
-        Some(Value::String(query)) => query,
-        Some(_) => return Err(Failure::bad_request("`query` must be a string")),
+fn checked_params(raw: RawParams) -> Result<Params, Failure> {
+    let is_null = |value: Option<&RawValue>| value.is_none_or(|v| v.get() == "null");
+    let query = match raw.query {
         None => return Err(Failure::bad_request("the `query` parameter is required")),
+        Some(query) => serde_json::from_str::<String>(query.get())
+            .map_err(|_| Failure::bad_request("`query` must be a string"))?,
     };
-    let operation_name = match params.remove("operationName") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(name)) => Some(name),
-        Some(_) => return Err(Failure::bad_request("`operationName` must be a string")),
+    let operation_name = match raw.operation_name {
+        name if is_null(name) => None,
+        Some(name) => Some(
+            serde_json::from_str::<String>(name.get())
+                .map_err(|_| Failure::bad_request("`operationName` must be a string"))?,
+        ),
+        None => None,
     };
-    let mut map = |name: &str| match params.remove(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(map)) => Ok(Some(map)),
-        Some(_) => Err(Failure::bad_request(format!(
-            "`{name}` must be a JSON object"
-        ))),
-    };
-    let variables = map("variables")?;
-    let extensions = map("extensions")?;
+    // `null` or absent is empty; anything but an object is refused.
+    fn object<T: serde::de::DeserializeOwned + Default>(
+        name: &str,
+        value: Option<&RawValue>,
+    ) -> Result<T, Failure> {
+        let refused = || Failure::bad_request(format!("`{name}` must be a JSON object"));
+        match value.map(RawValue::get) {
+            None | Some("null") => Ok(T::default()),
+            Some(text) if text.starts_with('{') => {
+                serde_json::from_str(text).map_err(|_| refused())
+            }
+            Some(_) => Err(refused()),
+        }
+    }
     Ok(Params {
         query,
         operation_name,
-        variables,
-        extensions,
+        variables: object("variables", raw.variables)?,
+        extensions: object("extensions", raw.extensions)?,
     })
 }
 
@@ -604,13 +660,6 @@ fn with_code(mut error: Value, code: &str) -> Value {
         }
     }
     error
-}
-
-fn take_errors(response: &mut Value) -> Vec<Value> {
-    match response.get_mut("errors").map(Value::take) {
-        Some(Value::Array(errors)) => errors,
-        _ => Vec::new(),
-    }
 }
 
 /// A response for a request error: no `data` entry.

@@ -51,6 +51,8 @@ pub struct Gateway {
     schema: async_graphql::dynamic::Schema,
     /// Parsed documents by text (`limits.document_cache_bytes`).
     documents: Arc<crate::graphql::Documents>,
+    /// Depth, cost and alias limits, checked before execution.
+    graphql_limits: crate::graphql::GraphqlLimits,
     admission: Admission,
     metrics: Metrics,
     auth: Authenticator,
@@ -135,6 +137,7 @@ impl Gateway {
             store,
             schema,
             documents,
+            graphql_limits: config.limits.graphql(),
             admission: Admission::new(&config.limits),
             max_body_bytes: config.limits.max_body_bytes,
             body_timeout: Duration::from_millis(config.limits.body_timeout_ms.max(1)),
