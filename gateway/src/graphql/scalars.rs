@@ -81,6 +81,28 @@ pub fn datetime_value(t: DateTime<Utc>) -> Value {
     Value::String(t.to_rfc3339_opts(SecondsFormat::AutoSi, true))
 }
 
+/// A GraphQL input value (a cell body) as JSON, converted node by node
+/// from a borrowed tree, as `ConstValue::into_json` would convert a copy:
+/// enum names become strings, binary values lists of bytes.
+pub fn json_from_value(value: &Value) -> serde_json::Value {
+    match value {
+        Value::Null => serde_json::Value::Null,
+        Value::Boolean(b) => serde_json::Value::Bool(*b),
+        Value::Number(n) => serde_json::Value::Number(n.clone()),
+        Value::String(s) => serde_json::Value::String(s.clone()),
+        Value::Enum(name) => serde_json::Value::String(name.to_string()),
+        Value::Binary(bytes) => {
+            serde_json::Value::Array(bytes.iter().map(|b| serde_json::Value::from(*b)).collect())
+        }
+        Value::List(items) => serde_json::Value::Array(items.iter().map(json_from_value).collect()),
+        Value::Object(map) => serde_json::Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.to_string(), json_from_value(v)))
+                .collect(),
+        ),
+    }
+}
+
 /// A JSON value (a cell body) as a GraphQL value, converted node by node
 /// from a borrowed tree: no copy of the tree first, no serde round trip.
 /// Bodies nest at most `codec::MAX_BODY_DEPTH` levels, so the recursion is
@@ -122,4 +144,26 @@ fn base64_encode(bytes: &[u8]) -> String {
 /// `Name` helper for building object values.
 pub fn name(s: &str) -> Name {
     Name::new(s)
+}
+
+#[cfg(test)]
+mod conversion_tests {
+    use super::*;
+
+    #[test]
+    fn bodies_convert_as_into_json_does() {
+        let json = serde_json::json!({
+            "s": "€\u{0}", "n": -122.36647480579401, "i": 9007199254740993u64, "b": true,
+            "z": null, "l": [1, [2, {"x": []}]], "o": {}
+        });
+        let value = Value::from_json(json.clone()).unwrap();
+        assert_eq!(json_from_value(&value), value.clone().into_json().unwrap());
+        assert_eq!(json_from_value(&value), json);
+        assert_eq!(json_value(&json), value);
+        let other = Value::List(vec![
+            Value::Enum(async_graphql::Name::new("OPEN")),
+            Value::Binary(vec![1u8, 2].into()),
+        ]);
+        assert_eq!(json_from_value(&other), other.clone().into_json().unwrap());
+    }
 }

@@ -1262,9 +1262,7 @@ fn put_cells_field(datastore: &Datastore, types: &DatastoreTypes, ds: &Arc<str>)
                 for (i, input) in inputs.iter().enumerate() {
                     let input = input.object()?;
                     let what = |f: &str| format!("cells[{i}].{f}");
-                    let body = input.try_get("body")?.as_value().clone().into_json().map_err(|_| {
-                        bad_input(format!("{}: not representable as JSON", what("body")))
-                    })?;
+                    let body = scalars::json_from_value(input.try_get("body")?.as_value());
                     cells.push(NewCell {
                         row_key: scalars::uuid(&input.try_get("rowKey")?, &what("rowKey"))?,
                         column: input.try_get("column")?.enum_name()?.to_string(),
