@@ -163,10 +163,10 @@ def trip_body(rng, driver, city, created):
     distance = rng.uniform(1.0, 30.0)
     minutes = rng.uniform(3.0, 60.0)
     total = round((2.5 + distance * 1.1 + minutes * 0.3) * 100.0) / 100.0
-    # Coordinates with 6 decimals, as GPS fixes come: cellgate (1 ULP off on
-    # some 17-digit floats, e.g. -122.36647480579401 comes back as
-    # -122.366474805794) and jsonb must store the same numbers for the
-    # bodies to compare equal.
+    # Coordinates with 6 decimals, as GPS fixes come. (Versions of cellgate
+    # before JSON numbers were parsed exactly changed some 17-digit floats
+    # by one bit, e.g. -122.36647480579401 into -122.366474805794; rounded
+    # coordinates keep the data set the same for every version compared.)
     lat = round(37.77 + rng.uniform(-0.05, 0.05), 6)
     lng = round(-122.42 + rng.uniform(-0.05, 0.05), 6)
     return {
