@@ -667,3 +667,82 @@ async fn a_database_that_never_answers_gets_storage_unavailable_and_503() {
         assert_eq!(readyz.status(), StatusCode::SERVICE_UNAVAILABLE, "{scheme}");
     }
 }
+
+// Once pooled connections were lent without a test round trip, every
+// connection left idle from before a PostgreSQL restart failed the first
+// request that took it: STORAGE_UNAVAILABLE after the database was back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_after_a_postgres_restart_find_no_stale_connection() {
+    let mut postgres = match Postgres::init() {
+        Ok(postgres) => postgres,
+        Err(why) => {
+            eprintln!("skipped requests_after_a_postgres_restart_find_no_stale_connection: {why}");
+            return;
+        }
+    };
+    postgres.start().await;
+    // Without index maintenance no background task touches the pool, so
+    // the idle connections are still the old sessions when requests come.
+    let server = serve(
+        &postgres.url(),
+        "storage:\n  timeout_ms: 2000\n  readiness_timeout_ms: 1000\nindexes:\n  maintain: false\n",
+    );
+    wait_ready(&server, StatusCode::OK).await;
+    let client = client();
+    let graphql = server.url("/graphql");
+    // Many requests at once leave the pool full of idle connections.
+    let burst = |first: u64| {
+        let (client, graphql) = (&client, &graphql);
+        futures::future::join_all((first..first + 32).map(move |n| write_one(client, graphql, n)))
+    };
+    for write in burst(0).await {
+        assert!(
+            matches!(write, Write::Stored),
+            "before the restart: {write:?}"
+        );
+    }
+    let read = |row: uuid::Uuid| {
+        let body = json!({
+            "query": "query($row: UUID!) { items { latestCell(rowKey: $row, column: DATA) { refKey } } }",
+            "variables": { "row": row },
+        });
+        let (client, graphql) = (&client, &graphql);
+        async move {
+            let answer: Value = client
+                .post(graphql.as_str())
+                .json(&body)
+                .send()
+                .await
+                .expect("an answer")
+                .json()
+                .await
+                .expect("JSON");
+            answer
+        }
+    };
+    for answer in futures::future::join_all((0..32).map(|_| read(uuid::Uuid::new_v4()))).await {
+        assert!(
+            answer.get("errors").is_none(),
+            "before the restart: {answer}"
+        );
+    }
+
+    // An immediate shutdown ends every session the pool holds. The requests
+    // come as soon as the server accepts connections again (polling
+    // `/readyz` would use up the stale connections first).
+    postgres.stop("QUIT");
+    postgres.start().await;
+
+    for answer in futures::future::join_all((0..32).map(|_| read(uuid::Uuid::new_v4()))).await {
+        assert!(
+            answer.get("errors").is_none(),
+            "a read after the restart: {answer}"
+        );
+    }
+    for write in burst(100).await {
+        assert!(
+            matches!(write, Write::Stored),
+            "a write after the restart: {write:?}"
+        );
+    }
+}

@@ -221,6 +221,17 @@ macro_rules! sqlx_backend {
             statements: std::sync::Arc<std::sync::atomic::AtomicU64>,
         }
 
+        /// How many times a statement may be tried when it keeps finding
+        /// its connection lost: once per connection the pool can hold, plus
+        /// a new one, when repeating it is safe; once otherwise.
+        fn lost_connection_attempts(pool: &sqlx::Pool<$db>, repeatable: bool) -> u32 {
+            if repeatable {
+                pool.options().get_max_connections() + 1
+            } else {
+                1
+            }
+        }
+
         fn count(statements: &std::sync::atomic::AtomicU64) {
             statements.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -290,27 +301,24 @@ macro_rules! sqlx_backend {
                 cols: &[$crate::storage::ColType],
             ) -> $crate::Result<Vec<$crate::storage::Row>> {
                 let limit = self.statement_timeout;
-                let mut conn = self.acquire(&self.reader).await?;
-                count(&self.statements);
-                let outcome =
-                    $crate::storage::answered(limit, build(sql).fetch_all(&mut *conn)).await;
-                let rows = match $crate::storage::settle(&mut conn, outcome, limit) {
-                    // The pool lends idle connections without a test round
-                    // trip, so one the server dropped meanwhile fails here;
-                    // a plain read is repeated once on a new connection.
-                    Err(e) if $crate::error::is_lost_connection(&e) && sql.is_plain_read() => {
-                        conn.close_on_drop();
-                        drop(conn);
-                        let mut conn = self.acquire(&self.reader).await?;
-                        count(&self.statements);
-                        let outcome =
-                            $crate::storage::answered(limit, build(sql).fetch_all(&mut *conn))
-                                .await;
-                        $crate::storage::settle(&mut conn, outcome, limit)
+                // The pool lends idle connections without a test round
+                // trip, so ones the server dropped meanwhile (all of them,
+                // after a restart) fail here; a plain read is repeated on
+                // another connection, at most once per pooled connection.
+                let mut attempts = lost_connection_attempts(&self.reader, sql.is_plain_read());
+                let rows = loop {
+                    let mut conn = self.acquire(&self.reader).await?;
+                    count(&self.statements);
+                    let outcome =
+                        $crate::storage::answered(limit, build(sql).fetch_all(&mut *conn)).await;
+                    match $crate::storage::settle(&mut conn, outcome, limit) {
+                        Err(e) if attempts > 1 && $crate::error::is_lost_connection(&e) => {
+                            attempts -= 1;
+                            conn.close_on_drop();
+                        }
+                        other => break other.map_err(|e| self.error(e))?,
                     }
-                    other => other,
-                }
-                .map_err(|e| self.error(e))?;
+                };
                 decode_rows(rows, cols).map_err(|e| self.error(e))
             }
 
@@ -327,15 +335,27 @@ macro_rules! sqlx_backend {
 
             async fn begin(&self) -> $crate::Result<Box<dyn $crate::storage::Tx>> {
                 let limit = self.statement_timeout;
-                let mut conn = self.acquire(&self.writer).await?;
                 let statement: Option<&'static str> = $begin;
-                count(&self.statements);
-                let begin = <Manager as sqlx::TransactionManager>::begin(
-                    &mut conn,
-                    statement.map(std::borrow::Cow::Borrowed),
-                );
-                let outcome = $crate::storage::answered(limit, begin).await;
-                $crate::storage::settle(&mut conn, outcome, limit).map_err(|e| self.error(e))?;
+                // As in `fetch`: nothing has run yet, so a `BEGIN` that
+                // finds its connection lost is repeated on another one.
+                let mut attempts = lost_connection_attempts(&self.writer, true);
+                let conn = loop {
+                    let mut conn = self.acquire(&self.writer).await?;
+                    count(&self.statements);
+                    let begin = <Manager as sqlx::TransactionManager>::begin(
+                        &mut conn,
+                        statement.map(std::borrow::Cow::Borrowed),
+                    );
+                    let outcome = $crate::storage::answered(limit, begin).await;
+                    match $crate::storage::settle(&mut conn, outcome, limit) {
+                        Ok(()) => break conn,
+                        Err(e) if attempts > 1 && $crate::error::is_lost_connection(&e) => {
+                            attempts -= 1;
+                            conn.close_on_drop();
+                        }
+                        Err(e) => return Err(self.error(e)),
+                    }
+                };
                 Ok(Box::new($tx {
                     conn,
                     open: true,
