@@ -6,7 +6,7 @@
 //! row. Reads go to the master of the shard's cluster, so a client reads
 //! its own writes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use uuid::Uuid;
 
@@ -65,6 +65,12 @@ fn cells_from(sql: &mut Sql, table: &str, alias: Option<&str>) {
 
 /// Turns a row of the cell columns into a cell, decoding its body.
 pub(crate) fn cell_from_row(row: Row) -> Result<Cell> {
+    cell_with_members(row, None)
+}
+
+/// [`cell_from_row`], decoding only the top-level members `members` of the
+/// body when given.
+fn cell_with_members(row: Row, members: Option<&BTreeSet<String>>) -> Result<Cell> {
     let mut row = row.into_iter();
     let mut next = || row.next().unwrap_or(Value::Null(ColType::Int));
     let (shard, added_id, row_key, column, ref_key, body, created_at) =
@@ -81,7 +87,11 @@ pub(crate) fn cell_from_row(row: Row) -> Result<Cell> {
     else {
         return Err(Error::Internal("cell row has unexpected NULLs".into()));
     };
-    let body = codec::decode(&body).map_err(|reason| Error::CorruptBody {
+    let body = match members {
+        None => codec::decode(&body),
+        Some(members) => codec::decode_members(&body, members),
+    };
+    let body = body.map_err(|reason| Error::CorruptBody {
         row_key,
         column: column.clone(),
         ref_key,
@@ -270,6 +280,18 @@ pub(crate) async fn latest_cells(
     rows: &[Uuid],
     columns: &[String],
 ) -> Result<Vec<Result<Cell>>> {
+    latest_cells_with(backend, ds, rows, columns, None).await
+}
+
+/// [`latest_cells`] whose bodies hold only the top-level `members` when
+/// given (what index maintenance reads of them).
+pub(crate) async fn latest_cells_with(
+    backend: &dyn Backend,
+    ds: &DatastoreRuntime,
+    rows: &[Uuid],
+    columns: &[String],
+    members: Option<&BTreeSet<String>>,
+) -> Result<Vec<Result<Cell>>> {
     if rows.is_empty() || columns.is_empty() {
         return Ok(Vec::new());
     }
@@ -300,7 +322,7 @@ pub(crate) async fn latest_cells(
             .push(", c.")
             .ident("ref_key")
             .push(" DESC");
-        return decode_latest(backend, &sql, rows, columns).await;
+        return decode_latest(backend, &sql, rows, columns, members).await;
     }
     select_cells(&mut sql, &table, Some("c"));
     sql.push(" WHERE c.")
@@ -326,7 +348,7 @@ pub(crate) async fn latest_cells(
         .push(" = c.")
         .ident("column_name")
         .push(")");
-    decode_latest(backend, &sql, rows, columns).await
+    decode_latest(backend, &sql, rows, columns, members).await
 }
 
 /// Runs a latest-cells statement and decodes the cells of the wanted
@@ -337,6 +359,7 @@ async fn decode_latest(
     sql: &Sql,
     rows: &[Uuid],
     columns: &[String],
+    members: Option<&BTreeSet<String>>,
 ) -> Result<Vec<Result<Cell>>> {
     let wanted: HashSet<(Uuid, &str)> = rows
         .iter()
@@ -345,7 +368,7 @@ async fn decode_latest(
     let fetched = backend.fetch(sql, &CELL_TYPES).await?;
     Ok(fetched
         .into_iter()
-        .map(cell_from_row)
+        .map(|row| cell_with_members(row, members))
         .filter(|c| match c {
             Ok(c) => wanted.contains(&(c.row_key, c.column.as_str())),
             Err(_) => true,

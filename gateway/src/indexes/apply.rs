@@ -36,7 +36,7 @@ use chrono::Utc;
 use uuid::Uuid;
 
 use super::entry::{col_type, extract_checked, Extracted};
-use crate::cells::read::latest_cells;
+use crate::cells::read::latest_cells_with;
 use crate::cells::{log, Cell};
 use crate::error::{Error, Result};
 use crate::leases::{self, Lease};
@@ -394,11 +394,18 @@ impl Pass<'_> {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
+        // Only the members the touched indexes read are decoded.
+        let members: BTreeSet<String> = touched
+            .keys()
+            .flat_map(|(i, _)| self.ds.indexes[*i].def.fields.iter())
+            .filter_map(|field| field.path.segments().first().cloned())
+            .collect();
         let mut latest: HashMap<(Uuid, String), Cell> = HashMap::new();
         // Row key → (column, why its latest cell cannot be read).
         let mut corrupt: HashMap<Uuid, Vec<(String, String)>> = HashMap::new();
         for chunk in rows.chunks(MAX_PARAMS / 2) {
-            for cell in latest_cells(backend, self.ds, chunk, &columns).await? {
+            for cell in latest_cells_with(backend, self.ds, chunk, &columns, Some(&members)).await?
+            {
                 match cell {
                     Ok(cell) => {
                         latest.insert((cell.row_key, cell.column.clone()), cell);
