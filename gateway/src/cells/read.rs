@@ -296,35 +296,21 @@ pub(crate) async fn latest_cells_with(
         return Ok(Vec::new());
     }
     let table = ddl::cells_table(ds.name());
+    let postgres = backend.dialect() == Dialect::Postgres;
     let mut sql = Sql::new(backend.dialect());
-    if backend.dialect() == Dialect::Postgres {
+    if postgres {
         // `DISTINCT ON` keeps the first row of each (row, column) in the
         // order given: one backward step on the unique key per pair, about
-        // a quarter cheaper than the correlated `MAX` below.
+        // a quarter cheaper than the correlated `MAX` of the other backends.
         sql.push("SELECT DISTINCT ON (c.")
             .ident("row_key")
             .push(", c.")
             .ident("column_name")
             .push(") ");
         cells_from(&mut sql, &table, Some("c"));
-        sql.push(" WHERE c.")
-            .ident("row_key")
-            .push(" IN ")
-            .bind_list(uuid_list(rows.iter().copied()))
-            .push(" AND c.")
-            .ident("column_name")
-            .push(" IN ")
-            .bind_list(text_list(columns.iter().map(String::as_str)))
-            .push(" ORDER BY c.")
-            .ident("row_key")
-            .push(", c.")
-            .ident("column_name")
-            .push(", c.")
-            .ident("ref_key")
-            .push(" DESC");
-        return decode_latest(backend, &sql, rows, columns, members).await;
+    } else {
+        select_cells(&mut sql, &table, Some("c"));
     }
-    select_cells(&mut sql, &table, Some("c"));
     sql.push(" WHERE c.")
         .ident("row_key")
         .push(" IN ")
@@ -332,40 +318,39 @@ pub(crate) async fn latest_cells_with(
         .push(" AND c.")
         .ident("column_name")
         .push(" IN ")
-        .bind_list(text_list(columns.iter().map(String::as_str)))
-        .push(" AND c.")
-        .ident("ref_key")
-        .push(" = (SELECT MAX(m.")
-        .ident("ref_key")
-        .push(") FROM ")
-        .ident(&table)
-        .push(" m WHERE m.")
-        .ident("row_key")
-        .push(" = c.")
-        .ident("row_key")
-        .push(" AND m.")
-        .ident("column_name")
-        .push(" = c.")
-        .ident("column_name")
-        .push(")");
-    decode_latest(backend, &sql, rows, columns, members).await
-}
-
-/// Runs a latest-cells statement and decodes the cells of the wanted
-/// pairs (an `IN` on rows and one on columns also matches pairs that were
-/// not asked for).
-async fn decode_latest(
-    backend: &dyn Backend,
-    sql: &Sql,
-    rows: &[Uuid],
-    columns: &[String],
-    members: Option<&BTreeSet<String>>,
-) -> Result<Vec<Result<Cell>>> {
+        .bind_list(text_list(columns.iter().map(String::as_str)));
+    if postgres {
+        sql.push(" ORDER BY c.")
+            .ident("row_key")
+            .push(", c.")
+            .ident("column_name")
+            .push(", c.")
+            .ident("ref_key")
+            .push(" DESC");
+    } else {
+        sql.push(" AND c.")
+            .ident("ref_key")
+            .push(" = (SELECT MAX(m.")
+            .ident("ref_key")
+            .push(") FROM ")
+            .ident(&table)
+            .push(" m WHERE m.")
+            .ident("row_key")
+            .push(" = c.")
+            .ident("row_key")
+            .push(" AND m.")
+            .ident("column_name")
+            .push(" = c.")
+            .ident("column_name")
+            .push(")");
+    }
+    // An `IN` on rows and one on columns also match pairs that were not
+    // asked for.
     let wanted: HashSet<(Uuid, &str)> = rows
         .iter()
         .flat_map(|r| columns.iter().map(move |c| (*r, c.as_str())))
         .collect();
-    let fetched = backend.fetch(sql, &CELL_TYPES).await?;
+    let fetched = backend.fetch(&sql, &CELL_TYPES).await?;
     Ok(fetched
         .into_iter()
         .map(|row| cell_with_members(row, members))

@@ -234,6 +234,17 @@ impl State {
     fn backing_off(&self) -> bool {
         matches!(&self.failed, Some((at, _)) if at.elapsed() < RETRY_AFTER)
     }
+
+    /// Whether the next segment should start loading now: the current one
+    /// is a tenth used, no next one is held or loading, and the last load
+    /// did not just fail.
+    fn wants_next(&self) -> bool {
+        self.started
+            && self.next.is_none()
+            && !self.loading
+            && self.used_a_tenth()
+            && !self.backing_off()
+    }
 }
 
 impl Segments {
@@ -296,13 +307,7 @@ impl Segments {
             return None;
         }
         state.current.start += count;
-        if self.prefetch
-            && state.started
-            && state.next.is_none()
-            && !state.loading
-            && state.used_a_tenth()
-            && !state.backing_off()
-        {
+        if self.prefetch && state.wants_next() {
             state.loading = true;
             self.spawn_load(buffer);
         }
@@ -343,13 +348,7 @@ impl Segments {
                         break;
                     }
                 }
-                if self.prefetch
-                    && state.started
-                    && state.next.is_none()
-                    && !state.loading
-                    && state.used_a_tenth()
-                    && !state.backing_off()
-                {
+                if self.prefetch && state.wants_next() {
                     state.loading = true;
                     self.spawn_load(&buffer);
                 }
