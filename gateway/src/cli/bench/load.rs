@@ -34,8 +34,26 @@ pub struct LoadReport {
     /// From the last write until every index had applied every cell;
     /// `None` when it could not be measured.
     pub catch_up_seconds: Option<f64>,
+    /// With `--backlog`: the load ran without index maintenance, and a
+    /// store then applied every cell in this many seconds, alone.
+    pub backlog_seconds: Option<f64>,
     /// The store afterwards (local runs).
     pub storage: Option<StorageFigures>,
+}
+
+impl LoadReport {
+    /// With `--backlog`: the apply rate of the backlog against the load's
+    /// write rate.
+    pub fn backlog_line(&self) -> Option<String> {
+        let seconds = self.backlog_seconds?;
+        let rate = self.cells as f64 / seconds.max(1e-9);
+        Some(format!(
+            "backlog: {} cells applied in {seconds:.2} s by a store alone, {rate:.0} cells/s, \
+             {:.2}x the load's write rate",
+            self.cells,
+            rate / self.cells_per_second.max(1e-9)
+        ))
+    }
 }
 
 /// Writes one batch; `Err` says why it failed.

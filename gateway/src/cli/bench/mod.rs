@@ -210,6 +210,18 @@ pub struct BenchArgs {
     )]
     pub lag: bool,
 
+    /// Load with index maintenance off, then time a store with it on
+    /// applying the whole backlog alone: the apply capacity of the
+    /// backend, reported beside the load's write rate. Loads through the
+    /// Rust API.
+    #[arg(
+        long,
+        env = "CELLGATE_BENCH_BACKLOG",
+        conflicts_with = "url",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub backlog: bool,
+
     /// Run on this MySQL/MariaDB or PostgreSQL database instead of a
     /// temporary SQLite store: `mysql://USER:PASS@HOST/DB`, `mariadb://…`
     /// or `postgres://USER:PASS@HOST/DB`. It must hold no trips; the
@@ -343,6 +355,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             "--url drives a running gateway over HTTP only, so the trips are loaded through \
              GraphQL (leave out --load-via rust)"
         );
+    }
+    if args.backlog && args.load_via == Some(LoadVia::Graphql) {
+        anyhow::bail!("--backlog loads through the Rust API (leave out --load-via graphql)");
     }
     if cfg!(debug_assertions) {
         eprintln!("warning: this is a debug build; build with `--release` for meaningful numbers");
@@ -485,6 +500,7 @@ async fn local(
 
     // 1. Load.
     let mut load = match via {
+        LoadVia::Rust if args.backlog => load_then_apply(args, &defs, &database, data).await?,
         LoadVia::Rust => {
             let store = open_store(&defs, &database).await?;
             let elapsed =
@@ -575,6 +591,37 @@ async fn open_store(defs: &Definitions, database: &Database) -> anyhow::Result<S
         .map_err(|e| anyhow::anyhow!("cannot open the store ({}): {e}", redact(&database.url)))
 }
 
+/// Loads with index maintenance off, then times a store that maintains
+/// the indexes applying the whole backlog with nothing else running.
+async fn load_then_apply(
+    args: &BenchArgs,
+    defs: &Definitions,
+    database: &Database,
+    data: &Arc<Dataset>,
+) -> anyhow::Result<LoadReport> {
+    let mut options = StoreOptions::new(database.storage());
+    options.maintain_indexes = false;
+    let store = Store::open(defs.clone(), options)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open the store ({}): {e}", redact(&database.url)))?;
+    let elapsed = load::via_rust(&store, data, args.concurrency, args.request_timeout()).await?;
+    store.shutdown(SHUTDOWN_GRACE).await;
+    let store = open_store(defs, database).await?;
+    let started = Instant::now();
+    sync(&store, args).await?;
+    let applied = started.elapsed();
+    store.shutdown(SHUTDOWN_GRACE).await;
+    let mut report = load_figures(LoadVia::Rust, data, elapsed, None);
+    report.backlog_seconds = Some(applied.as_secs_f64());
+    eprintln!(
+        "loaded {} cells via rust with index maintenance off in {:.1} s; a store applied them in {:.1} s",
+        report.cells,
+        report.seconds,
+        applied.as_secs_f64(),
+    );
+    Ok(report)
+}
+
 /// Waits until every index of `store` has applied every cell, at most
 /// `--drain-timeout`.
 async fn sync(store: &Store, args: &BenchArgs) -> anyhow::Result<()> {
@@ -607,15 +654,7 @@ fn load_report(
     elapsed: Duration,
     catch_up: Option<Duration>,
 ) -> LoadReport {
-    let report = LoadReport {
-        via: via.name(),
-        trips: data.trips,
-        cells: data.cells(),
-        seconds: elapsed.as_secs_f64(),
-        cells_per_second: data.cells() as f64 / elapsed.as_secs_f64().max(1e-9),
-        catch_up_seconds: catch_up.map(|d| d.as_secs_f64()),
-        storage: None,
-    };
+    let report = load_figures(via, data, elapsed, catch_up);
     eprintln!(
         "loaded {} cells via {} in {:.1} s; indexes caught up {} later",
         report.cells,
@@ -627,6 +666,24 @@ fn load_report(
         )
     );
     report
+}
+
+fn load_figures(
+    via: LoadVia,
+    data: &Dataset,
+    elapsed: Duration,
+    catch_up: Option<Duration>,
+) -> LoadReport {
+    LoadReport {
+        via: via.name(),
+        trips: data.trips,
+        cells: data.cells(),
+        seconds: elapsed.as_secs_f64(),
+        cells_per_second: data.cells() as f64 / elapsed.as_secs_f64().max(1e-9),
+        catch_up_seconds: catch_up.map(|d| d.as_secs_f64()),
+        backlog_seconds: None,
+        storage: None,
+    }
 }
 
 /// Loads through `tripsPutCells` and waits for the gateway's indexes.

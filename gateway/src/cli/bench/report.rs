@@ -195,6 +195,9 @@ impl Report {
                 load.cells_per_second,
                 opt(load.catch_up_seconds, 2)
             );
+            if let Some(line) = load.backlog_line() {
+                let _ = writeln!(out, "  {line}");
+            }
             if let Some(storage) = &load.storage {
                 let size = match (storage.sqlite_db_bytes, storage.sqlite_wal_bytes) {
                     (Some(db), Some(wal)) => format!(
@@ -350,11 +353,15 @@ impl Report {
                 "  load: {:.0} cells/s via {}, {}",
                 load.cells_per_second,
                 load.via,
-                match load.catch_up_seconds {
-                    Some(s) => format!("indexes caught up {s:.2} s later"),
-                    None => "index catch-up not measured".to_string(),
+                match (load.catch_up_seconds, load.backlog_seconds) {
+                    (Some(s), _) => format!("indexes caught up {s:.2} s later"),
+                    (None, Some(_)) => "index maintenance off".to_string(),
+                    (None, None) => "index catch-up not measured".to_string(),
                 }
             );
+            if let Some(line) = load.backlog_line() {
+                let _ = writeln!(out, "  {line}");
+            }
         }
         if let Some(cold) = &self.cold_start {
             let _ = writeln!(out, "  cold start: {:.0} ms", cold.ready_ms);
