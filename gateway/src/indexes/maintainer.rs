@@ -615,16 +615,23 @@ impl Worker {
         let passes = self.passes(topology);
         let mut batches: Vec<Vec<u32>> = Vec::new();
         let mut current: Vec<u32> = Vec::new();
+        let mut cells = 0;
         let mut last_bucket = None;
         for bucket in order {
             let shards = &by_bucket[&bucket];
-            if !current.is_empty() && current.len() + shards.len() > PASS_SHARDS {
+            // A batch ends at a page of expected cells: the log read of a
+            // pass gets cheaper with every shard it need not look at.
+            if !current.is_empty()
+                && (current.len() + shards.len() > PASS_SHARDS || cells >= apply::PAGE)
+            {
                 batches.push(std::mem::take(&mut current));
+                cells = 0;
                 if batches.len() == passes {
                     break;
                 }
             }
             current.extend(shards);
+            cells += shards.iter().map(|s| self.pending(*s)).sum::<usize>();
             last_bucket = Some(bucket);
         }
         if !current.is_empty() && batches.len() < passes {
@@ -637,6 +644,19 @@ impl Worker {
             batch.sort_unstable();
         }
         batches
+    }
+
+    /// The cells of `shard` the slowest consumer has yet to apply, as far
+    /// as this worker knows the log head (at least 1, at most a page).
+    fn pending(&self, shard: u32) -> usize {
+        let from = self
+            .offsets
+            .get(&shard)
+            .and_then(|o| o.iter().min().copied())
+            .unwrap_or(0);
+        self.heads.get(&shard).map_or(1, |head| {
+            usize::try_from(head.saturating_sub(from)).map_or(1, |n| n.clamp(1, apply::PAGE))
+        })
     }
 
     /// Passes run at once: a server database takes concurrent writers,
