@@ -433,3 +433,108 @@ async fn a_slow_statement_is_cut_off_by_the_timeout() {
         }
     }
 }
+
+/// Reads one integer with `sql`.
+async fn one_int(db: &dyn Backend, sql: &str) -> cellgate::Result<i64> {
+    let rows = db
+        .fetch(&raw(db.dialect(), sql), &[storage::ColType::Int])
+        .await?;
+    Ok(rows[0][0].as_int().expect("an integer"))
+}
+
+// Pooled connections go back to the pool without a test round trip; one
+// left with a rollback queued or a statement abandoned mid-flight must be
+// settled before anyone else gets it.
+#[tokio::test]
+async fn dropped_transactions_and_abandoned_statements_leave_no_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = real_servers();
+    servers.push((
+        "sqlite",
+        format!("sqlite://{}", dir.path().join("pool.db").display()),
+    ));
+    for (scheme, url) in servers {
+        let db = backend(&url).await;
+        let table = format!("pool_probe_{}", std::process::id());
+        db.execute(&raw(db.dialect(), &format!("DROP TABLE IF EXISTS {table}")))
+            .await
+            .unwrap();
+        db.execute(&raw(
+            db.dialect(),
+            &format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY, v BIGINT NOT NULL)"),
+        ))
+        .await
+        .unwrap();
+        db.execute(&raw(
+            db.dialect(),
+            &format!("INSERT INTO {table} VALUES (1, 0)"),
+        ))
+        .await
+        .unwrap();
+        let bump = format!("UPDATE {table} SET v = v + 1 WHERE id = 1");
+        for _ in 0..3 {
+            // Holds the row's lock, then is dropped without a commit.
+            let mut dropped = ends("begin", db.begin()).await.unwrap();
+            ends("update", dropped.execute(&raw(db.dialect(), &bump)))
+                .await
+                .unwrap();
+            if scheme == "sqlite" {
+                // One writer connection: the next transaction starts after
+                // the dropped one is rolled back.
+                drop(dropped);
+                let mut tx = ends("begin", db.begin()).await.unwrap();
+                ends("update", tx.execute(&raw(db.dialect(), &bump)))
+                    .await
+                    .unwrap();
+                ends("commit", tx.commit()).await.unwrap();
+                continue;
+            }
+            // Another transaction, on the pool's other connection, waits
+            // for that lock; nobody uses the dropped one's connection
+            // again, so only a rollback sent at once lets it through within
+            // the statement timeout (500 ms).
+            let mut tx = ends("begin", db.begin()).await.unwrap();
+            let update = raw(db.dialect(), &bump);
+            let (updated, ()) = tokio::join!(tx.execute(&update), async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                drop(dropped);
+            });
+            updated
+                .unwrap_or_else(|e| panic!("{scheme}: the dropped transaction kept its lock: {e}"));
+            ends("commit", tx.commit()).await.unwrap();
+        }
+        let v = one_int(db.as_ref(), &format!("SELECT v FROM {table} WHERE id = 1"))
+            .await
+            .unwrap();
+        assert_eq!(v, 3, "{scheme}: only the committed updates count");
+
+        // Statements abandoned while they run: every later answer is its
+        // own, on every connection of the pool.
+        if scheme != "sqlite" {
+            let slow = match scheme {
+                "postgres" => "SELECT 7::bigint FROM (SELECT pg_sleep(0.2)) AS s",
+                _ => "SELECT CAST(7 AS SIGNED) FROM (SELECT SLEEP(0.2)) AS s",
+            };
+            for _ in 0..4 {
+                let abandoned =
+                    tokio::time::timeout(Duration::from_millis(20), one_int(db.as_ref(), slow))
+                        .await;
+                assert!(abandoned.is_err(), "{scheme}: the slow statement ran out");
+            }
+        }
+        for n in 0..8 {
+            let select = match scheme {
+                "postgres" => format!("SELECT {n}::bigint"),
+                "mysql" => format!("SELECT CAST({n} AS SIGNED)"),
+                _ => format!("SELECT {n}"),
+            };
+            let answer = ends("select", one_int(db.as_ref(), &select))
+                .await
+                .unwrap_or_else(|e| panic!("{scheme}: {e}"));
+            assert_eq!(answer, n, "{scheme}: an answer of another statement");
+        }
+        db.execute(&raw(db.dialect(), &format!("DROP TABLE {table}")))
+            .await
+            .unwrap();
+    }
+}

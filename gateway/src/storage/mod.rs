@@ -23,6 +23,7 @@
 
 pub mod ddl;
 mod mysql;
+mod pool;
 mod postgres;
 pub mod sql;
 mod sqlite;
@@ -140,19 +141,27 @@ async fn answered<T>(limit: Option<Duration>, work: impl Future<Output = T>) -> 
 }
 
 /// The result of a statement waited for by [`answered`] on `conn`. A
-/// connection that did not answer in time is closed when it is dropped
-/// instead of going back to the pool, where sqlx would first wait for it to
-/// answer a ping (as long as the operating system keeps a dead TCP
-/// connection open) and keep its pool slot meanwhile.
+/// connection that did not answer in time, or whose error says it is lost,
+/// is closed when it is dropped instead of going back to the pool.
 fn settle<DB: sqlx::Database, T>(
-    conn: &mut sqlx::pool::PoolConnection<DB>,
+    conn: &mut pool::Conn<DB>,
     outcome: Option<Result<T, sqlx::Error>>,
     limit: Option<Duration>,
 ) -> Result<T, sqlx::Error> {
-    outcome.unwrap_or_else(|| {
-        conn.close_on_drop();
-        Err(no_answer(limit.unwrap_or_default()))
-    })
+    match outcome {
+        None => {
+            conn.discard();
+            Err(no_answer(limit.unwrap_or_default()))
+        }
+        Some(Err(e)) if matches!(e, sqlx::Error::Io(_)) || crate::error::is_lost_connection(&e) => {
+            conn.discard();
+            Err(e)
+        }
+        Some(result) => {
+            conn.settled();
+            result
+        }
+    }
 }
 
 /// The error of a statement that got no answer within `limit`: an I/O
@@ -198,9 +207,9 @@ macro_rules! sqlx_backend {
     ($backend:ident, $tx:ident, $db:ty, $dialect:expr, $begin:expr) => {
         pub struct $backend {
             /// Pool for writes (a single connection on SQLite).
-            writer: sqlx::Pool<$db>,
+            writer: $crate::storage::pool::Pool<$db>,
             /// Pool for reads outside transactions.
-            reader: sqlx::Pool<$db>,
+            reader: $crate::storage::pool::Pool<$db>,
             cluster: String,
             /// Longest wait for the answer to one statement; `None` on SQLite.
             statement_timeout: Option<std::time::Duration>,
@@ -213,7 +222,7 @@ macro_rules! sqlx_backend {
 
         /// An open transaction on one pooled connection.
         pub struct $tx {
-            conn: sqlx::pool::PoolConnection<$db>,
+            conn: $crate::storage::pool::Conn<$db>,
             /// Until committed: dropping the transaction rolls it back.
             open: bool,
             cluster: String,
@@ -224,9 +233,12 @@ macro_rules! sqlx_backend {
         /// How many times a statement may be tried when it keeps finding
         /// its connection lost: once per connection the pool can hold, plus
         /// a new one, when repeating it is safe; once otherwise.
-        fn lost_connection_attempts(pool: &sqlx::Pool<$db>, repeatable: bool) -> u32 {
+        fn lost_connection_attempts(
+            pool: &$crate::storage::pool::Pool<$db>,
+            repeatable: bool,
+        ) -> u32 {
             if repeatable {
-                pool.options().get_max_connections() + 1
+                pool.max_size() + 1
             } else {
                 1
             }
@@ -241,9 +253,9 @@ macro_rules! sqlx_backend {
         impl Drop for $tx {
             fn drop(&mut self) {
                 if self.open {
-                    // Queued, and sent before the connection's next use (the
-                    // pool pings a returned connection), as sqlx does.
-                    <Manager as sqlx::TransactionManager>::start_rollback(&mut self.conn);
+                    // Queued, and sent before the connection is lent again.
+                    <Manager as sqlx::TransactionManager>::start_rollback(&mut *self.conn);
+                    self.conn.queued();
                 }
             }
         }
@@ -279,8 +291,8 @@ macro_rules! sqlx_backend {
 
             async fn acquire(
                 &self,
-                pool: &sqlx::Pool<$db>,
-            ) -> $crate::Result<sqlx::pool::PoolConnection<$db>> {
+                pool: &$crate::storage::pool::Pool<$db>,
+            ) -> $crate::Result<$crate::storage::pool::Conn<$db>> {
                 pool.acquire().await.map_err(|e| self.error(e))
             }
         }
@@ -302,19 +314,20 @@ macro_rules! sqlx_backend {
             ) -> $crate::Result<Vec<$crate::storage::Row>> {
                 let limit = self.statement_timeout;
                 // The pool lends idle connections without a test round
-                // trip, so ones the server dropped meanwhile (all of them,
-                // after a restart) fail here; a plain read is repeated on
-                // another connection, at most once per pooled connection.
+                // trip (`pool.rs`), so ones the server dropped meanwhile
+                // (all of them, after a restart) fail here; a plain read is
+                // repeated on another connection, at most once per pooled
+                // connection.
                 let mut attempts = lost_connection_attempts(&self.reader, sql.is_plain_read());
                 let rows = loop {
                     let mut conn = self.acquire(&self.reader).await?;
                     count(&self.statements);
                     let outcome =
-                        $crate::storage::answered(limit, build(sql).fetch_all(&mut *conn)).await;
+                        $crate::storage::answered(limit, build(sql).fetch_all(conn.start())).await;
                     match $crate::storage::settle(&mut conn, outcome, limit) {
                         Err(e) if attempts > 1 && $crate::error::is_lost_connection(&e) => {
                             attempts -= 1;
-                            conn.close_on_drop();
+                            conn.discard();
                         }
                         other => break other.map_err(|e| self.error(e))?,
                     }
@@ -327,7 +340,7 @@ macro_rules! sqlx_backend {
                 let mut conn = self.acquire(&self.writer).await?;
                 count(&self.statements);
                 let outcome =
-                    $crate::storage::answered(limit, build(sql).execute(&mut *conn)).await;
+                    $crate::storage::answered(limit, build(sql).execute(conn.start())).await;
                 let result = $crate::storage::settle(&mut conn, outcome, limit)
                     .map_err(|e| self.error(e))?;
                 Ok(result.rows_affected())
@@ -343,7 +356,7 @@ macro_rules! sqlx_backend {
                     let mut conn = self.acquire(&self.writer).await?;
                     count(&self.statements);
                     let begin = <Manager as sqlx::TransactionManager>::begin(
-                        &mut conn,
+                        conn.start(),
                         statement.map(std::borrow::Cow::Borrowed),
                     );
                     let outcome = $crate::storage::answered(limit, begin).await;
@@ -351,7 +364,7 @@ macro_rules! sqlx_backend {
                         Ok(()) => break conn,
                         Err(e) if attempts > 1 && $crate::error::is_lost_connection(&e) => {
                             attempts -= 1;
-                            conn.close_on_drop();
+                            conn.discard();
                         }
                         Err(e) => return Err(self.error(e)),
                     }
@@ -369,7 +382,7 @@ macro_rules! sqlx_backend {
                 let limit = self.statement_timeout;
                 let mut conn = self.acquire(&self.reader).await?;
                 let outcome =
-                    $crate::storage::answered(limit, sqlx::query("SELECT 1").execute(&mut *conn))
+                    $crate::storage::answered(limit, sqlx::query("SELECT 1").execute(conn.start()))
                         .await;
                 $crate::storage::settle(&mut conn, outcome, limit).map_err(|e| self.error(e))?;
                 Ok(())
@@ -407,7 +420,7 @@ macro_rules! sqlx_backend {
                 let limit = self.statement_timeout;
                 count(&self.statements);
                 let outcome =
-                    $crate::storage::answered(limit, build(sql).fetch_all(&mut *self.conn)).await;
+                    $crate::storage::answered(limit, build(sql).fetch_all(self.conn.start())).await;
                 let rows = $crate::storage::settle(&mut self.conn, outcome, limit)
                     .map_err(|e| self.error(e))?;
                 decode_rows(rows, cols).map_err(|e| self.error(e))
@@ -417,7 +430,7 @@ macro_rules! sqlx_backend {
                 let limit = self.statement_timeout;
                 count(&self.statements);
                 let outcome =
-                    $crate::storage::answered(limit, build(sql).execute(&mut *self.conn)).await;
+                    $crate::storage::answered(limit, build(sql).execute(self.conn.start())).await;
                 let result = $crate::storage::settle(&mut self.conn, outcome, limit)
                     .map_err(|e| self.error(e))?;
                 Ok(result.rows_affected())
@@ -428,7 +441,7 @@ macro_rules! sqlx_backend {
                 count(&self.statements);
                 let outcome = $crate::storage::answered(
                     limit,
-                    <Manager as sqlx::TransactionManager>::commit(&mut self.conn),
+                    <Manager as sqlx::TransactionManager>::commit(self.conn.start()),
                 )
                 .await;
                 $crate::storage::settle(&mut self.conn, outcome, limit)

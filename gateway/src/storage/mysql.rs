@@ -4,7 +4,7 @@
 //! session time zone to `+00:00`), text uses the binary `utf8mb4_bin`
 //! collation so ordering matches byte order on every backend.
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{MySql, Row as _};
 use std::str::FromStr;
 
@@ -15,7 +15,7 @@ sqlx_backend!(MySqlBackend, MySqlTx, MySql, Dialect::MySql, None);
 
 impl MySqlBackend {
     /// Nothing to do before the writer closes.
-    async fn closing(_writer: &sqlx::MySqlPool) {}
+    async fn closing(_writer: &super::pool::Pool<MySql>) {}
 
     pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
         let url = url.replacen("mariadb:", "mysql:", 1);
@@ -23,15 +23,12 @@ impl MySqlBackend {
             .map_err(|e| crate::Error::Config(format!("invalid mysql url: {e}")))?
             .charset("utf8mb4")
             .statement_cache_capacity(1024);
-        let pool = MySqlPoolOptions::new()
-            .max_connections(options.max_connections)
-            // sqlx tests every returned connection already; testing it again
-            // when it is lent cost a round trip per statement. A connection
-            // lost while idle fails its statement, and reads are repeated
-            // once (`Backend::fetch`).
-            .test_before_acquire(false)
-            .acquire_timeout(options.acquire_timeout)
-            .connect_lazy_with(connect);
+        let pool = super::pool::Pool::new(
+            connect,
+            options.max_connections,
+            options.acquire_timeout,
+            Some(options.statement_timeout),
+        );
         Ok(MySqlBackend {
             writer: pool.clone(),
             reader: pool,

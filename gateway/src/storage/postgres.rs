@@ -6,7 +6,7 @@
 
 use std::str::FromStr;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Postgres, Row as _};
 
 use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Value};
@@ -21,7 +21,7 @@ sqlx_backend!(
 
 impl PostgresBackend {
     /// Nothing to do before the writer closes.
-    async fn closing(_writer: &sqlx::PgPool) {}
+    async fn closing(_writer: &super::pool::Pool<Postgres>) {}
 
     pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
         let connect = PgConnectOptions::from_str(url)
@@ -31,15 +31,12 @@ impl PostgresBackend {
             // (triggered by the cost estimates of large `IN`/`VALUES`
             // lists) would add a hundred milliseconds or more to each.
             .options([("jit", "off")]);
-        let pool = PgPoolOptions::new()
-            .max_connections(options.max_connections)
-            // sqlx tests every returned connection already; testing it again
-            // when it is lent cost a round trip per statement. A connection
-            // lost while idle fails its statement, and reads are repeated
-            // once (`Backend::fetch`).
-            .test_before_acquire(false)
-            .acquire_timeout(options.acquire_timeout)
-            .connect_lazy_with(connect);
+        let pool = super::pool::Pool::new(
+            connect,
+            options.max_connections,
+            options.acquire_timeout,
+            Some(options.statement_timeout),
+        );
         Ok(PostgresBackend {
             writer: pool.clone(),
             reader: pool,

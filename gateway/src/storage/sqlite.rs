@@ -11,9 +11,10 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{Row as _, Sqlite};
 
+use super::pool::Pool;
 use super::value::uuid_from_bytes;
 use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Value};
 
@@ -31,7 +32,7 @@ sqlx_backend!(
 impl SqliteBackend {
     /// Before the writer closes: the WAL copied back, so the next process
     /// neither replays it nor waits for this one's closing checkpoint.
-    async fn closing(writer: &sqlx::SqlitePool) {
+    async fn closing(writer: &Pool<Sqlite>) {
         truncate_on_close(writer).await;
     }
 
@@ -57,18 +58,22 @@ impl SqliteBackend {
             }
         }
         let err = |e| crate::Error::from_sqlx(&options.cluster, e);
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(options.acquire_timeout.max(Duration::from_secs(30)))
-            .connect_with(connect.clone())
-            .await
-            .map_err(err)?;
-        let reader = SqlitePoolOptions::new()
-            .max_connections(options.max_connections.clamp(1, 8))
-            .acquire_timeout(options.acquire_timeout)
-            .connect_with(connect)
-            .await
-            .map_err(err)?;
+        let writer = Pool::new(
+            connect.clone(),
+            1,
+            options.acquire_timeout.max(Duration::from_secs(30)),
+            None,
+        );
+        let reader = Pool::new(
+            connect,
+            options.max_connections.clamp(1, 8),
+            options.acquire_timeout,
+            None,
+        );
+        // Opening the file now reports a bad path or a locked database at
+        // start-up rather than at the first request.
+        drop(writer.acquire().await.map_err(err)?);
+        drop(reader.acquire().await.map_err(err)?);
         let (stop, stopped) = tokio::sync::oneshot::channel();
         checkpoint_in_background(&writer, &reader, stopped);
         Ok(SqliteBackend {
@@ -101,8 +106,8 @@ const WAL_TRUNCATE_PAGES: i64 = 16_384;
 /// stall every writer behind it for milliseconds. Stops when the backend is
 /// dropped.
 fn checkpoint_in_background(
-    writer: &sqlx::SqlitePool,
-    reader: &sqlx::SqlitePool,
+    writer: &Pool<Sqlite>,
+    reader: &Pool<Sqlite>,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
 ) {
     let writer = writer.clone();
@@ -116,7 +121,7 @@ fn checkpoint_in_background(
                 _ = interval.tick() => {}
             }
             let checkpoint = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)");
-            let outcome = match checkpoint.fetch_one(&reader).await {
+            let outcome = match checkpoint_with(&reader, checkpoint).await {
                 Ok((_, pages, _)) if pages >= WAL_TRUNCATE_PAGES => truncate_wal(&writer).await,
                 Ok(_) => Ok(()),
                 Err(err) => Err(err),
@@ -131,7 +136,23 @@ fn checkpoint_in_background(
 /// Copies what is left of the WAL back and truncates it, on the writer
 /// connection so this process's writers wait instead of failing; gives up
 /// at once (to try again later) while a reader still needs old frames.
-async fn truncate_wal(writer: &sqlx::SqlitePool) -> Result<(), sqlx::Error> {
+/// Runs a checkpoint on a connection of `pool`.
+async fn checkpoint_with<'q>(
+    pool: &Pool<Sqlite>,
+    checkpoint: sqlx::query::QueryAs<
+        'q,
+        Sqlite,
+        (i64, i64, i64),
+        sqlx::sqlite::SqliteArguments<'q>,
+    >,
+) -> Result<(i64, i64, i64), sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let row = checkpoint.fetch_one(conn.start()).await;
+    conn.settled();
+    row
+}
+
+async fn truncate_wal(writer: &Pool<Sqlite>) -> Result<(), sqlx::Error> {
     let mut conn = writer.acquire().await?;
     sqlx::query("PRAGMA busy_timeout = 50")
         .execute(&mut *conn)
@@ -152,10 +173,10 @@ async fn truncate_wal(writer: &sqlx::SqlitePool) -> Result<(), sqlx::Error> {
 /// the backend closes. A connection closing beside it can hold the
 /// checkpoint lock for a moment (the checkpoint then reports busy at
 /// once), so it is tried again for up to a second.
-async fn truncate_on_close(writer: &sqlx::SqlitePool) {
+async fn truncate_on_close(writer: &Pool<Sqlite>) {
     for _ in 0..20 {
         let checkpoint = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(TRUNCATE)");
-        match checkpoint.fetch_one(writer).await {
+        match checkpoint_with(writer, checkpoint).await {
             Ok((0, _, _)) => return,
             Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             Err(err) => {

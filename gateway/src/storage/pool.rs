@@ -1,0 +1,200 @@
+//! Connection pools of the backends: deadpool holding sqlx connections.
+//!
+//! sqlx's own pool sends a test round trip on every connection handed back
+//! to it, so each statement cost the database two round trips. Here a
+//! connection goes back to the pool as it is, unless its last use did not
+//! end cleanly: a statement cancelled while it ran (its caller gave up) or
+//! a transaction dropped without a commit (its `ROLLBACK` is queued). Such a
+//! connection is settled first in a task of its own, by a round trip that
+//! drains what is still in flight and sends what is queued, as sqlx does for
+//! every connection; one that does not answer within the statement timeout
+//! is closed. A connection whose statement got no answer in time
+//! ([`Conn::discard`]) is closed instead of going back at all.
+//!
+//! A connection lost while idle in the pool (the database restarted) fails
+//! its next statement; `Backend::fetch` and `Backend::begin` repeat that on
+//! another connection ([`Pool::max_size`] bounds how often).
+
+use std::ops::{Deref, DerefMut};
+use std::time::Duration;
+
+use deadpool::managed::{self, Metrics, Object, PoolError, RecycleResult};
+use sqlx::{ConnectOptions as _, Connection, Database};
+
+/// Opens the connections of a [`Pool`].
+pub(crate) struct Manager<DB: Database> {
+    options: <DB::Connection as Connection>::Options,
+}
+
+impl<DB: Database> managed::Manager for Manager<DB> {
+    type Type = DB::Connection;
+    type Error = sqlx::Error;
+
+    async fn create(&self) -> Result<DB::Connection, sqlx::Error> {
+        self.options.connect().await
+    }
+
+    /// Nothing to check: connections come back settled (see the module
+    /// documentation).
+    async fn recycle(&self, _: &mut DB::Connection, _: &Metrics) -> RecycleResult<sqlx::Error> {
+        Ok(())
+    }
+}
+
+/// A bounded pool of connections to one database, opened on demand;
+/// clones share it.
+pub(crate) struct Pool<DB: Database> {
+    inner: managed::Pool<Manager<DB>>,
+    max_size: u32,
+    /// Longest wait for a connection, opening one included.
+    acquire_timeout: Duration,
+    /// Longest wait for the round trip that settles a connection.
+    settle_timeout: Option<Duration>,
+}
+
+impl<DB: Database> Clone for Pool<DB> {
+    fn clone(&self) -> Self {
+        Pool {
+            inner: self.inner.clone(),
+            max_size: self.max_size,
+            acquire_timeout: self.acquire_timeout,
+            settle_timeout: self.settle_timeout,
+        }
+    }
+}
+
+impl<DB: Database> Pool<DB> {
+    pub(crate) fn new(
+        options: <DB::Connection as Connection>::Options,
+        max_size: u32,
+        acquire_timeout: Duration,
+        settle_timeout: Option<Duration>,
+    ) -> Pool<DB> {
+        let max_size = max_size.max(1);
+        let inner = managed::Pool::builder(Manager { options })
+            .max_size(max_size as usize)
+            .build()
+            // Only a pool with timeouts of its own needs a runtime, and
+            // the waits here are bounded around it instead.
+            .expect("a pool without timeouts builds");
+        Pool {
+            inner,
+            max_size,
+            acquire_timeout,
+            settle_timeout,
+        }
+    }
+
+    /// Lends a connection, opening one if none is idle and the pool has
+    /// room; sqlx's `PoolTimedOut` after the acquire timeout, `PoolClosed`
+    /// once the pool is closed.
+    pub(crate) async fn acquire(&self) -> Result<Conn<DB>, sqlx::Error> {
+        let object = match tokio::time::timeout(self.acquire_timeout, self.inner.get()).await {
+            Err(_) | Ok(Err(PoolError::Timeout(_))) => return Err(sqlx::Error::PoolTimedOut),
+            Ok(Err(PoolError::Backend(e))) => return Err(e),
+            Ok(Err(_)) => return Err(sqlx::Error::PoolClosed),
+            Ok(Ok(object)) => object,
+        };
+        Ok(Conn {
+            object: Some(object),
+            unsettled: false,
+            discard: false,
+            settle_timeout: self.settle_timeout,
+        })
+    }
+
+    /// The most connections the pool holds at once.
+    pub(crate) fn max_size(&self) -> u32 {
+        self.max_size
+    }
+
+    /// Closes the idle connections gracefully and the pool for good: later
+    /// acquires fail with `PoolClosed`, and connections still lent out are
+    /// closed when they come back.
+    pub(crate) async fn close(&self) {
+        let idle = self.inner.retain(|_, _| false).removed;
+        self.inner.close();
+        for conn in idle {
+            let _ = conn.close().await;
+        }
+    }
+}
+
+/// A connection lent by a [`Pool`]; it goes back when dropped.
+pub(crate) struct Conn<DB: Database> {
+    object: Option<Object<Manager<DB>>>,
+    /// Its last use may have left work in flight or queued.
+    unsettled: bool,
+    /// Closed on drop instead of going back to the pool.
+    discard: bool,
+    settle_timeout: Option<Duration>,
+}
+
+impl<DB: Database> Conn<DB> {
+    /// The connection, for one statement: until [`Conn::settled`] is
+    /// called it counts as interrupted, so a caller that gives up on the
+    /// statement leaves a connection that is settled before reuse.
+    pub(crate) fn start(&mut self) -> &mut DB::Connection {
+        self.unsettled = true;
+        self
+    }
+
+    /// The statement begun with [`Conn::start`] has its answer.
+    pub(crate) fn settled(&mut self) {
+        self.unsettled = false;
+    }
+
+    /// Work was queued on the connection (a rollback) without waiting for
+    /// it: it is sent and answered before the connection is lent again.
+    pub(crate) fn queued(&mut self) {
+        self.unsettled = true;
+    }
+
+    /// Closes the connection when it is dropped: it stopped answering.
+    pub(crate) fn discard(&mut self) {
+        self.discard = true;
+    }
+}
+
+impl<DB: Database> Deref for Conn<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        self.object.as_ref().expect("a lent connection")
+    }
+}
+
+impl<DB: Database> DerefMut for Conn<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        self.object.as_mut().expect("a lent connection")
+    }
+}
+
+impl<DB: Database> Drop for Conn<DB> {
+    fn drop(&mut self) {
+        let Some(mut object) = self.object.take() else {
+            return;
+        };
+        if self.discard {
+            drop(Object::take(object));
+            return;
+        }
+        if !self.unsettled && !object.should_flush() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            drop(Object::take(object));
+            return;
+        };
+        let limit = self.settle_timeout;
+        runtime.spawn(async move {
+            let answered = match limit {
+                Some(limit) => tokio::time::timeout(limit, object.ping()).await.ok(),
+                None => Some(object.ping().await),
+            };
+            if !matches!(answered, Some(Ok(()))) {
+                drop(Object::take(object));
+            }
+        });
+    }
+}
