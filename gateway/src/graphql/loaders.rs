@@ -36,10 +36,15 @@ pub struct CellLoader {
 }
 
 impl Loader<CellRequest> for CellLoader {
-    type Value = Cell;
+    /// Shared: the cache lends a copy of the value to every field that
+    /// asks, and a copy of a cell would copy its body.
+    type Value = Arc<Cell>;
     type Error = Arc<crate::Error>;
 
-    async fn load(&self, keys: &[CellRequest]) -> Result<HashMap<CellRequest, Cell>, Self::Error> {
+    async fn load(
+        &self,
+        keys: &[CellRequest],
+    ) -> Result<HashMap<CellRequest, Arc<Cell>>, Self::Error> {
         let mut latest: HashMap<Arc<str>, Vec<(Uuid, String)>> = HashMap::new();
         let mut exact: HashMap<Arc<str>, Vec<CellKey>> = HashMap::new();
         for key in keys {
@@ -72,7 +77,7 @@ impl Loader<CellRequest> for CellLoader {
                         row_key,
                         column: column.into(),
                     };
-                    found.insert(request, cell);
+                    found.insert(request, Arc::new(cell));
                 }
             }
         }
@@ -89,7 +94,7 @@ impl Loader<CellRequest> for CellLoader {
                             datastore: datastore.clone(),
                             key,
                         },
-                        cell,
+                        Arc::new(cell),
                     );
                 }
             }

@@ -34,7 +34,7 @@ use super::scalars::{
     self, datetime, datetime_value, int64, int64_value, json_value, sql_value, DATETIME, INT64,
     JSON, UUID,
 };
-use crate::cells::{Cell, CellKey, Location, LogPage, NewCell, PutStatus};
+use crate::cells::{Cell, CellKey, Location, NewCell, PutStatus};
 use crate::indexes::{IndexEntry, IndexPage, IndexQuery, OrderBy};
 use crate::Store;
 
@@ -457,7 +457,7 @@ impl DatastoreTypes {
                         .get_cell(&ds, &key)
                         .await
                         .map_err(|e| from_store(&e))?;
-                    Ok(cell.map(FieldValue::owned_any))
+                    Ok(cell.map(cell_value))
                 })
             })
             .argument(InputValue::new("rowKey", TypeRef::named_nn(UUID)))
@@ -477,7 +477,7 @@ impl DatastoreTypes {
                         .get_cell_latest(&ds, row_key, &column)
                         .await
                         .map_err(|e| from_store(&e))?;
-                    Ok(cell.map(FieldValue::owned_any))
+                    Ok(cell.map(cell_value))
                 })
             })
             .argument(InputValue::new("rowKey", TypeRef::named_nn(UUID)))
@@ -501,9 +501,7 @@ impl DatastoreTypes {
                         .history(&ds, row_key, &column, first, before)
                         .await
                         .map_err(|e| from_store(&e))?;
-                    Ok(Some(FieldValue::list(
-                        cells.into_iter().map(FieldValue::owned_any),
-                    )))
+                    Ok(Some(FieldValue::list(cells.into_iter().map(cell_value))))
                 })
             })
             .argument(InputValue::new("rowKey", TypeRef::named_nn(UUID)))
@@ -546,7 +544,10 @@ impl DatastoreTypes {
                             .cells_for_shard(&ds, shard, location, limit)
                             .await
                             .map_err(|e| from_store(&e))?;
-                        Ok(Some(FieldValue::owned_any(page)))
+                        Ok(Some(FieldValue::owned_any(ShardPage {
+                            cells: page.cells.into_iter().map(Arc::new).collect(),
+                            next: page.next,
+                        })))
                     })
                 },
             )
@@ -657,41 +658,53 @@ fn page_size(
 fn cell_type() -> Object {
     Object::new("Cell")
         .description("An immutable version of a column of a row.")
-        .field(from_parent::<Cell, _>(
+        .field(from_parent::<Arc<Cell>, _>(
             "rowKey",
             TypeRef::named_nn(UUID),
             |c| Value::String(c.row_key.to_string()),
         ))
-        .field(from_parent::<Cell, _>(
+        .field(from_parent::<Arc<Cell>, _>(
             "column",
             TypeRef::named_nn(TypeRef::STRING),
             |c| Value::String(c.column.clone()),
         ))
-        .field(from_parent::<Cell, _>(
+        .field(from_parent::<Arc<Cell>, _>(
             "refKey",
             TypeRef::named_nn(INT64),
             |c| int64_value(c.ref_key),
         ))
-        .field(from_parent::<Cell, _>(
+        .field(from_parent::<Arc<Cell>, _>(
             "body",
             TypeRef::named_nn(JSON),
             |c| json_value(&c.body),
         ))
-        .field(from_parent::<Cell, _>(
+        .field(from_parent::<Arc<Cell>, _>(
             "createdAt",
             TypeRef::named_nn(DATETIME),
             |c| datetime_value(c.created_at),
         ))
-        .field(from_parent::<Cell, _>(
+        .field(from_parent::<Arc<Cell>, _>(
             "shard",
             TypeRef::named_nn(TypeRef::INT),
             |c| Value::from(c.shard),
         ))
-        .field(from_parent::<Cell, _>(
+        .field(from_parent::<Arc<Cell>, _>(
             "addedId",
             TypeRef::named_nn(INT64),
             |c| int64_value(c.added_id),
         ))
+}
+
+/// A page of a shard's log as `CellLogPage` resolves it.
+struct ShardPage {
+    cells: Vec<Arc<Cell>>,
+    next: Location,
+}
+
+/// A cell as the parent of the `Cell` type's fields: shared, so the
+/// per-request cell cache lends it without copying its body.
+fn cell_value(cell: Cell) -> FieldValue<'static> {
+    FieldValue::owned_any(Arc::new(cell))
 }
 
 fn log_page_type() -> Object {
@@ -702,7 +715,7 @@ fn log_page_type() -> Object {
             TypeRef::named_nn_list_nn("Cell"),
             |ctx| {
                 FieldFuture::new(async move {
-                    let page = parent::<LogPage>(&ctx)?;
+                    let page = parent::<ShardPage>(&ctx)?;
                     Ok(Some(FieldValue::list(
                         page.cells.iter().cloned().map(FieldValue::owned_any),
                     )))
@@ -710,7 +723,7 @@ fn log_page_type() -> Object {
             },
         ))
         .field(
-            from_parent::<LogPage, _>("next", TypeRef::named_nn(INT64), |p| match p.next {
+            from_parent::<ShardPage, _>("next", TypeRef::named_nn(INT64), |p| match p.next {
                 Location::AddedId(id) => int64_value(id),
                 Location::Timestamp(_) => Value::Null,
             })
@@ -1110,7 +1123,7 @@ async fn prefetch_rows(
                 row_key,
                 column: column.into(),
             };
-            cell.map(|cell| (request, cell))
+            cell.map(|cell| (request, Arc::new(cell)))
         });
     ctx.data::<Cells>()?.feed_many(found).await;
     Ok(())
