@@ -306,8 +306,40 @@ pub(crate) async fn prepare(
         prepare_once(topology, cluster, backend, catalog)
     })
     .await?;
+    if backend.dialect() == Dialect::MySql {
+        warn_of_a_default_buffer_pool(cluster, backend).await;
+    }
     cluster.set_state(ClusterState::Ready);
     Ok(())
+}
+
+/// InnoDB's default buffer pool (128 MiB).
+const DEFAULT_BUFFER_POOL: i64 = 128 << 20;
+
+/// Warns when a MariaDB/MySQL cluster runs with InnoDB's default buffer
+/// pool: once the cell and index tables outgrow it, index upserts read
+/// pages from disk and maintenance falls behind the writes (README,
+/// "Storage configuration"). A failed check only goes unreported.
+async fn warn_of_a_default_buffer_pool(cluster: &Cluster, backend: &dyn Backend) {
+    let size = raw(
+        Dialect::MySql,
+        "SELECT CAST(@@innodb_buffer_pool_size AS SIGNED)",
+    );
+    let Ok(rows) = backend.fetch(&size, &[ColType::Int]).await else {
+        return;
+    };
+    let Some(bytes) = rows.first().and_then(|row| row.first()?.as_int()) else {
+        return;
+    };
+    if bytes <= DEFAULT_BUFFER_POOL {
+        tracing::warn!(
+            cluster = %cluster.name,
+            innodb_buffer_pool_mib = bytes >> 20,
+            "InnoDB's buffer pool has its default size: once the tables outgrow it, index \
+             maintenance falls behind the writes; raise innodb_buffer_pool_size to hold the \
+             tables written to (README, \"Storage configuration\")"
+        );
+    }
 }
 
 async fn prepare_once(

@@ -27,5 +27,6 @@ e2e_suite!(
     errors::query_errors_have_stable_codes,
     meta::datastores_describe_definitions_and_topology,
     meta::demo_server_answers_the_readme_query,
+    meta::a_default_innodb_buffer_pool_is_warned_about,
     ids::ids_over_graphql_and_leaf_routes,
 );

@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use serde_json::{json, Value};
+use sqlx::Connection as _;
 
-use crate::harness::{root, Defs, Env, Wait};
+use crate::harness::{root, Backend, Defs, Env, Wait};
 
 pub async fn datastores_describe_definitions_and_topology(env: Arc<Env>) {
     let server = env.serve(Defs::Small, &[]);
@@ -171,4 +172,38 @@ pub async fn demo_server_answers_the_readme_query(env: Arc<Env>) {
         times.windows(2).all(|w| w[0] >= w[1]),
         "not newest first: {times:?}"
     );
+}
+
+/// A MariaDB/MySQL cluster whose InnoDB buffer pool has the default size
+/// gets a start-up warning (index maintenance falls behind writes once the
+/// tables outgrow it); larger pools and the other backends get none.
+pub async fn a_default_innodb_buffer_pool_is_warned_about(env: Arc<Env>) {
+    let server = env.serve(Defs::Small, &[]);
+    let expected = match env.backend {
+        Backend::MySql => {
+            let url = std::env::var("CELLGATE_TEST_MYSQL_URL").expect("set for this backend");
+            let mut conn = sqlx::MySqlConnection::connect(&url)
+                .await
+                .expect("MySQL answers");
+            let (bytes,): (i64,) =
+                sqlx::query_as("SELECT CAST(@@innodb_buffer_pool_size AS SIGNED)")
+                    .fetch_one(&mut conn)
+                    .await
+                    .expect("the buffer pool size");
+            bytes <= 128 << 20
+        }
+        _ => false,
+    };
+    // The check runs before the cluster is marked ready.
+    let wait = Wait::new("/readyz");
+    loop {
+        let (status, body) = server.get_text("/readyz").await;
+        if status == reqwest::StatusCode::OK {
+            break;
+        }
+        wait.tick(&body).await;
+    }
+    let stderr = server.stderr();
+    let warned = stderr.contains("innodb_buffer_pool_size");
+    assert_eq!(warned, expected, "{:?}: {stderr}", env.backend);
 }
