@@ -217,12 +217,6 @@ impl Error {
     }
 }
 
-/// True for the errors that say the database could not be reached, went
-/// away, is shutting down or starting up, or did not answer in time, as
-/// opposed to errors about the statement. A connection that breaks
-/// mid-statement shows up in several forms depending on when it broke: an
-/// I/O error, a protocol error on a half-read message, or a final error
-/// message from a server that is going down.
 /// Whether `err` says the connection a statement ran on was already lost
 /// (the server restarted or dropped it while it sat in the pool), so the
 /// same statement may succeed on a new connection at once. A statement
@@ -235,6 +229,12 @@ pub(crate) fn is_lost_connection(err: &sqlx::Error) -> bool {
     }
 }
 
+/// True for the errors that say the database could not be reached, went
+/// away, is shutting down or starting up, or did not answer in time, as
+/// opposed to errors about the statement. A connection that breaks
+/// mid-statement shows up in several forms depending on when it broke: an
+/// I/O error, a protocol error on a half-read message, or a final error
+/// message from a server that is going down.
 fn is_unavailable(err: &sqlx::Error) -> bool {
     match err {
         sqlx::Error::Io(_)

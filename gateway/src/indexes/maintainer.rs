@@ -613,30 +613,8 @@ impl Worker {
         let mut order: Vec<usize> = by_bucket.keys().copied().collect();
         order.sort_by_key(|b| (*b < start, *b));
         let passes = self.passes(topology);
-        let mut batches: Vec<Vec<u32>> = Vec::new();
-        let mut current: Vec<u32> = Vec::new();
-        let mut cells = 0;
-        let mut last_bucket = None;
-        for bucket in order {
-            let shards = &by_bucket[&bucket];
-            // A batch ends at a page of expected cells: the log read of a
-            // pass gets cheaper with every shard it need not look at.
-            if !current.is_empty()
-                && (current.len() + shards.len() > PASS_SHARDS || cells >= apply::PAGE)
-            {
-                batches.push(std::mem::take(&mut current));
-                cells = 0;
-                if batches.len() == passes {
-                    break;
-                }
-            }
-            current.extend(shards);
-            cells += shards.iter().map(|s| self.pending(*s)).sum::<usize>();
-            last_bucket = Some(bucket);
-        }
-        if !current.is_empty() && batches.len() < passes {
-            batches.push(current);
-        }
+        let (mut batches, last_bucket) =
+            group_buckets(&order, &by_bucket, passes, |s| self.pending(s));
         if let Some(bucket) = last_bucket {
             self.cursor = self.buckets[bucket].shards.last().map_or(0, |s| s + 1);
         }
@@ -961,6 +939,42 @@ impl Worker {
 
 /// Marks the building indexes of `ds` ready once every cluster's latest
 /// sweep shows them caught up.
+/// Groups the dirty shards of `by_bucket`, whole buckets in `order`, into
+/// at most `passes` batches of at most [`PASS_SHARDS`] shards, each ended
+/// once the cells `pending` expects of its shards fill a page: the log read
+/// of a pass gets cheaper with every shard it need not look at. Returns the
+/// batches and the last bucket taken.
+fn group_buckets(
+    order: &[usize],
+    by_bucket: &BTreeMap<usize, Vec<u32>>,
+    passes: usize,
+    pending: impl Fn(u32) -> usize,
+) -> (Vec<Vec<u32>>, Option<usize>) {
+    let mut batches: Vec<Vec<u32>> = Vec::new();
+    let mut current: Vec<u32> = Vec::new();
+    let mut cells = 0;
+    let mut last_bucket = None;
+    for &bucket in order {
+        let shards = &by_bucket[&bucket];
+        if !current.is_empty()
+            && (current.len() + shards.len() > PASS_SHARDS || cells >= apply::PAGE)
+        {
+            batches.push(std::mem::take(&mut current));
+            cells = 0;
+            if batches.len() == passes {
+                break;
+            }
+        }
+        current.extend(shards);
+        cells += shards.iter().map(|s| pending(*s)).sum::<usize>();
+        last_bucket = Some(bucket);
+    }
+    if !current.is_empty() && batches.len() < passes {
+        batches.push(current);
+    }
+    (batches, last_bucket)
+}
+
 async fn mark_ready_indexes(topology: &Topology, shared: &Maintainer, ds: &DatastoreRuntime) {
     let consumers = apply::consumers(topology, ds);
     let caught_up: Vec<(usize, i64, bool)> = {
@@ -1090,5 +1104,45 @@ pub(crate) async fn check_ready(topology: &Topology, shared: &Maintainer) {
             }
             mark_ready_indexes(topology, shared, &ds).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 64 buckets of 64 shards, as 4,096 shards split over 64 leases.
+    fn buckets() -> (Vec<usize>, BTreeMap<usize, Vec<u32>>) {
+        let by_bucket: BTreeMap<usize, Vec<u32>> = (0..64)
+            .map(|b| (b, (b as u32 * 64..(b as u32 + 1) * 64).collect()))
+            .collect();
+        (by_bucket.keys().copied().collect(), by_bucket)
+    }
+
+    #[test]
+    fn a_backlog_fills_a_batch_with_a_page_of_cells_not_with_shards() {
+        let (order, by_bucket) = buckets();
+        // 49 cells behind on every shard: one bucket holds 3,136.
+        let (batches, last) = group_buckets(&order, &by_bucket, 4, |_| 49);
+        assert_eq!(batches.len(), 4);
+        assert!(
+            batches.iter().all(|b| b.len() == 64),
+            "{:?}",
+            batches.iter().map(Vec::len).collect::<Vec<_>>()
+        );
+        assert_eq!(last, Some(3));
+    }
+
+    #[test]
+    fn shards_a_cell_behind_fill_a_batch_up_to_the_shard_limit() {
+        let (order, by_bucket) = buckets();
+        let (batches, last) = group_buckets(&order, &by_bucket, 2, |_| 1);
+        assert_eq!(batches.len(), 2);
+        assert!(batches.iter().all(|b| b.len() == PASS_SHARDS));
+        assert_eq!(last, Some(31));
+        // Fewer dirty buckets than a round can take: one batch of all.
+        let (batches, last) = group_buckets(&order[..3], &by_bucket, 4, |_| 1);
+        assert_eq!(batches, vec![(0..192).collect::<Vec<u32>>()]);
+        assert_eq!(last, Some(2));
     }
 }

@@ -325,9 +325,9 @@ macro_rules! sqlx_backend {
                     let outcome =
                         $crate::storage::answered(limit, build(sql).fetch_all(conn.start())).await;
                     match $crate::storage::settle(&mut conn, outcome, limit) {
+                        // `settle` closes the lost connection.
                         Err(e) if attempts > 1 && $crate::error::is_lost_connection(&e) => {
                             attempts -= 1;
-                            conn.discard();
                         }
                         other => break other.map_err(|e| self.error(e))?,
                     }
@@ -364,7 +364,6 @@ macro_rules! sqlx_backend {
                         Ok(()) => break conn,
                         Err(e) if attempts > 1 && $crate::error::is_lost_connection(&e) => {
                             attempts -= 1;
-                            conn.discard();
                         }
                         Err(e) => return Err(self.error(e)),
                     }

@@ -133,9 +133,6 @@ fn checkpoint_in_background(
     });
 }
 
-/// Copies what is left of the WAL back and truncates it, on the writer
-/// connection so this process's writers wait instead of failing; gives up
-/// at once (to try again later) while a reader still needs old frames.
 /// Runs a checkpoint on a connection of `pool`.
 async fn checkpoint_with<'q>(
     pool: &Pool<Sqlite>,
@@ -152,6 +149,9 @@ async fn checkpoint_with<'q>(
     row
 }
 
+/// Copies what is left of the WAL back and truncates it, on the writer
+/// connection so this process's writers wait instead of failing; gives up
+/// at once (to try again later) while a reader still needs old frames.
 async fn truncate_wal(writer: &Pool<Sqlite>) -> Result<(), sqlx::Error> {
     let mut conn = writer.acquire().await?;
     sqlx::query("PRAGMA busy_timeout = 50")

@@ -586,7 +586,15 @@ async fn local(
 }
 
 async fn open_store(defs: &Definitions, database: &Database) -> anyhow::Result<Store> {
-    Store::open(defs.clone(), StoreOptions::new(database.storage()))
+    open_store_with(defs, database, StoreOptions::new(database.storage())).await
+}
+
+async fn open_store_with(
+    defs: &Definitions,
+    database: &Database,
+    options: StoreOptions,
+) -> anyhow::Result<Store> {
+    Store::open(defs.clone(), options)
         .await
         .map_err(|e| anyhow::anyhow!("cannot open the store ({}): {e}", redact(&database.url)))
 }
@@ -601,9 +609,7 @@ async fn load_then_apply(
 ) -> anyhow::Result<LoadReport> {
     let mut options = StoreOptions::new(database.storage());
     options.maintain_indexes = false;
-    let store = Store::open(defs.clone(), options)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot open the store ({}): {e}", redact(&database.url)))?;
+    let store = open_store_with(defs, database, options).await?;
     let elapsed = load::via_rust(&store, data, args.concurrency, args.request_timeout()).await?;
     store.shutdown(SHUTDOWN_GRACE).await;
     let store = open_store(defs, database).await?;
