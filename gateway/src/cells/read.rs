@@ -268,7 +268,21 @@ pub(crate) async fn get_cells_latest(
             found.insert((cell.row_key, cell.column.clone()), cell);
         }
     }
-    Ok(wanted.iter().map(|k| found.get(k).cloned()).collect())
+    // Each cell is moved out for the last pair that asks for it, and
+    // copied only for a pair asked for twice.
+    let last: HashMap<&(Uuid, String), usize> =
+        wanted.iter().enumerate().map(|(i, key)| (key, i)).collect();
+    Ok(wanted
+        .iter()
+        .enumerate()
+        .map(|(i, key)| {
+            if last[key] == i {
+                found.remove(key)
+            } else {
+                found.get(key).cloned()
+            }
+        })
+        .collect())
 }
 
 /// The latest cells of `columns` for `rows`, all on the cluster of

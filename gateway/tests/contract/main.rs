@@ -347,6 +347,20 @@ async fn batch_reads_follow_input_order(env: Arc<Env>) {
         assert_eq!((cell.row_key, cell.ref_key), (*row, 2));
         assert_eq!(cell.body["status"], "completed");
     }
+    // A pair asked for twice is answered twice; a missing one is `None`.
+    let status = |row: Uuid| (row, "STATUS".to_string());
+    let twice = vec![
+        status(rows[0]),
+        status(Uuid::new_v4()),
+        status(rows[0]),
+        status(rows[1]),
+    ];
+    let got = store.get_cells_latest("trips", &twice).await.unwrap();
+    let keys: Vec<Option<Uuid>> = got.iter().map(|c| c.as_ref().map(|c| c.row_key)).collect();
+    assert_eq!(
+        keys,
+        vec![Some(rows[0]), None, Some(rows[0]), Some(rows[1])]
+    );
 }
 
 async fn log_pages_in_insertion_order(env: Arc<Env>) {
