@@ -378,6 +378,16 @@ impl Server {
     /// POSTs a raw body with `Content-Type: application/json`; returns the
     /// status and the JSON response (checked by [`check_errors`]).
     pub async fn post_raw(&self, body: &str, accept: Accept) -> (StatusCode, Value) {
+        let (status, text) = self.post_text(body, accept).await;
+        let value: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("response is not JSON ({e}): {text}"));
+        check_errors(&value);
+        (status, value)
+    }
+
+    /// POSTs a raw body with `Content-Type: application/json`; returns the
+    /// status and the response body as it came.
+    pub async fn post_text(&self, body: &str, accept: Accept) -> (StatusCode, String) {
         let accept = match accept {
             Accept::Json => "application/json",
             Accept::GraphqlResponse => "application/graphql-response+json",
@@ -392,11 +402,17 @@ impl Server {
             .await
             .unwrap_or_else(|e| panic!("POST /graphql failed: {e}\nstderr:\n{}", self.stderr()));
         let status = response.status();
-        let text = response.text().await.expect("response body");
-        let value: Value = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("response is not JSON ({e}): {text}"));
-        check_errors(&value);
-        (status, value)
+        (status, response.text().await.expect("response body"))
+    }
+
+    /// The value of the unlabelled metric `name` in `/metrics`.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let (status, text) = self.get_text("/metrics").await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
     }
 }
 

@@ -10,7 +10,9 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::cells::{cell, put_trips};
-use crate::harness::{Defs, Env, Server, Wait};
+use reqwest::StatusCode;
+
+use crate::harness::{Accept, Defs, Env, Server, Wait};
 
 /// A typed value of an `items_index` field, as the model sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -801,5 +803,191 @@ pub async fn index_entries_fetch_their_rows(env: Arc<Env>) {
             break;
         }
         wait.tick(&got).await;
+    }
+}
+
+/// The response to `query` with `variables` from the executor and from the
+/// document's direct form (`graphql/direct.rs`), as sent, and whether the
+/// second came from the direct form. The executor's answer is asked for
+/// with a comment appended that no other request has sent: a text the
+/// server has not seen before always goes through async-graphql.
+async fn both_paths(
+    server: &Server,
+    query: &str,
+    variables: &Value,
+    run: usize,
+) -> ((StatusCode, String), (StatusCode, String), bool) {
+    let body = |text: &str| json!({ "query": text, "variables": variables }).to_string();
+    let fresh = format!("{query}\n# executor {run}");
+    let executor = server.post_text(&body(&fresh), Accept::Json).await;
+    // Once: the text passes validation on the executor's path.
+    server.post_text(&body(query), Accept::Json).await;
+    let before = server
+        .metric("cellgate_graphql_direct_requests_total")
+        .await;
+    let direct = server.post_text(&body(query), Accept::Json).await;
+    let after = server
+        .metric("cellgate_graphql_direct_requests_total")
+        .await;
+    (executor, direct, after - before == 1.0)
+}
+
+pub async fn direct_answers_equal_the_executors(env: Arc<Env>) {
+    let server = env.serve(Defs::Small, &[]);
+    let driver = Uuid::new_v4();
+    let city = Uuid::new_v4();
+    let trips: Vec<Uuid> = (0..12).map(|_| Uuid::new_v4()).collect();
+    let mut cells = Vec::new();
+    for (i, key) in trips.iter().enumerate() {
+        let mut base = json!({
+            "driver_partner_uuid": driver.to_string(),
+            "trip_created_at": format!("2024-05-{:02}T08:00:00.{:03}+02:00", i + 1, i * 7),
+            "fare": {"total": 10.0 + i as f64 / 3.0, "currency": "EUR"},
+            "notes": ["ünïcode \u{1F697}", "quote \" and \\ backslash", "nul \u{0000}", i],
+            "nested": {"a": {"b": {"c": [null, true, false, -0.0, 1e300]}}},
+        });
+        if i % 4 != 3 {
+            base["city_uuid"] = json!(city.to_string());
+        }
+        cells.push(cell(*key, "BASE", 1, base));
+        if i % 3 != 0 {
+            cells.push(cell(*key, "STATUS", 1, json!({"status": "requested"})));
+        }
+        if i % 3 == 2 {
+            cells.push(cell(*key, "STATUS", 7, json!({"status": "completed"})));
+        }
+    }
+    put_trips(&server, cells).await;
+    let wait = Wait::new("12 driver_partner_index entries");
+    loop {
+        let data = server
+            .data(
+                "query($d: UUID!) { trips { driverPartnerIndex(driverPartnerUuid: $d, first: 100) { edges { cursor } } } }",
+                json!({ "d": driver }),
+            )
+            .await;
+        let edges = data["trips"]["driverPartnerIndex"]["edges"].clone();
+        if edges.as_array().expect("edges").len() == trips.len() {
+            break;
+        }
+        wait.tick(&edges).await;
+    }
+
+    let page = "query Page($driver: UUID!, $since: DateTime!, $first: Int) {
+      trips { driverPartnerIndex(driverPartnerUuid: $driver, where: {tripCreatedAt: {gte: $since}}, first: $first) {
+        edges { cursor node { rowKey driverPartnerUuid cityUuid tripCreatedAt } }
+        pageInfo { hasNextPage endCursor }
+      } }
+    }";
+    let rows = "query Rows($driver: UUID!, $after: String) {
+      t: trips { p: driverPartnerIndex(driverPartnerUuid: $driver, orderBy: [{field: TRIP_CREATED_AT, direction: DESC}], first: 5, after: $after) {
+        info: pageInfo { endCursor more: hasNextPage }
+        edges { node {
+          row { status { refKey body createdAt shard addedId rowKey column } key: rowKey base { body } again: base { refKey } }
+          rowKey
+          city: cityUuid
+        } }
+      } }
+    }";
+    let filtered = r#"query($driver: UUID!) {
+      trips { driverPartnerIndex(driverPartnerUuid: $driver, filter: "trip_created_at >= \"2024-05-03T00:00:00Z\"", first: 3) {
+        pageInfo { hasNextPage } edges { node { row { base { body } } } }
+      } }
+    }"#;
+    let mut second_page = None;
+    let mut run = 0;
+    // (document, variables, whether the direct form answers it)
+    let mut cases: Vec<(&str, Value, bool)> = vec![
+        (
+            page,
+            json!({"driver": driver, "since": "2024-05-04T00:00:00Z", "first": 4}),
+            true,
+        ),
+        (
+            page,
+            json!({"driver": driver, "since": "2024-05-04T00:00:00+09:00"}),
+            true,
+        ),
+        (
+            page,
+            json!({"driver": driver, "since": "2030-01-01T00:00:00Z", "first": 0}),
+            true,
+        ),
+        (
+            page,
+            json!({"driver": Uuid::new_v4(), "since": "2024-01-01T00:00:00Z", "first": null}),
+            true,
+        ),
+        (rows, json!({"driver": driver}), true),
+        (filtered, json!({"driver": driver}), true),
+        // Refused by validation, by the field, or missing: the executor's
+        // answer, from the executor.
+        (
+            page,
+            json!({"driver": "not-a-uuid", "since": "2024-05-04T00:00:00Z"}),
+            false,
+        ),
+        (page, json!({"driver": driver, "since": "yesterday"}), false),
+        (page, json!({"driver": driver, "since": null}), false),
+        (
+            page,
+            json!({"driver": driver, "since": "2024-05-04T00:00:00Z", "first": 5000}),
+            false,
+        ),
+        (
+            page,
+            json!({"driver": driver, "since": "2024-05-04T00:00:00Z", "first": -1}),
+            false,
+        ),
+        (
+            page,
+            json!({"driver": driver, "since": "2024-05-04T00:00:00Z", "first": "4"}),
+            false,
+        ),
+        (page, json!({"driver": driver}), false),
+        (
+            rows,
+            json!({"driver": driver, "after": "not a cursor"}),
+            false,
+        ),
+    ];
+    while let Some((query, variables, direct)) = cases.pop() {
+        run += 1;
+        let (executor, answer, was_direct) = both_paths(&server, query, &variables, run).await;
+        assert_eq!(answer, executor, "{query}\nvariables {variables}");
+        assert_eq!(
+            was_direct, direct,
+            "{query}\nvariables {variables}\n{}",
+            answer.1
+        );
+        if query == rows && variables.get("after").is_none() {
+            let data: Value = serde_json::from_str(&answer.1).expect("JSON");
+            let info = &data["data"]["t"]["p"]["info"];
+            assert_eq!(info["more"], true, "{data}");
+            let after = info["endCursor"].as_str().expect("endCursor").to_string();
+            second_page = Some(after.clone());
+            cases.push((rows, json!({"driver": driver, "after": after}), true));
+        }
+    }
+    assert!(
+        second_page.is_some(),
+        "the rows document was never answered"
+    );
+
+    // Shapes the direct form does not take are answered by the executor
+    // every time.
+    for query in [
+        "query($driver: UUID!) { trips { driverPartnerIndex(driverPartnerUuid: $driver) { edges { node { __typename rowKey } } } } }",
+        "query($driver: UUID!) { trips { driverPartnerIndex(driverPartnerUuid: $driver) { edges { node { rowKey @include(if: true) } } } } }",
+        "query($driver: UUID!) { trips { driverPartnerIndex(driverPartnerUuid: $driver) { edges { node { ...F } } } } } fragment F on TripsDriverPartnerIndexEntry { rowKey }",
+        "query($driver: UUID!) { trips { driverPartnerIndex(driverPartnerUuid: $driver) { edges { node { row { status(refKey: 1) { body } } } } } } }",
+        "query($driver: UUID!) { trips { driverPartnerIndex(driverPartnerUuid: $driver) { edges { node { rowKey } } } latestCell(rowKey: $driver, column: BASE) { body } } }",
+    ] {
+        run += 1;
+        let variables = json!({"driver": driver});
+        let (executor, answer, was_direct) = both_paths(&server, query, &variables, run).await;
+        assert_eq!(answer, executor, "{query}");
+        assert_eq!(answer.0, StatusCode::OK, "{query}: {}", answer.1);
+        assert!(!was_direct, "{query} was answered directly");
     }
 }

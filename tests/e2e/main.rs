@@ -23,6 +23,7 @@ e2e_suite!(
     indexes::projection_returns_only_selected_fields,
     indexes::pagination_has_no_gaps_or_repeats,
     indexes::index_entries_fetch_their_rows,
+    indexes::direct_answers_equal_the_executors,
     errors::invalid_inputs_are_coded_errors,
     errors::query_errors_have_stable_codes,
     meta::datastores_describe_definitions_and_topology,

@@ -5,10 +5,12 @@
 //! with its per-request data: the store and a DataLoader (`loaders.rs`)
 //! that batches cell reads per cluster. `scalars.rs` holds the custom scalars,
 //! `ids.rs` the ID fields, `errors.rs` the mapping of store errors to stable codes, and `limits.rs`
-//! the depth and complexity limits (introspection counted apart), and
-//! `documents.rs` the cache of parsed documents.
+//! the depth and complexity limits (introspection counted apart),
+//! `documents.rs` the cache of parsed documents, and `direct.rs` the
+//! compiled form of index reads, which answers them without the executor.
 
 mod access;
+mod direct;
 mod documents;
 mod errors;
 mod ids;
@@ -21,7 +23,8 @@ mod schema;
 use async_graphql::dataloader::DataLoader;
 
 pub use access::{authorize, AccessMap, Denied, ANY_DATASTORE};
-pub use documents::Documents;
+pub use direct::Direct;
+pub use documents::{Documents, Parsed};
 pub use limits::{check_limits, prepare_error_code};
 pub use schema::{build_schema, camel, pascal, sdl, GraphqlLimits};
 

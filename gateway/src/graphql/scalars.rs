@@ -20,16 +20,28 @@ pub fn scalars() -> Vec<Scalar> {
         Scalar::new(UUID)
             .description("A UUID in its canonical text form, e.g. `7d0b2b1e-4c3a-4a8e-9b59-1a2b3c4d5e6f`.")
             .specified_by_url("https://www.rfc-editor.org/rfc/rfc4122")
-            .validator(|v| matches!(v, Value::String(s) if Uuid::parse_str(s).is_ok())),
+            .validator(|v| valid_input(UUID, v)),
         Scalar::new(DATETIME)
             .description("An RFC 3339 date and time, e.g. `2024-01-01T00:00:00Z`; returned in UTC.")
             .specified_by_url("https://www.rfc-editor.org/rfc/rfc3339")
-            .validator(|v| matches!(v, Value::String(s) if parse_datetime(s).is_some())),
+            .validator(|v| valid_input(DATETIME, v)),
         Scalar::new(JSON).description("Any JSON value."),
         Scalar::new(INT64)
             .description("A signed 64-bit integer. Accepts a number or a decimal string; returned as a decimal string so JavaScript keeps it exact.")
-            .validator(|v| int64_of(v).is_some()),
+            .validator(|v| valid_input(INT64, v)),
     ]
+}
+
+/// Whether `value` is a valid input of the custom scalar `name` (false for
+/// any other name).
+pub fn valid_input(name: &str, value: &Value) -> bool {
+    match name {
+        UUID => matches!(value, Value::String(s) if Uuid::parse_str(s).is_ok()),
+        DATETIME => matches!(value, Value::String(s) if parse_datetime(s).is_some()),
+        INT64 => int64_of(value).is_some(),
+        JSON => true,
+        _ => false,
+    }
 }
 
 fn parse_datetime(s: &str) -> Option<DateTime<Utc>> {

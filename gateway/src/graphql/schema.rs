@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use async_graphql::dynamic::{
     Enum, EnumItem, Field, FieldFuture, FieldValue, InputObject, InputValue, Object,
-    ResolverContext, Schema, TypeRef, ValueAccessor,
+    ResolverContext, Schema, TypeRef,
 };
 use async_graphql::{PathSegment, Value};
 use index_dsl::{CompareOp, Condition, Datastore, FieldType, Index, Literal};
@@ -639,8 +639,21 @@ fn page_size(
     default: u32,
     max: u32,
 ) -> async_graphql::Result<u32> {
-    let value = match ctx.args.get(name).filter(|v| !v.is_null()) {
-        Some(v) => v.i64()?,
+    page_size_of(argument(ctx.args.as_index_map(), name), name, default, max)
+}
+
+/// A page-size argument's value, with its default and maximum.
+fn page_size_of(
+    value: Option<&Value>,
+    name: &str,
+    default: u32,
+    max: u32,
+) -> async_graphql::Result<u32> {
+    let value = match value {
+        Some(Value::Number(n)) => n
+            .as_i64()
+            .ok_or_else(|| bad_input(format!("`{name}` must be an integer")))?,
+        Some(_) => return Err(bad_input(format!("`{name}` must be an integer"))),
         None => i64::from(default),
     };
     if value < 0 {
@@ -655,44 +668,77 @@ fn page_size(
     Ok(value as u32)
 }
 
+/// A field of the `Cell` type: one table for the schema and for direct
+/// execution (`direct.rs`), so both answer the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CellField {
+    RowKey,
+    Column,
+    RefKey,
+    Body,
+    CreatedAt,
+    Shard,
+    AddedId,
+}
+
+impl CellField {
+    pub(super) const ALL: [CellField; 7] = [
+        CellField::RowKey,
+        CellField::Column,
+        CellField::RefKey,
+        CellField::Body,
+        CellField::CreatedAt,
+        CellField::Shard,
+        CellField::AddedId,
+    ];
+
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            CellField::RowKey => "rowKey",
+            CellField::Column => "column",
+            CellField::RefKey => "refKey",
+            CellField::Body => "body",
+            CellField::CreatedAt => "createdAt",
+            CellField::Shard => "shard",
+            CellField::AddedId => "addedId",
+        }
+    }
+
+    fn type_ref(self) -> TypeRef {
+        TypeRef::named_nn(match self {
+            CellField::RowKey => UUID,
+            CellField::Column => TypeRef::STRING,
+            CellField::RefKey | CellField::AddedId => INT64,
+            CellField::Body => JSON,
+            CellField::CreatedAt => DATETIME,
+            CellField::Shard => TypeRef::INT,
+        })
+    }
+
+    pub(super) fn value(self, c: &Cell) -> Value {
+        match self {
+            CellField::RowKey => Value::String(c.row_key.to_string()),
+            CellField::Column => Value::String(c.column.clone()),
+            CellField::RefKey => int64_value(c.ref_key),
+            CellField::Body => json_value(&c.body),
+            CellField::CreatedAt => datetime_value(c.created_at),
+            CellField::Shard => Value::from(c.shard),
+            CellField::AddedId => int64_value(c.added_id),
+        }
+    }
+}
+
 fn cell_type() -> Object {
-    Object::new("Cell")
-        .description("An immutable version of a column of a row.")
-        .field(from_parent::<Arc<Cell>, _>(
-            "rowKey",
-            TypeRef::named_nn(UUID),
-            |c| Value::String(c.row_key.to_string()),
-        ))
-        .field(from_parent::<Arc<Cell>, _>(
-            "column",
-            TypeRef::named_nn(TypeRef::STRING),
-            |c| Value::String(c.column.clone()),
-        ))
-        .field(from_parent::<Arc<Cell>, _>(
-            "refKey",
-            TypeRef::named_nn(INT64),
-            |c| int64_value(c.ref_key),
-        ))
-        .field(from_parent::<Arc<Cell>, _>(
-            "body",
-            TypeRef::named_nn(JSON),
-            |c| json_value(&c.body),
-        ))
-        .field(from_parent::<Arc<Cell>, _>(
-            "createdAt",
-            TypeRef::named_nn(DATETIME),
-            |c| datetime_value(c.created_at),
-        ))
-        .field(from_parent::<Arc<Cell>, _>(
-            "shard",
-            TypeRef::named_nn(TypeRef::INT),
-            |c| Value::from(c.shard),
-        ))
-        .field(from_parent::<Arc<Cell>, _>(
-            "addedId",
-            TypeRef::named_nn(INT64),
-            |c| int64_value(c.added_id),
-        ))
+    CellField::ALL.into_iter().fold(
+        Object::new("Cell").description("An immutable version of a column of a row."),
+        |object, field| {
+            object.field(from_parent::<Arc<Cell>, _>(
+                field.name(),
+                field.type_ref(),
+                move |c| field.value(c),
+            ))
+        },
+    )
 }
 
 /// A page of a shard's log as `CellLogPage` resolves it.
@@ -731,17 +777,29 @@ fn log_page_type() -> Object {
         )
 }
 
+/// How a field's value is computed from its parent.
+pub(super) type FieldOf<T> = fn(&T) -> Value;
+
+/// The fields of `PageInfo` and their values.
+pub(super) const PAGE_INFO_FIELDS: [(&str, FieldOf<IndexPage>); 2] = [
+    ("hasNextPage", |p| Value::Boolean(p.has_next_page)),
+    ("endCursor", |p| {
+        p.end_cursor.clone().map_or(Value::Null, Value::String)
+    }),
+];
+
 fn page_info_type() -> Object {
+    let [(has_next, has_next_value), (end_cursor, end_cursor_value)] = PAGE_INFO_FIELDS;
     Object::new("PageInfo")
         .field(from_parent::<IndexPage, _>(
-            "hasNextPage",
+            has_next,
             TypeRef::named_nn(TypeRef::BOOLEAN),
-            |p| Value::Boolean(p.has_next_page),
+            has_next_value,
         ))
         .field(from_parent::<IndexPage, _>(
-            "endCursor",
+            end_cursor,
             TypeRef::named(TypeRef::STRING),
-            |p| p.end_cursor.clone().map_or(Value::Null, Value::String),
+            end_cursor_value,
         ))
 }
 
@@ -855,8 +913,7 @@ fn filter_input(ty: FieldType) -> InputObject {
 }
 
 /// Converts a GraphQL value of an index field to a filter literal.
-fn literal(value: &ValueAccessor<'_>, ty: FieldType, what: &str) -> async_graphql::Result<Literal> {
-    let value = value.as_value();
+fn literal(value: &Value, ty: FieldType, what: &str) -> async_graphql::Result<Literal> {
     Ok(match (ty, value) {
         (_, Value::Null) => Literal::Null,
         (FieldType::Uuid | FieldType::String | FieldType::DateTime, Value::String(s)) => {
@@ -932,10 +989,7 @@ fn index_types(
         let name = field.name.clone();
         entry = entry.field(
             from_parent::<IndexEntry, _>(&gql, TypeRef::named(scalar_of(field.ty)), move |e| {
-                e.fields
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .map_or(Value::Null, |(_, v)| sql_value(v))
+                entry_value(e, &name)
             })
             .description(format!(
                 "`{}` of the latest `{}` cell",
@@ -1018,6 +1072,23 @@ fn index_types(
     ])
 }
 
+/// The value of the index field `name` (as in the definitions) of an entry.
+pub(super) fn entry_value(entry: &IndexEntry, name: &str) -> Value {
+    entry
+        .fields
+        .iter()
+        .find(|(n, _)| n == name)
+        .map_or(Value::Null, |(_, v)| sql_value(v))
+}
+
+/// The arguments of an index field naming its shard field's value, and a
+/// list of them.
+pub(super) fn shard_arguments(index: &Index) -> (String, String) {
+    let shard_arg = camel(&index.shard_field().name);
+    let list_arg = format!("{shard_arg}In");
+    (shard_arg, list_arg)
+}
+
 /// `Query.<datastore>.<index>`: the index as a Relay connection.
 fn index_field(datastore: &Datastore, index: &Index, ds: &Arc<str>) -> Field {
     let names = IndexTypes::new(datastore, index);
@@ -1030,8 +1101,7 @@ fn index_field(datastore: &Datastore, index: &Index, ds: &Arc<str>) -> Field {
             .collect(),
     );
     let shard_field = index.shard_field().clone();
-    let shard_arg = camel(&shard_field.name);
-    let shard_list_arg = format!("{shard_arg}In");
+    let (shard_arg, shard_list_arg) = shard_arguments(index);
     let index = Arc::new(index.clone());
     let ds = ds.clone();
     let (arg, list_arg) = (shard_arg.clone(), shard_list_arg.clone());
@@ -1043,7 +1113,15 @@ fn index_field(datastore: &Datastore, index: &Index, ds: &Arc<str>) -> Field {
         let (arg, list_arg) = (arg.clone(), list_arg.clone());
         FieldFuture::new(async move {
             let store = ctx.data::<Store>()?;
-            let query = index_query(&ctx, &index, &arg, &list_arg)?;
+            let node = ctx.look_ahead().field("edges").field("node");
+            let query = index_query(
+                ctx.args.as_index_map(),
+                limits(&ctx),
+                &|field| node.field(field).exists(),
+                &index,
+                &arg,
+                &list_arg,
+            )?;
             let page = store.query_index(&ds, &query).await.map_err(|e| from_store(&e))?;
             prefetch_rows(&ctx, store, &ds, &columns, &page).await?;
             Ok(Some(FieldValue::owned_any(page)))
@@ -1129,9 +1207,35 @@ async fn prefetch_rows(
     Ok(())
 }
 
-/// Turns the arguments of an index field into an [`IndexQuery`].
-fn index_query(
-    ctx: &ResolverContext<'_>,
+/// The arguments of a field, coerced: variables replaced by their values
+/// and defaults filled in.
+pub(super) type Arguments = async_graphql::indexmap::IndexMap<async_graphql::Name, Value>;
+
+/// The non-null argument `name`.
+fn argument<'a>(args: &'a Arguments, name: &str) -> Option<&'a Value> {
+    args.get(name).filter(|v| !matches!(v, Value::Null))
+}
+
+fn list_of<'a>(value: &'a Value, what: &str) -> async_graphql::Result<&'a [Value]> {
+    match value {
+        Value::List(items) => Ok(items),
+        _ => Err(bad_input(format!("`{what}` must be a list"))),
+    }
+}
+
+fn object_of<'a>(value: &'a Value, what: &str) -> async_graphql::Result<&'a Arguments> {
+    match value {
+        Value::Object(map) => Ok(map),
+        _ => Err(bad_input(format!("`{what}` must be an object"))),
+    }
+}
+
+/// Turns the arguments of an index field into an [`IndexQuery`] reading
+/// the index fields for which `selects` is true.
+pub(super) fn index_query(
+    args: &Arguments,
+    limits: GraphqlLimits,
+    selects: &dyn Fn(&str) -> bool,
     index: &Index,
     shard_arg: &str,
     shard_list_arg: &str,
@@ -1141,27 +1245,27 @@ fn index_query(
         index: index.name.clone(),
         ..IndexQuery::default()
     };
-    if let Some(value) = ctx.args.get(shard_arg).filter(|v| !v.is_null()) {
+    if let Some(value) = argument(args, shard_arg) {
         query
             .shard_values
-            .push(literal(&value, shard_field.ty, shard_arg)?);
+            .push(literal(value, shard_field.ty, shard_arg)?);
     }
-    if let Some(list) = ctx.args.get(shard_list_arg).filter(|v| !v.is_null()) {
-        for value in list.list()?.iter() {
+    if let Some(list) = argument(args, shard_list_arg) {
+        for value in list_of(list, shard_list_arg)? {
             query
                 .shard_values
-                .push(literal(&value, shard_field.ty, shard_list_arg)?);
+                .push(literal(value, shard_field.ty, shard_list_arg)?);
         }
     }
-    if let Some(conditions) = ctx.args.get("where").filter(|v| !v.is_null()) {
-        let conditions = conditions.object()?;
+    if let Some(conditions) = argument(args, "where") {
+        let conditions = object_of(conditions, "where")?;
         for field in &index.fields {
-            let Some(filter) = conditions.get(&camel(&field.name)).filter(|v| !v.is_null()) else {
+            let Some(filter) = argument(conditions, &camel(&field.name)) else {
                 continue;
             };
-            for (op, value) in filter.object()?.iter() {
+            for (op, value) in object_of(filter, "where")? {
                 let what = format!("where.{}.{}", camel(&field.name), op.as_str());
-                if value.is_null() {
+                if matches!(value, Value::Null) {
                     continue;
                 }
                 let condition = |op, values| Condition {
@@ -1178,8 +1282,8 @@ fn index_query(
                     "lt" => CompareOp::Lt,
                     "lte" => CompareOp::Le,
                     "in" => {
-                        let list = value.list()?;
-                        let max = limits(ctx).in_values;
+                        let list = list_of(value, &what)?;
+                        let max = limits.in_values;
                         if list.len() > max {
                             return Err(coded(
                                 "LIMIT_EXCEEDED",
@@ -1188,7 +1292,7 @@ fn index_query(
                         }
                         let values = list
                             .iter()
-                            .map(|v| literal(&v, field.ty, &what))
+                            .map(|v| literal(v, field.ty, &what))
                             .collect::<async_graphql::Result<Vec<_>>>()?;
                         if values.is_empty() {
                             return Err(bad_input(format!("{what}: the list is empty")));
@@ -1197,7 +1301,10 @@ fn index_query(
                         continue;
                     }
                     "isNull" => {
-                        let op = if value.boolean()? {
+                        let Value::Boolean(is_null) = value else {
+                            return Err(bad_input(format!("{what} must be a boolean")));
+                        };
+                        let op = if *is_null {
                             CompareOp::Eq
                         } else {
                             CompareOp::Ne
@@ -1207,27 +1314,34 @@ fn index_query(
                     }
                     other => return Err(bad_input(format!("unknown condition `{other}`"))),
                 };
-                let literal = literal(&value, field.ty, &what)?;
+                let literal = literal(value, field.ty, &what)?;
                 query.conditions.push(condition(op, vec![literal]));
             }
         }
     }
-    if let Some(filter) = ctx.args.get("filter").filter(|v| !v.is_null()) {
-        let filter = filter.string()?;
-        check_filter(filter, limits(ctx))?;
+    if let Some(filter) = argument(args, "filter") {
+        let Value::String(filter) = filter else {
+            return Err(bad_input("`filter` must be a string"));
+        };
+        check_filter(filter, limits)?;
         query.filter = Some(filter.to_string());
     }
-    if let Some(order) = ctx.args.get("orderBy").filter(|v| !v.is_null()) {
-        for key in order.list()?.iter() {
-            let key = key.object()?;
-            let item = key.try_get("field")?.enum_name()?.to_string();
+    if let Some(order) = argument(args, "orderBy") {
+        for key in list_of(order, "orderBy")? {
+            let key = object_of(key, "orderBy")?;
+            let item = match key.get("field") {
+                Some(Value::Enum(name)) => name.to_string(),
+                Some(Value::String(name)) => name.clone(),
+                _ => return Err(bad_input("`orderBy` needs a `field`")),
+            };
             let field = index
                 .fields
                 .iter()
                 .find(|f| screaming(&f.name) == item)
                 .ok_or_else(|| bad_input(format!("unknown order field `{item}`")))?;
             let descending = match key.get("direction") {
-                Some(d) if !d.is_null() => d.enum_name()? == "DESC",
+                Some(Value::Enum(name)) => name.as_str() == "DESC",
+                Some(Value::String(name)) => name == "DESC",
                 _ => false,
             };
             query.order_by.push(OrderBy {
@@ -1236,22 +1350,24 @@ fn index_query(
             });
         }
     }
-    let first = page_size(
-        ctx,
+    let first = page_size_of(
+        argument(args, "first"),
         "first",
         crate::indexes::plan::DEFAULT_PAGE,
         crate::indexes::plan::MAX_PAGE,
     )?;
     query.first = Some(first);
-    if let Some(after) = ctx.args.get("after").filter(|v| !v.is_null()) {
-        query.after = Some(after.string()?.to_string());
+    if let Some(after) = argument(args, "after") {
+        let Value::String(after) = after else {
+            return Err(bad_input("`after` must be a string"));
+        };
+        query.after = Some(after.clone());
     }
     // Projection: read only the fields the query selects under edges.node.
-    let node = ctx.look_ahead().field("edges").field("node");
     query.fields = index
         .fields
         .iter()
-        .filter(|f| node.field(&camel(&f.name)).exists())
+        .filter(|f| selects(&camel(&f.name)))
         .map(|f| f.name.clone())
         .collect();
     if query.fields.is_empty() {

@@ -169,6 +169,20 @@ async fn handle(gateway: &Gateway, request: &Request, body: Option<Body>) -> Res
     response
 }
 
+/// The answer to a request that ran past `limit`.
+fn timed_out(limit: Duration) -> Failure {
+    let mut failure = Failure::new(
+        StatusCode::GATEWAY_TIMEOUT,
+        "TIMEOUT",
+        format!(
+            "the request did not finish within {} ms and was cancelled",
+            limit.as_millis()
+        ),
+    );
+    failure.outcome = Outcome::TimedOut;
+    failure
+}
+
 /// Steps 2 to 5 of the module doc. `operation` receives the operation name
 /// as soon as it is known, for the metrics.
 async fn respond(
@@ -227,8 +241,8 @@ async fn respond(
         .collect();
     // Parsed once per distinct text (`graphql/documents.rs`); async-graphql
     // is then given this tree instead of parsing again.
-    let document = match gateway.documents.parse(&graphql_request.query) {
-        Ok(document) => document,
+    let parsed = match gateway.documents.parse(&graphql_request.query) {
+        Ok(parsed) => parsed,
         Err(error) => {
             let errors = vec![with_code(
                 serde_json::to_value(&error).unwrap_or_default(),
@@ -237,8 +251,9 @@ async fn respond(
             return Ok((request_error(media, errors), Outcome::Invalid));
         }
     };
+    let document = &parsed.document;
     if let Err(denied) = crate::graphql::authorize(
-        &document,
+        document,
         requested_name.as_deref(),
         &principal,
         &gateway.access,
@@ -248,7 +263,7 @@ async fn respond(
         failure.outcome = Outcome::Denied;
         return Err(failure);
     }
-    let selected = select_operation(&document, requested_name.as_deref());
+    let selected = select_operation(document, requested_name.as_deref());
     if operation.is_none() {
         *operation = selected.and_then(|(name, _)| name.map(str::to_string));
     }
@@ -282,7 +297,7 @@ async fn respond(
     // Depth, cost and aliases (`graphql/limits.rs`), before async-graphql
     // walks the document.
     if let Err(error) = crate::graphql::check_limits(
-        &document,
+        document,
         requested_name.as_deref(),
         &graphql_request.variables,
         gateway.graphql_limits,
@@ -293,28 +308,43 @@ async fn respond(
         )];
         return Ok((request_error(media, errors), Outcome::Invalid));
     }
-    graphql_request.set_parsed_query(document);
+    // A document that has passed validation before and reads an index page
+    // is answered directly (`graphql/direct.rs`) unless this request needs
+    // async-graphql, e.g. to report an error.
+    let started = tokio::time::Instant::now();
+    let direct = parsed
+        .direct(|document| crate::graphql::Direct::compile(document, gateway.store.definitions()))
+        .filter(|direct| direct.runs(requested_name.as_deref()));
+    if let Some(direct) = direct {
+        let run = direct.run(
+            &gateway.store,
+            &graphql_request.variables,
+            gateway.graphql_limits,
+        );
+        match tokio::time::timeout(gateway.request_timeout, run).await {
+            Ok(Some(body)) => {
+                gateway.documents.answered_directly();
+                return Ok((json_bytes(StatusCode::OK, media, body), Outcome::Ok));
+            }
+            Ok(None) => {}
+            Err(_) => return Err(timed_out(gateway.request_timeout)),
+        }
+    }
+    graphql_request.set_parsed_query(document.clone());
 
     // Dropping the execution at the deadline cancels its work: every
     // resolver awaits the store, and CPU-bound steps are bounded by the
     // limits checked before execution.
     let execution =
         crate::graphql::execute(&gateway.schema, &gateway.store, principal, graphql_request);
-    let Ok(response) = tokio::time::timeout(gateway.request_timeout, execution).await else {
-        let mut failure = Failure::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "TIMEOUT",
-            format!(
-                "the request did not finish within {} ms and was cancelled",
-                gateway.request_timeout.as_millis()
-            ),
-        );
-        failure.outcome = Outcome::TimedOut;
-        return Err(failure);
+    let remaining = gateway.request_timeout.saturating_sub(started.elapsed());
+    let Ok(response) = tokio::time::timeout(remaining, execution).await else {
+        return Err(timed_out(gateway.request_timeout));
     };
     // Validation and variable coercion run before execution, and their
     // errors are the only ones without a path and with no data at all.
     if response.errors.is_empty() {
+        parsed.validated();
         // The common case goes straight to bytes, without a `Value` tree.
         let body = serde_json::to_vec(&response).unwrap_or_default();
         return Ok((json_bytes(StatusCode::OK, media, body), Outcome::Ok));

@@ -208,6 +208,13 @@ impl Collector for DocumentCollector {
         )?;
         ConstCounter::new(hits).encode(family.encode_family(&[("cache", "hit")])?)?;
         ConstCounter::new(misses).encode(family.encode_family(&[("cache", "miss")])?)?;
+        let family = encoder.encode_descriptor(
+            "cellgate_graphql_direct_requests",
+            "GraphQL requests answered without async-graphql's executor, by a document's compiled index read",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        ConstCounter::new(self.0.direct_count()).encode(family)?;
         Ok(())
     }
 }
