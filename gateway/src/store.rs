@@ -17,7 +17,7 @@ use index_dsl::Definitions;
 use uuid::Uuid;
 
 use crate::catalog;
-use crate::cells::{self, Cell, CellKey, Location, LogPage, NewCell, PutResult, PutStatus};
+use crate::cells::{self, codec, Cell, CellKey, Location, LogPage, NewCell, PutResult, PutStatus};
 use crate::config::StorageConfig;
 use crate::error::{Error, Result};
 use crate::indexes::{
@@ -503,7 +503,18 @@ impl Store {
         datastore: &str,
         wanted: &[(Uuid, String)],
     ) -> Result<Vec<Option<Cell>>> {
-        cells::read::get_cells_latest(self.topology_ref(), datastore, wanted).await
+        cells::read::get_cells_latest(self.topology_ref(), datastore, wanted, &codec::decode).await
+    }
+
+    /// [`Store::get_cells_latest`] with each body as its JSON text,
+    /// transcoded from storage without building a JSON value.
+    pub async fn get_cells_latest_json(
+        &self,
+        datastore: &str,
+        wanted: &[(Uuid, String)],
+    ) -> Result<Vec<Option<Cell<Vec<u8>>>>> {
+        cells::read::get_cells_latest(self.topology_ref(), datastore, wanted, &codec::decode_json)
+            .await
     }
 
     /// Up to `limit` cells of `shard` after `location`, in insertion order.

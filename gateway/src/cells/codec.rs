@@ -153,6 +153,26 @@ pub fn decode(bytes: &[u8]) -> Result<serde_json::Value, String> {
     }
 }
 
+/// A stored body as JSON text, transcoded from its MessagePack without
+/// building a JSON value first. The text is what `decode` then
+/// `serde_json::to_vec` would give: bodies are stored from JSON values,
+/// whose objects hold their members in key order.
+pub fn decode_json(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let (&format, rest) = bytes.split_first().ok_or("empty body")?;
+    match format {
+        FORMAT_MSGPACK_ZLIB => {
+            let packed = inflate(rest)?;
+            let mut out = Vec::with_capacity(packed.len() + packed.len() / 4);
+            let mut deserializer = rmp_serde::Deserializer::from_read_ref(&packed);
+            let mut serializer = serde_json::Serializer::new(&mut out);
+            serde_transcode::transcode(&mut deserializer, &mut serializer)
+                .map_err(|e| format!("msgpack: {e}"))?;
+            Ok(out)
+        }
+        other => Err(format!("unknown body format byte {other}")),
+    }
+}
+
 /// Decodes only the top-level members named in `keys` of a stored body
 /// (an object holding those of them it has). The other members are
 /// skipped without being built, though still checked to be well-formed,
@@ -278,9 +298,31 @@ mod tests {
             prop_assert_eq!(decode(&bytes).unwrap(), body);
         }
 
+        // The JSON text read without a value is the value's text, byte for
+        // byte: direct GraphQL answers rely on it.
+        #[test]
+        fn json_text_is_the_values_text(body in json()) {
+            let bytes = encode(&body).unwrap();
+            let text = decode_json(&bytes).unwrap();
+            prop_assert_eq!(
+                String::from_utf8(text).unwrap(),
+                serde_json::to_string(&decode(&bytes).unwrap()).unwrap()
+            );
+        }
+
+        #[test]
+        fn adversarial_json_text_is_the_values_text(
+            body in crate::cells::testing::adversarial_body()
+        ) {
+            let bytes = encode(&body).unwrap();
+            let text = decode_json(&bytes).unwrap();
+            prop_assert_eq!(text, serde_json::to_vec(&body).unwrap());
+        }
+
         #[test]
         fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode(&bytes);
+            let _ = decode_json(&bytes);
         }
     }
 

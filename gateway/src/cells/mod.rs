@@ -48,13 +48,14 @@ impl NewCell {
     }
 }
 
-/// A stored cell with its location in the shard's log.
+/// A stored cell with its location in the shard's log. Its body is a JSON
+/// value, or in reads that only pass it on, its JSON text (`B = Vec<u8>`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Cell {
+pub struct Cell<B = serde_json::Value> {
     pub row_key: Uuid,
     pub column: String,
     pub ref_key: i64,
-    pub body: serde_json::Value,
+    pub body: B,
     pub created_at: DateTime<Utc>,
     pub shard: u32,
     pub added_id: i64,

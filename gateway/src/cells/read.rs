@@ -6,7 +6,7 @@
 //! row. Reads go to the master of the shard's cluster, so a client reads
 //! its own writes.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use uuid::Uuid;
 
@@ -65,12 +65,14 @@ fn cells_from(sql: &mut Sql, table: &str, alias: Option<&str>) {
 
 /// Turns a row of the cell columns into a cell, decoding its body.
 pub(crate) fn cell_from_row(row: Row) -> Result<Cell> {
-    cell_with_members(row, None)
+    decoded_cell(row, &codec::decode)
 }
 
-/// [`cell_from_row`], decoding only the top-level members `members` of the
-/// body when given.
-fn cell_with_members(row: Row, members: Option<&BTreeSet<String>>) -> Result<Cell> {
+/// How a read decodes the bodies of the cells it returns.
+pub(crate) type Decode<'a, B> = &'a (dyn Fn(&[u8]) -> std::result::Result<B, String> + Sync);
+
+/// [`cell_from_row`], with the body decoded by `decode`.
+fn decoded_cell<B>(row: Row, decode: Decode<'_, B>) -> Result<Cell<B>> {
     let mut row = row.into_iter();
     let mut next = || row.next().unwrap_or(Value::Null(ColType::Int));
     let (shard, added_id, row_key, column, ref_key, body, created_at) =
@@ -87,11 +89,7 @@ fn cell_with_members(row: Row, members: Option<&BTreeSet<String>>) -> Result<Cel
     else {
         return Err(Error::Internal("cell row has unexpected NULLs".into()));
     };
-    let body = match members {
-        None => codec::decode(&body),
-        Some(members) => codec::decode_members(&body, members),
-    };
-    let body = body.map_err(|reason| Error::CorruptBody {
+    let body = decode(&body).map_err(|reason| Error::CorruptBody {
         row_key,
         column: column.clone(),
         ref_key,
@@ -232,11 +230,12 @@ pub(crate) async fn get_cells(
 
 /// The latest cell of each `(row_key, column)`; one statement per cluster
 /// and chunk.
-pub(crate) async fn get_cells_latest(
+pub(crate) async fn get_cells_latest<B: Clone + Send>(
     topology: &Topology,
     datastore: &str,
     wanted: &[(Uuid, String)],
-) -> Result<Vec<Option<Cell>>> {
+    decode: Decode<'_, B>,
+) -> Result<Vec<Option<Cell<B>>>> {
     let ds = topology.datastore(datastore)?;
     for (_, column) in wanted {
         ds.check_column(column)?;
@@ -255,14 +254,14 @@ pub(crate) async fn get_cells_latest(
             for chunk in pairs.chunks(READ_CHUNK) {
                 let rows: Vec<Uuid> = chunk.iter().map(|p| p.0).collect();
                 let columns: Vec<String> = chunk.iter().map(|p| p.1.clone()).collect();
-                for cell in latest_cells(master.as_ref(), ds, &rows, &columns).await? {
+                for cell in latest_cells_with(master.as_ref(), ds, &rows, &columns, decode).await? {
                     found.push(cell?);
                 }
             }
             Ok::<_, Error>(found)
         }
     });
-    let mut found: HashMap<(Uuid, String), Cell> = HashMap::new();
+    let mut found: HashMap<(Uuid, String), Cell<B>> = HashMap::new();
     for cells in futures::future::try_join_all(reads).await? {
         for cell in cells {
             found.insert((cell.row_key, cell.column.clone()), cell);
@@ -286,26 +285,16 @@ pub(crate) async fn get_cells_latest(
 }
 
 /// The latest cells of `columns` for `rows`, all on the cluster of
-/// `backend`, in one statement. Bodies are decoded one by one, so a corrupt
-/// cell is reported alone.
-pub(crate) async fn latest_cells(
+/// `backend`, in one statement, with the bodies decoded by `decode` (index
+/// maintenance reads only the top-level members it indexes). Bodies are
+/// decoded one by one, so a corrupt cell is reported alone.
+pub(crate) async fn latest_cells_with<B>(
     backend: &dyn Backend,
     ds: &DatastoreRuntime,
     rows: &[Uuid],
     columns: &[String],
-) -> Result<Vec<Result<Cell>>> {
-    latest_cells_with(backend, ds, rows, columns, None).await
-}
-
-/// [`latest_cells`] whose bodies hold only the top-level `members` when
-/// given (what index maintenance reads of them).
-pub(crate) async fn latest_cells_with(
-    backend: &dyn Backend,
-    ds: &DatastoreRuntime,
-    rows: &[Uuid],
-    columns: &[String],
-    members: Option<&BTreeSet<String>>,
-) -> Result<Vec<Result<Cell>>> {
+    decode: Decode<'_, B>,
+) -> Result<Vec<Result<Cell<B>>>> {
     if rows.is_empty() || columns.is_empty() {
         return Ok(Vec::new());
     }
@@ -367,7 +356,7 @@ pub(crate) async fn latest_cells_with(
     let fetched = backend.fetch(&sql, &CELL_TYPES).await?;
     Ok(fetched
         .into_iter()
-        .map(|row| cell_with_members(row, members))
+        .map(|row| decoded_cell(row, decode))
         .filter(|c| match c {
             Ok(c) => wanted.contains(&(c.row_key, c.column.as_str())),
             Err(_) => true,

@@ -41,6 +41,10 @@ use crate::cells::Cell;
 use crate::indexes::{IndexEntry, IndexPage};
 use crate::Store;
 
+/// The latest cells of a page's rows, bodies as JSON text, by (row,
+/// column).
+type Cells = std::collections::HashMap<(Uuid, Arc<str>), Cell<Vec<u8>>>;
+
 /// A compiled index read; see the module doc.
 #[derive(Debug)]
 pub struct Direct {
@@ -273,12 +277,8 @@ impl Direct {
 
     /// The latest cells of the selected columns for every entry of the
     /// page, in one read per cluster, as (row, column) → cell.
-    async fn latest_cells(
-        &self,
-        store: &Store,
-        page: &IndexPage,
-    ) -> Option<std::collections::HashMap<(Uuid, Arc<str>), Cell>> {
-        let mut found = std::collections::HashMap::new();
+    async fn latest_cells(&self, store: &Store, page: &IndexPage) -> Option<Cells> {
+        let mut found = Cells::new();
         if self.columns.is_empty() || page.entries.is_empty() {
             return Some(found);
         }
@@ -288,7 +288,7 @@ impl Direct {
             .flat_map(|e| self.columns.iter().map(move |c| (e.row_key, c.to_string())))
             .collect();
         let cells = store
-            .get_cells_latest(&self.datastore, &wanted)
+            .get_cells_latest_json(&self.datastore, &wanted)
             .await
             .ok()?;
         for ((row_key, _), cell) in wanted.iter().zip(cells) {
@@ -300,11 +300,7 @@ impl Direct {
         Some(found)
     }
 
-    fn write(
-        &self,
-        page: &IndexPage,
-        cells: &std::collections::HashMap<(Uuid, Arc<str>), Cell>,
-    ) -> Vec<u8> {
+    fn write(&self, page: &IndexPage, cells: &Cells) -> Vec<u8> {
         let mut out = Vec::with_capacity(256 + page.entries.len() * 256);
         out.extend_from_slice(b"{\"data\":{");
         key(&mut out, &self.datastore_key);
@@ -346,12 +342,7 @@ impl Direct {
     }
 }
 
-fn write_edge(
-    out: &mut Vec<u8>,
-    edge: &[EdgeField],
-    entry: &IndexEntry,
-    cells: &std::collections::HashMap<(Uuid, Arc<str>), Cell>,
-) {
+fn write_edge(out: &mut Vec<u8>, edge: &[EdgeField], entry: &IndexEntry, cells: &Cells) {
     out.push(b'{');
     for (i, field) in edge.iter().enumerate() {
         if i > 0 {
@@ -391,12 +382,7 @@ fn write_edge(
     out.push(b'}');
 }
 
-fn write_row(
-    out: &mut Vec<u8>,
-    row: &[RowField],
-    row_key: Uuid,
-    cells: &std::collections::HashMap<(Uuid, Arc<str>), Cell>,
-) {
+fn write_row(out: &mut Vec<u8>, row: &[RowField], row_key: Uuid, cells: &Cells) {
     out.push(b'{');
     for (i, field) in row.iter().enumerate() {
         if i > 0 {
@@ -420,10 +406,10 @@ fn write_row(
                     }
                     key(out, name);
                     match field {
-                        // The body as JSON straight from the cell: the
-                        // same text its `Value` would serialize to.
-                        CellField::Body => json(out, &cell.body),
-                        field => value(out, &field.value(cell)),
+                        // The body's JSON text as read: the same text its
+                        // `Value` would serialize to (`codec::decode_json`).
+                        CellField::Body => out.extend_from_slice(&cell.body),
+                        field => value(out, &field.meta(cell)),
                     }
                 }
                 out.push(b'}');

@@ -717,10 +717,19 @@ impl CellField {
 
     pub(super) fn value(self, c: &Cell) -> Value {
         match self {
+            CellField::Body => json_value(&c.body),
+            field => field.meta(c),
+        }
+    }
+
+    /// The value of a field other than `body`, whatever the body's form
+    /// (null for `body`).
+    pub(super) fn meta<B>(self, c: &Cell<B>) -> Value {
+        match self {
             CellField::RowKey => Value::String(c.row_key.to_string()),
             CellField::Column => Value::String(c.column.clone()),
             CellField::RefKey => int64_value(c.ref_key),
-            CellField::Body => json_value(&c.body),
+            CellField::Body => Value::Null,
             CellField::CreatedAt => datetime_value(c.created_at),
             CellField::Shard => Value::from(c.shard),
             CellField::AddedId => int64_value(c.added_id),

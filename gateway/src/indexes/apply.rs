@@ -37,7 +37,7 @@ use uuid::Uuid;
 
 use super::entry::{col_type, extract_checked, Extracted};
 use crate::cells::read::latest_cells_with;
-use crate::cells::{log, Cell};
+use crate::cells::{codec, log, Cell};
 use crate::error::{Error, Result};
 use crate::leases::{self, Lease};
 use crate::shards::value_shard;
@@ -400,11 +400,13 @@ impl Pass<'_> {
             .flat_map(|(i, _)| self.ds.indexes[*i].def.fields.iter())
             .filter_map(|field| field.path.segments().first().cloned())
             .collect();
+        let decode_members = |body: &[u8]| codec::decode_members(body, &members);
         let mut latest: HashMap<(Uuid, String), Cell> = HashMap::new();
         // Row key → (column, why its latest cell cannot be read).
         let mut corrupt: HashMap<Uuid, Vec<(String, String)>> = HashMap::new();
         for chunk in rows.chunks(MAX_PARAMS / 2) {
-            for cell in latest_cells_with(backend, self.ds, chunk, &columns, Some(&members)).await?
+            for cell in
+                latest_cells_with(backend, self.ds, chunk, &columns, &decode_members).await?
             {
                 match cell {
                     Ok(cell) => {
