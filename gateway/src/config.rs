@@ -781,6 +781,16 @@ pub struct StorageConfig {
     /// max_connections: 16
     /// ```
     pub max_connections: u32,
+    /// Connections per database server kept for index maintenance, apart
+    /// from `max_connections`: its passes, sweeps and leases never wait for
+    /// a connection behind requests, which under many concurrent writers
+    /// let the indexes fall seconds behind. 0 shares the request pool.
+    /// SQLite, one file with one writer, always shares it.
+    ///
+    /// ```yaml
+    /// maintenance_connections: 4
+    /// ```
+    pub maintenance_connections: u32,
     /// Longest wait, in milliseconds, for a database server: for a pooled
     /// connection (opening one included) and for the answer to one
     /// statement. Past it the request fails with `STORAGE_UNAVAILABLE`
@@ -807,6 +817,7 @@ impl Default for StorageConfig {
             clusters: Vec::new(),
             shards: BTreeMap::new(),
             max_connections: 16,
+            maintenance_connections: 4,
             timeout_ms: 5_000,
             readiness_timeout_ms: 2_000,
         }

@@ -166,6 +166,17 @@ impl Store {
                 statement_timeout: timeouts.statement,
             };
             let master = storage::connect(&cluster.master, &connect).await?;
+            let maintenance = if config.maintenance_connections == 0
+                || master.dialect() == storage::Dialect::Sqlite
+            {
+                master.clone()
+            } else {
+                let connect = ConnectOptions {
+                    max_connections: config.maintenance_connections,
+                    ..connect.clone()
+                };
+                storage::connect(&cluster.master, &connect).await?
+            };
             let mut replicas = Vec::new();
             for url in &cluster.replicas {
                 replicas.push(storage::connect(url, &connect).await?);
@@ -174,6 +185,7 @@ impl Store {
                 index,
                 cluster.name.clone(),
                 master,
+                maintenance,
                 replicas,
             ));
         }

@@ -51,6 +51,10 @@ pub(crate) struct Cluster {
     pub(crate) index: usize,
     pub(crate) name: String,
     pub(crate) master: Arc<dyn Backend>,
+    /// The master again, through a pool of its own for index maintenance
+    /// (`storage.maintenance_connections`), so maintenance never waits for
+    /// a connection behind requests; the master's own pool on SQLite.
+    maintenance: Arc<dyn Backend>,
     /// Opened at start-up so a malformed replica URL stops the gateway
     /// there. Reads do not use replicas yet: replica reads and failover to
     /// them are not built.
@@ -64,12 +68,14 @@ impl Cluster {
         index: usize,
         name: String,
         master: Arc<dyn Backend>,
+        maintenance: Arc<dyn Backend>,
         replicas: Vec<Arc<dyn Backend>>,
     ) -> Cluster {
         Cluster {
             index,
             name,
             master,
+            maintenance,
             replicas,
             state: RwLock::new(ClusterState::Pending("not prepared yet".into())),
         }
@@ -85,8 +91,17 @@ impl Cluster {
 
     /// The master, if the cluster is prepared.
     pub(crate) fn master(&self) -> Result<&Arc<dyn Backend>> {
+        self.ready(&self.master)
+    }
+
+    /// The master through the maintenance pool, if the cluster is prepared.
+    pub(crate) fn maintenance(&self) -> Result<&Arc<dyn Backend>> {
+        self.ready(&self.maintenance)
+    }
+
+    fn ready<'a>(&self, backend: &'a Arc<dyn Backend>) -> Result<&'a Arc<dyn Backend>> {
         match self.state() {
-            ClusterState::Ready => Ok(&self.master),
+            ClusterState::Ready => Ok(backend),
             ClusterState::Pending(reason) | ClusterState::Refused(reason) => {
                 Err(Error::ClusterNotReady {
                     cluster: self.name.clone(),

@@ -141,7 +141,7 @@ pub(crate) struct Pass<'a> {
 impl Pass<'_> {
     /// Applies the log after `offsets` (per shard, per consumer).
     pub(crate) async fn run(&mut self, offsets: &BTreeMap<u32, Vec<i64>>) -> Result<PassResult> {
-        let backend = self.topology.clusters[self.cluster].master()?.clone();
+        let backend = self.topology.clusters[self.cluster].maintenance()?.clone();
         let positions: Vec<(u32, i64)> = offsets
             .iter()
             .map(|(shard, per)| (*shard, per.iter().copied().min().unwrap_or(0)))
@@ -278,7 +278,7 @@ impl Pass<'_> {
     /// retry of quarantined entries. Entries that fail again go back to the
     /// quarantine at once. Returns how many were applied.
     pub(crate) async fn reapply(&mut self, touched: &Touched) -> Result<usize> {
-        let backend = self.topology.clusters[self.cluster].master()?.clone();
+        let backend = self.topology.clusters[self.cluster].maintenance()?.clone();
         let mut result = PassResult::default();
         let mut failures = Vec::new();
         let entries = self
@@ -454,7 +454,7 @@ impl Pass<'_> {
         target: usize,
         entries: &BTreeMap<(usize, Uuid), Entry>,
     ) -> Result<()> {
-        let backend = self.topology.clusters[target].master()?;
+        let backend = self.topology.clusters[target].maintenance()?;
         let dialect = backend.dialect();
         crate::retry::with_retry("writing index entries", || async {
             let mut tx = backend.begin().await?;
@@ -473,7 +473,7 @@ impl Pass<'_> {
         entries: &BTreeMap<(usize, Uuid), Entry>,
         touched: &Touched,
     ) -> Result<Vec<Failure>> {
-        let backend = self.topology.clusters[target].master()?;
+        let backend = self.topology.clusters[target].maintenance()?;
         let dialect = backend.dialect();
         let fenced = target == self.cluster;
         let mut failures = Vec::new();

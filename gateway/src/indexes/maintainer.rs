@@ -737,7 +737,7 @@ impl Worker {
             return;
         };
         let cluster = &topology.clusters[self.cluster];
-        let Ok(backend) = cluster.master() else {
+        let Ok(backend) = cluster.maintenance() else {
             return;
         };
         let (lag, behind) = match lag::measure(backend.as_ref(), &ds, &self.consumers).await {
@@ -781,7 +781,7 @@ impl Worker {
         if cluster.state() != ClusterState::Ready {
             return false;
         }
-        let Ok(backend) = cluster.master() else {
+        let Ok(backend) = cluster.maintenance() else {
             return false;
         };
         let backend = backend.clone();

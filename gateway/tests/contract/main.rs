@@ -71,6 +71,7 @@ contract_suite!(
     unstorable_values_do_not_stall_a_shard,
     the_sweep_indexes_cells_nobody_announced,
     two_gateways_moving_shard_fields_agree_with_a_recomputation,
+    maintenance_does_not_wait_behind_requests,
     statements_per_batch_and_page,
     text_keys_compare_without_padding,
     a_v1_store_is_refused_then_converted,

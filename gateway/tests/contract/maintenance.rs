@@ -265,3 +265,85 @@ pub async fn two_gateways_moving_shard_fields_agree_with_a_recomputation(env: Ar
         .sum();
     assert!(held <= 64, "no bucket held twice: {held}");
 }
+
+// Regression: with many concurrent writers the maintainer queued behind
+// them for the request pool's connections, and the indexes fell seconds
+// behind. Here the store's only request connection is held by a write
+// waiting on a lock; its maintainer must still index a cell another store
+// wrote (found by the sweep). SQLite shares one pool by design.
+pub async fn maintenance_does_not_wait_behind_requests(env: Arc<Env>) {
+    use sqlx::Connection;
+    if env.kind == crate::harness::Kind::Sqlite {
+        return;
+    }
+    let silent = env.open_with(false).await;
+    let busy = env
+        .open_tuned(|options| {
+            fast(options);
+            options.storage.max_connections = 1;
+            options.storage.timeout_ms = 120_000;
+        })
+        .await;
+    let base = |row: Uuid, driver: Uuid| NewCell {
+        row_key: row,
+        column: "BASE".into(),
+        ref_key: 1,
+        body: json!({"driver_partner_uuid": driver.to_string(), "trip_created_at": "2024-01-01T00:00:00Z"}),
+    };
+    // Another session locks the shard counter the held write needs.
+    let held_row = Uuid::new_v4();
+    let lock = format!(
+        "SELECT next_added_id FROM trips_shards WHERE shard = {} FOR UPDATE",
+        row_shard(&held_row, TRIP_SHARDS)
+    );
+    let mut locker: Box<dyn std::any::Any> = match env.kind {
+        crate::harness::Kind::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(&env.url).await.unwrap();
+            sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+            sqlx::query(&lock).fetch_all(&mut conn).await.unwrap();
+            Box::new(conn)
+        }
+        _ => {
+            let mut conn = sqlx::MySqlConnection::connect(&env.url).await.unwrap();
+            sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+            sqlx::query(&lock).fetch_all(&mut conn).await.unwrap();
+            Box::new(conn)
+        }
+    };
+    let held = {
+        let busy = busy.clone();
+        tokio::spawn(async move { busy.put_cell("trips", base(held_row, Uuid::new_v4())).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!held.is_finished(), "the write did not wait for the lock");
+
+    let driver = Uuid::new_v4();
+    let row = Uuid::new_v4();
+    silent.put_cell("trips", base(row, driver)).await.unwrap();
+    let mut indexed = false;
+    for _ in 0..1500 {
+        let found = entries(
+            &silent,
+            "trips",
+            "driver_partner_index",
+            &driver.to_string(),
+        )
+        .await;
+        if found.contains_key(&row) {
+            indexed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !held.is_finished(),
+        "the write stopped waiting before the check"
+    );
+    // Releasing the lock lets the held write through.
+    drop(std::mem::replace(&mut locker, Box::new(())));
+    held.await.unwrap().unwrap();
+    assert!(
+        indexed,
+        "the maintainer waited behind a request for the request pool's connection"
+    );
+}
