@@ -57,6 +57,10 @@ pub struct Direct {
     datastore_key: String,
     index_key: String,
     arguments: Vec<(Name, Positioned<async_graphql_value::Value>)>,
+    /// The index field's shard-value arguments (single and list).
+    shard_arguments: (String, String),
+    /// The GraphQL names of the index fields `node` selects.
+    selected: HashSet<String>,
     connection: Vec<ConnectionField>,
     /// The columns whose latest cells `row` selects.
     columns: Vec<Arc<str>>,
@@ -191,7 +195,7 @@ impl Direct {
                 _ => return None,
             });
         }
-        Some(Direct {
+        let mut direct = Direct {
             operation,
             variables,
             datastore: Arc::from(datastore.name.as_str()),
@@ -199,9 +203,13 @@ impl Direct {
             datastore_key: root.response_key().node.to_string(),
             index_key: field.response_key().node.to_string(),
             arguments,
+            shard_arguments: (shard_arg, list_arg),
+            selected: HashSet::new(),
             connection,
             columns,
-        })
+        };
+        direct.selected = direct.selected_index_fields();
+        Some(direct)
     }
 
     /// Whether a request naming `operation` runs this document's operation.
@@ -238,15 +246,14 @@ impl Direct {
                 .ok()?;
             arguments.insert(name.clone(), value);
         }
-        let (shard_arg, list_arg) = shard_arguments(&self.index);
-        let selected = self.selected_index_fields();
+        let (shard_arg, list_arg) = &self.shard_arguments;
         let query = index_query(
             &arguments,
             limits,
-            &|field| selected.contains(field),
+            &|field| self.selected.contains(field),
             &self.index,
-            &shard_arg,
-            &list_arg,
+            shard_arg,
+            list_arg,
         )
         .ok()?;
         let page = store.query_index(&self.datastore, &query).await.ok()?;
