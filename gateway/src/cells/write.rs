@@ -1,16 +1,23 @@
 //! The write path: validate, encode, buffer, then commit on the primary.
 //!
-//! A batch is grouped by cluster and each group is one transaction on the
-//! cluster's master:
+//! A batch is grouped by cluster, and per cluster:
 //!
-//! 1. lock the counter rows of the group's shards in `<ds>_shards`, in
-//!    increasing shard order (`SELECT … ORDER BY shard FOR UPDATE`), so
-//!    concurrent batches over overlapping shards queue instead of
-//!    deadlocking;
-//! 2. look up which keys already exist, one statement per chunk;
+//! 1. look up which keys exist, one statement per chunk, before the
+//!    transaction;
+//! 2. in one transaction on the cluster's master, lock the counter rows of
+//!    the new cells' shards in `<ds>_shards`, in increasing shard order
+//!    (`SELECT … ORDER BY shard FOR UPDATE`), so concurrent batches over
+//!    overlapping shards queue instead of deadlocking;
 //! 3. advance the counters by the number of new cells of each shard, which
-//!    allocates their `added_id`s;
-//! 4. insert the new cells with multi-row `INSERT`s.
+//!    allocates their `added_id`s (on PostgreSQL inside the first `INSERT`,
+//!    as a data-modifying `WITH`);
+//! 4. insert the new cells with multi-row `INSERT`s, and commit.
+//!
+//! The locks are held only for steps 2 to 4: concurrent batches on
+//! overlapping shards queue for them, so what runs under them bounds the
+//! write rate. A key another writer inserts between steps 1 and 4 fails
+//! the `INSERT` on the unique key, and the whole group is retried
+//! (`with_retry`), when step 1 finds it.
 //!
 //! Writers of one shard are serialized by its counter row, so `added_id`s
 //! are strictly increasing per shard, have no gaps, and become visible in
@@ -339,77 +346,109 @@ const CELL_ROWS: usize = MAX_PARAMS / 7;
 /// One cluster transaction on the primary (see the module doc). `group`
 /// is sorted by shard. Returns the per-cell statuses and each shard's new
 /// last `added_id`.
+///
+/// Which keys exist is read before the transaction, so that the counter
+/// locks are held only for the statements that need them: a key that
+/// another writer inserts in between makes the `INSERT` fail on the
+/// unique key, and [`with_retry`] runs the whole function again, which
+/// then finds it (a duplicate, or a conflict).
 async fn commit_primary(
     master: &dyn Backend,
     datastore: &str,
     group: &[Prepared],
 ) -> Result<(Vec<PutResult>, Vec<(u32, i64)>)> {
     let dialect = master.dialect();
-    let mut tx = master.begin().await?;
-    let shards: Vec<u32> = {
-        let mut shards: Vec<u32> = group.iter().map(|c| c.shard).collect();
-        shards.dedup();
-        shards
-    };
-    let mut next_ids = lock_shards(tx.as_mut(), dialect, datastore, &shards).await?;
     let cells_table = ddl::cells_table(datastore);
-    let existing = existing_bodies(tx.as_mut(), dialect, &cells_table, group).await?;
-    let created_at = Value::DateTime(truncate_to_micros(Utc::now()));
-    let mut statuses = Vec::with_capacity(group.len());
-    let mut new_cells: Vec<(&Prepared, i64)> = Vec::new();
+    let existing = existing_bodies(master, &cells_table, group).await?;
+    let mut statuses: Vec<Option<PutResult>> = Vec::with_capacity(group.len());
+    let mut new_cells: Vec<&Prepared> = Vec::new();
     for cell in group {
-        let status = match existing.get(&cell.key) {
-            Some(stored) if *stored == cell.encoded => Ok(PutStatus::Duplicate),
-            Some(stored) => match codec::decode(stored) {
+        statuses.push(match existing.get(&cell.key) {
+            Some(stored) if *stored == cell.encoded => Some(Ok(PutStatus::Duplicate)),
+            Some(stored) => Some(match codec::decode(stored) {
                 Ok(body) if body == cell.body => Ok(PutStatus::Duplicate),
                 _ => Err(Arc::new(Error::CellConflict {
                     row_key: cell.key.row_key,
                     column: cell.key.column.clone(),
                     ref_key: cell.key.ref_key,
                 })),
-            },
+            }),
             None => {
-                let next = next_ids
-                    .get_mut(&cell.shard)
-                    .ok_or_else(|| missing_shard(datastore, cell.shard))?;
-                new_cells.push((cell, *next));
-                *next += 1;
-                Ok(PutStatus::Written)
+                new_cells.push(cell);
+                None
             }
-        };
-        statuses.push(status);
+        });
     }
-    let mut heads = Vec::new();
-    if !new_cells.is_empty() {
-        let advanced: BTreeMap<u32, i64> = new_cells
-            .iter()
-            .map(|(cell, _)| (cell.shard, next_ids[&cell.shard]))
-            .collect();
-        advance_shards(tx.as_mut(), dialect, datastore, &advanced).await?;
-        heads = advanced.iter().map(|(s, next)| (*s, next - 1)).collect();
-        for chunk in insert_chunks(&new_cells, CELL_ROWS, |(c, _)| c.encoded.len()) {
+    let written = |statuses: Vec<Option<PutResult>>| -> Vec<PutResult> {
+        statuses
+            .into_iter()
+            .map(|s| s.unwrap_or(Ok(PutStatus::Written)))
+            .collect()
+    };
+    if new_cells.is_empty() {
+        return Ok((written(statuses), Vec::new()));
+    }
+
+    let mut tx = master.begin().await?;
+    let shards: Vec<u32> = {
+        let mut shards: Vec<u32> = new_cells.iter().map(|c| c.shard).collect();
+        shards.dedup();
+        shards
+    };
+    let mut next_ids = lock_shards(tx.as_mut(), dialect, datastore, &shards).await?;
+    let mut numbered: Vec<(&Prepared, i64)> = Vec::with_capacity(new_cells.len());
+    for cell in new_cells {
+        let next = next_ids
+            .get_mut(&cell.shard)
+            .ok_or_else(|| missing_shard(datastore, cell.shard))?;
+        numbered.push((cell, *next));
+        *next += 1;
+    }
+    let advanced: BTreeMap<u32, i64> = shards.iter().map(|s| (*s, next_ids[s])).collect();
+    let heads = advanced.iter().map(|(s, next)| (*s, next - 1)).collect();
+    // On PostgreSQL the counters advance in the first `INSERT`, as a
+    // data-modifying `WITH`: one round trip less while the locks are held.
+    let advanced: Vec<(u32, i64)> = advanced.into_iter().collect();
+    let chunks: Vec<&[(u32, i64)]> = advanced.chunks(MAX_PARAMS / 3).collect();
+    let in_insert = dialect == Dialect::Postgres && chunks.len() == 1;
+    if !in_insert {
+        for chunk in &chunks {
             let mut sql = Sql::new(dialect);
-            sql.push("INSERT INTO ")
-                .ident(&cells_table)
-                .push(" (")
-                .idents(super::read::CELL_COLUMNS)
-                .push(") VALUES ")
-                .values(chunk.iter().map(|(cell, added_id)| {
-                    vec![
-                        Value::Int(i64::from(cell.shard)),
-                        Value::Int(*added_id),
-                        Value::Uuid(cell.key.row_key),
-                        Value::Text(cell.key.column.clone()),
-                        Value::Int(cell.key.ref_key),
-                        Value::Bytes(cell.encoded.clone()),
-                        created_at.clone(),
-                    ]
-                }));
+            push_advance(&mut sql, datastore, chunk);
             tx.execute(&sql).await?;
         }
     }
+    let created_at = Value::DateTime(truncate_to_micros(Utc::now()));
+    for (i, chunk) in insert_chunks(&numbered, CELL_ROWS, |(c, _)| c.encoded.len())
+        .into_iter()
+        .enumerate()
+    {
+        let mut sql = Sql::new(dialect);
+        if in_insert && i == 0 {
+            sql.push("WITH ").ident("advanced").push(" AS (");
+            push_advance(&mut sql, datastore, chunks[0]);
+            sql.push(") ");
+        }
+        sql.push("INSERT INTO ")
+            .ident(&cells_table)
+            .push(" (")
+            .idents(super::read::CELL_COLUMNS)
+            .push(") VALUES ")
+            .values(chunk.iter().map(|(cell, added_id)| {
+                vec![
+                    Value::Int(i64::from(cell.shard)),
+                    Value::Int(*added_id),
+                    Value::Uuid(cell.key.row_key),
+                    Value::Text(cell.key.column.clone()),
+                    Value::Int(cell.key.ref_key),
+                    Value::Bytes(cell.encoded.clone()),
+                    created_at.clone(),
+                ]
+            }));
+        tx.execute(&sql).await?;
+    }
     tx.commit().await?;
-    Ok((statuses, heads))
+    Ok((written(statuses), heads))
 }
 
 fn missing_shard(datastore: &str, shard: u32) -> Error {
@@ -450,44 +489,34 @@ async fn lock_shards(
     Ok(next_ids)
 }
 
-/// Sets the next `added_id` of each shard.
-async fn advance_shards(
-    tx: &mut dyn Tx,
-    dialect: Dialect,
-    datastore: &str,
-    next: &BTreeMap<u32, i64>,
-) -> Result<()> {
-    let entries: Vec<(&u32, &i64)> = next.iter().collect();
-    for chunk in entries.chunks(MAX_PARAMS / 3) {
-        let mut sql = Sql::new(dialect);
-        sql.push("UPDATE ")
-            .ident(&ddl::shards_table(datastore))
-            .push(" SET ")
-            .ident("next_added_id")
-            .push(" = CASE ")
-            .ident("shard");
-        for (shard, next) in chunk {
-            sql.push(" WHEN ")
-                .bind(Value::Int(i64::from(**shard)))
-                .push(" THEN ")
-                .bind(Value::Int(**next));
-        }
-        sql.push(" END WHERE ")
-            .ident("shard")
-            .push(" IN ")
-            .bind_list(chunk.iter().map(|(s, _)| Value::Int(i64::from(**s))));
-        tx.execute(&sql).await?;
+/// Appends an `UPDATE` that sets the next `added_id` of each shard of
+/// `next` (at most [`MAX_PARAMS`]` / 3` of them).
+fn push_advance(sql: &mut Sql, datastore: &str, next: &[(u32, i64)]) {
+    sql.push("UPDATE ")
+        .ident(&ddl::shards_table(datastore))
+        .push(" SET ")
+        .ident("next_added_id")
+        .push(" = CASE ")
+        .ident("shard");
+    for (shard, next) in next {
+        sql.push(" WHEN ")
+            .bind(Value::Int(i64::from(*shard)))
+            .push(" THEN ")
+            .bind(Value::Int(*next));
     }
-    Ok(())
+    sql.push(" END WHERE ")
+        .ident("shard")
+        .push(" IN ")
+        .bind_list(next.iter().map(|(s, _)| Value::Int(i64::from(*s))));
 }
 
 /// The stored bodies of those cells of `group` that already exist.
 async fn existing_bodies(
-    tx: &mut dyn Tx,
-    dialect: Dialect,
+    master: &dyn Backend,
     table: &str,
     group: &[Prepared],
 ) -> Result<HashMap<CellKey, Vec<u8>>> {
+    let dialect = master.dialect();
     let mut found = HashMap::new();
     for chunk in group.chunks(LOOKUP_CHUNK) {
         let mut sql = Sql::new(dialect);
@@ -508,7 +537,7 @@ async fn existing_bodies(
             .push(" IN ")
             .bind_list(int_list(chunk.iter().map(|c| c.key.ref_key)));
         let cols = [ColType::Uuid, ColType::Text, ColType::Int, ColType::Bytes];
-        for row in tx.fetch(&sql, &cols).await? {
+        for row in master.fetch(&sql, &cols).await? {
             let mut row = row.into_iter();
             let (
                 Some(Value::Uuid(row_key)),

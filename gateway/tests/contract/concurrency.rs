@@ -109,3 +109,113 @@ pub async fn concurrent_batches_on_overlapping_shards(env: Arc<Env>) {
         );
     }
 }
+
+/// A write's status (`Debug` form) or error code.
+type Outcome = Result<String, String>;
+
+/// Writers racing to write the same keys, half of them with another body,
+/// in batches that also hold keys of their own: each raced key is written
+/// once and reads back with the winner's body, the other writers get a
+/// duplicate (same body) or `CELL_CONFLICT` (other body) and never an
+/// error of the race itself, and the shards' logs hold every written cell
+/// once, numbered without gaps.
+pub async fn writers_racing_for_the_same_keys(env: Arc<Env>) {
+    const WRITERS: usize = 8;
+    const ROUNDS: usize = 10;
+    // 15 cells a batch: encoded on the request's task, so that the
+    // writers reach the database together.
+    const RACED: usize = 10;
+    const OWN: usize = 5;
+    let store = env.open().await;
+    let shards: Vec<u32> = vec![5, 6, 900, 2047, 4094];
+    for round in 0..ROUNDS {
+        let raced = keys_in(&shards, RACED);
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let store = store.clone();
+                let mut keys = raced.clone();
+                let own = keys_in(&shards, OWN);
+                tokio::spawn(async move {
+                    if w % 2 == 1 {
+                        keys.reverse();
+                    }
+                    let body = json!({"side": w % 2, "round": round});
+                    let cells: Vec<NewCell> = keys
+                        .iter()
+                        .chain(own.iter())
+                        .map(|row_key| NewCell {
+                            row_key: *row_key,
+                            column: "NOTES".into(),
+                            ref_key: 1,
+                            body: body.clone(),
+                        })
+                        .collect();
+                    let results = store.put_cells("trips", cells).await.unwrap();
+                    (w, keys, own, results)
+                })
+            })
+            .collect();
+        // Per raced key: each writer and its status or error code.
+        let mut outcomes: BTreeMap<Uuid, Vec<(usize, Outcome)>> = BTreeMap::new();
+        for writer in writers {
+            let (w, keys, own, results) = writer.await.unwrap();
+            for (key, result) in keys.iter().chain(own.iter()).zip(results) {
+                let outcome = match result {
+                    Ok(status) => Ok(format!("{status:?}")),
+                    Err(err) => Err(err.code().to_string()),
+                };
+                if own.contains(key) {
+                    assert_eq!(outcome, Ok("Written".to_string()), "writer {w}'s own key");
+                } else {
+                    outcomes.entry(*key).or_default().push((w, outcome));
+                }
+            }
+        }
+        for (key, results) in &outcomes {
+            let stored = store
+                .get_cell_latest("trips", *key, "NOTES")
+                .await
+                .unwrap()
+                .expect("a raced key is stored");
+            let winner_side = stored.body["side"].as_u64().unwrap() as usize;
+            let written: Vec<usize> = results
+                .iter()
+                .filter(|(_, r)| r.as_deref() == Ok("Written"))
+                .map(|(w, _)| *w)
+                .collect();
+            assert_eq!(written.len(), 1, "key {key} written once: {results:?}");
+            assert_eq!(
+                written[0] % 2,
+                winner_side,
+                "the stored body is the winner's"
+            );
+            for (w, result) in results {
+                let expected = if *w == written[0] {
+                    Ok("Written".to_string())
+                } else if w % 2 == winner_side {
+                    Ok("Duplicate".to_string())
+                } else {
+                    Err("CELL_CONFLICT".to_string())
+                };
+                assert_eq!(result, &expected, "writer {w} on key {key}");
+            }
+        }
+    }
+    let per_round = RACED + WRITERS * OWN;
+    let mut total = 0;
+    for shard in &shards {
+        let page = store
+            .cells_for_shard("trips", *shard, Location::AddedId(0), 10_000)
+            .await
+            .unwrap();
+        let ids: Vec<i64> = page.cells.iter().map(|c| c.added_id).collect();
+        let expected: Vec<i64> = (1..=ids.len() as i64).collect();
+        assert_eq!(ids, expected, "shard {shard}: added ids without gaps");
+        total += ids.len();
+    }
+    assert_eq!(
+        total,
+        ROUNDS * per_round,
+        "every written cell is in the log once"
+    );
+}

@@ -68,6 +68,7 @@ contract_suite!(
     a_removed_index_keeps_its_table_until_dropped,
     reads_and_writes_create_no_tables,
     concurrent_batches_on_overlapping_shards,
+    writers_racing_for_the_same_keys,
     unstorable_values_do_not_stall_a_shard,
     the_sweep_indexes_cells_nobody_announced,
     two_gateways_moving_shard_fields_agree_with_a_recomputation,
@@ -1415,13 +1416,20 @@ async fn statements_per_batch_and_page(env: Arc<Env>) {
         assert_eq!(result.unwrap(), PutStatus::Written);
     }
     let written = statements(&store) - before;
-    assert!(written <= 6, "a 50-cell batch took {written} statements");
-    // The same batch again: all duplicates, no more statements.
+    // The lookup of existing keys, then BEGIN, the counter locks, the
+    // counter update, the INSERT and COMMIT; on PostgreSQL the counter
+    // update rides in the INSERT.
+    let expected = if env.kind == Kind::Postgres { 5 } else { 6 };
+    assert_eq!(
+        written, expected,
+        "a 50-cell batch took {written} statements"
+    );
+    // The same batch again: all duplicates, found by the lookup alone.
     let before = statements(&store);
     for result in store.put_cells("trips", batch).await.unwrap() {
         assert_eq!(result.unwrap(), PutStatus::Duplicate);
     }
-    assert!(statements(&store) - before <= 6);
+    assert_eq!(statements(&store) - before, 1, "a batch of duplicates");
     store.sync_indexes().await.unwrap();
     let before = statements(&store);
     let page = store
