@@ -151,6 +151,9 @@ impl Database {
     /// releases its leases as it exits; one that was killed leaves them to
     /// expire. Either way the next process to run a measured phase then
     /// finds every lease free and maintains every shard from its start.
+    /// Snowflake worker leases are not counted: a stopped gateway keeps
+    /// its worker id until it expires, by design, and it has no bearing on
+    /// index maintenance.
     pub async fn wait_idle(&self, timeout: Duration) -> anyhow::Result<Duration> {
         let started = Instant::now();
         let backend = self.connect().await?;
@@ -171,7 +174,11 @@ impl Database {
                 .push(" WHERE ")
                 .ident("expires_at")
                 .push(" > ")
-                .bind(Value::DateTime(chrono::Utc::now()));
+                .bind(Value::DateTime(chrono::Utc::now()))
+                .push(" AND ")
+                .ident("name")
+                .push(" NOT LIKE ")
+                .bind(Value::Text("snowflake-worker-%".to_string()));
             let held = backend
                 .fetch(&sql, &[ColType::Int])
                 .await

@@ -45,7 +45,7 @@ mod probe;
 mod report;
 mod server;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -212,8 +212,9 @@ pub struct BenchArgs {
 
     /// Load with index maintenance off, then time a store with it on
     /// applying the whole backlog alone: the apply capacity of the
-    /// backend, reported beside the load's write rate. Loads through the
-    /// Rust API.
+    /// backend, reported beside the load's write rate. With `--load-via
+    /// graphql` the load goes through `tripsPutCells` of a server started
+    /// with `indexes.maintain: false`.
     #[arg(
         long,
         env = "CELLGATE_BENCH_BACKLOG",
@@ -356,9 +357,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
              GraphQL (leave out --load-via rust)"
         );
     }
-    if args.backlog && args.load_via == Some(LoadVia::Graphql) {
-        anyhow::bail!("--backlog loads through the Rust API (leave out --load-via graphql)");
-    }
     if cfg!(debug_assertions) {
         eprintln!("warning: this is a debug build; build with `--release` for meaningful numbers");
     }
@@ -500,7 +498,9 @@ async fn local(
 
     // 1. Load.
     let mut load = match via {
-        LoadVia::Rust if args.backlog => load_then_apply(args, &defs, &database, data).await?,
+        _ if args.backlog => {
+            load_then_apply(args, via, &defs, &database, work_dir.path(), data).await?
+        }
         LoadVia::Rust => {
             let store = open_store(&defs, &database).await?;
             let elapsed =
@@ -518,6 +518,7 @@ async fn local(
                 work_dir.path(),
                 args.concurrency,
                 args.request_timeout(),
+                true,
             )
             .await?;
             let source = Arc::new(Source::Http(server.gateway.clone()));
@@ -542,6 +543,7 @@ async fn local(
         work_dir.path(),
         args.concurrency,
         args.request_timeout(),
+        true,
     )
     .await?;
     report.cold_start = Some(server.cold_start);
@@ -599,29 +601,60 @@ async fn open_store_with(
         .map_err(|e| anyhow::anyhow!("cannot open the store ({}): {e}", redact(&database.url)))
 }
 
-/// Loads with index maintenance off, then times a store that maintains
-/// the indexes applying the whole backlog with nothing else running.
+/// Loads with index maintenance off (through the Rust API, or through
+/// `tripsPutCells` of a server that does not maintain indexes), then times
+/// a store that maintains the indexes applying the whole backlog with
+/// nothing else running.
 async fn load_then_apply(
     args: &BenchArgs,
+    via: LoadVia,
     defs: &Definitions,
     database: &Database,
+    work_dir: &Path,
     data: &Arc<Dataset>,
 ) -> anyhow::Result<LoadReport> {
-    let mut options = StoreOptions::new(database.storage());
-    options.maintain_indexes = false;
-    let store = open_store_with(defs, database, options).await?;
-    let elapsed = load::via_rust(&store, data, args.concurrency, args.request_timeout()).await?;
-    store.shutdown(SHUTDOWN_GRACE).await;
+    let elapsed = match via {
+        LoadVia::Rust => {
+            let mut options = StoreOptions::new(database.storage());
+            options.maintain_indexes = false;
+            let store = open_store_with(defs, database, options).await?;
+            let elapsed =
+                load::via_rust(&store, data, args.concurrency, args.request_timeout()).await;
+            store.shutdown(SHUTDOWN_GRACE).await;
+            elapsed?
+        }
+        LoadVia::Graphql => {
+            let server = Server::start(
+                database,
+                &args.datastores,
+                work_dir,
+                args.concurrency,
+                args.request_timeout(),
+                false,
+            )
+            .await?;
+            let elapsed = load::via_graphql(
+                &server.gateway,
+                data,
+                args.concurrency,
+                args.request_timeout(),
+            )
+            .await;
+            server.stop().await?;
+            elapsed?
+        }
+    };
     let store = open_store(defs, database).await?;
     let started = Instant::now();
     sync(&store, args).await?;
     let applied = started.elapsed();
     store.shutdown(SHUTDOWN_GRACE).await;
-    let mut report = load_figures(LoadVia::Rust, data, elapsed, None);
+    let mut report = load_figures(via, data, elapsed, None);
     report.backlog_seconds = Some(applied.as_secs_f64());
     eprintln!(
-        "loaded {} cells via rust with index maintenance off in {:.1} s; a store applied them in {:.1} s",
+        "loaded {} cells via {} with index maintenance off in {:.1} s; a store applied them in {:.1} s",
         report.cells,
+        report.via,
         report.seconds,
         applied.as_secs_f64(),
     );

@@ -50,19 +50,25 @@ pub struct Server {
 
 impl Server {
     /// Starts `serve` on `database` and waits until `/readyz` answers 200.
-    /// The server's configuration and log go to `work_dir`.
+    /// The server's configuration and log go to `work_dir`. With
+    /// `maintain_indexes` false the server does not maintain indexes
+    /// (`indexes.maintain: false`).
     pub async fn start(
         database: &Database,
         datastores: &Path,
         work_dir: &Path,
         concurrency: u32,
         timeout: Duration,
+        maintain_indexes: bool,
     ) -> anyhow::Result<Server> {
         // No rate or concurrency limit: the benchmark is the only client.
         let config = work_dir.join("serve.yaml");
         std::fs::write(
             &config,
-            "limits:\n  rate_limit_per_second: 0\n  max_concurrent_requests: 0\n  max_connections_per_client: 0\n",
+            format!(
+                "limits:\n  rate_limit_per_second: 0\n  max_concurrent_requests: 0\n  \
+                 max_connections_per_client: 0\nindexes:\n  maintain: {maintain_indexes}\n"
+            ),
         )
         .with_context(|| format!("cannot write `{}`", config.display()))?;
         let log = work_dir.join("serve.log");
