@@ -31,7 +31,7 @@
 //! topology's [`Events`](crate::topology::Events) announce the new shard
 //! heads, which is how index maintenance learns about them.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::Utc;
@@ -404,11 +404,11 @@ async fn commit_primary(
         numbered.push((cell, *next));
         *next += 1;
     }
-    let advanced: BTreeMap<u32, i64> = shards.iter().map(|s| (*s, next_ids[s])).collect();
+    // `shards` is sorted: the group is.
+    let advanced: Vec<(u32, i64)> = shards.iter().map(|s| (*s, next_ids[s])).collect();
     let heads = advanced.iter().map(|(s, next)| (*s, next - 1)).collect();
     // On PostgreSQL the counters advance in the first `INSERT`, as a
     // data-modifying `WITH`: one round trip less while the locks are held.
-    let advanced: Vec<(u32, i64)> = advanced.into_iter().collect();
     let chunks: Vec<&[(u32, i64)]> = advanced.chunks(MAX_PARAMS / 3).collect();
     let in_insert = dialect == Dialect::Postgres && chunks.len() == 1;
     if !in_insert {
