@@ -53,6 +53,8 @@ pub fn value_shard(value: &Value, shards: u32) -> Option<u32> {
 pub struct ShardMap {
     /// `cluster_of[shard]` is an index into the store's cluster list.
     cluster_of: Vec<u16>,
+    /// The cluster holding every shard, when there is only one.
+    sole: Option<usize>,
 }
 
 impl ShardMap {
@@ -78,7 +80,7 @@ impl ShardMap {
         if let Some(missing) = cluster_of.iter().position(|c| *c == u16::MAX) {
             return Err(format!("shard {missing} is assigned to no cluster"));
         }
-        Ok(ShardMap { cluster_of })
+        Ok(ShardMap::new(cluster_of))
     }
 
     /// Splits `shards` into contiguous, equal ranges over `clusters`
@@ -88,7 +90,20 @@ impl ShardMap {
         let cluster_of = (0..u64::from(shards))
             .map(|s| (s * clusters / u64::from(shards)) as u16)
             .collect();
-        ShardMap { cluster_of }
+        ShardMap::new(cluster_of)
+    }
+
+    fn new(cluster_of: Vec<u16>) -> ShardMap {
+        let first = cluster_of.first().copied();
+        let sole = first
+            .filter(|first| cluster_of.iter().all(|c| c == first))
+            .map(usize::from);
+        ShardMap { cluster_of, sole }
+    }
+
+    /// The cluster holding every shard, when one holds them all.
+    pub fn sole_cluster(&self) -> Option<usize> {
+        self.sole
     }
 
     pub fn cluster_of(&self, shard: u32) -> usize {

@@ -545,6 +545,22 @@ impl Store {
         query::query_index(self.topology_ref(), datastore, query).await
     }
 
+    /// Answers an index query together with the latest cells of `columns`
+    /// for the rows of its page, bodies as JSON text, in one statement,
+    /// when one cluster holds every shard of the datastore. `None` when the
+    /// cells are spread over clusters: then [`Store::query_index`] and
+    /// [`Store::get_cells_latest_json`] answer it.
+    pub async fn query_index_with_cells_json(
+        &self,
+        datastore: &str,
+        query: &IndexQuery,
+        columns: &[&str],
+    ) -> Result<Option<(IndexPage, Vec<Cell<Vec<u8>>>)>> {
+        let topology = self.topology_ref();
+        let plan = QueryPlan::build(&topology.datastore(datastore)?.def, query)?;
+        query::run_plan_with_cells(topology, &plan, columns, &codec::decode_json).await
+    }
+
     /// Runs a plan built by [`QueryPlan::build`].
     pub async fn run_plan(&self, plan: &QueryPlan) -> Result<IndexPage> {
         query::run_plan(self.topology_ref(), plan).await

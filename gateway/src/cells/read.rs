@@ -72,7 +72,7 @@ pub(crate) fn cell_from_row(row: Row) -> Result<Cell> {
 pub(crate) type Decode<'a, B> = &'a (dyn Fn(&[u8]) -> std::result::Result<B, String> + Sync);
 
 /// [`cell_from_row`], with the body decoded by `decode`.
-fn decoded_cell<B>(row: Row, decode: Decode<'_, B>) -> Result<Cell<B>> {
+pub(crate) fn decoded_cell<B>(row: Row, decode: Decode<'_, B>) -> Result<Cell<B>> {
     let mut row = row.into_iter();
     let mut next = || row.next().unwrap_or(Value::Null(ColType::Int));
     let (shard, added_id, row_key, column, ref_key, body, created_at) =
@@ -362,6 +362,72 @@ pub(crate) async fn latest_cells_with<B>(
             Err(_) => true,
         })
         .collect())
+}
+
+/// Wraps `rows`, a statement whose first column is `row_key`, into one
+/// that also returns the latest cell of each of `columns` for each of its
+/// rows, all on the same cluster: `SELECT i.*, <cell columns>` with one
+/// result row per (row, column) that has a cell, and one with NULL cell
+/// columns for a row that has none. The order of `rows` is not kept.
+///
+/// PostgreSQL reads each row's cells with a `LATERAL` `DISTINCT ON`, as
+/// [`latest_cells_with`] does; MariaDB and SQLite, which have no
+/// `LATERAL`, join on the correlated `MAX(ref_key)`.
+pub(crate) fn with_latest_cells(rows: &Sql, table: &str, columns: &[&str]) -> Sql {
+    let dialect = rows.dialect();
+    let mut sql = Sql::new(dialect);
+    sql.push("SELECT i.*");
+    for col in CELL_COLUMNS {
+        sql.push(", c.").ident(col);
+    }
+    sql.push(" FROM (").append(rows).push(") i LEFT JOIN ");
+    let column_list = || columns.iter().map(|c| Value::Text((*c).to_string()));
+    if dialect == Dialect::Postgres {
+        sql.push("LATERAL (SELECT DISTINCT ON (m.")
+            .ident("column_name")
+            .push(") ");
+        cells_from(&mut sql, table, Some("m"));
+        sql.push(" WHERE m.")
+            .ident("row_key")
+            .push(" = i.")
+            .ident("row_key")
+            .push(" AND m.")
+            .ident("column_name")
+            .push(" IN ")
+            .bind_list(column_list())
+            // Both descending: one backward scan of the unique key.
+            .push(" ORDER BY m.")
+            .ident("column_name")
+            .push(" DESC, m.")
+            .ident("ref_key")
+            .push(" DESC) c ON TRUE");
+    } else {
+        sql.ident(table)
+            .push(" c ON c.")
+            .ident("row_key")
+            .push(" = i.")
+            .ident("row_key")
+            .push(" AND c.")
+            .ident("column_name")
+            .push(" IN ")
+            .bind_list(column_list())
+            .push(" AND c.")
+            .ident("ref_key")
+            .push(" = (SELECT MAX(m.")
+            .ident("ref_key")
+            .push(") FROM ")
+            .ident(table)
+            .push(" m WHERE m.")
+            .ident("row_key")
+            .push(" = c.")
+            .ident("row_key")
+            .push(" AND m.")
+            .ident("column_name")
+            .push(" = c.")
+            .ident("column_name")
+            .push(")");
+    }
+    sql
 }
 
 /// Whether any cluster of the datastore holds a cell; unreachable clusters

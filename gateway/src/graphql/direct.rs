@@ -256,6 +256,21 @@ impl Direct {
             list_arg,
         )
         .ok()?;
+        if !self.columns.is_empty() {
+            let columns: Vec<&str> = self.columns.iter().map(|c| &**c).collect();
+            let joined = store
+                .query_index_with_cells_json(&self.datastore, &query, &columns)
+                .await
+                .ok()?;
+            if let Some((page, cells)) = joined {
+                let mut found = Cells::with_capacity(cells.len());
+                for cell in cells {
+                    let column = self.columns.iter().find(|c| ***c == *cell.column)?.clone();
+                    found.insert((cell.row_key, column), cell);
+                }
+                return Some(self.write(&page, &found));
+            }
+        }
         let page = store.query_index(&self.datastore, &query).await.ok()?;
         let cells = self.latest_cells(store, &page).await?;
         Some(self.write(&page, &cells))

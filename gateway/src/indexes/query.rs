@@ -9,6 +9,7 @@
 //! order in Rust.
 
 use std::cmp::Ordering;
+use std::collections::HashSet;
 
 use index_dsl::CompareOp;
 use uuid::Uuid;
@@ -16,8 +17,10 @@ use uuid::Uuid;
 use super::cursor::{self, Position};
 use super::entry::col_type;
 use super::plan::{IndexQuery, QueryPlan};
+use crate::cells::read::{decoded_cell, with_latest_cells, Decode, CELL_TYPES};
+use crate::cells::Cell;
 use crate::error::Result;
-use crate::storage::{ColType, Dialect, Sql, Value};
+use crate::storage::{ddl, ColType, Dialect, Sql, Value};
 use crate::topology::Topology;
 
 /// One index entry of a result.
@@ -252,18 +255,9 @@ pub(crate) async fn run_plan(topology: &Topology, plan: &QueryPlan) -> Result<In
     let runtime = ds.index(&plan.index.name)?;
     runtime.check_ready()?;
     if plan.limit == 0 {
-        return Ok(IndexPage {
-            entries: Vec::new(),
-            has_next_page: false,
-            end_cursor: None,
-        });
+        return Ok(empty_page());
     }
-    let mut types = vec![ColType::Uuid];
-    types.extend(
-        plan.projection
-            .iter()
-            .map(|&p| col_type(plan.index.fields[p].ty)),
-    );
+    let types = plan.types();
     let groups = topology.by_cluster(
         &ds,
         plan.shards
@@ -289,32 +283,106 @@ pub(crate) async fn run_plan(topology: &Topology, plan: &QueryPlan) -> Result<In
     if clusters > 1 {
         rows.sort_by(|a, b| plan.compare(a, b));
     }
-    let has_next_page = rows.len() > plan.limit as usize;
-    rows.truncate(plan.limit as usize);
-    let signature = plan.signature();
-    let entries: Vec<IndexEntry> = rows
-        .into_iter()
-        .map(|row| {
-            let position = plan.position_of(&row);
-            let row_key = row[0].as_uuid().unwrap_or_default();
-            let fields = plan
-                .projection
-                .iter()
-                .zip(row.into_iter().skip(1))
-                .map(|(&p, value)| (plan.index.fields[p].name.clone(), value))
-                .collect();
-            IndexEntry {
-                row_key,
-                fields,
-                position,
-                signature,
-            }
-        })
+    Ok(plan.page(rows))
+}
+
+/// Runs a plan and reads the latest cells of `columns` for the rows of
+/// its page in the same statement ([`with_latest_cells`]), when one
+/// cluster holds every shard of the datastore, so that the rows' cells
+/// are where the index entries are. `None` when the cells are spread
+/// over clusters: the caller then reads them on their own clusters.
+pub(crate) async fn run_plan_with_cells<B>(
+    topology: &Topology,
+    plan: &QueryPlan,
+    columns: &[&str],
+    decode: Decode<'_, B>,
+) -> Result<Option<(IndexPage, Vec<Cell<B>>)>> {
+    let ds = topology.datastore(&plan.datastore)?;
+    let (Some(cluster), false) = (ds.map.sole_cluster(), columns.is_empty()) else {
+        return Ok(None);
+    };
+    let runtime = ds.index(&plan.index.name)?;
+    runtime.check_ready()?;
+    if plan.limit == 0 {
+        return Ok(Some((empty_page(), Vec::new())));
+    }
+    let values: Vec<Value> = plan
+        .shards
+        .values()
+        .flat_map(|values| values.iter().cloned())
         .collect();
-    let end_cursor = entries.last().map(IndexEntry::cursor);
-    Ok(IndexPage {
-        entries,
-        has_next_page,
-        end_cursor,
-    })
+    let master = topology.clusters[cluster].master()?;
+    let rows = plan.sql(master.dialect(), &runtime.table, &values);
+    let sql = with_latest_cells(&rows, &ddl::cells_table(ds.name()), columns);
+    let mut types = plan.types();
+    let width = types.len();
+    types.extend(CELL_TYPES);
+    let mut entries: Vec<Vec<Value>> = Vec::new();
+    let mut seen = HashSet::new();
+    let mut cells = Vec::new();
+    for mut row in master.fetch(&sql, &types).await? {
+        let cell = row.split_off(width);
+        if !cell[0].is_null() {
+            cells.push(decoded_cell(cell, decode)?);
+        }
+        if seen.insert(row[0].as_uuid()) {
+            entries.push(row);
+        }
+    }
+    entries.sort_by(|a, b| plan.compare(a, b));
+    Ok(Some((plan.page(entries), cells)))
+}
+
+fn empty_page() -> IndexPage {
+    IndexPage {
+        entries: Vec::new(),
+        has_next_page: false,
+        end_cursor: None,
+    }
+}
+
+impl QueryPlan {
+    /// The column types of [`QueryPlan::sql`]'s rows.
+    fn types(&self) -> Vec<ColType> {
+        let mut types = vec![ColType::Uuid];
+        types.extend(
+            self.projection
+                .iter()
+                .map(|&p| col_type(self.index.fields[p].ty)),
+        );
+        types
+    }
+
+    /// The page of `rows`, in the plan's order, one more than the limit
+    /// when another page exists.
+    fn page(&self, mut rows: Vec<Vec<Value>>) -> IndexPage {
+        let has_next_page = rows.len() > self.limit as usize;
+        rows.truncate(self.limit as usize);
+        let signature = self.signature();
+        let entries: Vec<IndexEntry> = rows
+            .into_iter()
+            .map(|row| {
+                let position = self.position_of(&row);
+                let row_key = row[0].as_uuid().unwrap_or_default();
+                let fields = self
+                    .projection
+                    .iter()
+                    .zip(row.into_iter().skip(1))
+                    .map(|(&p, value)| (self.index.fields[p].name.clone(), value))
+                    .collect();
+                IndexEntry {
+                    row_key,
+                    fields,
+                    position,
+                    signature,
+                }
+            })
+            .collect();
+        let end_cursor = entries.last().map(IndexEntry::cursor);
+        IndexPage {
+            entries,
+            has_next_page,
+            end_cursor,
+        }
+    }
 }

@@ -156,6 +156,12 @@ pub async fn shards_moved_between_clusters_are_refused(env: Arc<Env>) {
         .await
         .unwrap();
     assert_eq!(page.entries.len(), 50, "entries from both clusters");
+    // Cells spread over two clusters are not joined to the index page.
+    let joined = store
+        .query_index_with_cells_json("trips", &by("by_driver", driver.to_string()), &["BASE"])
+        .await
+        .unwrap();
+    assert!(joined.is_none(), "a page joined across clusters");
     drop(store);
     let err = env
         .open_custom(&defs, two_clusters(&env.url, &other, Some(1024)), true)

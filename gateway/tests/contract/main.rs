@@ -74,6 +74,7 @@ contract_suite!(
     two_gateways_moving_shard_fields_agree_with_a_recomputation,
     maintenance_does_not_wait_behind_requests,
     statements_per_batch_and_page,
+    an_index_page_reads_its_rows_latest_cells_in_one_statement,
     text_keys_compare_without_padding,
     a_v1_store_is_refused_then_converted,
     tokens_are_stored_hashed_found_and_revoked,
@@ -1454,6 +1455,93 @@ async fn statements_per_batch_and_page(env: Arc<Env>) {
         read <= 3,
         "a 20-row page with row bodies took {read} statements"
     );
+}
+
+/// The joined read behind direct GraphQL answers returns what the index
+/// query and the latest-cell read return on their own, in one statement:
+/// the latest version of each column, nothing for a column a row lacks,
+/// the page in order with the right next-page flag.
+async fn an_index_page_reads_its_rows_latest_cells_in_one_statement(env: Arc<Env>) {
+    let store = env.open().await;
+    let driver = Uuid::new_v4();
+    let city = Uuid::new_v4();
+    let rows: Vec<Uuid> = (0..30).map(|_| Uuid::new_v4()).collect();
+    let mut batch = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        let at = format!("2024-01-01T00:00:{:02}Z", 59 - i);
+        batch.push(cell(*row, "BASE", 1, trip(driver, city, &at)));
+        if i % 3 == 0 {
+            // A later version: the index and the read must both follow it.
+            let mut newer = trip(driver, city, &at);
+            newer["fare"]["total"] = json!(i);
+            batch.push(cell(*row, "BASE", 7, newer));
+        }
+        if i % 2 == 0 {
+            batch.push(cell(*row, "STATUS", 1, json!({"status": "done", "n": i})));
+        }
+    }
+    for result in store.put_cells("trips", batch).await.unwrap() {
+        assert_eq!(result.unwrap(), PutStatus::Written);
+    }
+    store.sync_indexes().await.unwrap();
+    let columns = ["BASE", "STATUS"];
+    let mut after = None;
+    for page_number in 0.. {
+        let query = IndexQuery {
+            first: Some(12),
+            after: after.clone(),
+            order_by: vec![OrderBy {
+                field: "trip_created_at".into(),
+                descending: true,
+            }],
+            ..by_driver(driver)
+        };
+        let before = statements(&store);
+        let (page, cells) = store
+            .query_index_with_cells_json("trips", &query, &columns)
+            .await
+            .unwrap()
+            .expect("one cluster holds every shard");
+        assert_eq!(statements(&store) - before, 1, "page {page_number}");
+        let expected = store.query_index("trips", &query).await.unwrap();
+        assert_eq!(page, expected, "page {page_number}");
+        let wanted: Vec<(Uuid, String)> = page
+            .entries
+            .iter()
+            .flat_map(|e| columns.iter().map(|c| (e.row_key, c.to_string())))
+            .collect();
+        let separate: BTreeMap<(Uuid, String), (i64, Vec<u8>)> = store
+            .get_cells_latest_json("trips", &wanted)
+            .await
+            .unwrap()
+            .into_iter()
+            .flatten()
+            .map(|c| ((c.row_key, c.column), (c.ref_key, c.body)))
+            .collect();
+        let on_page: BTreeSet<Uuid> = page.entries.iter().map(|e| e.row_key).collect();
+        let joined: BTreeMap<(Uuid, String), (i64, Vec<u8>)> = cells
+            .into_iter()
+            .filter(|c| on_page.contains(&c.row_key))
+            .map(|c| ((c.row_key, c.column), (c.ref_key, c.body)))
+            .collect();
+        assert_eq!(joined, separate, "page {page_number}");
+        for entry in &page.entries {
+            let i = rows.iter().position(|r| *r == entry.row_key).unwrap();
+            let base = &joined[&(entry.row_key, "BASE".to_string())];
+            assert_eq!(
+                base.0,
+                if i % 3 == 0 { 7 } else { 1 },
+                "latest BASE of row {i}"
+            );
+            let status = joined.get(&(entry.row_key, "STATUS".to_string()));
+            assert_eq!(status.is_some(), i % 2 == 0, "STATUS of row {i}");
+        }
+        if !page.has_next_page {
+            assert_eq!(page_number, 2, "30 rows in pages of 12");
+            break;
+        }
+        after = page.end_cursor.clone();
+    }
 }
 
 // Regression: MySQL's `_bin` collations pad with spaces, so `'a'` and
