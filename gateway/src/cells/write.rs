@@ -9,9 +9,12 @@
 //!    (`SELECT … ORDER BY shard FOR UPDATE`), so concurrent batches over
 //!    overlapping shards queue instead of deadlocking;
 //! 3. advance the counters by the number of new cells of each shard, which
-//!    allocates their `added_id`s (on PostgreSQL inside the first `INSERT`,
-//!    as a data-modifying `WITH`);
+//!    allocates their `added_id`s;
 //! 4. insert the new cells with multi-row `INSERT`s, and commit.
+//!
+//! On PostgreSQL, steps 2 to 4 of a group that fits one `INSERT` are one
+//! autocommitted statement ([`one_statement`]); a larger group advances
+//! the counters inside its first `INSERT`, as a data-modifying `WITH`.
 //!
 //! The locks are held only for steps 2 to 4: concurrent batches on
 //! overlapping shards queue for them, so what runs under them bounds the
@@ -389,6 +392,11 @@ async fn commit_primary(
         return Ok((written(statuses), Vec::new()));
     }
 
+    let created_at = Value::DateTime(truncate_to_micros(Utc::now()));
+    if let Some(sql) = one_statement(dialect, datastore, &new_cells, &created_at) {
+        let heads = commit_in_one_statement(master, datastore, &new_cells, &sql).await?;
+        return Ok((written(statuses), heads));
+    }
     let mut tx = master.begin().await?;
     let shards: Vec<u32> = {
         let mut shards: Vec<u32> = new_cells.iter().map(|c| c.shard).collect();
@@ -418,7 +426,6 @@ async fn commit_primary(
             tx.execute(&sql).await?;
         }
     }
-    let created_at = Value::DateTime(truncate_to_micros(Utc::now()));
     for (i, chunk) in insert_chunks(&numbered, CELL_ROWS, |(c, _)| c.encoded.len())
         .into_iter()
         .enumerate()
@@ -449,6 +456,176 @@ async fn commit_primary(
     }
     tx.commit().await?;
     Ok((written(statuses), heads))
+}
+
+/// On PostgreSQL, a group that fits one `INSERT` commits as a single
+/// autocommitted statement: it locks the counter rows in shard order,
+/// numbers the cells from the locked counters, advances them and inserts
+/// the cells, so no round trip to the gateway happens while the locks are
+/// held; they are released by the statement's own commit.
+///
+/// ```sql
+/// WITH locked AS (SELECT shard, next_added_id FROM <ds>_shards
+///                 WHERE shard IN (…) ORDER BY shard FOR UPDATE),
+///      advanced AS (UPDATE <ds>_shards s SET next_added_id = l.next_added_id + v.n
+///                   FROM locked l, (VALUES (shard, n), …) v(shard, n)
+///                   WHERE s.shard = l.shard AND v.shard = l.shard
+///                   RETURNING s.shard, s.next_added_id),
+///      inserted AS (INSERT INTO <ds>_cells (…)
+///                   SELECT v.shard, l.next_added_id + v.k, … FROM (VALUES …) v(…)
+///                   LEFT JOIN locked l ON l.shard = v.shard)
+/// SELECT shard, next_added_id FROM advanced
+/// ```
+///
+/// `locked` is read twice, so it is computed once; it returns each
+/// counter's latest committed value even when a concurrent writer advanced
+/// it after the statement's snapshot (PostgreSQL re-reads a row it had to
+/// wait for), and `advanced` updates that same latest version. `None` for
+/// the other backends, which have no data-modifying `WITH`, and for groups
+/// that need several `INSERT`s.
+fn one_statement(
+    dialect: Dialect,
+    datastore: &str,
+    cells: &[&Prepared],
+    created_at: &Value,
+) -> Option<Sql> {
+    let chunks = insert_chunks(cells, CELL_ROWS, |c| c.encoded.len());
+    if dialect != Dialect::Postgres || chunks.len() != 1 {
+        return None;
+    }
+    // Cells are sorted by shard: count them per shard, and number each
+    // from 0 within its shard.
+    let mut counts: Vec<(u32, i64)> = Vec::new();
+    let mut numbered: Vec<(&Prepared, i64)> = Vec::with_capacity(cells.len());
+    for cell in cells {
+        match counts.last_mut() {
+            Some((shard, n)) if *shard == cell.shard => {
+                numbered.push((cell, *n));
+                *n += 1;
+            }
+            _ => {
+                numbered.push((cell, 0));
+                counts.push((cell.shard, 1));
+            }
+        }
+    }
+    if counts.len() * 3 + cells.len() * 7 > MAX_PARAMS {
+        return None;
+    }
+    let shards_table = ddl::shards_table(datastore);
+    let mut sql = Sql::new(dialect);
+    sql.push("WITH ")
+        .ident("locked")
+        .push(" AS (SELECT ")
+        .idents(["shard", "next_added_id"])
+        .push(" FROM ")
+        .ident(&shards_table)
+        .push(" WHERE ")
+        .ident("shard")
+        .push(" IN ")
+        .bind_list(counts.iter().map(|(s, _)| Value::Int(i64::from(*s))))
+        .push(" ORDER BY ")
+        .ident("shard")
+        .push(dialect.for_update())
+        .push("), ")
+        .ident("advanced")
+        .push(" AS (UPDATE ")
+        .ident(&shards_table)
+        .push(" s SET ")
+        .ident("next_added_id")
+        .push(" = l.")
+        .ident("next_added_id")
+        .push(" + v.n FROM ")
+        .ident("locked")
+        .push(" l, (VALUES ")
+        .values(
+            counts
+                .iter()
+                .map(|(s, n)| vec![Value::Int(i64::from(*s)), Value::Int(*n)]),
+        )
+        .push(") v (")
+        .ident("shard")
+        .push(", n) WHERE s.")
+        .ident("shard")
+        .push(" = l.")
+        .ident("shard")
+        .push(" AND v.")
+        .ident("shard")
+        .push(" = l.")
+        .ident("shard")
+        .push(" RETURNING s.")
+        .ident("shard")
+        .push(", s.")
+        .ident("next_added_id")
+        .push("), ")
+        .ident("inserted")
+        .push(" AS (INSERT INTO ")
+        .ident(&ddl::cells_table(datastore))
+        .push(" (")
+        .idents(super::read::CELL_COLUMNS)
+        .push(") SELECT v.")
+        .ident("shard")
+        .push(", l.")
+        .ident("next_added_id")
+        .push(" + v.k");
+    for col in &super::read::CELL_COLUMNS[2..] {
+        sql.push(", v.").ident(col);
+    }
+    sql.push(" FROM (VALUES ")
+        .values(numbered.iter().map(|(cell, k)| {
+            vec![
+                Value::Int(i64::from(cell.shard)),
+                Value::Int(*k),
+                Value::Uuid(cell.key.row_key),
+                Value::Text(cell.key.column.clone()),
+                Value::Int(cell.key.ref_key),
+                Value::Bytes(cell.encoded.clone()),
+                created_at.clone(),
+            ]
+        }))
+        .push(") v (")
+        .ident("shard")
+        .push(", k");
+    for col in &super::read::CELL_COLUMNS[2..] {
+        sql.push(", ").ident(col);
+    }
+    // A shard without a counter row gets a NULL `added_id`, which fails
+    // the whole statement: nothing of the group commits.
+    sql.push(") LEFT JOIN ")
+        .ident("locked")
+        .push(" l ON l.")
+        .ident("shard")
+        .push(" = v.")
+        .ident("shard")
+        .push(") SELECT ")
+        .idents(["shard", "next_added_id"])
+        .push(" FROM ")
+        .ident("advanced");
+    Some(sql)
+}
+
+/// Runs [`one_statement`]'s statement and returns each shard's new head.
+async fn commit_in_one_statement(
+    master: &dyn Backend,
+    datastore: &str,
+    cells: &[&Prepared],
+    sql: &Sql,
+) -> Result<Vec<(u32, i64)>> {
+    let rows = master.fetch(sql, &[ColType::Int, ColType::Int]).await?;
+    let mut heads: Vec<(u32, i64)> = rows
+        .iter()
+        .filter_map(|row| Some((row[0].as_int()? as u32, row[1].as_int()? - 1)))
+        .collect();
+    heads.sort_unstable();
+    // Unreachable while the `INSERT` refuses NULL `added_id`s, and
+    // reported as the transaction path reports it.
+    if let Some(cell) = cells
+        .iter()
+        .find(|c| heads.binary_search_by_key(&c.shard, |(s, _)| *s).is_err())
+    {
+        return Err(missing_shard(datastore, cell.shard));
+    }
+    Ok(heads)
 }
 
 fn missing_shard(datastore: &str, shard: u32) -> Error {
