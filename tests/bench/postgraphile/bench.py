@@ -928,10 +928,9 @@ def cmd_report(args):
                "with the driver, the time and the page's row keys as variables: each transaction "
                "first picks a random driver with `SELECT … FROM bench.drivers WHERE i = :i \\gset` "
                "(a primary-key read, counted in its latency). The write has no raw SQL row: "
-               "cellgate's write transaction reads the shard counters with `SELECT … FOR UPDATE` "
-               "and writes the `added_id`s it got back into the `UPDATE` and `INSERT` of the same "
-               "transaction, which pgbench cannot carry from one statement to the next (`\\gset` "
-               "takes one row), and every transaction needs new row keys and their shards.")
+               "every write needs new row keys, their shards (a hash of the key that cellgate "
+               "computes) and the cells' encoded bodies, which a pgbench script of the captured "
+               "statement's constants would insert once and then fail on the unique key.")
     out.append("")
     catchups = [r for r in json_rows if r["catchup"]]
     if catchups:
