@@ -331,21 +331,7 @@ pub(crate) async fn latest_cells_with<B>(
             .ident("ref_key")
             .push(" DESC");
     } else {
-        sql.push(" AND c.")
-            .ident("ref_key")
-            .push(" = (SELECT MAX(m.")
-            .ident("ref_key")
-            .push(") FROM ")
-            .ident(&table)
-            .push(" m WHERE m.")
-            .ident("row_key")
-            .push(" = c.")
-            .ident("row_key")
-            .push(" AND m.")
-            .ident("column_name")
-            .push(" = c.")
-            .ident("column_name")
-            .push(")");
+        latest_of_c(&mut sql, &table);
     }
     // An `IN` on rows and one on columns also match pairs that were not
     // asked for.
@@ -410,24 +396,30 @@ pub(crate) fn with_latest_cells(rows: &Sql, table: &str, columns: &[&str]) -> Sq
             .push(" AND c.")
             .ident("column_name")
             .push(" IN ")
-            .bind_list(column_list())
-            .push(" AND c.")
-            .ident("ref_key")
-            .push(" = (SELECT MAX(m.")
-            .ident("ref_key")
-            .push(") FROM ")
-            .ident(table)
-            .push(" m WHERE m.")
-            .ident("row_key")
-            .push(" = c.")
-            .ident("row_key")
-            .push(" AND m.")
-            .ident("column_name")
-            .push(" = c.")
-            .ident("column_name")
-            .push(")");
+            .bind_list(column_list());
+        latest_of_c(&mut sql, table);
     }
     sql
+}
+
+/// ` AND c.ref_key = (SELECT MAX(m.ref_key) …)`: keeps only the latest
+/// version of each (row, column) of the cells aliased `c`.
+fn latest_of_c(sql: &mut Sql, table: &str) {
+    sql.push(" AND c.")
+        .ident("ref_key")
+        .push(" = (SELECT MAX(m.")
+        .ident("ref_key")
+        .push(") FROM ")
+        .ident(table)
+        .push(" m WHERE m.")
+        .ident("row_key")
+        .push(" = c.")
+        .ident("row_key")
+        .push(" AND m.")
+        .ident("column_name")
+        .push(" = c.")
+        .ident("column_name")
+        .push(")");
 }
 
 /// Whether any cluster of the datastore holds a cell; unreachable clusters

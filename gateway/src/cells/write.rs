@@ -441,17 +441,11 @@ async fn commit_primary(
             .push(" (")
             .idents(super::read::CELL_COLUMNS)
             .push(") VALUES ")
-            .values(chunk.iter().map(|(cell, added_id)| {
-                vec![
-                    Value::Int(i64::from(cell.shard)),
-                    Value::Int(*added_id),
-                    Value::Uuid(cell.key.row_key),
-                    Value::Text(cell.key.column.clone()),
-                    Value::Int(cell.key.ref_key),
-                    Value::Bytes(cell.encoded.clone()),
-                    created_at.clone(),
-                ]
-            }));
+            .values(
+                chunk
+                    .iter()
+                    .map(|(cell, added_id)| cell_row(cell, *added_id, &created_at)),
+            );
         tx.execute(&sql).await?;
     }
     tx.commit().await?;
@@ -572,17 +566,11 @@ fn one_statement(
         sql.push(", v.").ident(col);
     }
     sql.push(" FROM (VALUES ")
-        .values(numbered.iter().map(|(cell, k)| {
-            vec![
-                Value::Int(i64::from(cell.shard)),
-                Value::Int(*k),
-                Value::Uuid(cell.key.row_key),
-                Value::Text(cell.key.column.clone()),
-                Value::Int(cell.key.ref_key),
-                Value::Bytes(cell.encoded.clone()),
-                created_at.clone(),
-            ]
-        }))
+        .values(
+            numbered
+                .iter()
+                .map(|(cell, k)| cell_row(cell, *k, created_at)),
+        )
         .push(") v (")
         .ident("shard")
         .push(", k");
@@ -626,6 +614,21 @@ async fn commit_in_one_statement(
         return Err(missing_shard(datastore, cell.shard));
     }
     Ok(heads)
+}
+
+/// The values of a cell's row, in [`CELL_COLUMNS`](super::read::CELL_COLUMNS)
+/// order, with `added_id` (or, in [`one_statement`], the cell's number
+/// within its shard) as the second.
+fn cell_row(cell: &Prepared, added_id: i64, created_at: &Value) -> Vec<Value> {
+    vec![
+        Value::Int(i64::from(cell.shard)),
+        Value::Int(added_id),
+        Value::Uuid(cell.key.row_key),
+        Value::Text(cell.key.column.clone()),
+        Value::Int(cell.key.ref_key),
+        Value::Bytes(cell.encoded.clone()),
+        created_at.clone(),
+    ]
 }
 
 fn missing_shard(datastore: &str, shard: u32) -> Error {
