@@ -13,8 +13,7 @@
 //! 4. insert the new cells with multi-row `INSERT`s, and commit.
 //!
 //! On PostgreSQL, steps 2 to 4 of a group that fits one `INSERT` are one
-//! autocommitted statement ([`one_statement`]); a larger group advances
-//! the counters inside its first `INSERT`, as a data-modifying `WITH`.
+//! autocommitted statement ([`one_statement`]).
 //!
 //! The locks are held only for steps 2 to 4: concurrent batches on
 //! overlapping shards queue for them, so what runs under them bounds the
@@ -394,7 +393,12 @@ async fn commit_primary(
 
     let created_at = Value::DateTime(truncate_to_micros(Utc::now()));
     if let Some(sql) = one_statement(dialect, datastore, &new_cells, &created_at) {
-        let heads = commit_in_one_statement(master, datastore, &new_cells, &sql).await?;
+        let heads = master
+            .fetch(&sql, &[ColType::Int, ColType::Int])
+            .await?
+            .iter()
+            .filter_map(|row| Some((row[0].as_int()? as u32, row[1].as_int()? - 1)))
+            .collect();
         return Ok((written(statuses), heads));
     }
     let mut tx = master.begin().await?;
@@ -415,27 +419,13 @@ async fn commit_primary(
     // `shards` is sorted: the group is.
     let advanced: Vec<(u32, i64)> = shards.iter().map(|s| (*s, next_ids[s])).collect();
     let heads = advanced.iter().map(|(s, next)| (*s, next - 1)).collect();
-    // On PostgreSQL the counters advance in the first `INSERT`, as a
-    // data-modifying `WITH`: one round trip less while the locks are held.
-    let chunks: Vec<&[(u32, i64)]> = advanced.chunks(MAX_PARAMS / 3).collect();
-    let in_insert = dialect == Dialect::Postgres && chunks.len() == 1;
-    if !in_insert {
-        for chunk in &chunks {
-            let mut sql = Sql::new(dialect);
-            push_advance(&mut sql, datastore, chunk);
-            tx.execute(&sql).await?;
-        }
-    }
-    for (i, chunk) in insert_chunks(&numbered, CELL_ROWS, |(c, _)| c.encoded.len())
-        .into_iter()
-        .enumerate()
-    {
+    for chunk in advanced.chunks(MAX_PARAMS / 3) {
         let mut sql = Sql::new(dialect);
-        if in_insert && i == 0 {
-            sql.push("WITH ").ident("advanced").push(" AS (");
-            push_advance(&mut sql, datastore, chunks[0]);
-            sql.push(") ");
-        }
+        push_advance(&mut sql, datastore, chunk);
+        tx.execute(&sql).await?;
+    }
+    for chunk in insert_chunks(&numbered, CELL_ROWS, |(c, _)| c.encoded.len()) {
+        let mut sql = Sql::new(dialect);
         sql.push("INSERT INTO ")
             .ident(&cells_table)
             .push(" (")
@@ -455,7 +445,7 @@ async fn commit_primary(
 /// On PostgreSQL, a group that fits one `INSERT` commits as a single
 /// autocommitted statement: it locks the counter rows in shard order,
 /// numbers the cells from the locked counters, advances them and inserts
-/// the cells, so no round trip to the gateway happens while the locks are
+/// the cells, and returns each shard's next `added_id`, so no round trip to the gateway happens while the locks are
 /// held; they are released by the statement's own commit.
 ///
 /// ```sql
@@ -590,30 +580,6 @@ fn one_statement(
         .push(" FROM ")
         .ident("advanced");
     Some(sql)
-}
-
-/// Runs [`one_statement`]'s statement and returns each shard's new head.
-async fn commit_in_one_statement(
-    master: &dyn Backend,
-    datastore: &str,
-    cells: &[&Prepared],
-    sql: &Sql,
-) -> Result<Vec<(u32, i64)>> {
-    let rows = master.fetch(sql, &[ColType::Int, ColType::Int]).await?;
-    let mut heads: Vec<(u32, i64)> = rows
-        .iter()
-        .filter_map(|row| Some((row[0].as_int()? as u32, row[1].as_int()? - 1)))
-        .collect();
-    heads.sort_unstable();
-    // Unreachable while the `INSERT` refuses NULL `added_id`s, and
-    // reported as the transaction path reports it.
-    if let Some(cell) = cells
-        .iter()
-        .find(|c| heads.binary_search_by_key(&c.shard, |(s, _)| *s).is_err())
-    {
-        return Err(missing_shard(datastore, cell.shard));
-    }
-    Ok(heads)
 }
 
 /// The values of a cell's row, in [`CELL_COLUMNS`](super::read::CELL_COLUMNS)

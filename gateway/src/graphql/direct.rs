@@ -263,12 +263,7 @@ impl Direct {
                 .await
                 .ok()?;
             if let Some((page, cells)) = joined {
-                let mut found = Cells::with_capacity(cells.len());
-                for cell in cells {
-                    let column = self.columns.iter().find(|c| ***c == *cell.column)?.clone();
-                    found.insert((cell.row_key, column), cell);
-                }
-                return Some(self.write(&page, &found));
+                return Some(self.write(&page, &self.by_row_and_column(cells)?));
             }
         }
         let page = store.query_index(&self.datastore, &query).await.ok()?;
@@ -300,9 +295,8 @@ impl Direct {
     /// The latest cells of the selected columns for every entry of the
     /// page, in one read per cluster, as (row, column) → cell.
     async fn latest_cells(&self, store: &Store, page: &IndexPage) -> Option<Cells> {
-        let mut found = Cells::new();
         if self.columns.is_empty() || page.entries.is_empty() {
-            return Some(found);
+            return Some(Cells::new());
         }
         let wanted: Vec<(Uuid, String)> = page
             .entries
@@ -313,11 +307,16 @@ impl Direct {
             .get_cells_latest_json(&self.datastore, &wanted)
             .await
             .ok()?;
-        for ((row_key, _), cell) in wanted.iter().zip(cells) {
-            if let Some(cell) = cell {
-                let column = self.columns.iter().find(|c| ***c == *cell.column)?.clone();
-                found.insert((*row_key, column), cell);
-            }
+        self.by_row_and_column(cells.into_iter().flatten().collect())
+    }
+
+    /// `cells` as (row, column) → cell, the column as the selection names
+    /// it; `None` for a cell of a column the selection does not hold.
+    fn by_row_and_column(&self, cells: Vec<Cell<Vec<u8>>>) -> Option<Cells> {
+        let mut found = Cells::with_capacity(cells.len());
+        for cell in cells {
+            let column = self.columns.iter().find(|c| ***c == *cell.column)?.clone();
+            found.insert((cell.row_key, column), cell);
         }
         Some(found)
     }
