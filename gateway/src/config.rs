@@ -236,8 +236,10 @@ fn default_start() -> i64 {
     1
 }
 
-/// Snowflake IDs: 1 sign bit, 41 bits of milliseconds since `epoch_ms`,
-/// 10 bits of worker id, 12 bits of sequence.
+/// Snowflake IDs: 1 sign bit, 41 bits of milliseconds since `epoch_ms`
+/// (the top two are the layout version bits and stay 0, so IDs are issued
+/// for 17.4 years from the epoch), 10 bits of worker id, 12 bits of
+/// sequence.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SnowflakeConfig {

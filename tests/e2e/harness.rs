@@ -191,6 +191,12 @@ impl Env {
         }
     }
 
+    /// The data directory every server of this test shares (the SQLite
+    /// database on SQLite, the snowflake worker cache on every backend).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
     /// Starts `cellgate serve` on this test's storage.
     pub fn serve(&self, defs: Defs, extra: &[&str]) -> Server {
         let run_dir = tempfile::tempdir_in(self.dir.path()).expect("server dir");
@@ -215,13 +221,9 @@ impl Env {
             .args(["--listen", "127.0.0.1:0", "--datastores"])
             .arg(&datastores)
             .args(extra);
-        match &self.database {
-            None => {
-                command.arg("--data").arg(self.dir.path().join("data"));
-            }
-            Some((base, name)) => {
-                command.arg("--database").arg(replace_database(base, name));
-            }
+        command.arg("--data").arg(self.data_dir());
+        if let Some((base, name)) = &self.database {
+            command.arg("--database").arg(replace_database(base, name));
         }
         let stderr_path = run_dir.path().join("stderr.log");
         let stderr = std::fs::File::create(&stderr_path).expect("stderr log");

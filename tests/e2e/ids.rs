@@ -124,3 +124,76 @@ pub async fn ids_over_graphql_and_leaf_routes(env: Arc<Env>) {
     assert!(metrics.contains("cellgate_ids_snowflake_lease{state=\"held\"} 1"));
     assert!(metrics.contains("cellgate_ids_snowflake_worker_id "));
 }
+
+/// Asks `server` for snowflake IDs until it has a worker id.
+async fn first_snowflake(server: &crate::harness::Server) -> i64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (status, body) = server.get_text("/api/snowflake/get/any").await;
+        if status == StatusCode::OK {
+            return body.trim().parse().expect("a bare number");
+        }
+        assert!(body.starts_with("ID_SOURCE_UNAVAILABLE"), "{body}");
+        assert!(std::time::Instant::now() < deadline, "no worker id: {body}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// The worker id `server` reads out of `id`.
+async fn worker_of(server: &crate::harness::Server, id: i64) -> i64 {
+    let data = server
+        .data(
+            "query($id: Int64!) { decodeId(id: $id) { workerId } }",
+            json!({ "id": id.to_string() }),
+        )
+        .await;
+    data["decodeId"]["workerId"].as_i64().expect("worker id")
+}
+
+// Regression: a second gateway on the data directory of a running one
+// took the first one's holder name from the worker cache, renewed its
+// lease and issued snowflake IDs with the same worker id.
+pub async fn two_gateways_on_one_data_directory_issue_no_duplicate(env: Arc<Env>) {
+    let first = env.serve(Defs::Small, &[]);
+    let first_id = first_snowflake(&first).await;
+    assert!(env.data_dir().join("snowflake-worker.json").exists());
+    let second = env.serve(Defs::Small, &[]);
+    let second_id = first_snowflake(&second).await;
+    assert_ne!(
+        worker_of(&first, first_id).await,
+        worker_of(&second, second_id).await,
+        "two processes, one worker id"
+    );
+    // Both issue under load, through both surfaces, at once.
+    let servers = [Arc::new(first), Arc::new(second)];
+    let mut tasks = Vec::new();
+    for server in &servers {
+        for client in 0..3 {
+            let server = server.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                for _ in 0..15 {
+                    if client == 0 {
+                        let (status, body) =
+                            server.get_text("/api/snowflake/get/any?count=1000").await;
+                        assert_eq!(status, StatusCode::OK, "{body}");
+                        out.extend(body.lines().map(|l| l.parse::<i64>().unwrap()));
+                    } else {
+                        let data = server
+                            .data("{ snowflakeIds(count: 1000) }", json!({}))
+                            .await;
+                        out.extend(int64s(&data["snowflakeIds"]));
+                    }
+                }
+                out
+            }));
+        }
+    }
+    let mut seen = HashSet::new();
+    for task in tasks {
+        for id in task.await.expect("client") {
+            assert!(seen.insert(id), "{id} issued twice");
+        }
+    }
+    assert_eq!(seen.len(), 2 * 3 * 15 * 1000);
+}

@@ -30,4 +30,5 @@ e2e_suite!(
     meta::demo_server_answers_the_readme_query,
     meta::a_default_innodb_buffer_pool_is_warned_about,
     ids::ids_over_graphql_and_leaf_routes,
+    ids::two_gateways_on_one_data_directory_issue_no_duplicate,
 );

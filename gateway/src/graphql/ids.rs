@@ -164,7 +164,7 @@ pub(super) fn query_fields() -> Vec<Field> {
     .argument(InputValue::new("datastore", TypeRef::named_nn(TypeRef::STRING)))
     .argument(InputValue::new("rowKey", TypeRef::named_nn(UUID)))
     .argument(count_arg())
-    .description("Shard-tagged IDs that carry the logical shard of `rowKey` in `datastore`, so the ID alone routes a lookup (decode with decodeId).");
+    .description("Shard-tagged IDs that carry the logical shard of `rowKey` in `datastore`, so the ID alone routes a lookup (decode with decodeId). At most 512 per call: what one worker issues per shard and second.");
     let decode = Field::new("decodeId", TypeRef::named_nn("DecodedId"), |ctx| {
         FieldFuture::new(async move {
             let store = ctx.data::<Store>()?;

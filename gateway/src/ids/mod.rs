@@ -39,6 +39,10 @@ pub const DEFAULT_EPOCH_MS: i64 = 1_704_067_200_000;
 /// Worker ids a snowflake layout holds (10 bits).
 pub const MAX_WORKERS: u16 = 1024;
 
+/// Most tagged IDs of one shard a call hands out: what one worker issues
+/// per shard in a second.
+pub const MAX_TAGGED_PER_CALL: usize = tagged::TAGGED_MAX_SEQUENCE as usize + 1;
+
 /// Longest biz tag name.
 pub const MAX_TAG_LEN: usize = 128;
 
@@ -142,7 +146,15 @@ impl Ids {
     /// fails because the database is down: requests report it.
     pub async fn open(backend: Arc<dyn Backend>, options: IdsOptions) -> Result<Ids> {
         for tag in &options.tags {
-            validate_tag(&tag.name)?;
+            validate_new_tag(tag).map_err(|e| {
+                Error::Config(format!(
+                    "ids.tags: tag `{}`: {}",
+                    tag.name,
+                    e.client_message()
+                ))
+            })?;
+        }
+        for tag in &options.tags {
             if let Err(err) = segment::create_tag(backend.as_ref(), tag).await {
                 if err.is_transient() {
                     tracing::warn!(tag = %tag.name, error = %err, "cannot create the configured biz tag now");
@@ -196,13 +208,7 @@ impl Ids {
 
     /// Creates a biz tag whose first ID is `start`; `false` when it exists.
     pub async fn create_tag(&self, tag: &NewTag) -> Result<bool> {
-        validate_tag(&tag.name)?;
-        if tag.step < 1 {
-            return Err(Error::BadInput("step must be at least 1".into()));
-        }
-        if tag.start < 0 {
-            return Err(Error::BadInput("start must not be negative".into()));
-        }
+        validate_new_tag(tag)?;
         segment::create_tag(self.inner.segments.backend(), tag).await
     }
 
@@ -222,9 +228,19 @@ impl Ids {
         self.snowflake()?.next(count).await
     }
 
-    /// `count` shard-tagged IDs naming logical shard `shard` (< 4096).
+    /// `count` shard-tagged IDs naming logical shard `shard` (< 4096), at
+    /// most [`MAX_TAGGED_PER_CALL`]: a worker issues that many per shard
+    /// and second, so a larger count would wait seconds while other
+    /// callers for the shard wait behind it.
     pub async fn tagged_ids(&self, shard: u32, count: usize) -> Result<Vec<i64>> {
         self.check_count(count)?;
+        if count > MAX_TAGGED_PER_CALL {
+            return Err(Error::LimitExceeded {
+                what: "count of tagged IDs of one shard (a worker issues 512 per shard and second)"
+                    .into(),
+                limit: MAX_TAGGED_PER_CALL,
+            });
+        }
         if shard >= 1 << TAGGED_SHARD_BITS {
             return Err(Error::BadInput(format!(
                 "a tagged ID holds shards below {}",
@@ -272,6 +288,19 @@ impl Ids {
             snowflake.shutdown();
         }
     }
+}
+
+/// A tag to create has a valid name, a step of at least 1 (a step below
+/// would lower `max_id` and hand out IDs again) and a start of at least 0.
+fn validate_new_tag(tag: &NewTag) -> Result<()> {
+    validate_tag(&tag.name)?;
+    if tag.step < 1 {
+        return Err(Error::BadInput("step must be at least 1".into()));
+    }
+    if tag.start < 0 {
+        return Err(Error::BadInput("start must not be negative".into()));
+    }
+    Ok(())
 }
 
 /// A biz tag is 1 to 128 letters, digits, `_`, `-`, `.` or `:`.

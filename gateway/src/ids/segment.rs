@@ -161,6 +161,10 @@ pub(crate) async fn take_segment(
         .ident("biz_tag")
         .push(" = ")
         .bind(Value::Text(tag.to_string()));
+    if step.is_none() {
+        // A stored step below 1 would lower max_id and hand IDs out again.
+        update.push(" AND ").ident("step").push(" >= 1");
+    }
     let mut select = Sql::new(dialect);
     select
         .push("SELECT ")
@@ -173,7 +177,13 @@ pub(crate) async fn take_segment(
         .bind(Value::Text(tag.to_string()));
     let mut tx = backend.begin().await?;
     if tx.execute(&update).await? == 0 {
-        return Err(Error::UnknownBizTag(tag.to_string()));
+        let rows = tx.fetch(&select, &[ColType::Int, ColType::Int]).await?;
+        return Err(match rows.first() {
+            Some(_) => Error::BadInput(format!(
+                "biz tag `{tag}` has a stored step below 1; set its step to 1 or more"
+            )),
+            None => Error::UnknownBizTag(tag.to_string()),
+        });
     }
     let rows = tx.fetch(&select, &[ColType::Int, ColType::Int]).await?;
     tx.commit().await?;

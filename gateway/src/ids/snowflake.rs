@@ -13,11 +13,25 @@
 //! **The disk cache** (`ids.snowflake.cache`) holds the holder name, the
 //! worker id, its token and expiry, and a high-water mark of issued time:
 //! before the generator issues in a millisecond past the mark it moves the
-//! mark [`RESERVE_MS`] ahead and writes the file, so the file is never
-//! behind an issued ID. A restart reads it: a lease that has not expired is
+//! mark [`RESERVE_MS`] ahead and writes the file durably (fsync of the file
+//! and its directory), so the file is never behind an issued ID; when the
+//! write fails, issuing stops with `ID_SOURCE_UNAVAILABLE` rather than run
+//! ahead of the mark. A restart reads it: a lease that has not expired is
 //! used at once, with or without the database, and issuing waits (≤ 5 ms)
 //! or refuses with `CLOCK_MOVED_BACKWARDS` until the clock passes the mark.
 //! A clean shutdown writes the exact last time instead.
+//!
+//! **A cache belongs to one live process.** Several processes may share a
+//! data directory (a blue/green restart on one host, two gateways in
+//! tests), and a cached holder name renews its lease in the database for
+//! whoever presents it. So each cache file is a *slot* guarded by an
+//! exclusive lock on `<cache>.lock` (`flock`, released by the kernel when
+//! the process dies): a process takes the first slot it can lock
+//! (`snowflake-worker.json`, then `snowflake-worker.1.json`, …) and reads
+//! only that slot's cache. A second process on the same directory thus
+//! never sees the first one's holder name, and leases a worker id of its
+//! own. With all [`CACHE_SLOTS`] locked the process runs without a cache
+//! (and says so).
 //!
 //! **The clock** going back by at most 5 ms is waited out (twice the gap,
 //! as in Leaf); by more, requests are refused, never answered with a
@@ -33,7 +47,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::clock::{Clock, SystemClock};
-use super::tagged::{self, MAX_SEQUENCE, MAX_TIME, TAGGED_MAX_SEQUENCE, TAGGED_MAX_TIME};
+use super::tagged::{
+    self, MAX_SEQUENCE, SNOWFLAKE_MAX_TIME, SNOWFLAKE_YEARS, TAGGED_MAX_SEQUENCE, TAGGED_MAX_TIME,
+};
 use super::IdsOptions;
 use crate::error::{Error, Result};
 use crate::leases::{self, Lease};
@@ -45,6 +61,10 @@ pub(crate) const TAKEOVER_MARGIN: Duration = Duration::from_secs(2);
 
 /// How far the cached high-water mark runs ahead of issued time.
 pub(crate) const RESERVE_MS: i64 = 1000;
+
+/// Cache slots per configured cache path: processes that may share one
+/// data directory at once.
+pub(crate) const CACHE_SLOTS: usize = 16;
 
 /// The longest clock step back that is waited out rather than refused.
 pub(crate) const MAX_WAIT_BACK_MS: i64 = 5;
@@ -140,7 +160,9 @@ pub(crate) struct Snowflake {
     ttl: Duration,
     max_workers: u16,
     holder: String,
+    /// This process's cache slot: the file and the lock that makes it ours.
     cache: Option<PathBuf>,
+    cache_lock: Mutex<Option<std::fs::File>>,
     gen: Mutex<Gen>,
     issued: AtomicU64,
     clock_refusals: AtomicU64,
@@ -162,13 +184,79 @@ fn read_cache(path: &Path, epoch_ms: i64) -> Option<CacheFile> {
     }
 }
 
+/// Writes `text` to `path` durably: a temporary file, fsynced, renamed
+/// over `path`, and the directory fsynced so the rename survives a crash.
 fn write_file(path: &Path, text: &str) -> std::io::Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
+    use std::io::Write as _;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Slot `n` of the configured cache path: the path itself for 0, else
+/// `<stem>.<n>.<extension>`.
+fn slot_path(path: &Path, n: usize) -> PathBuf {
+    if n == 0 {
+        return path.to_path_buf();
+    }
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.{n}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.{n}"),
+    };
+    path.with_file_name(name)
+}
+
+/// Locks the first free cache slot of `path`: its cache file and the held
+/// lock. `None` when every slot is locked by another live process or the
+/// lock files cannot be made.
+fn lock_slot(path: &Path) -> Option<(PathBuf, std::fs::File)> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Err(error) = std::fs::create_dir_all(dir) {
+            tracing::warn!(path = %dir.display(), %error, "cannot create the snowflake worker cache directory; running without a cache");
+            return None;
+        }
+    }
+    for n in 0..CACHE_SLOTS {
+        let slot = slot_path(path, n);
+        let mut lock_name = slot.as_os_str().to_owned();
+        lock_name.push(".lock");
+        let file = match std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(PathBuf::from(lock_name))
+        {
+            Ok(file) => file,
+            Err(error) => {
+                tracing::warn!(path = %slot.display(), %error, "cannot open the snowflake worker cache lock; running without a cache");
+                return None;
+            }
+        };
+        match file.try_lock() {
+            Ok(()) => return Some((slot, file)),
+            Err(std::fs::TryLockError::WouldBlock) => continue,
+            Err(std::fs::TryLockError::Error(error)) => {
+                tracing::warn!(path = %slot.display(), %error, "cannot lock the snowflake worker cache; running without a cache");
+                return None;
+            }
+        }
+    }
+    tracing::warn!(
+        path = %path.display(),
+        slots = CACHE_SLOTS,
+        "every snowflake worker cache slot is held by a running process; running without a cache"
+    );
+    None
 }
 
 impl Snowflake {
@@ -176,10 +264,19 @@ impl Snowflake {
     /// still valid, and leases (then renews) one in the background.
     pub(crate) fn start(backend: Arc<dyn Backend>, options: &IdsOptions) -> Result<Arc<Snowflake>> {
         let clock: Arc<dyn Clock> = options.clock.clone().unwrap_or(Arc::new(SystemClock));
-        let cache = options
-            .worker_cache
-            .as_deref()
-            .and_then(|p| read_cache(p, options.epoch_ms));
+        let since = clock.now_ms() - options.epoch_ms;
+        if !(0..=SNOWFLAKE_MAX_TIME).contains(&since) {
+            return Err(Error::Config(format!(
+                "ids.snowflake.epoch_ms {} is {}: snowflake IDs carry {SNOWFLAKE_YEARS} years of milliseconds from the epoch (their version bits must stay 0, or they would read as tagged IDs)",
+                options.epoch_ms,
+                if since < 0 { "in the future" } else { "too far back" },
+            )));
+        }
+        let slot = options.worker_cache.as_deref().and_then(lock_slot);
+        let cache = slot
+            .as_ref()
+            .and_then(|(path, _)| read_cache(path, options.epoch_ms));
+        let (cache_path, cache_lock) = slot.unzip();
         let holder = cache.as_ref().map(|c| c.holder.clone()).unwrap_or_else(|| {
             format!(
                 "ids-{}-{}",
@@ -226,7 +323,8 @@ impl Snowflake {
             ttl: options.worker_lease,
             max_workers: options.max_workers.clamp(1, super::MAX_WORKERS),
             holder,
-            cache: options.worker_cache.clone(),
+            cache: cache_path,
+            cache_lock: Mutex::new(cache_lock),
             gen: Mutex::new(gen),
             issued: AtomicU64::new(0),
             clock_refusals: AtomicU64::new(0),
@@ -259,9 +357,11 @@ impl Snowflake {
         }
     }
 
-    fn write_cache(&self, gen: &Gen, last_ms: i64) {
+    /// Records `last_ms` (and the lease) in this process's cache slot.
+    /// `Ok` without a cache.
+    fn write_cache(&self, gen: &Gen, last_ms: i64) -> std::io::Result<()> {
         let (Some(path), Some((worker, lease))) = (&self.cache, &gen.lease) else {
-            return;
+            return Ok(());
         };
         let file = CacheFile {
             holder: self.holder.clone(),
@@ -272,18 +372,25 @@ impl Snowflake {
             epoch_ms: self.epoch_ms,
         };
         let text = serde_json::to_string(&file).expect("cache serializes");
-        if let Err(error) = write_file(path, &text) {
+        write_file(path, &text).inspect_err(|error| {
             tracing::warn!(path = %path.display(), %error, "cannot write the snowflake worker cache");
-        }
+        })
     }
 
-    /// Moves the high-water mark past `now` (writing the cache) before an
-    /// ID of millisecond `now` is issued.
-    fn reserve(&self, gen: &mut Gen, now: i64) {
+    /// Moves the high-water mark past `now`, durably, before an ID of
+    /// millisecond `now` is issued; refuses to issue when the mark cannot
+    /// be recorded.
+    fn reserve(&self, gen: &mut Gen, now: i64) -> Result<(), Issue> {
         if now >= gen.reserved_ms {
-            gen.reserved_ms = now + RESERVE_MS;
-            self.write_cache(gen, gen.reserved_ms);
+            let mark = now + RESERVE_MS;
+            self.write_cache(gen, mark).map_err(|_| {
+                Issue::Fail(Error::IdSourceUnavailable(
+                    "cannot record the snowflake high-water mark on disk".into(),
+                ))
+            })?;
+            gen.reserved_ms = mark;
         }
+        Ok(())
     }
 
     /// Checks the lease and the clock; returns the worker id and now.
@@ -323,7 +430,8 @@ impl Snowflake {
         let mut out = Vec::with_capacity(count);
         while out.len() < count {
             if now > gen.last_ms {
-                self.reserve(&mut gen, now);
+                check_time(now - self.epoch_ms)?;
+                self.reserve(&mut gen, now)?;
                 gen.last_ms = now;
                 gen.seq = 0;
             } else if gen.seq > MAX_SEQUENCE {
@@ -339,11 +447,7 @@ impl Snowflake {
                 continue;
             }
             let ms = gen.last_ms - self.epoch_ms;
-            if !(0..=MAX_TIME).contains(&ms) {
-                return Err(Issue::Fail(Error::Config(
-                    "the clock is outside the 69 years after ids.snowflake.epoch_ms".into(),
-                )));
-            }
+            check_time(ms)?;
             out.push(tagged::snowflake(ms, worker, gen.seq));
             gen.seq += 1;
         }
@@ -369,7 +473,7 @@ impl Snowflake {
             return Ok((Vec::new(), next_second));
         }
         if now > gen.last_ms {
-            self.reserve(&mut gen, now);
+            self.reserve(&mut gen, now)?;
             gen.last_ms = now;
             gen.seq = 0;
         }
@@ -450,13 +554,19 @@ impl Snowflake {
         }
     }
 
-    /// Stops issuing and renewing; writes the exact last issued time.
+    /// Stops issuing and renewing; writes the exact last issued time and
+    /// gives the cache slot up for the next process.
     pub(crate) fn shutdown(&self) {
         let _ = self.stop.send(true);
         let mut gen = self.lock();
         gen.stopped = true;
         let last = gen.last_ms;
-        self.write_cache(&gen, last);
+        if self.write_cache(&gen, last).is_ok() {
+            // The slot is released only with the exact time written: with
+            // the write failed, the reserved mark on disk still covers
+            // every issued ID, and the lock goes with the process.
+            drop(self.cache_lock.lock().expect("cache lock").take());
+        }
     }
 
     /// Renews the lease held, or leases a worker id when none is held.
@@ -473,7 +583,9 @@ impl Snowflake {
                             }
                             gen.state = LeaseState::Held;
                             let mark = gen.reserved_ms.max(gen.last_ms);
-                            self.write_cache(&gen, mark);
+                            // A failed write is logged; the mark on disk
+                            // still covers every issued ID.
+                            let _ = self.write_cache(&gen, mark);
                             return;
                         }
                         None => {
@@ -533,7 +645,7 @@ impl Snowflake {
                 gen.lease = Some((worker, lease));
                 gen.state = LeaseState::Held;
                 let mark = gen.reserved_ms.max(gen.last_ms);
-                self.write_cache(&gen, mark);
+                let _ = self.write_cache(&gen, mark);
                 tracing::info!(worker, holder = %self.holder, "leased snowflake worker id");
                 return Ok(());
             }
@@ -543,6 +655,23 @@ impl Snowflake {
             self.max_workers
         )))
     }
+}
+
+/// Refuses a time (milliseconds since the epoch) outside the snowflake
+/// range: before the epoch, or at or past [`SNOWFLAKE_MAX_TIME`], where the
+/// top time bits would read as a tagged layout version (`tagged.rs`).
+fn check_time(ms: i64) -> Result<(), Issue> {
+    if (0..=SNOWFLAKE_MAX_TIME).contains(&ms) {
+        return Ok(());
+    }
+    Err(Issue::Fail(Error::IdSourceUnavailable(if ms < 0 {
+        "the clock is before ids.snowflake.epoch_ms".to_string()
+    } else {
+        format!(
+            "snowflake IDs run out {} years after ids.snowflake.epoch_ms (the clock is past it)",
+            SNOWFLAKE_YEARS
+        )
+    })))
 }
 
 /// The background task: a round at once, then every third of the lease

@@ -1,13 +1,20 @@
 //! The bit layouts of snowflake and shard-tagged IDs, and decoding.
 //!
-//! Snowflake (Twitter/Leaf), version bits implicitly 0 while the time fits
-//! 39 bits (until 17 years after the epoch):
+//! Snowflake (Twitter/Leaf): 41 bits of milliseconds, of which the top
+//! two are the layout version bits 62–61 and so must stay 0:
 //!
 //! ```text
-//!  63 | 62 ........ 22 | 21 ..... 12 | 11 ...... 0
-//!   0 | ms since epoch |  worker id  |  sequence
-//!     |    41 bits     |   10 bits   |   12 bits
+//!  63 | 62 61 | 60 ...... 22 | 21 ..... 12 | 11 ...... 0
+//!   0 |  00   | ms since epoch |  worker id  |  sequence
+//!     |version|    39 bits     |   10 bits   |   12 bits
 //! ```
+//!
+//! The two kinds of ID are disjoint because a snowflake ID's version bits
+//! are always 0: the generator refuses to issue once 2^39 ms (17.4 years,
+//! until 2041-06-02 for the default epoch) have passed since the epoch,
+//! and refuses to start with an epoch that far back. Letting the time run
+//! into bit 61 would make later snowflake IDs read as tagged ones and
+//! collide with them.
 //!
 //! Shard-tagged, version 1: the logical shard of the key the ID belongs to
 //! (the stable hash of `shards.rs` of a row key or shard field value) sits
@@ -29,8 +36,13 @@ use crate::error::{Error, Result};
 pub(crate) const WORKER_BITS: u32 = 10;
 pub(crate) const SEQUENCE_BITS: u32 = 12;
 pub(crate) const MAX_SEQUENCE: i64 = (1 << SEQUENCE_BITS) - 1;
-pub(crate) const TIME_BITS: u32 = 41;
-pub(crate) const MAX_TIME: i64 = (1 << TIME_BITS) - 1;
+/// Bits of time a snowflake ID may use: the 41 of the classic layout
+/// less the two version bits that must stay 0.
+pub(crate) const SNOWFLAKE_TIME_BITS: u32 = 39;
+/// The last millisecond after the epoch a snowflake ID can carry.
+pub(crate) const SNOWFLAKE_MAX_TIME: i64 = (1 << SNOWFLAKE_TIME_BITS) - 1;
+/// Whole years of snowflake IDs from the epoch (2^39 ms is 17.4 years).
+pub(crate) const SNOWFLAKE_YEARS: u32 = 17;
 
 /// Version of the tagged layout this code writes.
 pub const TAGGED_VERSION: u8 = 1;
@@ -133,6 +145,22 @@ mod tests {
         assert_eq!(d.kind, IdKind::Snowflake);
         assert_eq!(d.time.timestamp_millis(), EPOCH + 123_456_789);
         assert_eq!((d.worker, d.sequence), (1023, 4095));
+    }
+
+    #[test]
+    fn the_last_snowflake_millisecond_still_reads_as_snowflake() {
+        let last = snowflake(SNOWFLAKE_MAX_TIME, 1023, MAX_SEQUENCE);
+        let d = decode(last, EPOCH).unwrap();
+        assert_eq!(d.kind, IdKind::Snowflake);
+        assert_eq!(d.time.timestamp_millis(), EPOCH + SNOWFLAKE_MAX_TIME);
+        // One millisecond later the version bits would read as tagged:
+        // the reason the generator stops at SNOWFLAKE_MAX_TIME.
+        let over = snowflake(SNOWFLAKE_MAX_TIME + 1, 0, 0);
+        assert_eq!(decode(over, EPOCH).unwrap().kind, IdKind::Tagged);
+        assert!(
+            last < tagged(0, 0, 0, 0),
+            "every snowflake ID sorts below every tagged one"
+        );
     }
 
     #[test]

@@ -409,6 +409,7 @@ pub async fn snowflake_restarts_from_the_disk_cache_with_the_database_down(env: 
     // A crash leaves the cached mark ahead of the last ID: a restart whose
     // clock is behind it refuses until the clock passes it.
     drop(restarted);
+    released(&dir.path().join("worker.json.lock")).await;
     let now = chrono::Utc::now().timestamp_millis();
     let clock = Arc::new(ManualClock::new(now - 500));
     let crashed = Ids::open(
@@ -427,6 +428,18 @@ pub async fn snowflake_restarts_from_the_disk_cache_with_the_database_down(env: 
     assert!(later[0] > *after.last().unwrap());
 }
 
+/// Waits until no allocator holds the cache slot locked by `lock`: a
+/// dropped allocator lets it go once its background task has finished the
+/// round it was in, as a dead process's lock goes with the process.
+async fn released(lock: &std::path::Path) {
+    let file = std::fs::File::open(lock).expect("lock file");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while file.try_lock().is_err() {
+        assert!(Instant::now() < deadline, "cache slot still locked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 pub async fn tagged_ids_name_the_shard_of_their_row(env: Arc<Env>) {
     let store = env
         .open_tuned(|o| {
@@ -441,7 +454,8 @@ pub async fn tagged_ids_name_the_shard_of_their_row(env: Arc<Env>) {
         .unwrap();
     let row = uuid::Uuid::new_v4();
     let shard = store.row_shard("trips", &row).unwrap();
-    let ids = store.ids().tagged_ids(shard, 600).await.unwrap();
+    let mut ids = store.ids().tagged_ids(shard, 512).await.unwrap();
+    ids.extend(store.ids().tagged_ids(shard, 88).await.unwrap());
     let unique: HashSet<i64> = ids.iter().copied().collect();
     assert_eq!(unique.len(), 600, "beyond 512 a second, the next second");
     for id in &ids {
@@ -472,4 +486,208 @@ pub async fn snowflake_restart_in_the_same_millisecond_issues_no_duplicate(env: 
         after[0] > *before.last().unwrap(),
         "{before:?} then {after:?}"
     );
+}
+
+// Regression: `taggedIds(count: 10000)` for one shard slept about 20 s
+// (512 a second) while other callers for that shard waited behind it.
+pub async fn tagged_ids_per_call_are_capped_at_a_seconds_worth(env: Arc<Env>) {
+    let (backend, _) = flaky(&env, Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ids = Ids::open(backend, snowflake_options(None, dir.path()))
+        .await
+        .unwrap();
+    ids.wait_for_worker(Duration::from_secs(5)).await.unwrap();
+    let error = ids.tagged_ids(7, 10_000).await.unwrap_err();
+    assert_eq!(error.code(), "LIMIT_EXCEEDED", "{error}");
+    let error = ids.tagged_ids(7, 513).await.unwrap_err();
+    assert_eq!(error.code(), "LIMIT_EXCEEDED", "{error}");
+    assert_eq!(ids.tagged_ids(7, 512).await.unwrap().len(), 512);
+}
+
+// Regression: a configured tag with step 0 or below was accepted and its
+// segments lowered max_id, so IDs were handed out again.
+pub async fn configured_tags_with_a_step_below_one_are_refused(env: Arc<Env>) {
+    let (backend, _) = flaky(&env, Duration::ZERO).await;
+    for step in [0, -5] {
+        let options = IdsOptions {
+            tags: vec![tag("orders", step)],
+            ..segment_options(1, 1000, false)
+        };
+        let error = match Ids::open(backend.clone(), options).await {
+            Ok(_) => panic!("step {step} was accepted"),
+            Err(error) => error,
+        };
+        assert_eq!(error.code(), "CONFIG", "{error}");
+        assert!(
+            error.to_string().contains("step must be at least 1"),
+            "{error}"
+        );
+    }
+    // Nothing was created, and a tag created through the API is checked the
+    // same way.
+    let ids = Ids::open(backend, segment_options(1, 1000, false))
+        .await
+        .unwrap();
+    assert_eq!(
+        ids.next_ids("orders", 1).await.unwrap_err().code(),
+        "UNKNOWN_BIZ_TAG"
+    );
+    let error = ids.create_tag(&tag("orders", 0)).await.unwrap_err();
+    assert_eq!(error.code(), "BAD_USER_INPUT");
+}
+
+// Regression: snowflake IDs issued 2^39 ms or more after the epoch set the
+// version bits of the tagged layout, decoded as tagged IDs and could
+// collide with them.
+pub async fn snowflake_ids_never_enter_the_tagged_layout(env: Arc<Env>) {
+    let (backend, _) = flaky(&env, Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    let epoch = cellgate::ids::DEFAULT_EPOCH_MS;
+    let last_ms = epoch + (1i64 << 39) - 1;
+    let clock = Arc::new(ManualClock::new(last_ms - 2));
+    let ids = Ids::open(
+        backend.clone(),
+        snowflake_options(Some(clock.clone()), dir.path()),
+    )
+    .await
+    .unwrap();
+    ids.wait_for_worker(Duration::from_secs(5)).await.unwrap();
+    let mut issued = ids.snowflake_ids(4096 * 2).await.unwrap();
+    issued.extend(ids.snowflake_ids(4096).await.unwrap());
+    for id in [issued[0], *issued.last().unwrap()] {
+        let decoded = ids.decode(id).unwrap();
+        assert_eq!(decoded.kind, cellgate::ids::IdKind::Snowflake, "{id}");
+        assert_eq!(decoded.version, 0);
+    }
+    // The next milliseconds would carry version bits: refused, also when
+    // the sequence of the last one runs out.
+    let error = ids.snowflake_ids(4096 * 2).await.unwrap_err();
+    assert_eq!(error.code(), "ID_SOURCE_UNAVAILABLE", "{error}");
+    clock.set(last_ms + 1);
+    let error = ids.snowflake_ids(1).await.unwrap_err();
+    assert_eq!(error.code(), "ID_SOURCE_UNAVAILABLE", "{error}");
+    assert!(error.client_message().contains("17 years"), "{error}");
+    // Tagged IDs keep their own 34 years.
+    let tagged = ids.tagged_ids(5, 3).await.unwrap();
+    assert_eq!(ids.decode(tagged[0]).unwrap().shard, Some(5));
+    ids.shutdown().await;
+    drop(ids);
+
+    // An epoch that puts the clock past the range is refused at start-up.
+    let error = match Ids::open(
+        backend,
+        IdsOptions {
+            clock: Some(Arc::new(ManualClock::new(last_ms + 1)) as Arc<dyn cellgate::ids::Clock>),
+            ..snowflake_options(None, dir.path())
+        },
+    )
+    .await
+    {
+        Ok(_) => panic!("an epoch more than 2^39 ms back was accepted"),
+        Err(error) => error,
+    };
+    assert_eq!(error.code(), "CONFIG", "{error}");
+}
+
+// Regression: a failed write of the high-water mark only logged a warning
+// while issuing went on, so after a crash with the clock set back IDs
+// could repeat.
+pub async fn snowflake_stops_when_its_high_water_mark_cannot_be_recorded(env: Arc<Env>) {
+    let (backend, _) = flaky(&env, Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cache_dir = dir.path().join("cache");
+    std::fs::create_dir(&cache_dir).unwrap();
+    let clock = Arc::new(ManualClock::new(cellgate::ids::DEFAULT_EPOCH_MS + 10_000));
+    let ids = Ids::open(backend, snowflake_options(Some(clock.clone()), &cache_dir))
+        .await
+        .unwrap();
+    ids.wait_for_worker(Duration::from_secs(5)).await.unwrap();
+    let first = ids.snowflake_ids(10).await.unwrap();
+    let mark = |path: &std::path::Path| -> i64 {
+        let text = std::fs::read_to_string(path).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["last_ms"]
+            .as_i64()
+            .unwrap()
+    };
+    let on_disk = mark(&cache_dir.join("worker.json"));
+    assert!(
+        on_disk > clock.now_ms(),
+        "the mark runs ahead of issued time"
+    );
+    // Within the reserved second IDs need no write.
+    clock.set(clock.now_ms() + 500);
+    let more = ids.snowflake_ids(10).await.unwrap();
+    assert!(more[0] > *first.last().unwrap());
+    // The cache directory becomes unwritable (a file stands in its place):
+    // past the mark, issuing stops instead of running ahead of the disk.
+    std::fs::rename(&cache_dir, dir.path().join("moved")).unwrap();
+    std::fs::write(&cache_dir, "not a directory").unwrap();
+    clock.set(on_disk + 1);
+    let error = ids.snowflake_ids(1).await.unwrap_err();
+    assert_eq!(error.code(), "ID_SOURCE_UNAVAILABLE", "{error}");
+    assert_eq!(mark(&dir.path().join("moved").join("worker.json")), on_disk);
+    // Writable again: issuing resumes past the old mark.
+    std::fs::remove_file(&cache_dir).unwrap();
+    std::fs::rename(dir.path().join("moved"), &cache_dir).unwrap();
+    let resumed = ids.snowflake_ids(1).await.unwrap();
+    assert!(resumed[0] > *more.last().unwrap());
+    assert!(mark(&cache_dir.join("worker.json")) > on_disk);
+}
+
+// Regression: two processes on one data directory read the same cached
+// holder name, both renewed its lease and issued with one worker id.
+pub async fn two_allocators_on_one_cache_path_lease_distinct_workers(env: Arc<Env>) {
+    let (backend, _) = flaky(&env, Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    let options = || IdsOptions {
+        worker_lease: Duration::from_secs(60),
+        max_workers: 4,
+        ..snowflake_options(None, dir.path())
+    };
+    // A first process leases a worker id and writes the cache ...
+    let first = Ids::open(backend.clone(), options()).await.unwrap();
+    let first_worker = first.wait_for_worker(Duration::from_secs(5)).await.unwrap();
+    first.snowflake_ids(10).await.unwrap();
+    assert!(dir.path().join("worker.json").exists());
+    // ... and a second starts on the same directory while it runs.
+    let second = Ids::open(backend.clone(), options()).await.unwrap();
+    let second_worker = second
+        .wait_for_worker(Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_ne!(first_worker, second_worker, "one worker id, two processes");
+    let mut tasks = Vec::new();
+    for ids in [first.clone(), second.clone()] {
+        for _ in 0..2 {
+            let ids = ids.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                for _ in 0..20 {
+                    out.extend(ids.snowflake_ids(1000).await.unwrap());
+                    tokio::task::yield_now().await;
+                }
+                out
+            }));
+        }
+    }
+    let mut seen = HashSet::new();
+    for task in tasks {
+        for id in task.await.unwrap() {
+            assert!(seen.insert(id), "{id} issued twice");
+        }
+    }
+    assert_eq!(seen.len(), 80_000);
+    // The first one stops cleanly; a restart takes its slot and worker id
+    // from the cache while the second keeps its own.
+    first.shutdown().await;
+    drop(first);
+    let restarted = Ids::open(backend, options()).await.unwrap();
+    assert_eq!(
+        restarted.worker_id(),
+        Some(first_worker),
+        "from the first slot's cache"
+    );
+    assert_eq!(second.worker_id(), Some(second_worker));
+    let after = restarted.snowflake_ids(10).await.unwrap();
+    assert!(after.iter().all(|id| !seen.contains(id)));
 }

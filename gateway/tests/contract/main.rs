@@ -86,6 +86,11 @@ contract_suite!(
     snowflake_worker_ids_are_recycled_after_the_lease_expires,
     snowflake_restarts_from_the_disk_cache_with_the_database_down,
     snowflake_restart_in_the_same_millisecond_issues_no_duplicate,
+    tagged_ids_per_call_are_capped_at_a_seconds_worth,
+    configured_tags_with_a_step_below_one_are_refused,
+    snowflake_ids_never_enter_the_tagged_layout,
+    snowflake_stops_when_its_high_water_mark_cannot_be_recorded,
+    two_allocators_on_one_cache_path_lease_distinct_workers,
     tagged_ids_name_the_shard_of_their_row,
 );
 
