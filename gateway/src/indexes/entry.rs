@@ -92,7 +92,7 @@ fn from_json(node: &serde_json::Value, ty: FieldType) -> Extracted {
             return Extracted::Unstorable("integer beyond the signed 64-bit range")
         }
         (FieldType::Int, J::Number(n)) => n.as_i64().map(Value::Int),
-        (FieldType::Float, J::Number(n)) => n.as_f64().map(Value::Float),
+        (FieldType::Float, J::Number(n)) => n.as_f64().map(|f| Value::Float(zero_signless(f))),
         (FieldType::Bool, J::Bool(b)) => Some(Value::Bool(*b)),
         (FieldType::DateTime, J::String(s)) => parse_datetime(s).map(Value::DateTime),
         _ => None,
@@ -103,6 +103,18 @@ fn from_json(node: &serde_json::Value, ty: FieldType) -> Extracted {
             Some(reason) => Extracted::Unstorable(reason),
             None => Extracted::Value(value),
         },
+    }
+}
+
+/// `f`, with -0.0 made 0.0: SQL compares them as equal, and an index value
+/// is stored, ordered and put in cursors in one form only, so that pages
+/// merged in Rust agree with the order of every database (PostgreSQL keeps
+/// the sign, MySQL and SQLite drop it).
+fn zero_signless(f: f64) -> f64 {
+    if f == 0.0 {
+        0.0
+    } else {
+        f
     }
 }
 
@@ -134,7 +146,7 @@ pub fn literal_value(literal: &Literal, field: &IndexField) -> Result<Value, Str
         (FieldType::String, Literal::String(s)) => Value::Text(s.clone()),
         (FieldType::Int, Literal::Int(i)) => Value::Int(*i),
         (FieldType::Float, Literal::Int(i)) => Value::Float(*i as f64),
-        (FieldType::Float, Literal::Float(f)) => Value::Float(*f),
+        (FieldType::Float, Literal::Float(f)) => Value::Float(zero_signless(*f)),
         (FieldType::Bool, Literal::Bool(b)) => Value::Bool(*b),
         (_, Literal::String(_)) => return Err(wrong("a string")),
         (_, Literal::Int(_)) => return Err(wrong("an integer")),

@@ -100,6 +100,8 @@ impl Value {
             (_, Value::Null(_)) => Ordering::Greater,
             (Value::Bool(a), Value::Bool(b)) => a.cmp(b),
             (Value::Int(a), Value::Int(b)) => a.cmp(b),
+            // As SQL compares them: -0.0 equals 0.0 (NaN is never stored).
+            (Value::Float(a), Value::Float(b)) if a == b => Ordering::Equal,
             (Value::Float(a), Value::Float(b)) => a.total_cmp(b),
             (Value::Text(a), Value::Text(b)) => a.as_bytes().cmp(b.as_bytes()),
             (Value::Bytes(a), Value::Bytes(b)) => a.cmp(b),
@@ -124,5 +126,22 @@ pub(crate) fn uuid_from_bytes(bytes: Option<Vec<u8>>) -> Result<Value, sqlx::Err
         Some(bytes) => Uuid::from_slice(&bytes)
             .map(Value::Uuid)
             .map_err(|e| sqlx::Error::Decode(Box::new(e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cmp::Ordering;
+
+    // Regression: -0.0 sorted before 0.0 in the merge of several shards'
+    // pages, where every database compares them as equal.
+    #[test]
+    fn negative_zero_sorts_equal_to_zero() {
+        let cmp = |a: f64, b: f64| Value::Float(a).sort_cmp(&Value::Float(b));
+        assert_eq!(cmp(-0.0, 0.0), Ordering::Equal);
+        assert_eq!(cmp(0.0, -0.0), Ordering::Equal);
+        assert_eq!(cmp(-1.0, -0.0), Ordering::Less);
+        assert_eq!(cmp(0.5, 0.0), Ordering::Greater);
     }
 }
