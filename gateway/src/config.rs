@@ -109,6 +109,13 @@ pub struct Config {
     ///   allowed_origins: ["https://app.example.com"]
     /// ```
     pub cors: CorsConfig,
+    /// Which `Host` names the gateway answers to; see [`HttpConfig`].
+    ///
+    /// ```yaml
+    /// http:
+    ///   allowed_hosts: [cellgate.internal]
+    /// ```
+    pub http: HttpConfig,
     /// ID allocation (Leaf segments, snowflake, shard-tagged IDs); see
     /// [`IdsConfig`].
     ///
@@ -436,6 +443,29 @@ impl Default for CorsConfig {
     }
 }
 
+/// The `Host` names the gateway answers to, against DNS rebinding: a web
+/// page on `evil.example` can point its own name at 127.0.0.1 and then
+/// read a loopback gateway through the visitor's browser, with the
+/// `Host: evil.example` header. Requests naming a host that is not allowed
+/// get 403 `HOST_NOT_ALLOWED`.
+///
+/// Always allowed: IP addresses (a rebinding page cannot send one as its
+/// host), `localhost` and names under `.localhost`, and requests without a
+/// `Host`. Other names must be listed, unless auth is on and the list is
+/// empty: with auth on a browser holds no token for such a page to use.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Host names (without port) the gateway answers to besides the ones
+    /// always allowed; a leading dot allows every name under a domain
+    /// (`.example.com`), `"*"` allows any host.
+    ///
+    /// ```yaml
+    /// allowed_hosts: [cellgate.internal, .example.com]
+    /// ```
+    pub allowed_hosts: Vec<String>,
+}
+
 /// Index maintenance: several gateways on one store share the work through
 /// leases on buckets of shards.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -520,6 +550,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             auth: AuthConfig::default(),
             cors: CorsConfig::default(),
+            http: HttpConfig::default(),
             ids: IdsConfig::default(),
         }
     }
@@ -651,6 +682,15 @@ pub struct LimitsConfig {
     /// rate_limit_per_second: 1000
     /// ```
     pub rate_limit_per_second: u32,
+    /// How much of an IPv6 address names one client for the per-address
+    /// rate and connection limits: the leading bits kept, 1 to 128. A host
+    /// is usually given a whole /64, so a longer prefix lets one client
+    /// escape the limits by changing addresses.
+    ///
+    /// ```yaml
+    /// client_ipv6_prefix: 64
+    /// ```
+    pub client_ipv6_prefix: u8,
     /// GraphQL requests per second accepted with one API token (bursts of
     /// the same size), in addition to the per-address rate; more get 429
     /// `RATE_LIMITED` with `Retry-After` (0 = no limit).
@@ -688,6 +728,7 @@ impl Default for LimitsConfig {
             shutdown_grace_ms: 10_000,
             max_concurrent_requests: 256,
             rate_limit_per_second: 1000,
+            client_ipv6_prefix: 64,
             rate_limit_per_token_per_second: 1000,
             document_cache_bytes: 16 * 1024 * 1024,
         }

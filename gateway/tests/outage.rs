@@ -746,3 +746,170 @@ async fn requests_after_a_postgres_restart_find_no_stale_connection() {
         );
     }
 }
+
+/// One datastore with an index, for reads the gateway compiles.
+fn write_indexed_definitions(dir: &Path) -> PathBuf {
+    let datastores = write_definitions(dir);
+    std::fs::create_dir_all(datastores.join("items/indexes")).unwrap();
+    std::fs::write(
+        datastores.join("items/indexes/by_owner.yaml"),
+        "table: by_owner\ndatastore: items\ncolumn_defs:\n  - column_key: DATA\n    fields:\n      - { field: owner, type: UUID }\n      - { field: n, type: int }\n",
+    )
+    .unwrap();
+    datastores
+}
+
+// Regressions: while the token store was down a valid token got 401 on
+// `/metrics` instead of 503; and a compiled index read sent a store error
+// on to the executor, which waited for the failing database again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopped_database_is_storage_unavailable_on_plain_routes_and_compiled_reads() {
+    let mut postgres = match Postgres::init() {
+        Ok(postgres) => postgres,
+        Err(why) => {
+            eprintln!("skipped a_stopped_database_is_storage_unavailable_on_plain_routes_and_compiled_reads: {why}");
+            return;
+        }
+    };
+    postgres.start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let datastores = write_indexed_definitions(dir.path());
+    // A stored token, checked against the database, and a configured one,
+    // which needs no database.
+    let created = server::cellgate(dir.path())
+        .args(["token", "create", "--scope", "*:read", "--name", "scraper"])
+        .arg("--datastores")
+        .arg(&datastores)
+        .args(["--database", &postgres.url()])
+        .output()
+        .unwrap();
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let stored = format!(
+        "Bearer {}",
+        String::from_utf8(created.stdout).unwrap().trim()
+    );
+    let configured = cellgate::auth::tokens::generate();
+    let config_file = dir.path().join("cellgate.yaml");
+    std::fs::write(
+        &config_file,
+        format!(
+            "storage:\n  timeout_ms: 2000\n  readiness_timeout_ms: 1000\nauth:\n  enabled: true\n  tokens:\n    - {{ name: app, hash: \"{}\", scopes: [\"*:admin\"] }}\n",
+            configured.hash
+        ),
+    )
+    .unwrap();
+    let configured = format!("Bearer {}", configured.token);
+    let args: Vec<OsString> = vec![
+        "--datastores".into(),
+        datastores.into(),
+        "--database".into(),
+        postgres.url().into(),
+        "--config".into(),
+        config_file.into(),
+    ];
+    let server = Server::start_in(dir, args);
+    wait_ready(&server, StatusCode::OK).await;
+    let client = client();
+    let post = |body: Value| {
+        let request = client
+            .post(server.url("/graphql"))
+            .header(reqwest::header::AUTHORIZATION, configured.clone())
+            .json(&body);
+        async move {
+            let answer: Value = request
+                .send()
+                .await
+                .expect("an answer")
+                .json()
+                .await
+                .expect("JSON");
+            answer
+        }
+    };
+    let get = |path: &str, token: &str| {
+        let request = client
+            .get(server.url(path))
+            .header(reqwest::header::AUTHORIZATION, token.to_string());
+        async move {
+            let response = request.send().await.expect("an answer");
+            (response.status(), response.text().await.unwrap())
+        }
+    };
+    let direct_answers = || async {
+        let (_, text) = get("/metrics", &configured).await;
+        text.lines()
+            .find_map(|l| l.strip_prefix("cellgate_graphql_direct_requests_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no direct answer count in:\n{text}"))
+    };
+    let owner = "5f0c8a4e-6d1b-4c2e-9a57-3b8e1d2c4f60";
+    let page = json!({ "query": format!(
+        "{{ items {{ byOwner(owner: \"{owner}\", first: 5) {{ edges {{ node {{ rowKey n row {{ data {{ body }} }} }} }} }} }} }}"
+    ) });
+    // The same document with other text (trailing blanks keep every
+    // location): answered by the executor.
+    let page_again = json!({ "query": format!("{}   ", page["query"].as_str().unwrap()) });
+    let written = post(json!({
+        "query": "mutation($cells: [ItemsCellInput!]!) { itemsPutCells(cells: $cells) { status } }",
+        "variables": { "cells": [{ "rowKey": uuid::Uuid::new_v4(), "column": "DATA", "refKey": 1, "body": { "owner": owner, "n": 1 } }] },
+    }))
+    .await;
+    assert_eq!(
+        written["data"]["itemsPutCells"][0]["status"], "WRITTEN",
+        "{written}"
+    );
+    // The executor answers a document first; once it answered without
+    // errors, the compiled form answers it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = post(page.clone()).await;
+        assert!(answer.get("errors").is_none(), "{answer}");
+        let found = answer["data"]["items"]["byOwner"]["edges"]
+            .as_array()
+            .is_some_and(|edges| edges.len() == 1);
+        if found && direct_answers().await >= 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never answered directly: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = direct_answers().await;
+
+    postgres.stop("KILL");
+    // Past the token cache's second, the stored token cannot be checked:
+    // 503, not 401.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    for path in ["/metrics", "/api/snowflake/get/any"] {
+        let (status, body) = get(path, &stored).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {body}");
+        assert!(body.starts_with("STORAGE_UNAVAILABLE"), "{path}: {body}");
+    }
+    // The compiled read answers the outage itself, as the executor does.
+    let direct = post(page.clone()).await;
+    let executor = post(page_again).await;
+    assert_eq!(
+        direct["errors"][0]["extensions"]["code"], "STORAGE_UNAVAILABLE",
+        "{direct}"
+    );
+    assert_eq!(
+        direct["errors"][0]["extensions"]["retryable"], true,
+        "{direct}"
+    );
+    assert_eq!(direct["data"], json!({ "items": null }), "{direct}");
+    assert_eq!(direct, executor);
+
+    postgres.start().await;
+    wait_ready(&server, StatusCode::OK).await;
+    assert_eq!(
+        direct_answers().await,
+        before + 1.0,
+        "the outage answer came from the compiled form"
+    );
+}

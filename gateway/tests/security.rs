@@ -753,6 +753,220 @@ async fn introspection_needs_a_token_when_auth_is_on() {
     assert_eq!(answer["data"]["__schema"]["queryType"]["name"], "Query");
 }
 
+/// The `Query` field names and the type names an introspection shows.
+async fn introspected(server: &Server, token: &str) -> (Vec<String>, Vec<String>, Value) {
+    let query = "{ __schema { queryType { fields { name } } mutationType { fields { name } } types { name } } trips: __type(name: \"TripsQuery\") { name } }";
+    let (status, answer) = post(server, Some(token), query).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let names = |list: &Value| -> Vec<String> {
+        list.as_array()
+            .expect("a list")
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let schema = &answer["data"]["__schema"];
+    let mut fields = names(&schema["queryType"]["fields"]);
+    fields.extend(names(&schema["mutationType"]["fields"]));
+    (
+        fields,
+        names(&schema["types"]),
+        answer["data"]["trips"].clone(),
+    )
+}
+
+// Regression: introspection showed every datastore to any valid token,
+// although `Query.datastores` and the access check hide the datastores a
+// token may not read.
+#[tokio::test]
+async fn introspection_shows_a_token_only_its_datastores() {
+    let (yaml, secrets) = config_tokens(&[
+        ("payments", &["payments:write"]),
+        ("everything", &["*:read"]),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&["--config", &config(dir.path(), &yaml)]);
+    let (fields, types, trips) = introspected(&server, &secrets[0]).await;
+    assert!(fields.contains(&"payments".to_string()), "{fields:?}");
+    assert!(
+        fields.contains(&"paymentsPutCells".to_string()),
+        "{fields:?}"
+    );
+    assert!(
+        !fields.iter().any(|f| f.starts_with("trips")),
+        "trips fields shown: {fields:?}"
+    );
+    assert!(
+        !types.iter().any(|t| t.starts_with("Trips")),
+        "trips types shown: {types:?}"
+    );
+    assert!(types.contains(&"PaymentsQuery".to_string()), "{types:?}");
+    assert_eq!(trips, Value::Null, "__type of a hidden datastore");
+    // A token for every datastore sees the whole schema.
+    let (fields, types, trips) = introspected(&server, &secrets[1]).await;
+    assert!(fields.contains(&"trips".to_string()), "{fields:?}");
+    assert!(types.contains(&"TripsQuery".to_string()));
+    assert_eq!(trips["name"], "TripsQuery");
+    // Queries of the scoped token still run on the whole schema.
+    let (status, answer) = post(
+        &server,
+        Some(&secrets[0]),
+        "{ __typename payments { __typename } }",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+}
+
+/// A GET of `/graphql` with `Host: host`.
+async fn get_with_host(server: &Server, host: &str) -> (StatusCode, String) {
+    let response = client()
+        .get(server.url("/graphql?query=%7B__typename%7D"))
+        .header(reqwest::header::HOST, host)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    (status, response.text().await.unwrap())
+}
+
+// Regression: with auth off on loopback the `Host` header was not checked,
+// so a page whose name was rebound to 127.0.0.1 could read and write every
+// datastore through a visitor's browser.
+#[tokio::test]
+async fn requests_for_other_hosts_are_refused_against_dns_rebinding() {
+    let server = Server::start(&[]);
+    let port = server.base.rsplit(':').next().unwrap().to_string();
+    for host in [
+        "evil.example",
+        &format!("evil.example:{port}"),
+        "127.0.0.1.evil.example",
+    ] {
+        let (status, body) = get_with_host(&server, host).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{host}: {body}");
+        assert!(body.starts_with("HOST_NOT_ALLOWED"), "{body}");
+    }
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("[::1]:{port}"),
+        "app.localhost".to_string(),
+    ] {
+        let (status, body) = get_with_host(&server, &host).await;
+        assert_eq!(status, StatusCode::OK, "{host}: {body}");
+    }
+    // A write from a rebound page is refused before it runs.
+    let row = uuid::Uuid::new_v4();
+    let write = format!(
+        "mutation {{ tripsPutCells(cells: [{{ rowKey: \"{row}\", column: NOTES, refKey: 1, body: {{ text: \"x\" }} }}]) {{ status }} }}"
+    );
+    let response = client()
+        .post(server.graphql())
+        .header(reqwest::header::HOST, "evil.example")
+        .json(&json!({ "query": write }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    let read =
+        format!("{{ trips {{ latestCell(rowKey: \"{row}\", column: NOTES) {{ refKey }} }} }}");
+    let (status, answer) = post(&server, None, &read).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        answer["data"]["trips"]["latestCell"],
+        Value::Null,
+        "nothing written"
+    );
+    for path in ["/", "/metrics", "/ui/"] {
+        let response = client()
+            .get(server.url(path))
+            .header(reqwest::header::HOST, "evil.example")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{path}");
+    }
+
+    // Configured names are allowed, and `*` turns the check off.
+    let dir = tempfile::tempdir().unwrap();
+    let listed = Server::start(&[
+        "--config",
+        &config(
+            dir.path(),
+            "http:\n  allowed_hosts: [cellgate.test, .corp.example]\n",
+        ),
+    ]);
+    assert_eq!(
+        get_with_host(&listed, "cellgate.test").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get_with_host(&listed, "api.corp.example:80").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get_with_host(&listed, "evil.example").await.0,
+        StatusCode::FORBIDDEN
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let any = Server::start(&[
+        "--config",
+        &config(dir.path(), "http:\n  allowed_hosts: [\"*\"]\n"),
+    ]);
+    assert_eq!(get_with_host(&any, "evil.example").await.0, StatusCode::OK);
+}
+
+// Regression: `/metrics` and the plain ID routes looked up every random
+// well-formed token in the database with no per-address limit.
+#[tokio::test]
+async fn plain_routes_rate_limit_token_lookups_per_address() {
+    let (mut yaml, secrets) = config_tokens(&[("scraper", &["*:read"])]);
+    yaml.push_str("limits:\n  rate_limit_per_second: 5\n");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&["--config", &config(dir.path(), &yaml)]);
+    let mut statuses = Vec::new();
+    for path in ["/metrics", "/api/snowflake/get/any"] {
+        for _ in 0..20 {
+            let token = tokens::generate().token;
+            let response = client()
+                .get(server.url(path))
+                .header(AUTHORIZATION, format!("Bearer {token}"))
+                .send()
+                .await
+                .unwrap();
+            if response.status() == StatusCode::TOO_MANY_REQUESTS {
+                assert!(response.headers().contains_key(RETRY_AFTER));
+                let body = response.text().await.unwrap();
+                assert!(body.starts_with("RATE_LIMITED"), "{body}");
+                statuses.push(StatusCode::TOO_MANY_REQUESTS);
+            } else {
+                statuses.push(response.status());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    assert!(
+        statuses.contains(&StatusCode::UNAUTHORIZED),
+        "random tokens are refused: {statuses:?}"
+    );
+    let limited = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert!(
+        limited >= 20,
+        "at 5/s, most of 40 requests are limited: {statuses:?}"
+    );
+    // After a pause a valid token gets through.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let response = client()
+        .get(server.url("/metrics"))
+        .header(AUTHORIZATION, format!("Bearer {}", secrets[0]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
 /// Starts `cellgate serve --listen 0.0.0.0:0 ARGS` and returns it with
 /// the port it chose.
 fn serve_on_every_address(dir: &Path, args: &[&str]) -> (std::process::Child, u16) {

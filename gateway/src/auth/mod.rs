@@ -15,8 +15,8 @@ pub mod scopes;
 pub mod tokens;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 pub use scopes::{Access, Scope, Scopes};
 
@@ -26,9 +26,10 @@ use crate::Store;
 /// How long the answer of a token lookup is reused.
 pub const CACHE_TTL: Duration = Duration::from_secs(1);
 
-/// Most cached lookups; past it the cache starts over, so clients sending
-/// random tokens cannot grow it without bound.
-const CACHE_CAPACITY: usize = 10_000;
+/// Most cached lookups. The cache admits a new entry only over one used
+/// less often (moka's TinyLFU), so a flood of random tokens neither grows
+/// it without bound nor pushes the tokens in use out of it.
+const CACHE_CAPACITY: u64 = 10_000;
 
 /// The caller of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,7 +70,8 @@ pub struct Authenticator {
     enabled: bool,
     configured: HashMap<String, (Arc<str>, Scopes)>,
     store: Option<Store>,
-    cache: Mutex<HashMap<String, (Instant, Option<Principal>)>>,
+    /// Lookups by token hash, for [`CACHE_TTL`]; `None`: unknown or revoked.
+    cache: moka::sync::Cache<String, Option<Principal>>,
 }
 
 impl Authenticator {
@@ -97,7 +99,10 @@ impl Authenticator {
             enabled,
             configured,
             store,
-            cache: Mutex::new(HashMap::new()),
+            cache: moka::sync::Cache::builder()
+                .max_capacity(CACHE_CAPACITY)
+                .time_to_live(CACHE_TTL)
+                .build(),
         })
     }
 
@@ -124,7 +129,7 @@ impl Authenticator {
         if !tokens::well_formed(token) {
             return Err(AuthError::Invalid);
         }
-        if let Some(cached) = self.cached(&hash) {
+        if let Some(cached) = self.cache.get(&hash) {
             return cached.ok_or(AuthError::Invalid);
         }
         let Some(store) = &self.store else {
@@ -144,20 +149,8 @@ impl Authenticator {
                 return Err(AuthError::Unavailable);
             }
         };
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= CACHE_CAPACITY {
-            cache.clear();
-        }
-        cache.insert(hash, (Instant::now(), principal.clone()));
+        self.cache.insert(hash, principal.clone());
         principal.ok_or(AuthError::Invalid)
-    }
-
-    fn cached(&self, hash: &str) -> Option<Option<Principal>> {
-        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        match cache.get(hash) {
-            Some((at, principal)) if at.elapsed() < CACHE_TTL => Some(principal.clone()),
-            _ => None,
-        }
     }
 }
 

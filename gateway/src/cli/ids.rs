@@ -490,6 +490,7 @@ async fn bench(args: IdsBenchArgs) -> anyhow::Result<ExitCode> {
                 header_timeout: std::time::Duration::from_secs(10),
                 // Every benchmark connection comes from this address.
                 max_connections_per_client: 0,
+                client_ipv6_prefix: 64,
                 shutdown_grace: std::time::Duration::from_secs(1),
             };
             tokio::spawn(crate::http::serve(

@@ -195,6 +195,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let options = crate::http::ServerOptions {
         header_timeout: std::time::Duration::from_millis(config.limits.header_timeout_ms.max(1)),
         max_connections_per_client: config.limits.max_connections_per_client,
+        client_ipv6_prefix: config.limits.client_ipv6_prefix,
         shutdown_grace: grace,
     };
 

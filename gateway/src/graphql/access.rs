@@ -11,7 +11,9 @@
 //! validation on purpose: a field of a datastore that does not exist is
 //! refused with the same message as one the caller may not see, so a token
 //! cannot probe which datastores exist; only a token with a `*` scope gets
-//! validation's "unknown field".
+//! validation's "unknown field". For the same reason introspection by a
+//! token without a `*` scope is answered from a schema of the datastores
+//! it may read ([`Authorized::introspects`], [`visible_datastores`]).
 
 use std::collections::{HashMap, HashSet};
 
@@ -73,6 +75,34 @@ pub struct Denied {
     pub message: String,
 }
 
+/// What an allowed operation reads beyond its datastores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Authorized {
+    /// It selects `__schema` or `__type`: a caller without a `*` scope is
+    /// then answered from a schema of the datastores it may read
+    /// ([`visible_datastores`]), so introspection tells a token no more
+    /// than `Query.datastores` does.
+    pub introspects: bool,
+}
+
+/// The datastores of `defs` whose schema `principal` may see; `None` when
+/// it may see them all.
+pub fn visible_datastores(
+    defs: &index_dsl::Definitions,
+    principal: &Principal,
+) -> Option<Vec<String>> {
+    if principal.scopes.covers_every_datastore() {
+        return None;
+    }
+    Some(
+        defs.datastores
+            .iter()
+            .filter(|d| principal.allows(&d.name, Access::Read))
+            .map(|d| d.name.clone())
+            .collect(),
+    )
+}
+
 /// Checks that `principal` may run the operation of `document` named
 /// `operation_name` (every operation when the name selects none, which
 /// execution then refuses anyway). `introspection` says whether
@@ -83,7 +113,7 @@ pub fn authorize(
     principal: &Principal,
     map: &AccessMap,
     introspection: bool,
-) -> Result<(), Denied> {
+) -> Result<Authorized, Denied> {
     let operations: Vec<&OperationDefinition> = match (&document.operations, operation_name) {
         (DocumentOperations::Single(op), _) => vec![&op.node],
         (DocumentOperations::Multiple(ops), Some(name)) => match ops.get(name) {
@@ -97,12 +127,15 @@ pub fn authorize(
         principal,
         map,
         introspection,
+        introspects: false,
         seen: HashSet::new(),
     };
     for operation in operations {
         check.root(operation.ty, &operation.selection_set.node)?;
     }
-    Ok(())
+    Ok(Authorized {
+        introspects: check.introspects,
+    })
 }
 
 struct Check<'d> {
@@ -110,6 +143,8 @@ struct Check<'d> {
     principal: &'d Principal,
     map: &'d AccessMap,
     introspection: bool,
+    /// Whether a root field is `__schema` or `__type`.
+    introspects: bool,
     /// Fragments already checked, with the place they were spread in
     /// (the root, or the fields of a datastore).
     seen: HashSet<(&'d str, Option<&'d str>, u8)>,
@@ -124,6 +159,7 @@ impl<'d> Check<'d> {
                     match name {
                         "__typename" => {}
                         "__schema" | "__type" => {
+                            self.introspects = true;
                             if !self.introspection {
                                 return Err(Denied {
                                     message: "introspection is disabled on this server".into(),

@@ -15,9 +15,11 @@
 //! one datastore, and under it only `edges { cursor node { rowKey <index
 //! fields> row { rowKey <column> { <Cell fields> } } } }` and `pageInfo`.
 //! Anything else, and every request it cannot answer as the executor would
-//! (a variable missing or of the wrong type, an argument the field refuses,
-//! a store error), goes to async-graphql as before, which answers it and
-//! reports the error in its usual form. The values come from the functions
+//! (a variable missing or of the wrong type, an argument the field refuses),
+//! goes to async-graphql as before, which answers it and reports the error
+//! in its usual form. A store error is answered here, as the executor
+//! would answer it ([`Answer::Failed`]): sending the request on would wait
+//! for the failing database a second time. The values come from the functions
 //! the schema's resolvers use (`schema.rs`), and the tests compare both
 //! paths' answers byte for byte.
 
@@ -38,12 +40,21 @@ use super::schema::{
     PAGE_INFO_FIELDS,
 };
 use crate::cells::Cell;
-use crate::indexes::{IndexEntry, IndexPage};
+use crate::indexes::{IndexEntry, IndexPage, IndexQuery};
 use crate::Store;
 
 /// The latest cells of a page's rows, bodies as JSON text, by (row,
 /// column).
 type Cells = std::collections::HashMap<(Uuid, Arc<str>), Cell<Vec<u8>>>;
+
+/// What a compiled document made of a request.
+#[derive(Debug)]
+pub enum Answer {
+    /// The response body.
+    Body(Vec<u8>),
+    /// The store failed: the response the executor gives for the error.
+    Failed(async_graphql::Response),
+}
 
 /// A compiled index read; see the module doc.
 #[derive(Debug)]
@@ -56,6 +67,8 @@ pub struct Direct {
     /// Response keys of the datastore field and of the index field.
     datastore_key: String,
     index_key: String,
+    /// Where the index field stands in the document (error locations).
+    index_pos: async_graphql::Pos,
     arguments: Vec<(Name, Positioned<async_graphql_value::Value>)>,
     /// The index field's shard-value arguments (single and list).
     shard_arguments: (String, String),
@@ -162,6 +175,7 @@ impl Direct {
         let [field] = fields(&root.selection_set.node)?[..] else {
             return None;
         };
+        let index_pos = root.selection_set.node.items.first()?.pos;
         let index = datastore
             .indexes
             .iter()
@@ -202,6 +216,7 @@ impl Direct {
             index: index.clone(),
             datastore_key: root.response_key().node.to_string(),
             index_key: field.response_key().node.to_string(),
+            index_pos,
             arguments,
             shard_arguments: (shard_arg, list_arg),
             selected: HashSet::new(),
@@ -217,14 +232,24 @@ impl Direct {
         operation.is_none() || operation == self.operation.as_deref()
     }
 
-    /// The response body for `variables`, or `None` when the request is to
-    /// go through async-graphql (see the module doc).
+    /// The answer for `variables`, or `None` when the request is to go
+    /// through async-graphql (see the module doc).
     pub async fn run(
         &self,
         store: &Store,
         variables: &Variables,
         limits: GraphqlLimits,
-    ) -> Option<Vec<u8>> {
+    ) -> Option<Answer> {
+        let query = self.query(variables, limits)?;
+        match self.read(store, &query).await {
+            Ok(body) => body.map(Answer::Body),
+            Err(error) => Some(Answer::Failed(self.failed(&error))),
+        }
+    }
+
+    /// The index query of a request, or `None` when its variables or
+    /// arguments are for async-graphql to report.
+    fn query(&self, variables: &Variables, limits: GraphqlLimits) -> Option<IndexQuery> {
         for variable in &self.variables {
             // A nullable variable that is not given is null.
             let valid = match variables.get(&variable.name).unwrap_or(&Value::Null) {
@@ -247,7 +272,7 @@ impl Direct {
             arguments.insert(name.clone(), value);
         }
         let (shard_arg, list_arg) = &self.shard_arguments;
-        let query = index_query(
+        index_query(
             &arguments,
             limits,
             &|field| self.selected.contains(field),
@@ -255,20 +280,43 @@ impl Direct {
             shard_arg,
             list_arg,
         )
-        .ok()?;
+        .ok()
+    }
+
+    /// The response body of `query`; `Ok(None)` for cells the selection
+    /// cannot place (async-graphql then answers).
+    async fn read(&self, store: &Store, query: &IndexQuery) -> crate::Result<Option<Vec<u8>>> {
         if !self.columns.is_empty() {
             let columns: Vec<&str> = self.columns.iter().map(|c| &**c).collect();
             let joined = store
-                .query_index_with_cells_json(&self.datastore, &query, &columns)
-                .await
-                .ok()?;
+                .query_index_with_cells_json(&self.datastore, query, &columns)
+                .await?;
             if let Some((page, cells)) = joined {
-                return Some(self.write(&page, &self.by_row_and_column(cells)?));
+                let Some(cells) = self.by_row_and_column(cells) else {
+                    return Ok(None);
+                };
+                return Ok(Some(self.write(&page, &cells)));
             }
         }
-        let page = store.query_index(&self.datastore, &query).await.ok()?;
-        let cells = self.latest_cells(store, &page).await?;
-        Some(self.write(&page, &cells))
+        let page = store.query_index(&self.datastore, query).await?;
+        let Some(cells) = self.latest_cells(store, &page).await? else {
+            return Ok(None);
+        };
+        Ok(Some(self.write(&page, &cells)))
+    }
+
+    /// The executor's response to a store error of the index field: the
+    /// datastore field null, the error located at the index field (the
+    /// executor reports it without a path). The outage tests compare both.
+    fn failed(&self, error: &crate::Error) -> async_graphql::Response {
+        let error = super::errors::from_store(error).into_server_error(self.index_pos);
+        let data = async_graphql::indexmap::IndexMap::from([(
+            Name::new(&self.datastore_key),
+            Value::Null,
+        )]);
+        let mut response = async_graphql::Response::new(Value::Object(data));
+        response.errors.push(error);
+        response
     }
 
     /// The GraphQL names of the index fields `node` selects.
@@ -294,9 +342,9 @@ impl Direct {
 
     /// The latest cells of the selected columns for every entry of the
     /// page, in one read per cluster, as (row, column) → cell.
-    async fn latest_cells(&self, store: &Store, page: &IndexPage) -> Option<Cells> {
+    async fn latest_cells(&self, store: &Store, page: &IndexPage) -> crate::Result<Option<Cells>> {
         if self.columns.is_empty() || page.entries.is_empty() {
-            return Some(Cells::new());
+            return Ok(Some(Cells::new()));
         }
         let wanted: Vec<(Uuid, String)> = page
             .entries
@@ -305,9 +353,8 @@ impl Direct {
             .collect();
         let cells = store
             .get_cells_latest_json(&self.datastore, &wanted)
-            .await
-            .ok()?;
-        self.by_row_and_column(cells.into_iter().flatten().collect())
+            .await?;
+        Ok(self.by_row_and_column(cells.into_iter().flatten().collect()))
     }
 
     /// `cells` as (row, column) → cell, the column as the selection names

@@ -22,11 +22,11 @@ mod schema;
 
 use async_graphql::dataloader::DataLoader;
 
-pub use access::{authorize, AccessMap, Denied, ANY_DATASTORE};
-pub use direct::Direct;
+pub use access::{authorize, visible_datastores, AccessMap, Authorized, Denied, ANY_DATASTORE};
+pub use direct::{Answer, Direct};
 pub use documents::{Documents, Parsed};
 pub use limits::{check_limits, prepare_error_code};
-pub use schema::{build_schema, camel, pascal, sdl, GraphqlLimits};
+pub use schema::{build_schema, build_visible_schema, camel, pascal, sdl, GraphqlLimits};
 
 use crate::Store;
 

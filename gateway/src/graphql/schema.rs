@@ -193,6 +193,19 @@ pub fn build_schema(store: &Store, limits: GraphqlLimits) -> crate::Result<Schem
     schema_for(store.definitions(), &topology, limits)
 }
 
+/// The schema of only the `visible` datastores of the store: what
+/// introspection shows a token scoped to them.
+pub fn build_visible_schema(
+    store: &Store,
+    limits: GraphqlLimits,
+    visible: &[String],
+) -> crate::Result<Schema> {
+    let mut defs = store.definitions().clone();
+    defs.datastores.retain(|d| visible.contains(&d.name));
+    let topology = |ds: &str| store.topology(ds);
+    schema_for(&defs, &topology, limits)
+}
+
 /// The SDL of the schema for `defs`, as exported to `schema/schema.graphql`.
 pub fn sdl(defs: &index_dsl::Definitions) -> crate::Result<String> {
     let schema = schema_for(defs, &|_| Vec::new(), GraphqlLimits::default())?;

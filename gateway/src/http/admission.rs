@@ -27,8 +27,25 @@ use crate::config::LimitsConfig;
 /// How often idle clients are forgotten by the rate limiter.
 const FORGET_IDLE_CLIENTS_EVERY: Duration = Duration::from_secs(60);
 
+/// The client an address stands for in per-address limits: an IPv4
+/// address itself (also when it arrives IPv4-mapped), an IPv6 address cut
+/// to its leading `ipv6_prefix` bits, since one host usually holds a whole
+/// /64 and could otherwise use a fresh address for every request.
+pub fn client_key(address: IpAddr, ipv6_prefix: u8) -> IpAddr {
+    match address.to_canonical() {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => {
+            let bits = u32::from(ipv6_prefix.clamp(1, 128));
+            let mask = u128::MAX << (128 - bits);
+            IpAddr::V6((u128::from(v6) & mask).into())
+        }
+    }
+}
+
 /// The admission state shared by all requests.
 pub struct Admission {
+    /// Leading bits of an IPv6 address that name a client.
+    ipv6_prefix: u8,
     concurrency: Option<Arc<Semaphore>>,
     rate: Option<Arc<DefaultKeyedRateLimiter<IpAddr>>>,
     token_rate: Option<Arc<DefaultKeyedRateLimiter<Arc<str>>>>,
@@ -69,6 +86,7 @@ impl Admission {
             }
         }
         Admission {
+            ipv6_prefix: limits.client_ipv6_prefix,
             concurrency,
             rate,
             token_rate,
@@ -81,12 +99,11 @@ impl Admission {
     /// sending invalid tokens are slowed down too.
     pub fn limit_address(&self, address: Option<IpAddr>) -> Result<(), Rejection> {
         match (&self.rate, address) {
-            (Some(rate), Some(address)) => {
-                rate.check_key(&address)
-                    .map_err(|not_until| Rejection::RateLimited {
-                        retry_after: not_until.wait_time_from(self.clock.now()),
-                    })
-            }
+            (Some(rate), Some(address)) => rate
+                .check_key(&client_key(address, self.ipv6_prefix))
+                .map_err(|not_until| Rejection::RateLimited {
+                    retry_after: not_until.wait_time_from(self.clock.now()),
+                }),
             _ => Ok(()),
         }
     }
@@ -164,6 +181,34 @@ mod tests {
             other => panic!("expected a rate limit, got {:?}", other.err()),
         }
         assert!(admission.limit_address(b).is_ok());
+    }
+
+    // Regression: IPv6 clients were keyed on the whole address, so one
+    // host with a /64 escaped the rate and grew the limiter's memory.
+    #[test]
+    fn ipv6_clients_are_keyed_by_their_prefix() {
+        let admission = Admission::new(&limits(0, 2));
+        let address = |n: u16| Some(IpAddr::from([0x2001, 0xdb8, 0, 7, 0, 0, 0, n]));
+        assert!(admission.limit_address(address(1)).is_ok());
+        assert!(admission.limit_address(address(2)).is_ok());
+        assert!(matches!(
+            admission.limit_address(address(3)),
+            Err(Rejection::RateLimited { .. })
+        ));
+        let other = Some(IpAddr::from([0x2001, 0xdb8, 0, 8, 0, 0, 0, 1]));
+        assert!(admission.limit_address(other).is_ok(), "another /64");
+        assert_eq!(
+            client_key("::ffff:10.0.0.1".parse().unwrap(), 64),
+            "10.0.0.1".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            client_key("2001:db8::1:2:3:4".parse().unwrap(), 48),
+            "2001:db8::".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            client_key("2001:db8::5".parse().unwrap(), 128),
+            "2001:db8::5".parse::<IpAddr>().unwrap()
+        );
     }
 
     #[test]

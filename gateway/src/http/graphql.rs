@@ -48,6 +48,7 @@ use super::admission::Rejection;
 use super::metrics::Outcome;
 use super::Gateway;
 use crate::auth::AuthError;
+use crate::graphql::Answer;
 
 const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
 const JSON: &str = "application/json";
@@ -252,17 +253,20 @@ async fn respond(
         }
     };
     let document = &parsed.document;
-    if let Err(denied) = crate::graphql::authorize(
+    let authorized = match crate::graphql::authorize(
         document,
         requested_name.as_deref(),
         &principal,
         &gateway.access,
         gateway.introspection,
     ) {
-        let mut failure = Failure::new(StatusCode::FORBIDDEN, "FORBIDDEN", denied.message);
-        failure.outcome = Outcome::Denied;
-        return Err(failure);
-    }
+        Ok(authorized) => authorized,
+        Err(denied) => {
+            let mut failure = Failure::new(StatusCode::FORBIDDEN, "FORBIDDEN", denied.message);
+            failure.outcome = Outcome::Denied;
+            return Err(failure);
+        }
+    };
     let selected = select_operation(document, requested_name.as_deref());
     if operation.is_none() {
         *operation = selected.and_then(|(name, _)| name.map(str::to_string));
@@ -322,9 +326,13 @@ async fn respond(
             gateway.graphql_limits,
         );
         match tokio::time::timeout(gateway.request_timeout, run).await {
-            Ok(Some(body)) => {
+            Ok(Some(Answer::Body(body))) => {
                 gateway.documents.answered_directly();
                 return Ok((json_bytes(StatusCode::OK, media, body), Outcome::Ok));
+            }
+            Ok(Some(Answer::Failed(response))) => {
+                gateway.documents.answered_directly();
+                return Ok(execution_errors(&response, media));
             }
             Ok(None) => {}
             Err(_) => return Err(timed_out(gateway.request_timeout)),
@@ -335,8 +343,21 @@ async fn respond(
     // Dropping the execution at the deadline cancels its work: every
     // resolver awaits the store, and CPU-bound steps are bounded by the
     // limits checked before execution.
-    let execution =
-        crate::graphql::execute(&gateway.schema, &gateway.store, principal, graphql_request);
+    let introspection_schema;
+    let schema = if authorized.introspects {
+        introspection_schema = gateway.introspection_schema(&principal).map_err(|error| {
+            tracing::error!(%error, "cannot build the schema of a token's datastores");
+            Failure::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "INTERNAL_SERVER_ERROR",
+                "internal error".to_string(),
+            )
+        })?;
+        &introspection_schema
+    } else {
+        &gateway.schema
+    };
+    let execution = crate::graphql::execute(schema, &gateway.store, principal, graphql_request);
     let remaining = gateway.request_timeout.saturating_sub(started.elapsed());
     let Ok(response) = tokio::time::timeout(remaining, execution).await else {
         return Err(timed_out(gateway.request_timeout));
@@ -363,14 +384,19 @@ async fn respond(
             .collect();
         return Ok((request_error(media, errors), Outcome::Invalid));
     }
-    let mut value = serde_json::to_value(&response).unwrap_or_else(|_| json!({}));
-    let outcome = Outcome::Error;
+    Ok(execution_errors(&response, media))
+}
+
+/// The answer to a request whose execution reported errors: 200 with the
+/// errors, each with a code (`INTERNAL_SERVER_ERROR` where none was set).
+fn execution_errors(response: &async_graphql::Response, media: MediaType) -> (Response, Outcome) {
+    let mut value = serde_json::to_value(response).unwrap_or_else(|_| json!({}));
     if let Some(Value::Array(errors)) = value.get_mut("errors") {
         for error in errors.iter_mut() {
             *error = with_code(std::mem::take(error), "INTERNAL_SERVER_ERROR");
         }
     }
-    Ok((json_response(StatusCode::OK, media, &value), outcome))
+    (json_response(StatusCode::OK, media, &value), Outcome::Error)
 }
 
 /// The response media type for an `Accept` header, `None` for 406.

@@ -28,6 +28,7 @@ mod assets;
 mod cors;
 mod graphql;
 mod health;
+mod hosts;
 mod ids;
 mod metrics;
 mod server;
@@ -41,7 +42,8 @@ use crate::auth::Authenticator;
 use crate::config::{Config, CorsConfig};
 use crate::Store;
 
-pub use admission::Admission;
+pub use admission::{client_key, Admission};
+pub use hosts::AllowedHosts;
 pub use metrics::Metrics;
 pub use server::ServerOptions;
 
@@ -49,6 +51,9 @@ pub use server::ServerOptions;
 pub struct Gateway {
     store: Store,
     schema: async_graphql::dynamic::Schema,
+    /// Schemas of fewer datastores, by the datastores they show, for
+    /// introspection by tokens scoped to those (`graphql/access.rs`).
+    visible_schemas: moka::sync::Cache<Vec<String>, async_graphql::dynamic::Schema>,
     /// Parsed documents by text (`limits.document_cache_bytes`).
     documents: Arc<crate::graphql::Documents>,
     /// Depth, cost and alias limits, checked before execution.
@@ -56,6 +61,8 @@ pub struct Gateway {
     admission: Admission,
     metrics: Metrics,
     auth: Authenticator,
+    /// The `Host` names requests may carry (`hosts.rs`).
+    hosts: AllowedHosts,
     access: crate::graphql::AccessMap,
     introspection: bool,
     playground: bool,
@@ -71,9 +78,11 @@ pub struct Gateway {
 
 impl Gateway {
     /// With auth on, the answer to a plain route (`what`, e.g. "/metrics")
-    /// requested without a token whose `*` scope allows `access`: 401
-    /// without a valid token, 403 with one that lacks the scope. `None`
-    /// when the request may go on.
+    /// requested without a token whose `*` scope allows `access`: 429 past
+    /// the client's per-address rate (counted before the token is looked
+    /// up, so random tokens cannot make a database lookup each), 401
+    /// without a valid token, 403 with one that lacks the scope, 503 when
+    /// the token store cannot be read. `None` when the request may go on.
     pub(super) async fn refuse_plain(
         &self,
         request: &Request,
@@ -89,6 +98,20 @@ impl Gateway {
                 .content_type("text/plain; charset=utf-8")
                 .body(text)
         };
+        let address = request.remote_addr().as_socket_addr().map(|a| a.ip());
+        if let Err(admission::Rejection::RateLimited { retry_after }) =
+            self.admission.limit_address(address)
+        {
+            let mut response = plain(
+                poem::http::StatusCode::TOO_MANY_REQUESTS,
+                "RATE_LIMITED: too many requests from this address".to_string(),
+            );
+            response.headers_mut().insert(
+                poem::http::header::RETRY_AFTER,
+                poem::http::HeaderValue::from(retry_after.as_secs_f64().ceil().max(1.0) as u64),
+            );
+            return Some(response);
+        }
         let header = request.header(poem::http::header::AUTHORIZATION);
         match self.auth.authenticate(header).await {
             Ok(principal) if principal.allows(crate::graphql::ANY_DATASTORE, access) => None,
@@ -98,6 +121,10 @@ impl Gateway {
                     "FORBIDDEN: {what} needs a token with a `*:{}` scope",
                     access.as_str()
                 ),
+            )),
+            Err(crate::auth::AuthError::Unavailable) => Some(plain(
+                poem::http::StatusCode::SERVICE_UNAVAILABLE,
+                "STORAGE_UNAVAILABLE: the API tokens cannot be read now; retry later".to_string(),
             )),
             Err(_) => {
                 let mut response = plain(
@@ -123,12 +150,19 @@ impl Gateway {
     ) -> crate::Result<Gateway> {
         let auth_on = config.auth.enabled_for(config.listen);
         cors::validate(&config.cors)?;
+        if !(1..=128).contains(&config.limits.client_ipv6_prefix) {
+            return Err(crate::Error::Config(format!(
+                "limits.client_ipv6_prefix is {}: it must be 1 to 128",
+                config.limits.client_ipv6_prefix
+            )));
+        }
         let documents = Arc::new(crate::graphql::Documents::new(
             config.limits.document_cache_bytes,
         ));
         Ok(Gateway {
             metrics: Metrics::new(store.clone(), documents.clone(), &config.metrics),
             auth: Authenticator::new(&config.auth, auth_on, Some(store.clone()))?,
+            hosts: AllowedHosts::new(&config.http, auth_on),
             access: crate::graphql::AccessMap::new(store.definitions()),
             introspection: config.auth.introspection,
             playground: config.auth.playground,
@@ -136,6 +170,7 @@ impl Gateway {
             cors: config.cors.clone(),
             store,
             schema,
+            visible_schemas: moka::sync::Cache::new(VISIBLE_SCHEMAS),
             documents,
             graphql_limits: config.limits.graphql(),
             admission: Admission::new(&config.limits),
@@ -150,7 +185,30 @@ impl Gateway {
     pub fn auth_enabled(&self) -> bool {
         self.auth.enabled()
     }
+
+    /// The schema `principal` may introspect: the whole one for a token
+    /// with a `*` scope (or with auth off), else one of the datastores it
+    /// may read, built once per set of datastores.
+    pub(super) fn introspection_schema(
+        &self,
+        principal: &crate::auth::Principal,
+    ) -> crate::Result<async_graphql::dynamic::Schema> {
+        let Some(visible) = crate::graphql::visible_datastores(self.store.definitions(), principal)
+        else {
+            return Ok(self.schema.clone());
+        };
+        if let Some(schema) = self.visible_schemas.get(&visible) {
+            return Ok(schema);
+        }
+        let schema =
+            crate::graphql::build_visible_schema(&self.store, self.graphql_limits, &visible)?;
+        self.visible_schemas.insert(visible, schema.clone());
+        Ok(schema)
+    }
 }
+
+/// Most schemas of datastore subsets kept for introspection.
+const VISIBLE_SCHEMAS: u64 = 64;
 
 /// The routes of the gateway. The pages are left out when
 /// `auth.playground` is off.
@@ -176,8 +234,34 @@ pub fn routes(gateway: Arc<Gateway>) -> impl IntoEndpoint {
         .at("/metrics", get(metrics::metrics))
         .at("/api/segment/get/:tag", get(ids::segment))
         .at("/api/snowflake/get/:key", get(ids::snowflake))
-        .data(gateway)
+        .data(gateway.clone())
+        .around(move |endpoint, request| {
+            let gateway = gateway.clone();
+            async move { check_host(&gateway.hosts, endpoint, request).await }
+        })
         .around(|endpoint, request| async move { log_requests(endpoint, request).await })
+}
+
+/// Refuses a request whose `Host` the gateway does not answer to
+/// (`hosts.rs`), before any route runs.
+async fn check_host<E: Endpoint>(
+    hosts: &AllowedHosts,
+    endpoint: Arc<E>,
+    request: Request,
+) -> poem::Result<Response> {
+    let host = request
+        .header(poem::http::header::HOST)
+        .or_else(|| request.uri().authority().map(|a| a.as_str()));
+    if !hosts.allows(host) {
+        return Ok(Response::builder()
+            .status(poem::http::StatusCode::FORBIDDEN)
+            .content_type("text/plain; charset=utf-8")
+            .body(
+                "HOST_NOT_ALLOWED: this gateway does not answer to the host of this request; \
+                 add the name to http.allowed_hosts in cellgate.yaml",
+            ));
+    }
+    Ok(endpoint.call(request).await?.into_response())
 }
 
 /// Serves the gateway on an already bound listener until `shutdown`

@@ -10,7 +10,7 @@
 //!   `limits.header_timeout_ms` (hyper's `header_read_timeout`), else the
 //!   connection is closed;
 //! - at most `limits.max_connections_per_client` connections per peer IP
-//!   address; one more is closed as soon as it is accepted, before any of
+//!   address (an IPv6 one cut to `limits.client_ipv6_prefix` bits); one more is closed as soon as it is accepted, before any of
 //!   its bytes are read;
 //! - on shutdown the listener closes, every connection is told to finish
 //!   its request in flight and close, and after `limits.shutdown_grace_ms`
@@ -37,6 +37,9 @@ pub struct ServerOptions {
     pub header_timeout: Duration,
     /// 0: no limit.
     pub max_connections_per_client: usize,
+    /// Leading bits of an IPv6 address that name one client
+    /// ([`super::client_key`]).
+    pub client_ipv6_prefix: u8,
     pub shutdown_grace: Duration,
 }
 
@@ -117,7 +120,8 @@ where
                 }
             },
         };
-        let Some(slot) = connections.open(peer.ip(), options.max_connections_per_client) else {
+        let client = super::client_key(peer.ip(), options.client_ipv6_prefix);
+        let Some(slot) = connections.open(client, options.max_connections_per_client) else {
             tracing::debug!(client = %peer.ip(), "connection refused: too many from this client");
             drop(stream);
             continue;

@@ -202,7 +202,7 @@ pub async fn two_gateways_moving_shard_fields_agree_with_a_recomputation(env: Ar
                         .map(|(i, row)| {
                             let ref_key = round * 2 + w as i64 + 1;
                             // Some versions drop the shard field altogether.
-                            let driver = ((i + round as usize + w) % 7 != 0)
+                            let driver = (!(i + round as usize + w).is_multiple_of(7))
                                 .then_some((i * 3 + round as usize * 5 + w) % drivers.len());
                             latest.insert((*row, ref_key), driver);
                             let body = match driver {
