@@ -35,13 +35,15 @@
 //! With no storage clusters configured everything lives in one embedded
 //! SQLite cluster under the data directory.
 
-use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::graphql::GraphqlLimits;
+pub use cellgate_graphql::auth::ConfigToken;
+use cellgate_graphql::GraphqlLimits;
+use cellgate_store::ids::IdsOptions;
+pub use cellgate_store::StorageConfig;
 
 /// The whole `cellgate.yaml`.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -200,14 +202,16 @@ pub struct IdsConfig {
 }
 
 impl Default for IdsConfig {
+    /// The store's defaults ([`IdsOptions::default`]).
     fn default() -> Self {
+        let options = IdsOptions::default();
         IdsConfig {
             cluster: String::new(),
-            prefetch: true,
-            min_step: 1000,
-            max_step: 1_000_000,
-            segment_duration_ms: 900_000,
-            max_count: 10_000,
+            prefetch: options.prefetch,
+            min_step: options.min_step,
+            max_step: options.max_step,
+            segment_duration_ms: options.segment_duration.as_millis() as u64,
+            max_count: options.max_count,
             tags: Vec::new(),
             snowflake: SnowflakeConfig::default(),
         }
@@ -282,10 +286,11 @@ pub struct SnowflakeConfig {
 
 impl Default for SnowflakeConfig {
     fn default() -> Self {
+        let options = IdsOptions::default();
         SnowflakeConfig {
-            enabled: true,
-            epoch_ms: crate::ids::DEFAULT_EPOCH_MS,
-            worker_lease_ms: 600_000,
+            enabled: options.snowflake,
+            epoch_ms: options.epoch_ms,
+            worker_lease_ms: options.worker_lease.as_millis() as u64,
             cache: String::new(),
         }
     }
@@ -294,13 +299,13 @@ impl Default for SnowflakeConfig {
 impl IdsConfig {
     /// The allocator settings; `data` is the data directory, home of the
     /// default worker cache.
-    pub fn options(&self, data: Option<&Path>) -> crate::ids::IdsOptions {
+    pub fn options(&self, data: Option<&Path>) -> cellgate_store::ids::IdsOptions {
         let cache = if !self.snowflake.cache.is_empty() {
             Some(PathBuf::from(&self.snowflake.cache))
         } else {
             data.map(|d| d.join("snowflake-worker.json"))
         };
-        crate::ids::IdsOptions {
+        cellgate_store::ids::IdsOptions {
             cluster: (!self.cluster.is_empty()).then(|| self.cluster.clone()),
             prefetch: self.prefetch,
             min_step: self.min_step.max(1),
@@ -310,7 +315,7 @@ impl IdsConfig {
             tags: self
                 .tags
                 .iter()
-                .map(|t| crate::ids::NewTag {
+                .map(|t| cellgate_store::ids::NewTag {
                     name: t.name.clone(),
                     start: t.start,
                     step: t.step,
@@ -322,7 +327,7 @@ impl IdsConfig {
             worker_lease: std::time::Duration::from_millis(self.snowflake.worker_lease_ms.max(100)),
             worker_cache: cache,
             clock: None,
-            max_workers: crate::ids::MAX_WORKERS,
+            max_workers: cellgate_store::ids::MAX_WORKERS,
         }
     }
 }
@@ -391,18 +396,6 @@ impl AuthConfig {
     pub fn enabled_for(&self, listen: SocketAddr) -> bool {
         self.enabled.unwrap_or(!listen.ip().is_loopback())
     }
-}
-
-/// A token given by its hash in the configuration.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ConfigToken {
-    /// A name for logs and metrics.
-    pub name: String,
-    /// `sha256:<64 hex digits>` of the token.
-    pub hash: String,
-    /// Scopes such as `trips:read`, `payments:write`, `*:admin`.
-    pub scopes: Vec<String>,
 }
 
 /// Cross-origin resource sharing for `/graphql`. No origin is allowed by
@@ -511,7 +504,7 @@ pub struct IndexesConfig {
 
 impl Default for IndexesConfig {
     fn default() -> Self {
-        let defaults = crate::indexes::MaintainerOptions::default();
+        let defaults = cellgate_store::indexes::MaintainerOptions::default();
         IndexesConfig {
             maintain: true,
             lease_time_ms: defaults.lease_time.as_millis() as u64,
@@ -524,8 +517,8 @@ impl Default for IndexesConfig {
 
 impl IndexesConfig {
     /// The maintainer settings.
-    pub fn maintainer(&self) -> crate::indexes::MaintainerOptions {
-        crate::indexes::MaintainerOptions {
+    pub fn maintainer(&self) -> cellgate_store::indexes::MaintainerOptions {
+        cellgate_store::indexes::MaintainerOptions {
             lease_time: std::time::Duration::from_millis(self.lease_time_ms.max(100)),
             sweep_every: std::time::Duration::from_millis(self.sweep_interval_ms.max(10)),
             quarantine_after: self.quarantine_after.max(1),
@@ -558,15 +551,17 @@ impl Default for Config {
 
 impl Config {
     /// Parses a `cellgate.yaml` text; `origin` names it in the error.
-    pub fn from_yaml(text: &str, origin: &Path) -> crate::Result<Config> {
-        serde_saphyr::from_str::<Config>(text)
-            .map_err(|e| crate::Error::Config(format!("invalid file {}: {e}", origin.display())))
+    pub fn from_yaml(text: &str, origin: &Path) -> cellgate_store::Result<Config> {
+        serde_saphyr::from_str::<Config>(text).map_err(|e| {
+            cellgate_store::Error::Config(format!("invalid file {}: {e}", origin.display()))
+        })
     }
 
     /// Reads and parses a `cellgate.yaml` file.
-    pub fn load(path: &Path) -> crate::Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| crate::Error::Config(format!("cannot read {}: {e}", path.display())))?;
+    pub fn load(path: &Path) -> cellgate_store::Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            cellgate_store::Error::Config(format!("cannot read {}: {e}", path.display()))
+        })?;
         Config::from_yaml(&text, path)
     }
 }
@@ -784,162 +779,24 @@ impl Default for MetricsConfig {
     }
 }
 
-/// Storage section of the configuration.
-///
-/// ```yaml
-/// storage:
-///   buffer_count: 1
-///   clusters:
-///     - { name: a, master: "mysql://cellgate@db1/cells" }
-///     - { name: b, master: "mysql://cellgate@db2/cells" }
-/// ```
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct StorageConfig {
-    /// How many secondary clusters receive a copy of each write in their
-    /// buffer table before the primary master is written.
-    ///
-    /// ```yaml
-    /// buffer_count: 0
-    /// ```
-    pub buffer_count: usize,
-    /// Storage clusters; the first is the default home of every shard.
-    /// Empty: one embedded SQLite cluster in the data directory.
-    ///
-    /// ```yaml
-    /// clusters:
-    ///   - { name: main, master: "sqlite://./data/cellgate.db" }
-    /// ```
-    pub clusters: Vec<ClusterConfig>,
-    /// Explicit shard ranges per datastore.
-    ///
-    /// ```yaml
-    /// shards:
-    ///   trips: [{ first: 0, last: 4095, cluster: main }]
-    /// ```
-    pub shards: BTreeMap<String, Vec<ShardRange>>,
-    /// Largest number of pooled connections per database.
-    ///
-    /// ```yaml
-    /// max_connections: 16
-    /// ```
-    pub max_connections: u32,
-    /// Connections per database server kept for index maintenance, apart
-    /// from `max_connections`: its passes, sweeps and leases never wait for
-    /// a connection behind requests, which under many concurrent writers
-    /// let the indexes fall seconds behind. 0 shares the request pool.
-    /// SQLite, one file with one writer, always shares it.
-    ///
-    /// ```yaml
-    /// maintenance_connections: 4
-    /// ```
-    pub maintenance_connections: u32,
-    /// Longest wait, in milliseconds, for a database server: for a pooled
-    /// connection (opening one included) and for the answer to one
-    /// statement. Past it the request fails with `STORAGE_UNAVAILABLE`
-    /// (retryable) instead of hanging on a database that is down or
-    /// unreachable, and a connection that did not answer is closed.
-    ///
-    /// ```yaml
-    /// timeout_ms: 5000
-    /// ```
-    pub timeout_ms: u64,
-    /// Longest time, in milliseconds, `GET /readyz` waits for the masters
-    /// to answer (all at once) before it answers 503.
-    ///
-    /// ```yaml
-    /// readiness_timeout_ms: 2000
-    /// ```
-    pub readiness_timeout_ms: u64,
-}
-
-impl Default for StorageConfig {
-    fn default() -> Self {
-        StorageConfig {
-            buffer_count: 0,
-            clusters: Vec::new(),
-            shards: BTreeMap::new(),
-            max_connections: 16,
-            maintenance_connections: 4,
-            timeout_ms: 5_000,
-            readiness_timeout_ms: 2_000,
-        }
-    }
-}
-
-/// One storage cluster: a master and its read replicas.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ClusterConfig {
-    /// Name used in shard ranges, errors and metrics, e.g. `main`.
-    pub name: String,
-    /// Database URL of the master, e.g. `postgres://cellgate@db1/cells`.
-    pub master: String,
-    /// Database URLs of replicas ("minions").
-    #[serde(default)]
-    pub replicas: Vec<String>,
-}
-
-/// Shards `first..=last` of a datastore live on `cluster`.
-///
-/// ```yaml
-/// { first: 0, last: 2047, cluster: main }
-/// ```
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ShardRange {
-    /// First shard of the range.
-    pub first: u32,
-    /// Last shard of the range, included.
-    pub last: u32,
-    /// Name of the cluster that holds the range.
-    pub cluster: String,
-}
-
-impl StorageConfig {
-    /// The timeouts of every database connection (`timeout_ms`).
-    pub fn timeouts(&self) -> crate::storage::Timeouts {
-        let timeout = std::time::Duration::from_millis(self.timeout_ms);
-        crate::storage::Timeouts {
-            acquire: timeout,
-            statement: timeout,
-        }
-    }
-
-    /// How long `GET /readyz` waits (`readiness_timeout_ms`).
-    pub fn readiness_timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(self.readiness_timeout_ms)
-    }
-
-    /// One embedded SQLite cluster in `data_dir`.
-    pub fn embedded(data_dir: &Path) -> StorageConfig {
-        let file = data_dir.join("cellgate.db");
-        StorageConfig {
-            clusters: vec![ClusterConfig {
-                name: "main".to_string(),
-                master: format!("sqlite://{}", file.display()),
-                replicas: Vec::new(),
-            }],
-            ..StorageConfig::default()
-        }
-    }
-
-    /// A single cluster at `url`.
-    pub fn single(url: &str) -> StorageConfig {
-        StorageConfig {
-            clusters: vec![ClusterConfig {
-                name: "main".to_string(),
-                master: url.to_string(),
-                replicas: Vec::new(),
-            }],
-            ..StorageConfig::default()
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reference_config_is_the_default() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cellgate.example.yaml");
+        let text = std::fs::read_to_string(&path).expect("cellgate.example.yaml");
+        let config = Config::from_yaml(&text, &path).expect("reference config parses");
+        assert_eq!(config, Config::default());
+    }
+
+    #[test]
+    fn unknown_config_keys_are_errors() {
+        let error = Config::from_yaml("limits:\n  max_bodybytes: 10\n", Path::new("cellgate.yaml"))
+            .unwrap_err();
+        assert!(format!("{error:#}").contains("max_bodybytes"), "{error:#}");
+    }
 
     #[test]
     fn auth_is_on_by_default_off_loopback_only() {

@@ -9,8 +9,8 @@ use chrono::{Duration, TimeZone, Utc};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::cells::NewCell;
-use crate::{Result, Store};
+use cellgate_store::cells::NewCell;
+use cellgate_store::{Result, Store};
 
 /// The first demo driver; the README's first query asks for their trips.
 pub const DEMO_DRIVER: &str = "5f0c8a4e-6d1b-4c2e-9a57-3b8e1d2c4f60";
@@ -64,7 +64,7 @@ async fn put_all(store: &Store, datastore: &str, cells: Vec<NewCell>) -> Result<
     let mut written = 0;
     for batch in cells.chunks(200) {
         for result in store.put_cells(datastore, batch.to_vec()).await? {
-            result.map_err(crate::Error::unshare)?;
+            result.map_err(cellgate_store::Error::unshare)?;
             written += 1;
         }
     }

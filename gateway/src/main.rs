@@ -1,11 +1,19 @@
-//! The `cellgate` binary: parses the command line and runs it on a tokio
-//! runtime. Everything else lives in the library's `cli` module; errors are
-//! printed here, once, with their causes on one line (`{:#}`), and exit 1.
+//! The `cellgate` binary: the HTTP gateway (`http`), the command line
+//! (`cli`) and the `cellgate.yaml` model (`config`) that composes the
+//! options of the store (`cellgate-store`) and of the GraphQL API
+//! (`cellgate-graphql`). `main` parses the command line and runs it on a
+//! tokio runtime; errors are printed here, once, with their causes on one
+//! line (`{:#}`), and exit 1.
+
+mod cli;
+mod config;
+mod demo;
+mod http;
 
 use std::process::ExitCode;
 
-use cellgate::cli::{self, Cli};
 use clap::Parser as _;
+use cli::Cli;
 
 // glibc's allocator took about a sixth of the CPU of a GraphQL request
 // (many small, short-lived allocations across threads); mimalloc serves

@@ -295,31 +295,3 @@ fn migrate_reports_an_unreachable_database_on_one_line() {
         "{err}"
     );
 }
-
-#[test]
-fn every_flag_has_an_environment_twin() {
-    use clap::CommandFactory as _;
-
-    let cli = cellgate::cli::Cli::command();
-    let mut commands = vec![&cli];
-    commands.extend(cli.get_subcommands());
-    for command in commands {
-        for arg in command.get_arguments() {
-            let id = arg.get_id().as_str();
-            if id == "help" || id == "version" {
-                continue;
-            }
-            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
-            assert!(
-                env.as_deref().is_some_and(|e| e.starts_with("CELLGATE_")),
-                "`{} {id}` has no CELLGATE_* environment variable",
-                command.get_name()
-            );
-            assert!(
-                arg.get_help().is_some(),
-                "`{} {id}` has no help",
-                command.get_name()
-            );
-        }
-    }
-}

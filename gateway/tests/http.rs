@@ -6,7 +6,6 @@
 #[path = "support/server.rs"]
 mod server;
 
-use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -573,25 +572,6 @@ async fn the_rate_limit_comes_from_the_config_file() {
 }
 
 #[test]
-fn the_reference_config_is_the_default() {
-    let path = root().join("cellgate.example.yaml");
-    let text = std::fs::read_to_string(&path).expect("cellgate.example.yaml");
-    let config =
-        cellgate::config::Config::from_yaml(&text, &path).expect("reference config parses");
-    assert_eq!(config, cellgate::config::Config::default());
-}
-
-#[test]
-fn unknown_config_keys_are_errors() {
-    let error = cellgate::config::Config::from_yaml(
-        "limits:\n  max_bodybytes: 10\n",
-        Path::new("cellgate.yaml"),
-    )
-    .unwrap_err();
-    assert!(format!("{error:#}").contains("max_bodybytes"), "{error:#}");
-}
-
-#[test]
 fn invalid_definitions_exit_1_with_diagnostics() {
     let dir = tempfile::tempdir().unwrap();
     let trips = dir.path().join("datastores").join("trips");
@@ -686,15 +666,15 @@ fn metric_value(text: &str, name: &str) -> f64 {
 // process started.
 #[tokio::test]
 async fn index_lag_metrics_survive_a_restart() {
-    use cellgate::cells::NewCell;
+    use cellgate_store::cells::NewCell;
     let dir = tempfile::tempdir().unwrap();
     {
         let defs = index_dsl::load_dir(&root().join("datastores")).unwrap();
-        let mut options = cellgate::StoreOptions::new(cellgate::config::StorageConfig::embedded(
-            &dir.path().join("data"),
-        ));
+        let mut options = cellgate_store::StoreOptions::new(
+            cellgate_store::StorageConfig::embedded(&dir.path().join("data")),
+        );
         options.maintain_indexes = false;
-        let store = cellgate::Store::open(defs, options).await.unwrap();
+        let store = cellgate_store::Store::open(defs, options).await.unwrap();
         let cells: Vec<NewCell> = (0..300)
             .map(|_| NewCell {
                 row_key: uuid::Uuid::new_v4(),

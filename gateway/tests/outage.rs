@@ -792,7 +792,7 @@ async fn a_stopped_database_is_storage_unavailable_on_plain_routes_and_compiled_
         "Bearer {}",
         String::from_utf8(created.stdout).unwrap().trim()
     );
-    let configured = cellgate::auth::tokens::generate();
+    let configured = cellgate_graphql::auth::tokens::generate();
     let config_file = dir.path().join("cellgate.yaml");
     std::fs::write(
         &config_file,

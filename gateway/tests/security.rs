@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cellgate::auth::tokens;
+use cellgate_graphql::auth::tokens;
 use reqwest::header::{AUTHORIZATION, RETRY_AFTER, WWW_AUTHENTICATE};
 use reqwest::StatusCode;
 use serde_json::{json, Value};

@@ -107,7 +107,7 @@ pub async fn ids_over_graphql_and_leaf_routes(env: Arc<Env>) {
     // trips has 8 shards in the small definitions; the row's shard by the
     // stable hash of shards.rs.
     let uuid = uuid::Uuid::parse_str(row).unwrap();
-    let shard = cellgate::shards::row_shard(&uuid, 8);
+    let shard = cellgate_store::shards::row_shard(&uuid, 8);
     assert_eq!(data["decodeId"]["shard"], shard);
 
     let refused = server

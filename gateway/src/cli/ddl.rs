@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::storage::{ddl, Dialect};
+use cellgate_store::storage::{ddl, Dialect};
 
 use super::{generated, load_definitions, DEFAULT_DATASTORES};
 

@@ -38,8 +38,8 @@ pub struct MigrateArgs {
 }
 
 pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
-    if args.from_v1 {
-        return upgrade::run(&args.store).await;
+    if args.from_v1 && !upgrade::run(&args.store).await? {
+        return Ok(ExitCode::FAILURE);
     }
     let Some(store) = args.store.open().await? else {
         return Ok(ExitCode::FAILURE);
@@ -48,7 +48,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Prints what the store holds now; fails when a cluster is not ready.
-pub(super) fn report(store: &crate::Store) -> anyhow::Result<ExitCode> {
+fn report(store: &cellgate_store::Store) -> anyhow::Result<ExitCode> {
     let metrics = store.metrics();
     let mut failed = false;
     for cluster in &metrics.clusters {

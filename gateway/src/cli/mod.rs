@@ -12,7 +12,6 @@
 //! so that the commands are also reachable from the library (and a future
 //! `serve` command slots in as one more [`Command`] variant and file).
 
-mod bench;
 mod check;
 mod ddl;
 mod generated;
@@ -33,7 +32,6 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use index_dsl::Definitions;
 
-pub use bench::BenchArgs;
 pub use check::CheckArgs;
 pub use ddl::DdlArgs;
 pub use ids::IdsArgs;
@@ -98,7 +96,7 @@ pub enum Command {
     /// Manage index tables (`drop`).
     Index(IndexArgs),
     /// IDs: create biz tags, take segment or snowflake IDs, list the tags,
-    /// decode an ID, and measure the allocator (`ids bench`).
+    /// and decode an ID (`cellgate-bench ids` measures the allocator).
     Ids(IdsArgs),
     /// Serve the GraphQL API over HTTP.
     ///
@@ -113,24 +111,6 @@ pub enum Command {
     /// per datastore: `<datastore>:read|write|admin`, `*` for every one.
     /// Only a hash of each token is stored, in the first cluster.
     Token(TokenArgs),
-    /// Measure loading, cold start, queries, writes and index maintenance.
-    ///
-    /// On an empty store (a temporary SQLite store, `--data DIR`, or
-    /// `--database URL` on MySQL/MariaDB or PostgreSQL): loads `--trips`
-    /// trips (BASE and STATUS cells) through the Rust API or GraphQL and
-    /// reports cells/s, the time until the indexes caught up and the size
-    /// of the store; times `cellgate serve` from spawn to the first 200 of
-    /// `/readyz`; runs the `query`, `rows` and `write` workloads for
-    /// `--duration` seconds each at `--concurrency`, over HTTP and then
-    /// in-process through the Rust API, with p50/p99 latency, statements
-    /// per request, and pending cells, lag, apply rate and drain time of
-    /// index maintenance during the writes; and ends with an exact count
-    /// of statements per write batch and per page of rows. With `--url`
-    /// it drives an already running gateway over HTTP only. Prints the
-    /// command, parameters and seed first, tables and a summary at the end
-    /// (`--json FILE` writes them as JSON). Exits 1 if any request failed
-    /// or the indexes did not catch up.
-    Bench(BenchArgs),
 }
 
 /// Runs a parsed command line; errors are for `main` to print.
@@ -145,7 +125,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ids(args) => ids::run(args).await,
         Command::Serve(args) => serve::run(args).await,
         Command::Token(args) => token::run(args).await,
-        Command::Bench(args) => bench::run(args).await,
     }
 }
 
@@ -200,4 +179,37 @@ fn load_definitions(dir: &Path, flag: &str) -> anyhow::Result<Option<Definitions
 /// `1 index`, `2 indexes`: `n` with the word that fits it.
 fn plural(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_has_an_environment_twin() {
+        use clap::CommandFactory as _;
+
+        let cli = Cli::command();
+        let mut commands = vec![&cli];
+        commands.extend(cli.get_subcommands());
+        for command in commands {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+                assert!(
+                    env.as_deref().is_some_and(|e| e.starts_with("CELLGATE_")),
+                    "`{} {id}` has no CELLGATE_* environment variable",
+                    command.get_name()
+                );
+                assert!(
+                    arg.get_help().is_some(),
+                    "`{} {id}` has no help",
+                    command.get_name()
+                );
+            }
+        }
+    }
 }

@@ -49,7 +49,7 @@ pub fn run(args: SchemaArgs) -> anyhow::Result<ExitCode> {
     let Some(defs) = load_definitions(&args.datastores, "--datastores")? else {
         return Ok(ExitCode::FAILURE);
     };
-    let sdl = crate::graphql::sdl(&defs)?;
+    let sdl = cellgate_graphql::sdl(&defs)?;
     let files = vec![(args.out.clone(), sdl)];
     if args.check {
         let mut fix = "cellgate schema".to_string();

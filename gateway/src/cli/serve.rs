@@ -24,7 +24,7 @@ use clap::Args;
 
 use crate::config::{Config, StorageConfig};
 use crate::http::Gateway;
-use crate::{Store, StoreOptions};
+use cellgate_store::{Store, StoreOptions};
 
 use super::{load_definitions, plural};
 
@@ -171,7 +171,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     }
 
-    let schema = crate::graphql::build_schema(&store, config.limits.graphql())
+    let schema = cellgate_graphql::build_schema(&store, config.limits.graphql())
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::config::{Config, StorageConfig};
-use crate::{Store, StoreOptions};
+use cellgate_store::{Store, StoreOptions};
 
 use super::{load_definitions, DEFAULT_DATASTORES};
 
@@ -85,7 +85,13 @@ impl StoreArgs {
         let shown: Vec<String> = storage
             .clusters
             .iter()
-            .map(|c| format!("{} ({})", c.name, redact(&c.master)))
+            .map(|c| {
+                format!(
+                    "{} ({})",
+                    c.name,
+                    cellgate_store::storage::redact_url(&c.master)
+                )
+            })
             .collect();
         let mut options = StoreOptions::new(storage);
         options.maintain_indexes = false;
@@ -94,35 +100,5 @@ impl StoreArgs {
             .await
             .map_err(|e| anyhow::anyhow!("cannot open storage {}: {e}", shown.join(", ")))?;
         Ok(Some(store))
-    }
-}
-
-/// `url` with any password replaced by `***`, for printing.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_string();
-    };
-    match rest[..at].split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***{}", &rest[at..]),
-        None => url.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn redact_hides_only_the_password() {
-        assert_eq!(
-            redact("mysql://u:secret@h:3306/db"),
-            "mysql://u:***@h:3306/db"
-        );
-        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact("sqlite://./data/x.db"), "sqlite://./data/x.db");
     }
 }

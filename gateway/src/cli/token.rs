@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use super::store_args::StoreArgs;
-use crate::auth::{tokens, Scopes};
+use cellgate_graphql::auth::{tokens, Scopes};
 
 #[derive(Debug, Args)]
 pub struct TokenArgs {

@@ -1,17 +1,19 @@
 //! `cellgate migrate --from-v1`: converts a store of the per-shard table
-//! layout, with a progress bar over its shards (see `crate::upgrade`).
+//! layout, with a progress bar over its shards (see `cellgate_store::upgrade`).
 
 use std::io::IsTerminal as _;
-use std::process::ExitCode;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::load_definitions;
 use super::store_args::StoreArgs;
 
-pub async fn run(args: &StoreArgs) -> anyhow::Result<ExitCode> {
+/// Converts the store of `args`; `false` when the definitions are invalid
+/// (already printed). `migrate` then opens the converted store and
+/// reports it as after any migration.
+pub async fn run(args: &StoreArgs) -> anyhow::Result<bool> {
     let Some(defs) = load_definitions(&args.datastores, "--datastores")? else {
-        return Ok(ExitCode::FAILURE);
+        return Ok(false);
     };
     let storage = args.storage()?;
     let bar = if std::io::stderr().is_terminal() {
@@ -24,7 +26,7 @@ pub async fn run(args: &StoreArgs) -> anyhow::Result<ExitCode> {
             .expect("static progress template")
             .progress_chars("=> "),
     );
-    let result = crate::upgrade::convert_v1(defs, storage, |done, total| {
+    let result = cellgate_store::upgrade::convert_v1(defs, storage, |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     })
@@ -37,8 +39,5 @@ pub async fn run(args: &StoreArgs) -> anyhow::Result<ExitCode> {
         summary.shards, summary.cells, summary.buffered
     );
     println!("indexes are rebuilt from the cell log when the gateway starts");
-    let Some(store) = args.open().await? else {
-        return Ok(ExitCode::FAILURE);
-    };
-    super::migrate::report(&store)
+    Ok(true)
 }

@@ -25,9 +25,9 @@ const HEADERS: &str = "authorization, content-type, accept";
 
 /// Refuses `allow_credentials` with `*`, which the spec forbids (browsers
 /// would ignore the answers anyway).
-pub(super) fn validate(config: &CorsConfig) -> crate::Result<()> {
+pub(super) fn validate(config: &CorsConfig) -> cellgate_store::Result<()> {
     if config.allow_credentials && config.allowed_origins.iter().any(|o| o == "*") {
-        return Err(crate::Error::Config(
+        return Err(cellgate_store::Error::Config(
             "cors: allow_credentials cannot be used with the origin \"*\"; list the origins"
                 .to_string(),
         ));

@@ -21,7 +21,7 @@
 //! 4. **document parsing**: a syntax error is a request error
 //!    (`GRAPHQL_PARSE_FAILED`); over GET, only queries run (405 with
 //!    `Allow: POST` otherwise), since GETs must be safe to repeat and cache;
-//! 5. **execution**, through [`crate::graphql::execute`]. async-graphql
+//! 5. **execution**, through [`cellgate_graphql::execute`]. async-graphql
 //!    validates the document and coerces variables before executing; a
 //!    failure there comes back as a response with errors, `null` data and no
 //!    error path, which is a request error (`GRAPHQL_VALIDATION_FAILED`).
@@ -47,8 +47,8 @@ use serde_json::{json, Map, Value};
 use super::admission::Rejection;
 use super::metrics::Outcome;
 use super::Gateway;
-use crate::auth::AuthError;
-use crate::graphql::Answer;
+use cellgate_graphql::auth::AuthError;
+use cellgate_graphql::Answer;
 
 const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
 const JSON: &str = "application/json";
@@ -253,7 +253,7 @@ async fn respond(
         }
     };
     let document = &parsed.document;
-    let authorized = match crate::graphql::authorize(
+    let authorized = match cellgate_graphql::authorize(
         document,
         requested_name.as_deref(),
         &principal,
@@ -300,7 +300,7 @@ async fn respond(
     }
     // Depth, cost and aliases (`graphql/limits.rs`), before async-graphql
     // walks the document.
-    if let Err(error) = crate::graphql::check_limits(
+    if let Err(error) = cellgate_graphql::check_limits(
         document,
         requested_name.as_deref(),
         &graphql_request.variables,
@@ -317,7 +317,7 @@ async fn respond(
     // async-graphql, e.g. to report an error.
     let started = tokio::time::Instant::now();
     let direct = parsed
-        .direct(|document| crate::graphql::Direct::compile(document, gateway.store.definitions()))
+        .direct(|document| cellgate_graphql::Direct::compile(document, gateway.store.definitions()))
         .filter(|direct| direct.runs(requested_name.as_deref()));
     if let Some(direct) = direct {
         let run = direct.run(
@@ -357,7 +357,7 @@ async fn respond(
     } else {
         &gateway.schema
     };
-    let execution = crate::graphql::execute(schema, &gateway.store, principal, graphql_request);
+    let execution = cellgate_graphql::execute(schema, &gateway.store, principal, graphql_request);
     let remaining = gateway.request_timeout.saturating_sub(started.elapsed());
     let Ok(response) = tokio::time::timeout(remaining, execution).await else {
         return Err(timed_out(gateway.request_timeout));
@@ -377,7 +377,7 @@ async fn respond(
             .errors
             .iter()
             .map(|error| {
-                let code = crate::graphql::prepare_error_code(error)
+                let code = cellgate_graphql::prepare_error_code(error)
                     .unwrap_or("GRAPHQL_VALIDATION_FAILED");
                 with_code(serde_json::to_value(error).unwrap_or_default(), code)
             })

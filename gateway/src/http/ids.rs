@@ -18,14 +18,14 @@ use poem::{handler, IntoResponse, Response};
 use serde::Deserialize;
 
 use super::Gateway;
-use crate::auth::Access;
+use cellgate_graphql::auth::Access;
 
 #[derive(Debug, Deserialize)]
 pub(super) struct CountParam {
     count: Option<usize>,
 }
 
-fn answer(result: crate::Result<Vec<i64>>) -> Response {
+fn answer(result: cellgate_store::Result<Vec<i64>>) -> Response {
     match result {
         Ok(ids) => {
             let mut body = String::with_capacity(ids.len() * 20);

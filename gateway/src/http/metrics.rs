@@ -34,7 +34,7 @@ use prometheus_client::registry::Registry;
 
 use super::Gateway;
 use crate::config::MetricsConfig;
-use crate::Store;
+use cellgate_store::Store;
 
 /// What became of a GraphQL request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +91,7 @@ impl Metrics {
     /// Metrics of a gateway in front of `store`.
     pub fn new(
         store: Store,
-        documents: Arc<crate::graphql::Documents>,
+        documents: Arc<cellgate_graphql::Documents>,
         config: &MetricsConfig,
     ) -> Metrics {
         let mut registry = Registry::default();
@@ -174,7 +174,7 @@ pub(super) async fn metrics(
 ) -> Response {
     if gateway.protect_metrics {
         let refused = gateway
-            .refuse_plain(request, "/metrics", crate::auth::Access::Read)
+            .refuse_plain(request, "/metrics", cellgate_graphql::auth::Access::Read)
             .await;
         if let Some(response) = refused {
             return response;
@@ -189,7 +189,7 @@ pub(super) async fn metrics(
 
 /// Reads the store's counters at each scrape.
 /// The hits and misses of the parsed-document cache.
-struct DocumentCollector(Arc<crate::graphql::Documents>);
+struct DocumentCollector(Arc<cellgate_graphql::Documents>);
 
 impl std::fmt::Debug for DocumentCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -271,7 +271,7 @@ impl Collector for StoreCollector {
         )?)?;
 
         use prometheus_client::metrics::MetricType::{Counter as CounterType, Gauge as GaugeType};
-        type Figure = fn(&crate::DatastoreMetrics) -> i64;
+        type Figure = fn(&cellgate_store::DatastoreMetrics) -> i64;
         let per_datastore: [(&str, &str, _, Figure); 8] = [
             (
                 "cellgate_index_lag_max_ms",
@@ -373,11 +373,11 @@ impl Collector for StoreCollector {
 
 /// The ID allocator's figures: per biz tag, and the snowflake worker.
 fn encode_ids(
-    ids: &crate::ids::IdsMetrics,
+    ids: &cellgate_store::ids::IdsMetrics,
     encoder: &mut DescriptorEncoder,
 ) -> Result<(), std::fmt::Error> {
     use prometheus_client::metrics::MetricType::{Counter as CounterType, Gauge as GaugeType};
-    type Figure = fn(&crate::ids::TagMetrics) -> i64;
+    type Figure = fn(&cellgate_store::ids::TagMetrics) -> i64;
     let per_tag: [(&str, &str, _, Figure); 4] = [
         (
             "cellgate_ids_issued",
@@ -434,7 +434,7 @@ fn encode_ids(
         None,
         GaugeType,
     )?;
-    use crate::ids::LeaseState;
+    use cellgate_store::ids::LeaseState;
     for state in [
         LeaseState::None,
         LeaseState::Cached,

@@ -38,9 +38,9 @@ use std::time::{Duration, Instant};
 
 use poem::{get, Endpoint, EndpointExt as _, IntoEndpoint, IntoResponse, Request, Response, Route};
 
-use crate::auth::Authenticator;
 use crate::config::{Config, CorsConfig};
-use crate::Store;
+use cellgate_graphql::auth::Authenticator;
+use cellgate_store::Store;
 
 pub use admission::{client_key, Admission};
 pub use hosts::AllowedHosts;
@@ -55,15 +55,15 @@ pub struct Gateway {
     /// introspection by tokens scoped to those (`graphql/access.rs`).
     visible_schemas: moka::sync::Cache<Vec<String>, async_graphql::dynamic::Schema>,
     /// Parsed documents by text (`limits.document_cache_bytes`).
-    documents: Arc<crate::graphql::Documents>,
+    documents: Arc<cellgate_graphql::Documents>,
     /// Depth, cost and alias limits, checked before execution.
-    graphql_limits: crate::graphql::GraphqlLimits,
+    graphql_limits: cellgate_graphql::GraphqlLimits,
     admission: Admission,
     metrics: Metrics,
     auth: Authenticator,
     /// The `Host` names requests may carry (`hosts.rs`).
     hosts: AllowedHosts,
-    access: crate::graphql::AccessMap,
+    access: cellgate_graphql::AccessMap,
     introspection: bool,
     playground: bool,
     /// Whether `/metrics` needs a token with a `*` scope.
@@ -87,7 +87,7 @@ impl Gateway {
         &self,
         request: &Request,
         what: &str,
-        access: crate::auth::Access,
+        access: cellgate_graphql::auth::Access,
     ) -> Option<Response> {
         if !self.auth.enabled() {
             return None;
@@ -114,7 +114,7 @@ impl Gateway {
         }
         let header = request.header(poem::http::header::AUTHORIZATION);
         match self.auth.authenticate(header).await {
-            Ok(principal) if principal.allows(crate::graphql::ANY_DATASTORE, access) => None,
+            Ok(principal) if principal.allows(cellgate_graphql::ANY_DATASTORE, access) => None,
             Ok(_) => Some(plain(
                 poem::http::StatusCode::FORBIDDEN,
                 format!(
@@ -122,7 +122,7 @@ impl Gateway {
                     access.as_str()
                 ),
             )),
-            Err(crate::auth::AuthError::Unavailable) => Some(plain(
+            Err(cellgate_graphql::auth::AuthError::Unavailable) => Some(plain(
                 poem::http::StatusCode::SERVICE_UNAVAILABLE,
                 "STORAGE_UNAVAILABLE: the API tokens cannot be read now; retry later".to_string(),
             )),
@@ -147,23 +147,23 @@ impl Gateway {
         store: Store,
         schema: async_graphql::dynamic::Schema,
         config: &Config,
-    ) -> crate::Result<Gateway> {
+    ) -> cellgate_store::Result<Gateway> {
         let auth_on = config.auth.enabled_for(config.listen);
         cors::validate(&config.cors)?;
         if !(1..=128).contains(&config.limits.client_ipv6_prefix) {
-            return Err(crate::Error::Config(format!(
+            return Err(cellgate_store::Error::Config(format!(
                 "limits.client_ipv6_prefix is {}: it must be 1 to 128",
                 config.limits.client_ipv6_prefix
             )));
         }
-        let documents = Arc::new(crate::graphql::Documents::new(
+        let documents = Arc::new(cellgate_graphql::Documents::new(
             config.limits.document_cache_bytes,
         ));
         Ok(Gateway {
             metrics: Metrics::new(store.clone(), documents.clone(), &config.metrics),
-            auth: Authenticator::new(&config.auth, auth_on, Some(store.clone()))?,
+            auth: Authenticator::new(&config.auth.tokens, auth_on, Some(store.clone()))?,
             hosts: AllowedHosts::new(&config.http, auth_on),
-            access: crate::graphql::AccessMap::new(store.definitions()),
+            access: cellgate_graphql::AccessMap::new(store.definitions()),
             introspection: config.auth.introspection,
             playground: config.auth.playground,
             protect_metrics: config.auth.protect_metrics,
@@ -191,9 +191,10 @@ impl Gateway {
     /// may read, built once per set of datastores.
     pub(super) fn introspection_schema(
         &self,
-        principal: &crate::auth::Principal,
-    ) -> crate::Result<async_graphql::dynamic::Schema> {
-        let Some(visible) = crate::graphql::visible_datastores(self.store.definitions(), principal)
+        principal: &cellgate_graphql::auth::Principal,
+    ) -> cellgate_store::Result<async_graphql::dynamic::Schema> {
+        let Some(visible) =
+            cellgate_graphql::visible_datastores(self.store.definitions(), principal)
         else {
             return Ok(self.schema.clone());
         };
@@ -201,7 +202,7 @@ impl Gateway {
             return Ok(schema);
         }
         let schema =
-            crate::graphql::build_visible_schema(&self.store, self.graphql_limits, &visible)?;
+            cellgate_graphql::build_visible_schema(&self.store, self.graphql_limits, &visible)?;
         self.visible_schemas.insert(visible, schema.clone());
         Ok(schema)
     }

@@ -1,0 +1,167 @@
+//! `cellgate-bench`: measures a cellgate gateway and store the same way
+//! every time, through their public surfaces only — the `cellgate` binary
+//! it starts (`cellgate serve`), HTTP, and the `cellgate-store` Rust API.
+//!
+//! With no subcommand it runs the gateway benchmark (`gateway.rs`): load,
+//! cold start, index queries and batched writes over HTTP beside the same
+//! work through the Rust API, index maintenance under writes, statements
+//! per request. `cellgate-bench ids` measures the ID allocator (`ids.rs`).
+//! It lives apart from the server so that a deployment carries none of its
+//! code or dependencies (an HTTP client, progress bars, histograms).
+//!
+//! Files: `dataset.rs` (the trips and the requests), `phase.rs` (a measured
+//! phase), `http.rs` (GraphQL and `/metrics`), `server.rs` (the child
+//! process), `load.rs`, `maintenance.rs` (samples and drains), `probe.rs`,
+//! `database.rs` (emptiness, size, leases), `report.rs` (tables and JSON).
+
+mod database;
+mod dataset;
+mod gateway;
+mod http;
+mod ids;
+mod load;
+mod maintenance;
+mod phase;
+mod probe;
+mod report;
+mod server;
+
+use std::io::IsTerminal as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use index_dsl::Definitions;
+
+/// Default directory of the datastore and index definitions.
+const DEFAULT_DATASTORES: &str = "./datastores";
+
+/// Benchmarks of a cellgate gateway and store: index queries and batched
+/// writes over HTTP beside the same work through the Rust API, index
+/// maintenance, cold start, statements per request (the default), and the
+/// ID allocator (`ids`).
+///
+/// On an empty store (a temporary SQLite store, `--data DIR`, or
+/// `--database URL` on MySQL/MariaDB or PostgreSQL): loads `--trips` trips
+/// (BASE and STATUS cells) through the Rust API or GraphQL and reports
+/// cells/s, the time until the indexes caught up and the size of the store;
+/// times `cellgate serve` from spawn to the first 200 of `/readyz`; runs the
+/// `query`, `rows` and `write` workloads for `--duration` seconds each at
+/// `--concurrency`, over HTTP and then in-process through the Rust API, with
+/// p50/p99 latency, statements per request, and pending cells, lag, apply
+/// rate and drain time of index maintenance during the writes; and ends
+/// with an exact count of statements per write batch and per page of rows.
+/// With `--url` it drives an already running gateway over HTTP only. Prints
+/// the command, parameters and seed first, tables and a summary at the end
+/// (`--json FILE` writes them as JSON). Exits 1 if any request failed or
+/// the indexes did not catch up.
+#[derive(Debug, Parser)]
+#[command(
+    name = "cellgate-bench",
+    version,
+    propagate_version = true,
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    /// Log filter in `RUST_LOG` syntax. Logs go to stderr. [default: `RUST_LOG`, else `warn`]
+    #[arg(long, global = true, env = "CELLGATE_LOG", value_name = "FILTER")]
+    log: Option<String>,
+
+    /// The `cellgate` executable to start as the server. [default: the
+    /// `cellgate` beside this executable]
+    #[arg(long, global = true, env = "CELLGATE_BIN", value_name = "PATH")]
+    cellgate: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    #[command(flatten)]
+    gateway: gateway::BenchArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Measure IDs per second in process and over HTTP, with latency
+    /// percentiles.
+    ///
+    /// In process: segment and snowflake IDs taken one at a time and in
+    /// batches by two tasks. Over HTTP: `GET /api/segment/get/bench` and
+    /// `GET /api/snowflake/get/bench` with `?count=` at each
+    /// `--concurrency`, against a `cellgate serve` started on a temporary
+    /// SQLite store (or `--database`) or `--url`.
+    Ids(ids::IdsBenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = init_logging(cli.log.as_deref()) {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = server::set_executable(cli.cellgate.clone()) {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let run = async move {
+        match cli.command {
+            Some(Command::Ids(args)) => ids::run(args).await,
+            None => gateway::run(cli.gateway).await,
+        }
+    };
+    match runtime.block_on(run) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Sends `tracing` output to stderr, filtered by `filter`, else `RUST_LOG`,
+/// else `warn`.
+fn init_logging(filter: Option<&str>) -> anyhow::Result<()> {
+    use tracing_subscriber::EnvFilter;
+
+    let from_env = std::env::var("RUST_LOG").ok().filter(|s| !s.is_empty());
+    let directives = filter
+        .map(str::to_string)
+        .or(from_env)
+        .unwrap_or_else(|| "warn".to_string());
+    let filter = EnvFilter::try_new(&directives)
+        .with_context(|| format!("invalid log filter `{directives}`"))?;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+    Ok(())
+}
+
+/// Loads the definitions under `dir`; invalid ones are printed to stderr,
+/// every problem at once, and give `Ok(None)`. `flag` is how the user
+/// gives the directory, for the message when it does not exist.
+fn load_definitions(dir: &Path, flag: &str) -> anyhow::Result<Option<Definitions>> {
+    anyhow::ensure!(
+        dir.is_dir(),
+        "datastores directory `{}` is not a directory or does not exist (give it with {flag} or CELLGATE_DATASTORES)",
+        dir.display()
+    );
+    match index_dsl::load_dir(dir) {
+        Ok(defs) => Ok(Some(defs)),
+        Err(diagnostics) => {
+            eprintln!("{diagnostics}");
+            Ok(None)
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The typed GraphQL API of a cellgate store: the schema generated at
+//! start-up from the definitions, who a request comes from (`auth`) and
+//! what it may do, the limits checked before execution, and the compiled
+//! form of the commonest read.
+//!
+//! Only this crate knows async-graphql, and it knows no HTTP: the
+//! `cellgate` gateway turns requests into [`async_graphql::Request`]s and
+//! the answers into responses. `build_schema` (in `schema.rs`)
+//! turns the definitions into a dynamic schema; `execute` runs one request
+//! with its per-request data: the store and a DataLoader (`loaders.rs`)
+//! that batches cell reads per cluster. `scalars.rs` holds the custom scalars,
+//! `ids.rs` the ID fields, `errors.rs` the mapping of store errors to stable codes, and `limits.rs`
+//! the depth and complexity limits (introspection counted apart),
+//! `documents.rs` the cache of parsed documents, and `direct.rs` the
+//! compiled form of index reads, which answers them without the executor.
+
+mod access;
+pub mod auth;
+mod direct;
+mod documents;
+mod errors;
+mod fields;
+mod ids;
+mod limits;
+mod loaders;
+mod maintenance;
+mod names;
+mod scalars;
+mod schema;
+
+use async_graphql::dataloader::DataLoader;
+
+pub use access::{authorize, visible_datastores, AccessMap, Authorized, Denied, ANY_DATASTORE};
+pub use direct::{Answer, Direct};
+pub use documents::{Documents, Parsed};
+pub use limits::{check_limits, prepare_error_code, GraphqlLimits};
+pub use names::{camel, pascal};
+pub use schema::{build_schema, build_visible_schema, sdl};
+
+use cellgate_store::Store;
+
+/// Runs one GraphQL request against the schema for `principal` (whose
+/// access `authorize` has checked; resolvers use it to list only the
+/// datastores it may read).
+pub async fn execute(
+    schema: &async_graphql::dynamic::Schema,
+    store: &Store,
+    principal: crate::auth::Principal,
+    request: async_graphql::Request,
+) -> async_graphql::Response {
+    let loader: loaders::Cells = DataLoader::with_cache(
+        loaders::CellLoader {
+            store: store.clone(),
+        },
+        tokio::spawn,
+        async_graphql::dataloader::HashMapCache::default(),
+    );
+    schema
+        .execute(request.data(store.clone()).data(loader).data(principal))
+        .await
+}

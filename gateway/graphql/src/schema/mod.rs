@@ -1,0 +1,186 @@
+//! Builds the dynamic schema from the definitions, one file per kind of
+//! generated type: `datastore.rs`, `index.rs`, `cell.rs`, `put.rs`,
+//! `metadata.rs`, and `arguments.rs` for decoding arguments.
+//!
+//! Names clients can rely on, for a datastore `trips` with an index
+//! `driver_partner_index` (shard field `driver_partner_uuid`):
+//!
+//! - `Query.trips: TripsQuery!` with `row`, `rows`, `cell`, `latestCell`,
+//!   `history`, `cellsForShard`, and `driverPartnerIndex(driverPartnerUuid,
+//!   driverPartnerUuidIn, where, filter, orderBy, first, after)` returning a
+//!   Relay connection `TripsDriverPartnerIndexConnection`;
+//! - `TripsRow` with `rowKey` and one field per column in camelCase
+//!   (`base`, `fareAdjustment`) returning the latest `Cell`, or the version
+//!   given by `refKey`;
+//! - `TripsColumn` enum, `TripsCellInput`, and
+//!   `Mutation.tripsPutCells(cells: [TripsCellInput!]!): [PutCellResult!]!`;
+//! - `Query.datastores` describing definitions and topology.
+//!
+//! Index field resolvers read only what the query selected: the connection
+//! resolver looks ahead at `edges.node` and asks the store for those fields
+//! alone. `row` fields go through the per-request [`CellLoader`].
+
+use std::sync::Arc;
+
+use async_graphql::dynamic::{
+    Enum, EnumItem, Field, FieldFuture, FieldValue, Object, Schema, TypeRef,
+};
+use index_dsl::FieldType;
+
+use crate::scalars::{self};
+use cellgate_store::Store;
+
+mod arguments;
+mod cell;
+mod datastore;
+mod index;
+mod metadata;
+mod put;
+
+use self::arguments::*;
+use self::cell::*;
+use self::datastore::*;
+use self::index::*;
+use self::metadata::*;
+use self::put::*;
+use crate::fields::*;
+use crate::limits::GraphqlLimits;
+use crate::names::*;
+
+pub(crate) use self::arguments::{index_query, Arguments};
+pub(crate) use self::cell::CellField;
+pub(crate) use self::index::{entry_value, shard_arguments, PAGE_INFO_FIELDS};
+
+/// Marker parent value of `Query.<datastore>`.
+pub(super) struct DatastoreRoot;
+/// The schema for the store's definitions.
+pub fn build_schema(store: &Store, limits: GraphqlLimits) -> cellgate_store::Result<Schema> {
+    let topology = |ds: &str| store.topology(ds);
+    schema_for(store.definitions(), &topology, limits)
+}
+
+/// The schema of only the `visible` datastores of the store: what
+/// introspection shows a token scoped to them.
+pub fn build_visible_schema(
+    store: &Store,
+    limits: GraphqlLimits,
+    visible: &[String],
+) -> cellgate_store::Result<Schema> {
+    let mut defs = store.definitions().clone();
+    defs.datastores.retain(|d| visible.contains(&d.name));
+    let topology = |ds: &str| store.topology(ds);
+    schema_for(&defs, &topology, limits)
+}
+
+/// The SDL of the schema for `defs`, as exported to `schema/schema.graphql`.
+pub fn sdl(defs: &index_dsl::Definitions) -> cellgate_store::Result<String> {
+    let schema = schema_for(defs, &|_| Vec::new(), GraphqlLimits::default())?;
+    Ok(schema.sdl())
+}
+
+/// Shard ranges per datastore: `(first, last, cluster)`.
+pub(super) type Topology<'t> = &'t dyn Fn(&str) -> Vec<(u32, u32, String)>;
+
+pub(super) fn schema_for(
+    defs: &index_dsl::Definitions,
+    topology: Topology<'_>,
+    limits: GraphqlLimits,
+) -> cellgate_store::Result<Schema> {
+    let defs = defs.clone();
+    let mut builder = Schema::build("Query", Some("Mutation"), None);
+    for scalar in scalars::scalars() {
+        builder = builder.register(scalar);
+    }
+    builder = builder
+        .register(cell_type())
+        .register(log_page_type())
+        .register(page_info_type())
+        .register(put_result_type())
+        .register(put_error_type())
+        .register(
+            Enum::new("PutStatus")
+                .description("What happened to a written cell.")
+                .item(EnumItem::new("WRITTEN").description("stored now"))
+                .item(
+                    EnumItem::new("DUPLICATE").description("an identical cell was already stored"),
+                )
+                .item(EnumItem::new("BUFFERED").description(
+                    "kept in a buffer while its primary is down; readable once replayed",
+                )),
+        )
+        .register(
+            Enum::new("SortDirection")
+                .item(EnumItem::new("ASC"))
+                .item(EnumItem::new("DESC")),
+        );
+    for ty in FieldType::ALL {
+        builder = builder.register(filter_input(ty));
+    }
+    for object in metadata_types()
+        .into_iter()
+        .chain(crate::maintenance::types())
+    {
+        builder = builder.register(object);
+    }
+    let (id_objects, id_enums) = crate::ids::types();
+    for object in id_objects {
+        builder = builder.register(object);
+    }
+    for e in id_enums {
+        builder = builder.register(e);
+    }
+    let mut query = Object::new("Query").description("Reads of every datastore, and IDs.");
+    query = query.field(datastores_field(topology, &defs));
+    for field in crate::ids::query_fields() {
+        query = query.field(field);
+    }
+    let mut mutation =
+        Object::new("Mutation").description("Writes of every datastore, and ID tags.");
+    mutation = mutation.field(crate::ids::create_tag_field());
+    let mut seen = std::collections::HashSet::from(["datastores".to_string()]);
+    seen.extend(crate::ids::QUERY_FIELDS.iter().map(|f| f.to_string()));
+    for datastore in &defs.datastores {
+        let ds: Arc<str> = Arc::from(datastore.name.as_str());
+        if !seen.insert(camel(&datastore.name)) {
+            return Err(name_clash(&format!("Query.{}", camel(&datastore.name))));
+        }
+        let types = DatastoreTypes::new(datastore);
+        builder = builder
+            .register(types.column_enum(datastore))
+            .register(types.row_type(datastore, &ds)?)
+            .register(types.cell_input(datastore))
+            .register(types.query_type(datastore, &ds)?);
+        for index in &datastore.indexes {
+            for object in index_types(datastore, index)? {
+                builder = builder.register(object);
+            }
+        }
+        query = query.field(
+            Field::new(
+                camel(&datastore.name),
+                TypeRef::named_nn(&types.query),
+                |_| FieldFuture::new(async { Ok(Some(FieldValue::owned_any(DatastoreRoot))) }),
+            )
+            .description(
+                datastore
+                    .description
+                    .clone()
+                    .unwrap_or_else(|| format!("The `{}` datastore.", datastore.name)),
+            ),
+        );
+        mutation = mutation.field(put_cells_field(datastore, &types, &ds));
+        mutation = mutation.field(crate::maintenance::retry_field(&ds));
+    }
+    builder = builder.register(query);
+    builder = builder.register(mutation);
+    builder
+        .data(limits)
+        .finish()
+        .map_err(|e| cellgate_store::Error::Config(format!("cannot build the GraphQL schema: {e}")))
+}
+
+pub(super) fn name_clash(what: &str) -> cellgate_store::Error {
+    cellgate_store::Error::Config(format!(
+        "two definitions map to the GraphQL name `{what}`; rename one of them"
+    ))
+}

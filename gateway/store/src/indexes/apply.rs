@@ -1,0 +1,922 @@
+//! One maintenance pass: a page of the cell log of many shards, applied to
+//! every index in a handful of statements.
+//!
+//! A pass on cell cluster C, for a set of shards with their offsets:
+//!
+//! 1. reads the keys of up to [`PAGE`] log cells after the offsets, all
+//!    shards in one statement (`log_keys`);
+//! 2. reads the latest cells of the index columns of the touched rows, in
+//!    one statement, and computes each touched row's entry per index;
+//! 3. per target cluster T of the index tables, one multi-row upsert per
+//!    index for the entries whose shard field hashes to a shard on T, and
+//!    one guarded update that turns the entries of the other rows into
+//!    tombstones (shard field NULL) where T holds one;
+//! 4. advances the offsets of every consumer (index version × target
+//!    cluster) with one multi-row upsert.
+//!
+//! On a single cluster steps 3 and 4 are one transaction, which first
+//! locks the maintainer's lease rows and checks their fencing tokens
+//! (`leases::fence`): a process that lost its lease commits nothing. Index
+//! writes to another cluster commit first, in their own transaction; a
+//! crash in between only applies the same cells again.
+//!
+//! Every write is guarded by the entry's source ref keys: an entry is
+//! replaced or tombstoned only by one computed from cells no older than
+//! its own, so an older version never overwrites a newer one, whatever
+//! order passes commit in. Tombstones keep their ref keys for the same
+//! reason.
+//!
+//! An entry that cannot be applied (a corrupt body, a value the database
+//! refuses) holds its shard back for a few passes, then goes to the
+//! datastore's quarantine table and the shard moves on.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use chrono::Utc;
+use uuid::Uuid;
+
+use super::entry::{col_type, extract_checked, Extracted};
+use crate::cells::{codec, latest_cells_with, log_keys, Cell};
+use crate::error::{Error, Result};
+use crate::leases::{self, Lease};
+use crate::shards::value_shard;
+use crate::storage::value::truncate_to_micros;
+use crate::storage::{ddl, Backend, ColType, Dialect, Sql, Tx, Value, MAX_PARAMS};
+use crate::topology::{DatastoreRuntime, IndexRuntime, Topology};
+
+/// Log cells read per pass.
+pub(crate) const PAGE: usize = 2000;
+
+/// One consumer of the cell log: an index version writing to the index
+/// table on one cluster. Its offsets are kept per cell shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Consumer {
+    /// Position of the index in the datastore's indexes.
+    pub(crate) index: usize,
+    /// The cluster holding the index table it writes.
+    pub(crate) target: usize,
+    pub(crate) name: String,
+}
+
+/// The consumers of a datastore: every index × every cluster of its shards.
+pub(crate) fn consumers(topology: &Topology, ds: &DatastoreRuntime) -> Vec<Consumer> {
+    let clusters = ds.map.clusters();
+    ds.indexes
+        .iter()
+        .enumerate()
+        .flat_map(|(index, runtime)| {
+            clusters.iter().map(move |&target| Consumer {
+                index,
+                target,
+                name: runtime.consumer(&topology.clusters[target].name),
+            })
+        })
+        .collect()
+}
+
+/// The entry of one row in one index.
+#[derive(Debug, Clone, PartialEq)]
+struct Entry {
+    fields: Vec<Value>,
+    refs: Vec<Option<i64>>,
+    /// The index shard; `None` when the shard field is NULL.
+    shard: Option<u32>,
+}
+
+/// Entries to recompute: (index position, row key) → the row's shard and
+/// the first cell of the page that needs the entry.
+pub(crate) type Touched = BTreeMap<(usize, Uuid), (u32, i64)>;
+
+/// Who runs the pass, for the fence.
+pub(crate) struct Fence<'a> {
+    pub(crate) holder: &'a str,
+    pub(crate) leases: &'a [Lease],
+}
+
+/// What a pass did.
+#[derive(Debug, Default)]
+pub(crate) struct PassResult {
+    /// New offsets per consumer of the shards that moved.
+    pub(crate) offsets: BTreeMap<u32, Vec<i64>>,
+    /// Shards whose log was applied to its end as of the read.
+    pub(crate) complete: BTreeSet<u32>,
+    /// Log cells read.
+    pub(crate) cells: usize,
+    /// Commit-to-apply delays of the indexed cells, in microseconds.
+    pub(crate) delays_us: Vec<u64>,
+    /// Field values stored as NULL because a backend cannot store them.
+    pub(crate) unstorable: u64,
+    /// Entries moved to the quarantine by this pass.
+    pub(crate) quarantined: u64,
+    /// Target clusters that could not be written; their consumers did not
+    /// advance.
+    pub(crate) failed_targets: Vec<(usize, Error)>,
+}
+
+/// One row's entry that could not be computed or written.
+#[derive(Debug)]
+struct Failure {
+    index: usize,
+    row_key: Uuid,
+    shard: u32,
+    /// The first cell of the page that needs the entry.
+    added_id: i64,
+    error: Error,
+}
+
+/// A pass over some shards of one cell cluster.
+pub(crate) struct Pass<'a> {
+    pub(crate) topology: &'a Topology,
+    pub(crate) ds: &'a DatastoreRuntime,
+    pub(crate) cluster: usize,
+    pub(crate) consumers: &'a [Consumer],
+    pub(crate) fence: Option<Fence<'a>>,
+    /// Failed attempts per entry, kept by the caller across passes.
+    pub(crate) attempts: &'a mut HashMap<(usize, Uuid), u32>,
+    /// Attempts after which an entry goes to the quarantine.
+    pub(crate) quarantine_after: u32,
+}
+
+impl Pass<'_> {
+    /// Applies the log after `offsets` (per shard, per consumer).
+    pub(crate) async fn run(&mut self, offsets: &BTreeMap<u32, Vec<i64>>) -> Result<PassResult> {
+        let backend = self.topology.clusters[self.cluster].maintenance()?.clone();
+        let positions: Vec<(u32, i64)> = offsets
+            .iter()
+            .map(|(shard, per)| (*shard, per.iter().copied().min().unwrap_or(0)))
+            .collect();
+        let keys = log_keys(backend.as_ref(), self.ds, &positions, PAGE).await?;
+        let mut result = PassResult {
+            cells: keys.len(),
+            ..PassResult::default()
+        };
+        // With a full page the last shard read may be cut short, and the
+        // shards after it were not reached.
+        let cut = (keys.len() >= PAGE)
+            .then(|| keys.last().map(|k| k.shard))
+            .flatten();
+        let mut last_read: BTreeMap<u32, i64> = BTreeMap::new();
+        for key in &keys {
+            last_read.insert(key.shard, key.added_id);
+        }
+        for (shard, _) in &positions {
+            if cut.is_none_or(|c| *shard < c) {
+                result.complete.insert(*shard);
+            }
+        }
+        // Which entries to recompute, and the first cell needing each.
+        let mut touched: Touched = BTreeMap::new();
+        for key in &keys {
+            let shard_offsets = &offsets[&key.shard];
+            for (c, consumer) in self.consumers.iter().enumerate() {
+                let index = &self.ds.indexes[consumer.index].def;
+                if shard_offsets[c] < key.added_id && index.columns.contains(&key.column) {
+                    touched
+                        .entry((consumer.index, key.row_key))
+                        .or_insert((key.shard, key.added_id));
+                }
+            }
+        }
+        let mut failures = Vec::new();
+        let entries = self
+            .compute(backend.as_ref(), &touched, &mut failures, &mut result)
+            .await?;
+        let targets: BTreeSet<usize> = self.consumers.iter().map(|c| c.target).collect();
+        let mut written = BTreeSet::new();
+        for &target in &targets {
+            if target == self.cluster {
+                continue;
+            }
+            match self.write_remote(target, &entries).await {
+                Ok(()) => {
+                    written.insert(target);
+                }
+                Err(err) if err.is_transient() || err.is_retryable() => {
+                    result.failed_targets.push((target, err));
+                }
+                Err(err) => {
+                    tracing::warn!(datastore = %self.ds.name(), error = %err, "index batch refused; applying its entries one by one");
+                    failures.extend(self.isolate(target, &entries, &touched).await?);
+                    written.insert(target);
+                }
+            }
+        }
+        let local = targets.contains(&self.cluster);
+        if local {
+            written.insert(self.cluster);
+        }
+        let now = truncate_to_micros(Utc::now());
+        let (quarantine, retry) = self.classify(failures);
+        let advanced = self.advance(offsets, &last_read, &written, &retry);
+        let first = self
+            .commit_local(
+                backend.as_ref(),
+                local.then_some(&entries),
+                offsets,
+                &advanced,
+                &quarantine,
+                now,
+            )
+            .await;
+        let (quarantine, retry, advanced) = match first {
+            Ok(()) => (quarantine, retry, advanced),
+            Err(err)
+                if err.is_transient()
+                    || err.is_retryable()
+                    || matches!(err, Error::LeaseLost(_)) =>
+            {
+                return Err(err)
+            }
+            Err(err) => {
+                tracing::warn!(datastore = %self.ds.name(), error = %err, "index batch refused; applying its entries one by one");
+                let mut failures = quarantine;
+                failures.extend(retry);
+                failures.extend(self.isolate(self.cluster, &entries, &touched).await?);
+                let (quarantine, retry) = self.classify(failures);
+                let advanced = self.advance(offsets, &last_read, &written, &retry);
+                self.commit_local(backend.as_ref(), None, offsets, &advanced, &quarantine, now)
+                    .await?;
+                (quarantine, retry, advanced)
+            }
+        };
+        result.offsets = advanced;
+        for failure in &retry {
+            let attempt = self
+                .attempts
+                .entry((failure.index, failure.row_key))
+                .or_insert(0);
+            *attempt += 1;
+            result.complete.remove(&failure.shard);
+            tracing::warn!(datastore = %self.ds.name(), index = %self.ds.indexes[failure.index].def.name, row_key = %failure.row_key, attempt = *attempt, error = %failure.error, "index entry not applied; retrying");
+        }
+        for failure in &quarantine {
+            self.attempts.remove(&(failure.index, failure.row_key));
+        }
+        result.quarantined = quarantine.len() as u64;
+        for failure in &quarantine {
+            tracing::error!(datastore = %self.ds.name(), index = %self.ds.indexes[failure.index].def.name, row_key = %failure.row_key, error = %failure.error, "index entry quarantined");
+        }
+        if !result.failed_targets.is_empty() {
+            result.complete.clear();
+        }
+        let applied = Utc::now();
+        for key in &keys {
+            if self.ds.indexes_column(&key.column) {
+                let delay = (applied - key.created_at)
+                    .num_microseconds()
+                    .unwrap_or(0)
+                    .max(1);
+                result.delays_us.push(delay as u64);
+            }
+        }
+        Ok(result)
+    }
+
+    /// Recomputes and writes the entries `touched` (index, row → the
+    /// shard and a cell position for the quarantine), outside the log: the
+    /// retry of quarantined entries. Entries that fail again go back to the
+    /// quarantine at once. Returns how many were applied.
+    pub(crate) async fn reapply(&mut self, touched: &Touched) -> Result<usize> {
+        let backend = self.topology.clusters[self.cluster].maintenance()?.clone();
+        let mut result = PassResult::default();
+        let mut failures = Vec::new();
+        let entries = self
+            .compute(backend.as_ref(), touched, &mut failures, &mut result)
+            .await?;
+        let targets: BTreeSet<usize> = self.consumers.iter().map(|c| c.target).collect();
+        for &target in &targets {
+            if target != self.cluster {
+                self.write_remote(target, &entries).await?;
+            }
+        }
+        let now = truncate_to_micros(Utc::now());
+        let local = targets.contains(&self.cluster);
+        let nothing = BTreeMap::new();
+        let first = self
+            .commit_local(
+                backend.as_ref(),
+                local.then_some(&entries),
+                &nothing,
+                &nothing,
+                &failures,
+                now,
+            )
+            .await;
+        if let Err(err) = first {
+            if err.is_transient() || err.is_retryable() {
+                return Err(err);
+            }
+            failures.extend(self.isolate(self.cluster, &entries, touched).await?);
+            self.commit_local(backend.as_ref(), None, &nothing, &nothing, &failures, now)
+                .await?;
+        }
+        let failed: BTreeSet<(usize, Uuid)> =
+            failures.iter().map(|f| (f.index, f.row_key)).collect();
+        Ok(touched.keys().filter(|k| !failed.contains(k)).count())
+    }
+
+    /// Splits `failures` into entries to quarantine now (they failed
+    /// often enough) and entries to retry, which hold their shard back.
+    fn classify(&self, failures: Vec<Failure>) -> (Vec<Failure>, Vec<Failure>) {
+        failures.into_iter().partition(|failure| {
+            let before = self
+                .attempts
+                .get(&(failure.index, failure.row_key))
+                .copied()
+                .unwrap_or(0);
+            before + 1 >= self.quarantine_after
+        })
+    }
+
+    /// The offsets the pass reaches: per shard the last cell read, or just
+    /// before the first cell whose entry is retried; only for consumers
+    /// whose target was written.
+    fn advance(
+        &self,
+        offsets: &BTreeMap<u32, Vec<i64>>,
+        last_read: &BTreeMap<u32, i64>,
+        written: &BTreeSet<usize>,
+        retry: &[Failure],
+    ) -> BTreeMap<u32, Vec<i64>> {
+        let mut held_back: BTreeMap<u32, i64> = BTreeMap::new();
+        for failure in retry {
+            let limit = held_back.entry(failure.shard).or_insert(i64::MAX);
+            *limit = (*limit).min(failure.added_id - 1);
+        }
+        let mut advanced = BTreeMap::new();
+        for (shard, per) in offsets {
+            let Some(&read) = last_read.get(shard) else {
+                continue;
+            };
+            let reached = held_back.get(shard).map_or(read, |h| read.min(*h));
+            let moved: Vec<i64> = self
+                .consumers
+                .iter()
+                .zip(per)
+                .map(|(consumer, &old)| {
+                    if written.contains(&consumer.target) {
+                        old.max(reached)
+                    } else {
+                        old
+                    }
+                })
+                .collect();
+            if moved != *per {
+                advanced.insert(*shard, moved);
+            }
+        }
+        advanced
+    }
+
+    /// Reads the latest cells of the touched rows and computes their
+    /// entries; rows whose cells cannot be decoded become failures.
+    async fn compute(
+        &self,
+        backend: &dyn Backend,
+        touched: &Touched,
+        failures: &mut Vec<Failure>,
+        result: &mut PassResult,
+    ) -> Result<BTreeMap<(usize, Uuid), Entry>> {
+        let mut entries = BTreeMap::new();
+        if touched.is_empty() {
+            return Ok(entries);
+        }
+        let rows: Vec<Uuid> = touched
+            .keys()
+            .map(|(_, r)| *r)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let columns: Vec<String> = touched
+            .keys()
+            .flat_map(|(i, _)| self.ds.indexes[*i].def.columns.iter().cloned())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        // Only the members the touched indexes read are decoded.
+        let members: BTreeSet<String> = touched
+            .keys()
+            .flat_map(|(i, _)| self.ds.indexes[*i].def.fields.iter())
+            .filter_map(|field| field.path.segments().first().cloned())
+            .collect();
+        let decode_members = |body: &[u8]| codec::decode_members(body, &members);
+        let mut latest: HashMap<(Uuid, String), Cell> = HashMap::new();
+        // Row key → (column, why its latest cell cannot be read).
+        let mut corrupt: HashMap<Uuid, Vec<(String, String)>> = HashMap::new();
+        for chunk in rows.chunks(MAX_PARAMS / 2) {
+            for cell in
+                latest_cells_with(backend, self.ds, chunk, &columns, &decode_members).await?
+            {
+                match cell {
+                    Ok(cell) => {
+                        latest.insert((cell.row_key, cell.column.clone()), cell);
+                    }
+                    Err(Error::CorruptBody {
+                        row_key,
+                        column,
+                        ref_key,
+                        reason,
+                    }) => {
+                        let why =
+                            format!("cell ({row_key}, {column}, {ref_key}) is corrupt: {reason}");
+                        corrupt.entry(row_key).or_default().push((column, why));
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+        }
+        for (&(index, row_key), &(shard, added_id)) in touched {
+            let runtime = &self.ds.indexes[index];
+            let bad = corrupt
+                .get(&row_key)
+                .and_then(|bad| bad.iter().find(|(c, _)| runtime.def.columns.contains(c)));
+            if let Some((_, why)) = bad {
+                failures.push(Failure {
+                    index,
+                    row_key,
+                    shard,
+                    added_id,
+                    error: Error::Internal(why.clone()),
+                });
+                continue;
+            }
+            let entry = compute_entry(runtime, self.ds.def.shards, row_key, &latest, result);
+            entries.insert((index, row_key), entry);
+        }
+        Ok(entries)
+    }
+
+    /// Writes the entries to the index tables on another cluster, in one
+    /// transaction.
+    async fn write_remote(
+        &self,
+        target: usize,
+        entries: &BTreeMap<(usize, Uuid), Entry>,
+    ) -> Result<()> {
+        let backend = self.topology.clusters[target].maintenance()?;
+        let dialect = backend.dialect();
+        crate::retry::with_retry("writing index entries", || async {
+            let mut tx = backend.begin().await?;
+            self.write_entries(tx.as_mut(), dialect, target, entries.iter())
+                .await?;
+            tx.commit().await
+        })
+        .await
+    }
+
+    /// After a batch was refused: writes each entry in its own (fenced)
+    /// transaction and returns the ones the database refuses.
+    async fn isolate(
+        &self,
+        target: usize,
+        entries: &BTreeMap<(usize, Uuid), Entry>,
+        touched: &Touched,
+    ) -> Result<Vec<Failure>> {
+        let backend = self.topology.clusters[target].maintenance()?;
+        let dialect = backend.dialect();
+        let fenced = target == self.cluster;
+        let mut failures = Vec::new();
+        for (key, entry) in entries {
+            let outcome = crate::retry::with_retry("writing an index entry", || async {
+                let mut tx = backend.begin().await?;
+                if let (true, Some(fence)) = (fenced, &self.fence) {
+                    leases::fence(tx.as_mut(), dialect, fence.holder, fence.leases).await?;
+                }
+                self.write_entries(tx.as_mut(), dialect, target, std::iter::once((key, entry)))
+                    .await?;
+                tx.commit().await
+            })
+            .await;
+            match outcome {
+                Ok(()) => {}
+                Err(err) if err.is_transient() || matches!(err, Error::LeaseLost(_)) => {
+                    return Err(err)
+                }
+                Err(err) => {
+                    let (shard, added_id) = touched[key];
+                    failures.push(Failure {
+                        index: key.0,
+                        row_key: key.1,
+                        shard,
+                        added_id,
+                        error: err,
+                    });
+                }
+            }
+        }
+        Ok(failures)
+    }
+
+    /// The upserts and tombstones of every index for cluster `target`.
+    async fn write_entries<'e>(
+        &self,
+        tx: &mut dyn Tx,
+        dialect: Dialect,
+        target: usize,
+        entries: impl Iterator<Item = (&'e (usize, Uuid), &'e Entry)>,
+    ) -> Result<()> {
+        let now = Value::DateTime(truncate_to_micros(Utc::now()));
+        let mut upserts: Vec<Vec<(Uuid, &Entry)>> = vec![Vec::new(); self.ds.indexes.len()];
+        let mut tombstones: Vec<Vec<(Uuid, &Entry)>> = vec![Vec::new(); self.ds.indexes.len()];
+        for ((index, row_key), entry) in entries {
+            let here = entry
+                .shard
+                .is_some_and(|s| self.ds.map.cluster_of(s) == target);
+            if here {
+                upserts[*index].push((*row_key, entry));
+            } else {
+                tombstones[*index].push((*row_key, entry));
+            }
+        }
+        for (i, runtime) in self.ds.indexes.iter().enumerate() {
+            let per_row = 3 + runtime.def.fields.len() + runtime.def.columns.len();
+            for chunk in upserts[i].chunks(MAX_PARAMS / per_row) {
+                tx.execute(&upsert_sql(dialect, runtime, chunk, &now))
+                    .await?;
+            }
+            let per_row = 1 + 6 * runtime.def.columns.len();
+            for chunk in tombstones[i].chunks(MAX_PARAMS / per_row) {
+                tx.execute(&tombstone_sql(dialect, runtime, chunk, &now))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The transaction on the cell cluster: the fence, the local index
+    /// writes, the quarantine and the offsets.
+    async fn commit_local(
+        &self,
+        backend: &dyn Backend,
+        entries: Option<&BTreeMap<(usize, Uuid), Entry>>,
+        before: &BTreeMap<u32, Vec<i64>>,
+        offsets: &BTreeMap<u32, Vec<i64>>,
+        quarantine: &[Failure],
+        now: chrono::DateTime<Utc>,
+    ) -> Result<()> {
+        let nothing =
+            entries.is_none_or(BTreeMap::is_empty) && offsets.is_empty() && quarantine.is_empty();
+        if nothing {
+            return Ok(());
+        }
+        let dialect = backend.dialect();
+        crate::retry::with_retry("applying index entries", || async {
+            let mut tx = backend.begin().await?;
+            if let Some(fence) = &self.fence {
+                leases::fence(tx.as_mut(), dialect, fence.holder, fence.leases).await?;
+            }
+            if let Some(entries) = entries {
+                self.write_entries(tx.as_mut(), dialect, self.cluster, entries.iter())
+                    .await?;
+            }
+            if !quarantine.is_empty() {
+                let sql = quarantine_sql(dialect, self.ds, quarantine, self.quarantine_after, now);
+                tx.execute(&sql).await?;
+            }
+            write_offsets(
+                tx.as_mut(),
+                dialect,
+                self.ds,
+                self.consumers,
+                before,
+                offsets,
+                now,
+            )
+            .await?;
+            tx.commit().await
+        })
+        .await
+    }
+}
+
+/// The entry of `row_key` in `index` from the latest cells.
+fn compute_entry(
+    runtime: &IndexRuntime,
+    shards: u32,
+    row_key: Uuid,
+    latest: &HashMap<(Uuid, String), Cell>,
+    result: &mut PassResult,
+) -> Entry {
+    let index = &runtime.def;
+    let fields: Vec<Value> = index
+        .fields
+        .iter()
+        .map(|field| {
+            let null = Value::Null(col_type(field.ty));
+            match latest.get(&(row_key, field.column.clone())) {
+                None => null,
+                Some(cell) => match extract_checked(&cell.body, field) {
+                    Extracted::Value(value) => value,
+                    Extracted::Missing => null,
+                    Extracted::Unstorable(_) => {
+                        result.unstorable += 1;
+                        null
+                    }
+                },
+            }
+        })
+        .collect();
+    let refs = index
+        .columns
+        .iter()
+        .map(|column| latest.get(&(row_key, column.clone())).map(|c| c.ref_key))
+        .collect();
+    let shard = value_shard(&fields[index.shard_field], shards);
+    Entry {
+        fields,
+        refs,
+        shard,
+    }
+}
+
+/// `stored IS NULL OR (new IS NOT NULL AND new >= stored)`: the guard that
+/// keeps an older version from overwriting a newer one.
+fn not_older(new: &str, stored: &str) -> String {
+    format!("({stored} IS NULL OR ({new} IS NOT NULL AND {new} >= {stored}))")
+}
+
+/// A multi-row guarded upsert of entries.
+fn upsert_sql(
+    dialect: Dialect,
+    runtime: &IndexRuntime,
+    rows: &[(Uuid, &Entry)],
+    now: &Value,
+) -> Sql {
+    let index = &runtime.def;
+    let refs: Vec<String> = index.columns.iter().map(|c| ddl::ref_column(c)).collect();
+    let mut columns: Vec<&str> = vec!["row_key", ddl::INDEX_SHARD_COLUMN];
+    columns.extend(index.fields.iter().map(|f| f.name.as_str()));
+    columns.push("_updated_at");
+    columns.extend(refs.iter().map(String::as_str));
+    let mut sql = Sql::new(dialect);
+    sql.push("INSERT INTO ").ident(&runtime.table);
+    if dialect != Dialect::MySql {
+        sql.push(" AS t");
+    }
+    sql.push(" (")
+        .idents(columns.iter().copied())
+        .push(") VALUES ");
+    sql.values(rows.iter().map(|(row_key, entry)| {
+        let mut values = vec![
+            Value::Uuid(*row_key),
+            entry
+                .shard
+                .map_or(Value::Null(ColType::Int), |s| Value::Int(i64::from(s))),
+        ];
+        values.extend(entry.fields.iter().cloned());
+        values.push(now.clone());
+        values.extend(entry.refs.iter().map(|r| ref_value(*r)));
+        values
+    }));
+    let q = |c: &str| dialect.quote(c);
+    let updated = &columns[1..];
+    match dialect {
+        Dialect::MySql => {
+            let guard = refs
+                .iter()
+                .map(|r| not_older(&format!("VALUES({})", q(r)), &q(r)))
+                .collect::<Vec<_>>()
+                .join(" AND ");
+            // Ref columns come last: MySQL applies assignments in order and
+            // later ones see earlier results; the guard reads the stored
+            // refs, which are then still unchanged.
+            let sets = updated
+                .iter()
+                .map(|c| format!("{0} = IF({guard}, VALUES({0}), {0})", q(c)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            sql.push(" ON DUPLICATE KEY UPDATE ").push(&sets);
+        }
+        Dialect::Sqlite | Dialect::Postgres => {
+            let sets = updated
+                .iter()
+                .map(|c| format!("{0} = excluded.{0}", q(c)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let guard = refs
+                .iter()
+                .map(|r| not_older(&format!("excluded.{}", q(r)), &format!("t.{}", q(r))))
+                .collect::<Vec<_>>()
+                .join(" AND ");
+            sql.push(" ON CONFLICT (")
+                .ident("row_key")
+                .push(") DO UPDATE SET ")
+                .push(&sets)
+                .push(" WHERE ")
+                .push(&guard);
+        }
+    }
+    sql
+}
+
+/// Turns the stored entries of `rows` into tombstones (shard field and
+/// fields NULL, the new ref keys kept), where the guard allows.
+fn tombstone_sql(
+    dialect: Dialect,
+    runtime: &IndexRuntime,
+    rows: &[(Uuid, &Entry)],
+    now: &Value,
+) -> Sql {
+    let index = &runtime.def;
+    let case = |sql: &mut Sql, position: usize| {
+        sql.push("(CASE ").ident("row_key");
+        for (row_key, entry) in rows {
+            sql.push(" WHEN ")
+                .bind(Value::Uuid(*row_key))
+                .push(" THEN ")
+                .bind(ref_value(entry.refs[position]));
+        }
+        sql.push(" END)");
+    };
+    let mut sql = Sql::new(dialect);
+    sql.push("UPDATE ")
+        .ident(&runtime.table)
+        .push(" SET ")
+        .ident(ddl::INDEX_SHARD_COLUMN)
+        .push(" = NULL");
+    for field in &index.fields {
+        sql.push(", ").ident(&field.name).push(" = NULL");
+    }
+    sql.push(", ")
+        .ident("_updated_at")
+        .push(" = ")
+        .bind(now.clone());
+    for (position, column) in index.columns.iter().enumerate() {
+        sql.push(", ").ident(&ddl::ref_column(column)).push(" = ");
+        case(&mut sql, position);
+    }
+    sql.push(" WHERE ")
+        .ident("row_key")
+        .push(" IN ")
+        .bind_list(rows.iter().map(|(r, _)| Value::Uuid(*r)));
+    for (position, column) in index.columns.iter().enumerate() {
+        let stored = dialect.quote(&ddl::ref_column(column));
+        sql.push(" AND (").push(&stored).push(" IS NULL OR (");
+        case(&mut sql, position);
+        sql.push(" IS NOT NULL AND ");
+        case(&mut sql, position);
+        sql.push(" >= ").push(&stored).push("))");
+    }
+    sql
+}
+
+fn ref_value(value: Option<i64>) -> Value {
+    value.map_or(Value::Null(ColType::Int), Value::Int)
+}
+
+/// Records quarantined entries, having failed `attempts` times (or counts
+/// another attempt of entries already there).
+fn quarantine_sql(
+    dialect: Dialect,
+    ds: &DatastoreRuntime,
+    failures: &[Failure],
+    attempts: u32,
+    now: chrono::DateTime<Utc>,
+) -> Sql {
+    let mut unique: BTreeMap<(usize, Uuid), &Failure> = BTreeMap::new();
+    for failure in failures {
+        unique
+            .entry((failure.index, failure.row_key))
+            .or_insert(failure);
+    }
+    let table = ddl::quarantine_table(ds.name());
+    let mut sql = Sql::new(dialect);
+    sql.push("INSERT INTO ").ident(&table);
+    if dialect != Dialect::MySql {
+        sql.push(" AS t");
+    }
+    sql.push(" (")
+        .idents([
+            "index_name",
+            "row_key",
+            "shard",
+            "added_id",
+            "code",
+            "message",
+            "attempts",
+            "first_seen",
+            "last_seen",
+        ])
+        .push(") VALUES ")
+        .values(unique.values().map(|f| {
+            vec![
+                Value::Text(ds.indexes[f.index].def.name.clone()),
+                Value::Uuid(f.row_key),
+                Value::Int(i64::from(f.shard)),
+                Value::Int(f.added_id.min(i64::MAX - 1)),
+                Value::Text(f.error.code().to_string()),
+                Value::Text(f.error.to_string()),
+                Value::Int(i64::from(attempts)),
+                Value::DateTime(now),
+                Value::DateTime(now),
+            ]
+        }));
+    let q = |c: &str| dialect.quote(c);
+    match dialect {
+        Dialect::MySql => {
+            sql.push(&format!(
+                " ON DUPLICATE KEY UPDATE {0} = VALUES({0}), {1} = VALUES({1}), {2} = VALUES({2}), {3} = {3} + 1",
+                q("code"),
+                q("message"),
+                q("last_seen"),
+                q("attempts")
+            ));
+        }
+        Dialect::Sqlite | Dialect::Postgres => {
+            sql.push(&format!(
+                " ON CONFLICT ({}, {}) DO UPDATE SET {2} = excluded.{2}, {3} = excluded.{3}, {4} = excluded.{4}, {5} = t.{5} + 1",
+                q("index_name"),
+                q("row_key"),
+                q("code"),
+                q("message"),
+                q("last_seen"),
+                q("attempts")
+            ));
+        }
+    }
+    sql
+}
+
+/// Upserts the offsets that moved.
+async fn write_offsets(
+    tx: &mut dyn Tx,
+    dialect: Dialect,
+    ds: &DatastoreRuntime,
+    consumers: &[Consumer],
+    before: &BTreeMap<u32, Vec<i64>>,
+    after: &BTreeMap<u32, Vec<i64>>,
+    now: chrono::DateTime<Utc>,
+) -> Result<()> {
+    let mut rows = Vec::new();
+    for (shard, per) in after {
+        let old = &before[shard];
+        for (c, consumer) in consumers.iter().enumerate() {
+            if per[c] > old[c] {
+                rows.push(vec![
+                    Value::Int(i64::from(*shard)),
+                    Value::Text(consumer.name.clone()),
+                    Value::Int(per[c]),
+                    Value::DateTime(now),
+                ]);
+            }
+        }
+    }
+    for chunk in rows.chunks(MAX_PARAMS / 4) {
+        let mut sql = Sql::new(dialect);
+        sql.push("INSERT INTO ")
+            .ident(&ddl::offsets_table(ds.name()))
+            .push(" (")
+            .idents(["shard", "consumer", "added_id", "updated_at"])
+            .push(") VALUES ")
+            .values(chunk.iter().cloned())
+            .push(&dialect.upsert(&["shard", "consumer"], &["added_id", "updated_at"]));
+        tx.execute(&sql).await?;
+    }
+    Ok(())
+}
+
+/// The stored offsets of `consumers` for `shards` (0 when absent), in one
+/// statement per chunk of shards.
+pub(crate) async fn read_offsets(
+    backend: &dyn Backend,
+    ds: &DatastoreRuntime,
+    consumers: &[Consumer],
+    shards: &[u32],
+) -> Result<BTreeMap<u32, Vec<i64>>> {
+    let mut offsets: BTreeMap<u32, Vec<i64>> = shards
+        .iter()
+        .map(|s| (*s, vec![0; consumers.len()]))
+        .collect();
+    let position: HashMap<&str, usize> = consumers
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.name.as_str(), i))
+        .collect();
+    for chunk in shards.chunks(MAX_PARAMS / 2) {
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("SELECT ")
+            .idents(["shard", "consumer", "added_id"])
+            .push(" FROM ")
+            .ident(&ddl::offsets_table(ds.name()))
+            .push(" WHERE ")
+            .ident("shard")
+            .push(" IN ")
+            .bind_list(chunk.iter().map(|s| Value::Int(i64::from(*s))));
+        let rows = backend
+            .fetch(&sql, &[ColType::Int, ColType::Text, ColType::Int])
+            .await?;
+        for row in rows {
+            let (Some(shard), Some(consumer), Some(added_id)) =
+                (row[0].as_int(), row[1].as_text(), row[2].as_int())
+            else {
+                continue;
+            };
+            if let (Some(per), Some(&c)) =
+                (offsets.get_mut(&(shard as u32)), position.get(consumer))
+            {
+                per[c] = added_id;
+            }
+        }
+    }
+    Ok(offsets)
+}

@@ -1,0 +1,335 @@
+//! Index maintenance in the background: per datastore and cell cluster, a
+//! worker that keeps the indexes up to date with the cell log.
+//!
+//! **Work.** A worker knows which of its shards are *dirty* (have cells
+//! its offsets have not reached) from three sources: the write events of
+//! this process ([`Written`]), a periodic *sweep* that compares every
+//! shard's log head with the stored offsets (so work written by other
+//! gateways, lost wake-ups and clusters that were down are all picked up),
+//! and the shards of leases it just acquired. It applies dirty shards in
+//! batched passes (`apply.rs`): one pass covers up to [`PASS_SHARDS`]
+//! shards and [`apply::PAGE`] cells in a handful of statements.
+//!
+//! **Leases.** The shards of a datastore on a cluster are split into up to
+//! [`BUCKETS`] contiguous buckets, each a lease (`leases.rs`) on that
+//! cluster. Gateways announce themselves with member leases and each takes
+//! a fair share of the buckets; a gateway that stops renewing loses its
+//! buckets when they expire and the others take them over. Every pass
+//! commits under a fence on the leases of the shards it touched.
+//!
+//! **Down clusters.** A target cluster of index entries that cannot be
+//! written is skipped for a while: entries routed to healthy clusters keep
+//! flowing, and the sweep finds the skipped work once it is back. A cell
+//! cluster that cannot be read backs its worker off.
+//!
+//! **Readiness.** The sweep also tells, per index, whether every shard is
+//! caught up; an index being built becomes ready (and queryable) the first
+//! time all clusters of its datastore report it so.
+
+mod admin;
+mod buckets;
+mod readiness;
+mod worker;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use super::apply::{self};
+use super::lag::ClusterLag;
+use crate::topology::{DatastoreRuntime, Topology, Written};
+
+use self::buckets::*;
+use self::readiness::*;
+use self::worker::*;
+
+pub(crate) use self::admin::apply_all;
+pub(crate) use self::readiness::{check_ready, measure};
+
+/// Most lease buckets per datastore and cluster.
+pub(crate) const BUCKETS: usize = 64;
+
+/// Most shards one pass reads from.
+pub(crate) const PASS_SHARDS: usize = 1024;
+
+/// How maintenance runs.
+#[derive(Debug, Clone)]
+pub struct MaintainerOptions {
+    /// Lease time of a bucket of shards: how long a gateway that stopped
+    /// keeps its shards before others take them over.
+    pub lease_time: Duration,
+    /// How often every shard's log head is compared with the offsets.
+    pub sweep_every: Duration,
+    /// Failed attempts after which an index entry is quarantined.
+    pub quarantine_after: u32,
+    /// Passes a worker runs at once over disjoint buckets of shards;
+    /// 0 picks by backend (2 on SQLite, 4 on a server).
+    pub passes: usize,
+}
+
+impl Default for MaintainerOptions {
+    fn default() -> Self {
+        MaintainerOptions {
+            lease_time: Duration::from_secs(10),
+            sweep_every: Duration::from_secs(1),
+            quarantine_after: 3,
+            passes: 0,
+        }
+    }
+}
+
+/// A message to a worker.
+enum Msg {
+    Written(Vec<(u32, i64)>),
+    /// Sweep now, then answer.
+    Sweep(oneshot::Sender<()>),
+}
+
+/// Per-datastore counters.
+#[derive(Default)]
+struct Counters {
+    unstorable: AtomicU64,
+    quarantined: AtomicU64,
+    applied: AtomicU64,
+}
+
+/// Maintenance state shared by the workers and read by metrics.
+pub(crate) struct Maintainer {
+    pub(crate) options: MaintainerOptions,
+    /// Identifies this process in lease tables.
+    pub(crate) holder: String,
+    workers: Mutex<HashMap<(String, usize), mpsc::UnboundedSender<Msg>>>,
+    /// Apply delays since start, and since the last `take_delays`.
+    delays_total_us: Mutex<hdrhistogram::Histogram<u64>>,
+    delays_us: Mutex<hdrhistogram::Histogram<u64>>,
+    /// The latest sweep of each (datastore, cluster).
+    lag: Mutex<HashMap<(String, usize), ClusterLag>>,
+    counters: Mutex<HashMap<String, Arc<Counters>>>,
+    /// Buckets held per (datastore, cluster), for metrics.
+    held: Mutex<HashMap<(String, usize), usize>>,
+    /// The worker tasks, to wait for them at shutdown.
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+/// The maintenance figures of one datastore, for `/metrics`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MaintenanceMetrics {
+    /// Cells not yet applied to every index, from the latest sweep.
+    pub pending_cells: i64,
+    /// Shards with cells not yet applied.
+    pub lagging_shards: usize,
+    /// Age of the oldest unapplied cell, in milliseconds.
+    pub lag_max_ms: u64,
+    /// Field values stored as NULL because a backend cannot store them.
+    pub unstorable_values: u64,
+    /// Entries this process moved to the quarantine.
+    pub quarantined: u64,
+    /// Entries in the quarantine now, from the latest sweep.
+    pub quarantine_size: i64,
+    /// Log cells this process applied.
+    pub applied_cells: u64,
+    /// Lease buckets this process holds.
+    pub buckets_held: usize,
+    /// Indexes still being built, with their cells to go.
+    pub building: Vec<(String, i64)>,
+}
+
+fn histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
+}
+
+impl Maintainer {
+    pub(crate) fn new(options: MaintainerOptions) -> Maintainer {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".to_string());
+        let holder = format!(
+            "{host}:{}:{}",
+            std::process::id(),
+            &Uuid::new_v4().simple().to_string()[..8]
+        );
+        Maintainer {
+            options,
+            holder,
+            workers: Mutex::new(HashMap::new()),
+            delays_total_us: Mutex::new(histogram()),
+            delays_us: Mutex::new(histogram()),
+            lag: Mutex::new(HashMap::new()),
+            counters: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Waits for the workers to end (after a shutdown), at most `grace`.
+    pub(crate) async fn join(&self, grace: Duration) {
+        let tasks = std::mem::take(&mut *self.tasks.lock().expect("tasks"));
+        if tokio::time::timeout(grace, futures::future::join_all(tasks))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "index maintenance did not stop in time; its leases expire on their own"
+            );
+        }
+    }
+
+    fn counters(&self, datastore: &str) -> Arc<Counters> {
+        self.counters
+            .lock()
+            .expect("counters")
+            .entry(datastore.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Delay quantiles `(quantile, microseconds)` since start and the
+    /// sample count.
+    pub(crate) fn delay_quantiles(&self) -> (Vec<(f64, u64)>, u64) {
+        let histogram = self.delays_total_us.lock().expect("histogram");
+        let quantiles = [0.5, 0.9, 0.99, 1.0]
+            .into_iter()
+            .map(|q| (q, histogram.value_at_quantile(q)))
+            .collect();
+        (quantiles, histogram.len())
+    }
+
+    /// `(p50, p99, samples)` of apply delays in microseconds since the last
+    /// call.
+    pub(crate) fn take_delays(&self) -> (u64, u64, u64) {
+        let mut histogram = self.delays_us.lock().expect("histogram");
+        let result = (
+            histogram.value_at_quantile(0.5),
+            histogram.value_at_quantile(0.99),
+            histogram.len(),
+        );
+        histogram.reset();
+        result
+    }
+
+    /// The maintenance figures of `ds` from the latest sweeps.
+    pub(crate) fn metrics(&self, ds: &DatastoreRuntime) -> MaintenanceMetrics {
+        let lag = self.lag.lock().expect("lag");
+        let mut metrics = MaintenanceMetrics::default();
+        for cluster in ds.map.clusters() {
+            if let Some(l) = lag.get(&(ds.name().to_string(), cluster)) {
+                metrics.pending_cells += l.pending_cells;
+                metrics.lagging_shards += l.shards.len();
+                metrics.lag_max_ms = metrics.lag_max_ms.max(l.oldest_ms);
+                metrics.quarantine_size += l.quarantined;
+            }
+        }
+        let counters = self.counters(ds.name());
+        metrics.unstorable_values = counters.unstorable.load(Ordering::Relaxed);
+        metrics.quarantined = counters.quarantined.load(Ordering::Relaxed);
+        metrics.applied_cells = counters.applied.load(Ordering::Relaxed);
+        metrics.buckets_held = self
+            .held
+            .lock()
+            .expect("held")
+            .iter()
+            .filter(|((name, _), _)| name == ds.name())
+            .map(|(_, n)| n)
+            .sum();
+        metrics.building = ds
+            .indexes
+            .iter()
+            .filter(|i| !i.is_ready())
+            .map(|i| (i.def.name.clone(), i.pending()))
+            .collect();
+        metrics
+    }
+
+    /// Asks every worker to sweep now and waits until they did.
+    pub(crate) async fn sweep_all(&self) {
+        let senders: Vec<_> = self
+            .workers
+            .lock()
+            .expect("workers")
+            .values()
+            .cloned()
+            .collect();
+        let mut replies = Vec::new();
+        for sender in senders {
+            let (tx, rx) = oneshot::channel();
+            if sender.send(Msg::Sweep(tx)).is_ok() {
+                replies.push(rx);
+            }
+        }
+        for reply in replies {
+            let _ = reply.await;
+        }
+    }
+
+    fn record(&self, ds: &str, result: &apply::PassResult) {
+        let counters = self.counters(ds);
+        counters
+            .unstorable
+            .fetch_add(result.unstorable, Ordering::Relaxed);
+        counters
+            .quarantined
+            .fetch_add(result.quarantined, Ordering::Relaxed);
+        counters
+            .applied
+            .fetch_add(result.cells as u64, Ordering::Relaxed);
+        let mut recent = self.delays_us.lock().expect("histogram");
+        let mut total = self.delays_total_us.lock().expect("histogram");
+        for delay in &result.delays_us {
+            let _ = recent.record(*delay);
+            let _ = total.record(*delay);
+        }
+    }
+}
+
+/// Starts a worker per datastore and cluster, and the task that routes
+/// write events to them. Everything stops when the topology is dropped.
+pub(crate) fn start(
+    topology: &Arc<Topology>,
+    maintainer: &Arc<Maintainer>,
+    mut events: mpsc::UnboundedReceiver<Written>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+    maintain: bool,
+) {
+    for ds in topology.datastores_sorted() {
+        if ds.indexes.is_empty() {
+            continue;
+        }
+        for cluster in ds.map.clusters() {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            maintainer
+                .workers
+                .lock()
+                .expect("workers")
+                .insert((ds.name().to_string(), cluster), sender);
+            let mut worker = Worker::new(
+                Arc::downgrade(topology),
+                maintainer.clone(),
+                &ds,
+                cluster,
+                topology,
+            );
+            worker.maintain = maintain;
+            let task = tokio::spawn(worker.run(receiver, stopped.clone()));
+            maintainer.tasks.lock().expect("tasks").push(task);
+        }
+    }
+    let maintainer = Arc::downgrade(maintainer);
+    tokio::spawn(async move {
+        while let Some(event) = events.recv().await {
+            let Some(maintainer) = maintainer.upgrade() else {
+                return;
+            };
+            let sender = maintainer
+                .workers
+                .lock()
+                .expect("workers")
+                .get(&(event.datastore.clone(), event.cluster))
+                .cloned();
+            if let Some(sender) = sender {
+                let _ = sender.send(Msg::Written(event.heads));
+            }
+        }
+    });
+}

@@ -1,0 +1,103 @@
+//! Readiness of indexes being built: an index becomes queryable the first
+//! time every cluster of its datastore reports it caught up, from a sweep
+//! or, at start-up, from a measurement.
+
+use crate::error::Result;
+use crate::indexes::apply::{self};
+use crate::indexes::lag::{self, ClusterLag};
+use crate::topology::{DatastoreRuntime, Topology};
+
+use super::*;
+
+/// Marks the building indexes of `ds` ready once every cluster's latest
+/// sweep shows them caught up.
+pub(super) async fn mark_ready_indexes(
+    topology: &Topology,
+    shared: &Maintainer,
+    ds: &DatastoreRuntime,
+) {
+    let consumers = apply::consumers(topology, ds);
+    let caught_up: Vec<(usize, i64, bool)> = {
+        let lag = shared.lag.lock().expect("lag");
+        ds.indexes
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| !i.is_ready())
+            .map(|(position, _)| {
+                let mut pending = 0;
+                let mut complete = true;
+                for cluster in ds.map.clusters() {
+                    match lag.get(&(ds.name().to_string(), cluster)) {
+                        None => complete = false,
+                        Some(l) => {
+                            for (c, consumer) in consumers.iter().enumerate() {
+                                if consumer.index == position {
+                                    pending += l.pending_by_consumer.get(c).copied().unwrap_or(0);
+                                }
+                            }
+                        }
+                    }
+                }
+                (position, pending, complete && pending == 0)
+            })
+            .collect()
+    };
+    for (position, pending, ready) in caught_up {
+        let index = &ds.indexes[position];
+        let was_building = index.pending() > 0;
+        index.set_pending(pending);
+        if ready {
+            match crate::catalog::mark_ready(topology, ds, index).await {
+                Ok(()) => {
+                    index.set_ready();
+                    if was_building {
+                        tracing::info!(datastore = %ds.name(), index = %index.def.name, version = index.version, "index built and ready");
+                    } else {
+                        tracing::debug!(datastore = %ds.name(), index = %index.def.name, version = index.version, "index ready");
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(datastore = %ds.name(), index = %index.def.name, error = %err, "cannot record a ready index yet")
+                }
+            }
+        } else {
+            tracing::info!(datastore = %ds.name(), index = %index.def.name, pending, "index building");
+        }
+    }
+}
+
+/// The lag of every cluster of `ds`, measured now.
+pub(crate) async fn measure(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+) -> Result<Vec<(usize, ClusterLag)>> {
+    let consumers = apply::consumers(topology, ds);
+    let mut out = Vec::new();
+    for cluster in ds.map.clusters() {
+        let backend = topology.clusters[cluster].master()?;
+        out.push((
+            cluster,
+            lag::measure(backend.as_ref(), ds, &consumers).await?.0,
+        ));
+    }
+    Ok(out)
+}
+
+/// Marks the indexes of every datastore ready that are caught up now; used
+/// at start-up so a fresh store's indexes are queryable at once.
+pub(crate) async fn check_ready(topology: &Topology, shared: &Maintainer) {
+    for ds in topology.datastores_sorted() {
+        if ds.indexes.iter().all(|i| i.is_ready()) {
+            continue;
+        }
+        if let Ok(measured) = measure(topology, &ds).await {
+            {
+                let mut lag = shared.lag.lock().expect("lag");
+                for (cluster, l) in measured {
+                    lag.insert((ds.name().to_string(), cluster), l);
+                }
+            }
+            mark_ready_indexes(topology, shared, &ds).await;
+        }
+    }
+}

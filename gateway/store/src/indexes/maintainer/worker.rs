@@ -1,0 +1,512 @@
+//! The worker of one datastore on one cell cluster: its loop (write
+//! events, sweeps, lease rounds, shutdown), the batches of dirty shards a
+//! pass applies, and what it records of each pass. Its leases are in
+//! `buckets.rs`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::indexes::apply::{self, Consumer, Fence, Pass};
+use crate::indexes::lag::{self};
+use crate::leases::Lease;
+use crate::topology::{DatastoreRuntime, Topology};
+
+use super::*;
+
+pub(super) struct Worker {
+    /// Apply the log (hold leases); without, the worker only measures lag.
+    pub(super) maintain: bool,
+    pub(super) topology: Weak<Topology>,
+    /// The cell cluster's master, kept to release the leases at shutdown.
+    pub(super) backend: Arc<dyn crate::storage::Backend>,
+    pub(super) shared: Arc<Maintainer>,
+    pub(super) datastore: String,
+    pub(super) cluster: usize,
+    pub(super) consumers: Vec<Consumer>,
+    pub(super) buckets: Vec<Bucket>,
+    pub(super) bucket_of: HashMap<u32, usize>,
+    pub(super) held: BTreeMap<usize, Lease>,
+    /// Offsets per consumer of the shards of held buckets.
+    pub(super) offsets: BTreeMap<u32, Vec<i64>>,
+    /// Latest known log head per held shard.
+    pub(super) heads: HashMap<u32, i64>,
+    pub(super) dirty: BTreeSet<u32>,
+    /// Where the next pass starts in `dirty`, so every shard gets a turn.
+    pub(super) cursor: u32,
+    pub(super) attempts: HashMap<(usize, Uuid), u32>,
+    /// Target clusters skipped until the given time.
+    pub(super) down: HashMap<usize, (Instant, u32)>,
+    /// No passes until then (the cell cluster failed, or leases are due
+    /// for renewal).
+    pub(super) backoff: Option<Instant>,
+    /// Passes failed in a row, for the backoff.
+    pub(super) failures: u32,
+}
+
+impl Worker {
+    pub(super) fn new(
+        topology: Weak<Topology>,
+        shared: Arc<Maintainer>,
+        ds: &DatastoreRuntime,
+        cluster: usize,
+        full: &Topology,
+    ) -> Worker {
+        let buckets = buckets(ds, cluster);
+        let bucket_of = buckets
+            .iter()
+            .enumerate()
+            .flat_map(|(i, b)| b.shards.iter().map(move |s| (*s, i)))
+            .collect();
+        Worker {
+            maintain: true,
+            topology,
+            backend: full.clusters[cluster].master.clone(),
+            shared,
+            datastore: ds.name().to_string(),
+            cluster,
+            consumers: apply::consumers(full, ds),
+            buckets,
+            bucket_of,
+            held: BTreeMap::new(),
+            offsets: BTreeMap::new(),
+            heads: HashMap::new(),
+            dirty: BTreeSet::new(),
+            cursor: 0,
+            attempts: HashMap::new(),
+            down: HashMap::new(),
+            backoff: None,
+            failures: 0,
+        }
+    }
+
+    pub(super) async fn run(
+        mut self,
+        mut messages: mpsc::UnboundedReceiver<Msg>,
+        mut stopped: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let options = self.shared.options.clone();
+        let mut next_lease_round = Instant::now();
+        // The first sweep after one interval: a maintaining worker finds
+        // its work when it takes its leases.
+        let sweep_every = options.sweep_every.max(Duration::from_millis(10));
+        let mut sweep_tick =
+            tokio::time::interval_at(tokio::time::Instant::now() + sweep_every, sweep_every);
+        sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let waiting = self.backoff;
+            let can_work = !self.dirty.is_empty() && waiting.is_none();
+            tokio::select! {
+                biased;
+                _ = stopped.changed() => break,
+                message = messages.recv() => match message {
+                    None => break,
+                    Some(Msg::Written(heads)) => self.written(heads),
+                    Some(Msg::Sweep(reply)) => {
+                        if self.topology.strong_count() == 0 {
+                            break;
+                        }
+                        self.sweep().await;
+                        let _ = reply.send(());
+                    }
+                },
+                _ = tokio::time::sleep_until(next_lease_round.into()) => {
+                    if self.topology.strong_count() == 0 {
+                        break;
+                    }
+                    let short = self.leases().await;
+                    // Short of a fair share: buckets are changing hands
+                    // (a gateway stopped or started); look again soon.
+                    // Renewal needs a quarter of the lease time; gateways
+                    // that come and go are noticed within two seconds.
+                    let every = (options.lease_time / 4).min(Duration::from_secs(2));
+                    let wait = if short { every.min(Duration::from_millis(250)) } else { every };
+                    next_lease_round = Instant::now() + wait.max(Duration::from_millis(20));
+                }
+                _ = sweep_tick.tick() => {
+                    if self.topology.strong_count() == 0 {
+                        break;
+                    }
+                    self.sweep().await;
+                }
+                _ = tokio::time::sleep_until(waiting.unwrap_or_else(Instant::now).into()), if waiting.is_some() => {
+                    self.backoff = None;
+                }
+                _ = std::future::ready(()), if can_work => {
+                    self.pass().await;
+                }
+            }
+        }
+        self.release_all().await;
+    }
+
+    fn written(&mut self, heads: Vec<(u32, i64)>) {
+        for (shard, head) in heads {
+            let known = self.heads.entry(shard).or_insert(0);
+            *known = (*known).max(head);
+            if self.offsets.contains_key(&shard) {
+                self.dirty.insert(shard);
+            }
+        }
+    }
+
+    fn targets_down(&self) -> BTreeSet<usize> {
+        let now = Instant::now();
+        self.down
+            .iter()
+            .filter(|(_, (until, _))| *until > now)
+            .map(|(t, _)| *t)
+            .collect()
+    }
+
+    /// Runs a round of passes: up to `passes` at once, each over whole
+    /// lease buckets of dirty shards (so no two lock the same lease row or
+    /// touch the same index entries), at most [`PASS_SHARDS`] shards each.
+    async fn pass(&mut self) {
+        let Some(topology) = self.topology.upgrade() else {
+            self.dirty.clear();
+            return;
+        };
+        let Ok(ds) = topology.datastore(&self.datastore) else {
+            self.dirty.clear();
+            return;
+        };
+        let batches = self.batches(&topology);
+        if batches.is_empty() {
+            // Dirty shards whose leases are about to lapse wait for renewal.
+            self.backoff = Some(Instant::now() + Duration::from_millis(100));
+            return;
+        }
+        let down = self.targets_down();
+        let holder = self.shared.holder.clone();
+        let consumers: Vec<Consumer> = self.consumers.clone();
+        let quarantine_after = self.shared.options.quarantine_after;
+        let mut work = Vec::with_capacity(batches.len());
+        for batch in &batches {
+            // Consumers of skipped targets count as caught up for this pass.
+            let offsets: BTreeMap<u32, Vec<i64>> = batch
+                .iter()
+                .map(|s| {
+                    let per = self.offsets[s]
+                        .iter()
+                        .zip(&self.consumers)
+                        .map(|(o, c)| {
+                            if down.contains(&c.target) {
+                                i64::MAX
+                            } else {
+                                *o
+                            }
+                        })
+                        .collect();
+                    (*s, per)
+                })
+                .collect();
+            let leases: Vec<Lease> = batch
+                .iter()
+                .filter_map(|s| self.bucket_of.get(s))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .filter_map(|b| self.held.get(b).cloned())
+                .collect();
+            // The failed attempts of this batch's rows travel with it.
+            let shards: BTreeSet<u32> = batch.iter().copied().collect();
+            let attempts: HashMap<(usize, Uuid), u32> = self
+                .attempts
+                .iter()
+                .filter(|((_, row), _)| {
+                    shards.contains(&crate::shards::row_shard(row, ds.def.shards))
+                })
+                .map(|(k, v)| (*k, *v))
+                .collect();
+            work.push((offsets, leases, attempts));
+        }
+        let runs = work.iter_mut().map(|(offsets, leases, attempts)| {
+            let (topology, ds, consumers, holder) = (&topology, &ds, &consumers, &holder);
+            let cluster = self.cluster;
+            async move {
+                let mut pass = Pass {
+                    topology,
+                    ds,
+                    cluster,
+                    consumers,
+                    fence: Some(Fence { holder, leases }),
+                    attempts,
+                    quarantine_after,
+                };
+                pass.run(offsets).await
+            }
+        });
+        let results = futures::future::join_all(runs).await;
+        for ((batch, (_, _, attempts)), result) in batches.iter().zip(work).zip(results) {
+            let shards: BTreeSet<u32> = batch.iter().copied().collect();
+            self.attempts.retain(|(_, row), _| {
+                !shards.contains(&crate::shards::row_shard(row, ds.def.shards))
+            });
+            self.attempts.extend(attempts);
+            self.settle(&topology, batch, &down, result);
+        }
+    }
+
+    /// Picks the batches of the next round: whole buckets of dirty shards
+    /// under comfortably valid leases, from the rotating cursor on.
+    fn batches(&mut self, topology: &Topology) -> Vec<Vec<u32>> {
+        let margin = chrono::Duration::from_std(self.shared.options.lease_time / 4)
+            .unwrap_or(chrono::Duration::seconds(2));
+        let now = Utc::now();
+        let valid: BTreeSet<usize> = self
+            .held
+            .iter()
+            .filter(|(_, l)| l.expires_at - margin > now)
+            .map(|(b, _)| *b)
+            .collect();
+        let mut by_bucket: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+        for shard in self
+            .dirty
+            .range(self.cursor..)
+            .chain(self.dirty.range(..self.cursor))
+        {
+            if let Some(bucket) = self.bucket_of.get(shard).filter(|b| valid.contains(b)) {
+                by_bucket.entry(*bucket).or_default().push(*shard);
+            }
+        }
+        // Buckets in rotation order from the cursor.
+        let start = self.bucket_of.get(&self.cursor).copied().unwrap_or(0);
+        let mut order: Vec<usize> = by_bucket.keys().copied().collect();
+        order.sort_by_key(|b| (*b < start, *b));
+        let passes = self.passes(topology);
+        let (mut batches, last_bucket) =
+            group_buckets(&order, &by_bucket, passes, |s| self.pending(s));
+        if let Some(bucket) = last_bucket {
+            self.cursor = self.buckets[bucket].shards.last().map_or(0, |s| s + 1);
+        }
+        for batch in &mut batches {
+            batch.sort_unstable();
+        }
+        batches
+    }
+
+    /// The cells of `shard` the slowest consumer has yet to apply, as far
+    /// as this worker knows the log head (at least 1, at most a page).
+    fn pending(&self, shard: u32) -> usize {
+        let from = self
+            .offsets
+            .get(&shard)
+            .and_then(|o| o.iter().min().copied())
+            .unwrap_or(0);
+        self.heads.get(&shard).map_or(1, |head| {
+            usize::try_from(head.saturating_sub(from)).map_or(1, |n| n.clamp(1, apply::PAGE))
+        })
+    }
+
+    /// Passes run at once: a server database takes concurrent writers,
+    /// SQLite's single writer only lets one pass read while another writes.
+    fn passes(&self, topology: &Topology) -> usize {
+        match self.shared.options.passes {
+            0 => match topology.clusters[self.cluster].master.dialect() {
+                crate::storage::Dialect::Sqlite => 2,
+                _ => 4,
+            },
+            n => n,
+        }
+    }
+
+    /// Takes in the outcome of one pass.
+    fn settle(
+        &mut self,
+        topology: &Topology,
+        batch: &[u32],
+        down: &BTreeSet<usize>,
+        result: Result<apply::PassResult>,
+    ) {
+        match result {
+            Ok(result) => {
+                self.failures = 0;
+                for (shard, per) in &result.offsets {
+                    let stored = self.offsets.get_mut(shard).expect("held shard");
+                    for (c, value) in per.iter().enumerate() {
+                        if *value != i64::MAX {
+                            stored[c] = stored[c].max(*value);
+                        }
+                    }
+                }
+                for (target, err) in &result.failed_targets {
+                    let (_, failures) = self
+                        .down
+                        .get(target)
+                        .copied()
+                        .unwrap_or((Instant::now(), 0));
+                    let delay = Duration::from_millis(500 << failures.min(5));
+                    tracing::warn!(datastore = %self.datastore, cluster = %topology.clusters[*target].name, error = %err, "index entries for this cluster wait until it is back");
+                    self.down
+                        .insert(*target, (Instant::now() + delay, failures + 1));
+                }
+                if result.failed_targets.is_empty() {
+                    self.down.retain(|_, (until, _)| *until > Instant::now());
+                }
+                for shard in batch {
+                    let caught_up = self.heads.get(shard).is_none_or(|head| {
+                        self.offsets.get(shard).is_some_and(|offsets| {
+                            offsets
+                                .iter()
+                                .zip(&self.consumers)
+                                .all(|(o, c)| down.contains(&c.target) || o >= head)
+                        })
+                    });
+                    if result.complete.contains(shard) && caught_up {
+                        self.dirty.remove(shard);
+                    }
+                }
+                self.shared.record(&self.datastore, &result);
+            }
+            Err(Error::LeaseLost(name)) => {
+                tracing::warn!(datastore = %self.datastore, lease = %name, "lease lost; leaving its shards to their new holder");
+                if let Some((bucket, _)) = self.held.iter().find(|(_, l)| l.name == name) {
+                    let bucket = *bucket;
+                    self.drop_bucket(bucket);
+                }
+            }
+            Err(err) => {
+                self.failures += 1;
+                let delay = Duration::from_millis(100 << self.failures.min(6));
+                if err.is_transient() {
+                    tracing::warn!(datastore = %self.datastore, error = %err, "index maintenance waits for its cluster");
+                } else {
+                    tracing::error!(datastore = %self.datastore, error = %err, "index maintenance pass failed; retrying");
+                }
+                self.backoff = Some(Instant::now() + delay);
+            }
+        }
+    }
+
+    /// Forgets a bucket's shards (another process holds it now).
+    pub(super) fn drop_bucket(&mut self, bucket: usize) {
+        self.held.remove(&bucket);
+        for shard in &self.buckets[bucket].shards {
+            self.offsets.remove(shard);
+            self.dirty.remove(shard);
+            self.heads.remove(shard);
+        }
+    }
+
+    /// Compares log heads with offsets: marks held shards that are behind
+    /// dirty, publishes the lag, and marks indexes that caught up ready.
+    async fn sweep(&mut self) {
+        let Some(topology) = self.topology.upgrade() else {
+            return;
+        };
+        let Ok(ds) = topology.datastore(&self.datastore) else {
+            return;
+        };
+        let cluster = &topology.clusters[self.cluster];
+        let Ok(backend) = cluster.maintenance() else {
+            return;
+        };
+        let (lag, behind) = match lag::measure(backend.as_ref(), &ds, &self.consumers).await {
+            Ok(measured) => measured,
+            Err(err) => {
+                tracing::debug!(datastore = %self.datastore, error = %err, "sweep failed");
+                return;
+            }
+        };
+        let down = self.targets_down();
+        for row in behind {
+            if down.contains(&self.consumers[row.consumer].target) {
+                continue;
+            }
+            if let Some(per) = self.offsets.get(&row.shard) {
+                let known = self.heads.entry(row.shard).or_insert(0);
+                *known = (*known).max(row.head);
+                if per[row.consumer] < row.head {
+                    self.dirty.insert(row.shard);
+                }
+            }
+        }
+        self.shared
+            .lag
+            .lock()
+            .expect("lag")
+            .insert((self.datastore.clone(), self.cluster), lag);
+        mark_ready_indexes(&topology, &self.shared, &ds).await;
+    }
+}
+
+/// Groups the dirty shards of `by_bucket`, whole buckets in `order`, into
+/// at most `passes` batches of at most [`PASS_SHARDS`] shards, each ended
+/// once the cells `pending` expects of its shards fill a page: the log read
+/// of a pass gets cheaper with every shard it need not look at. Returns the
+/// batches and the last bucket taken.
+fn group_buckets(
+    order: &[usize],
+    by_bucket: &BTreeMap<usize, Vec<u32>>,
+    passes: usize,
+    pending: impl Fn(u32) -> usize,
+) -> (Vec<Vec<u32>>, Option<usize>) {
+    let mut batches: Vec<Vec<u32>> = Vec::new();
+    let mut current: Vec<u32> = Vec::new();
+    let mut cells = 0;
+    let mut last_bucket = None;
+    for &bucket in order {
+        let shards = &by_bucket[&bucket];
+        if !current.is_empty()
+            && (current.len() + shards.len() > PASS_SHARDS || cells >= apply::PAGE)
+        {
+            batches.push(std::mem::take(&mut current));
+            cells = 0;
+            if batches.len() == passes {
+                break;
+            }
+        }
+        current.extend(shards);
+        cells += shards.iter().map(|s| pending(*s)).sum::<usize>();
+        last_bucket = Some(bucket);
+    }
+    if !current.is_empty() && batches.len() < passes {
+        batches.push(current);
+    }
+    (batches, last_bucket)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 64 buckets of 64 shards, as 4,096 shards split over 64 leases.
+    fn buckets() -> (Vec<usize>, BTreeMap<usize, Vec<u32>>) {
+        let by_bucket: BTreeMap<usize, Vec<u32>> = (0..64)
+            .map(|b| (b, (b as u32 * 64..(b as u32 + 1) * 64).collect()))
+            .collect();
+        (by_bucket.keys().copied().collect(), by_bucket)
+    }
+
+    #[test]
+    fn a_backlog_fills_a_batch_with_a_page_of_cells_not_with_shards() {
+        let (order, by_bucket) = buckets();
+        // 49 cells behind on every shard: one bucket holds 3,136.
+        let (batches, last) = group_buckets(&order, &by_bucket, 4, |_| 49);
+        assert_eq!(batches.len(), 4);
+        assert!(
+            batches.iter().all(|b| b.len() == 64),
+            "{:?}",
+            batches.iter().map(Vec::len).collect::<Vec<_>>()
+        );
+        assert_eq!(last, Some(3));
+    }
+
+    #[test]
+    fn shards_a_cell_behind_fill_a_batch_up_to_the_shard_limit() {
+        let (order, by_bucket) = buckets();
+        let (batches, last) = group_buckets(&order, &by_bucket, 2, |_| 1);
+        assert_eq!(batches.len(), 2);
+        assert!(batches.iter().all(|b| b.len() == PASS_SHARDS));
+        assert_eq!(last, Some(31));
+        // Fewer dirty buckets than a round can take: one batch of all.
+        let (batches, last) = group_buckets(&order[..3], &by_bucket, 4, |_| 1);
+        assert_eq!(batches, vec![(0..192).collect::<Vec<u32>>()]);
+        assert_eq!(last, Some(2));
+    }
+}

@@ -1,0 +1,388 @@
+//! Running a plan: one SQL statement per cluster, in parallel, merged.
+//!
+//! Each statement selects only the projected fields, filters on the shard
+//! field first (so the `(shard_field, field, row_key)` SQL indexes apply),
+//! continues after the cursor with a keyset condition (never `OFFSET`) and
+//! reads one row more than the page to know whether another page exists.
+//! An `in` list on the shard field becomes one statement per cluster
+//! holding any of the values' shards; their rows are merged in the same
+//! order in Rust.
+
+use std::cmp::Ordering;
+use std::collections::HashSet;
+
+use index_dsl::CompareOp;
+use uuid::Uuid;
+
+use super::cursor::{self, Position};
+use super::entry::col_type;
+use super::plan::{IndexQuery, QueryPlan};
+use crate::cells::Cell;
+use crate::cells::{decoded_cell, with_latest_cells, Decode, CELL_TYPES};
+use crate::error::Result;
+use crate::storage::{ddl, ColType, Dialect, Sql, Value};
+use crate::topology::Topology;
+
+/// One index entry of a result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexEntry {
+    pub row_key: Uuid,
+    /// The projected fields, by name, in index order.
+    pub fields: Vec<(String, Value)>,
+    /// Position of this entry in the query's order; encoded into a cursor
+    /// only when asked for, since most entries' cursors are never read.
+    position: Position,
+    signature: u64,
+}
+
+impl IndexEntry {
+    /// The opaque cursor of this entry, for `after`.
+    pub fn cursor(&self) -> String {
+        cursor::encode(self.signature, &self.position)
+    }
+}
+
+/// One page of an index query.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexPage {
+    pub entries: Vec<IndexEntry>,
+    pub has_next_page: bool,
+    pub end_cursor: Option<String>,
+}
+
+impl QueryPlan {
+    /// The SQL this plan runs on the index table `table` of one cluster,
+    /// for the shard-field `values` whose shards that cluster holds.
+    pub fn sql(&self, dialect: Dialect, table: &str, values: &[Value]) -> Sql {
+        let index = &self.index;
+        let mut sql = Sql::new(dialect);
+        sql.push("SELECT ").ident("row_key");
+        for &p in &self.projection {
+            sql.push(", ").ident(&index.fields[p].name);
+        }
+        sql.push(" FROM ").ident(table).push(" WHERE ");
+        let shard_field = &index.shard_field().name;
+        let values = values.to_vec();
+        if values.len() == 1 {
+            sql.ident(shard_field).push(" = ").bind(values[0].clone());
+        } else {
+            sql.ident(shard_field).push(" IN ").bind_list(values);
+        }
+        for predicate in &self.predicates {
+            sql.push(" AND ");
+            let name = &index.fields[predicate.field].name;
+            let value = predicate.values[0].clone();
+            match (predicate.op, value.is_null()) {
+                (CompareOp::Eq, true) => {
+                    sql.ident(name).push(" IS NULL");
+                }
+                (CompareOp::Ne, true) => {
+                    sql.ident(name).push(" IS NOT NULL");
+                }
+                (CompareOp::Ne, false) => {
+                    // A missing value is "not equal" too: the body has no schema.
+                    sql.push("(")
+                        .ident(name)
+                        .push(" <> ")
+                        .bind(value)
+                        .push(" OR ")
+                        .ident(name)
+                        .push(" IS NULL)");
+                }
+                (CompareOp::In, _) => {
+                    sql.ident(name)
+                        .push(" IN ")
+                        .bind_list(predicate.values.iter().cloned());
+                }
+                (op, _) => {
+                    let symbol = match op {
+                        CompareOp::Eq => " = ",
+                        CompareOp::Lt => " < ",
+                        CompareOp::Le => " <= ",
+                        CompareOp::Gt => " > ",
+                        CompareOp::Ge => " >= ",
+                        CompareOp::Ne | CompareOp::In => unreachable!("handled above"),
+                    };
+                    sql.ident(name).push(symbol).bind(value);
+                }
+            }
+        }
+        if let Some(after) = &self.after {
+            sql.push(" AND ");
+            self.keyset(&mut sql, after);
+        }
+        sql.push(" ORDER BY ");
+        for &(p, descending) in &self.order {
+            sql.ident(&index.fields[p].name)
+                .push(if descending { " DESC" } else { " ASC" })
+                .push(dialect.nulls(descending))
+                .push(", ");
+        }
+        sql.ident("row_key")
+            .push(if self.row_key_descending() {
+                " DESC"
+            } else {
+                " ASC"
+            })
+            .push(&format!(" LIMIT {}", self.limit + 1));
+        sql
+    }
+
+    /// Row keys follow the direction of the last order key, so one SQL
+    /// index serves the whole order in either direction.
+    fn row_key_descending(&self) -> bool {
+        self.order.last().is_some_and(|(_, d)| *d)
+    }
+
+    /// `(k1, …, kn, row_key) > (cursor)` in the plan's order, expanded into
+    /// ORs of ANDs because directions and NULLs differ per key. Ascending
+    /// order puts NULL first, descending last, on every backend.
+    fn keyset(&self, sql: &mut Sql, after: &Position) {
+        let index = &self.index;
+        let mut terms: Vec<Sql> = Vec::new();
+        for i in 0..=self.order.len() {
+            let mut term = Sql::new(sql.dialect());
+            let mut possible = true;
+            for (j, &(p, _)) in self.order.iter().take(i).enumerate() {
+                let name = &index.fields[p].name;
+                match &after.keys[j] {
+                    v if v.is_null() => term.ident(name).push(" IS NULL AND "),
+                    v => term.ident(name).push(" = ").bind(v.clone()).push(" AND "),
+                };
+            }
+            if i < self.order.len() {
+                let (p, descending) = self.order[i];
+                let name = &index.fields[p].name;
+                match (&after.keys[i], descending) {
+                    (v, false) if v.is_null() => {
+                        term.ident(name).push(" IS NOT NULL");
+                    }
+                    (v, false) => {
+                        term.ident(name).push(" > ").bind(v.clone());
+                    }
+                    (v, true) if v.is_null() => possible = false,
+                    (v, true) => {
+                        term.push("(")
+                            .ident(name)
+                            .push(" < ")
+                            .bind(v.clone())
+                            .push(" OR ")
+                            .ident(name)
+                            .push(" IS NULL)");
+                    }
+                }
+            } else {
+                let op = if self.row_key_descending() {
+                    " < "
+                } else {
+                    " > "
+                };
+                term.ident("row_key")
+                    .push(op)
+                    .bind(Value::Uuid(after.row_key));
+            }
+            if possible {
+                terms.push(term);
+            }
+        }
+        sql.push("(");
+        for (i, term) in terms.into_iter().enumerate() {
+            if i > 0 {
+                sql.push(" OR ");
+            }
+            // Re-bind the term's values so placeholders number correctly.
+            sql.push("(").append(&term).push(")");
+        }
+        sql.push(")");
+    }
+
+    /// Compares two result rows (row key first, then the projection) in the
+    /// plan's order.
+    fn compare(&self, a: &[Value], b: &[Value]) -> Ordering {
+        for &(p, descending) in &self.order {
+            let at = 1 + self
+                .projection
+                .iter()
+                .position(|x| *x == p)
+                .expect("order field projected");
+            let ord = a[at].sort_cmp(&b[at]);
+            let ord = if descending { ord.reverse() } else { ord };
+            if ord != Ordering::Equal {
+                return ord;
+            }
+        }
+        let ord = a[0].sort_cmp(&b[0]);
+        if self.row_key_descending() {
+            ord.reverse()
+        } else {
+            ord
+        }
+    }
+
+    fn position_of(&self, row: &[Value]) -> Position {
+        Position {
+            keys: self
+                .order
+                .iter()
+                .map(|(p, _)| {
+                    let at = 1 + self
+                        .projection
+                        .iter()
+                        .position(|x| x == p)
+                        .expect("projected");
+                    row[at].clone()
+                })
+                .collect(),
+            row_key: row[0].as_uuid().unwrap_or_default(),
+        }
+    }
+}
+
+/// Answers an index query.
+pub(crate) async fn query_index(
+    topology: &Topology,
+    datastore: &str,
+    query: &IndexQuery,
+) -> Result<IndexPage> {
+    let ds = topology.datastore(datastore)?;
+    let plan = QueryPlan::build(&ds.def, query)?;
+    run_plan(topology, &plan).await
+}
+
+/// Runs a plan built by [`QueryPlan::build`].
+pub(crate) async fn run_plan(topology: &Topology, plan: &QueryPlan) -> Result<IndexPage> {
+    let ds = topology.datastore(&plan.datastore)?;
+    let runtime = ds.index(&plan.index.name)?;
+    runtime.check_ready()?;
+    if plan.limit == 0 {
+        return Ok(empty_page());
+    }
+    let types = plan.types();
+    let groups = topology.by_cluster(
+        &ds,
+        plan.shards
+            .iter()
+            .flat_map(|(shard, values)| values.iter().map(move |v| (*shard, v.clone()))),
+    );
+    let clusters = groups.len();
+    let reads = groups.into_iter().map(|(cluster, values)| {
+        let types = &types;
+        let table = &runtime.table;
+        async move {
+            let master = topology.clusters[cluster].master()?;
+            master
+                .fetch(&plan.sql(master.dialect(), table, &values), types)
+                .await
+        }
+    });
+    let mut rows: Vec<Vec<Value>> = futures::future::try_join_all(reads)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect();
+    if clusters > 1 {
+        rows.sort_by(|a, b| plan.compare(a, b));
+    }
+    Ok(plan.page(rows))
+}
+
+/// Runs a plan and reads the latest cells of `columns` for the rows of
+/// its page in the same statement ([`with_latest_cells`]), when one
+/// cluster holds every shard of the datastore, so that the rows' cells
+/// are where the index entries are. `None` when the cells are spread
+/// over clusters: the caller then reads them on their own clusters.
+pub(crate) async fn run_plan_with_cells<B>(
+    topology: &Topology,
+    plan: &QueryPlan,
+    columns: &[&str],
+    decode: Decode<'_, B>,
+) -> Result<Option<(IndexPage, Vec<Cell<B>>)>> {
+    let ds = topology.datastore(&plan.datastore)?;
+    let (Some(cluster), false) = (ds.map.sole_cluster(), columns.is_empty()) else {
+        return Ok(None);
+    };
+    let runtime = ds.index(&plan.index.name)?;
+    runtime.check_ready()?;
+    if plan.limit == 0 {
+        return Ok(Some((empty_page(), Vec::new())));
+    }
+    let values: Vec<Value> = plan
+        .shards
+        .values()
+        .flat_map(|values| values.iter().cloned())
+        .collect();
+    let master = topology.clusters[cluster].master()?;
+    let rows = plan.sql(master.dialect(), &runtime.table, &values);
+    let sql = with_latest_cells(&rows, &ddl::cells_table(ds.name()), columns);
+    let mut types = plan.types();
+    let width = types.len();
+    types.extend(CELL_TYPES);
+    let mut entries: Vec<Vec<Value>> = Vec::new();
+    let mut seen = HashSet::new();
+    let mut cells = Vec::new();
+    for mut row in master.fetch(&sql, &types).await? {
+        let cell = row.split_off(width);
+        if !cell[0].is_null() {
+            cells.push(decoded_cell(cell, decode)?);
+        }
+        if seen.insert(row[0].as_uuid()) {
+            entries.push(row);
+        }
+    }
+    entries.sort_by(|a, b| plan.compare(a, b));
+    Ok(Some((plan.page(entries), cells)))
+}
+
+fn empty_page() -> IndexPage {
+    IndexPage {
+        entries: Vec::new(),
+        has_next_page: false,
+        end_cursor: None,
+    }
+}
+
+impl QueryPlan {
+    /// The column types of [`QueryPlan::sql`]'s rows.
+    fn types(&self) -> Vec<ColType> {
+        let mut types = vec![ColType::Uuid];
+        types.extend(
+            self.projection
+                .iter()
+                .map(|&p| col_type(self.index.fields[p].ty)),
+        );
+        types
+    }
+
+    /// The page of `rows`, in the plan's order, one more than the limit
+    /// when another page exists.
+    fn page(&self, mut rows: Vec<Vec<Value>>) -> IndexPage {
+        let has_next_page = rows.len() > self.limit as usize;
+        rows.truncate(self.limit as usize);
+        let signature = self.signature();
+        let entries: Vec<IndexEntry> = rows
+            .into_iter()
+            .map(|row| {
+                let position = self.position_of(&row);
+                let row_key = row[0].as_uuid().unwrap_or_default();
+                let fields = self
+                    .projection
+                    .iter()
+                    .zip(row.into_iter().skip(1))
+                    .map(|(&p, value)| (self.index.fields[p].name.clone(), value))
+                    .collect();
+                IndexEntry {
+                    row_key,
+                    fields,
+                    position,
+                    signature,
+                }
+            })
+            .collect();
+        let end_cursor = entries.last().map(IndexEntry::cursor);
+        IndexPage {
+            entries,
+            has_next_page,
+            end_cursor,
+        }
+    }
+}

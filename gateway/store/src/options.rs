@@ -1,0 +1,166 @@
+//! The storage topology a [`crate::Store`] opens: its clusters (a master
+//! and replicas each), which shards of each datastore every cluster holds,
+//! buffered writes and connection limits. It is the `storage:` section of
+//! `cellgate.yaml`, and a Rust user builds it directly (or with
+//! [`StorageConfig::embedded`] / [`StorageConfig::single`]).
+//!
+//! Like every configuration struct, it rejects unknown keys and takes its
+//! defaults at struct level.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+/// Storage section of the configuration.
+///
+/// ```yaml
+/// storage:
+///   buffer_count: 1
+///   clusters:
+///     - { name: a, master: "mysql://cellgate@db1/cells" }
+///     - { name: b, master: "mysql://cellgate@db2/cells" }
+/// ```
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// How many secondary clusters receive a copy of each write in their
+    /// buffer table before the primary master is written.
+    ///
+    /// ```yaml
+    /// buffer_count: 0
+    /// ```
+    pub buffer_count: usize,
+    /// Storage clusters; the first is the default home of every shard.
+    /// Empty: one embedded SQLite cluster in the data directory.
+    ///
+    /// ```yaml
+    /// clusters:
+    ///   - { name: main, master: "sqlite://./data/cellgate.db" }
+    /// ```
+    pub clusters: Vec<ClusterConfig>,
+    /// Explicit shard ranges per datastore.
+    ///
+    /// ```yaml
+    /// shards:
+    ///   trips: [{ first: 0, last: 4095, cluster: main }]
+    /// ```
+    pub shards: BTreeMap<String, Vec<ShardRange>>,
+    /// Largest number of pooled connections per database.
+    ///
+    /// ```yaml
+    /// max_connections: 16
+    /// ```
+    pub max_connections: u32,
+    /// Connections per database server kept for index maintenance, apart
+    /// from `max_connections`: its passes, sweeps and leases never wait for
+    /// a connection behind requests, which under many concurrent writers
+    /// let the indexes fall seconds behind. 0 shares the request pool.
+    /// SQLite, one file with one writer, always shares it.
+    ///
+    /// ```yaml
+    /// maintenance_connections: 4
+    /// ```
+    pub maintenance_connections: u32,
+    /// Longest wait, in milliseconds, for a database server: for a pooled
+    /// connection (opening one included) and for the answer to one
+    /// statement. Past it the request fails with `STORAGE_UNAVAILABLE`
+    /// (retryable) instead of hanging on a database that is down or
+    /// unreachable, and a connection that did not answer is closed.
+    ///
+    /// ```yaml
+    /// timeout_ms: 5000
+    /// ```
+    pub timeout_ms: u64,
+    /// Longest time, in milliseconds, `GET /readyz` waits for the masters
+    /// to answer (all at once) before it answers 503.
+    ///
+    /// ```yaml
+    /// readiness_timeout_ms: 2000
+    /// ```
+    pub readiness_timeout_ms: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            buffer_count: 0,
+            clusters: Vec::new(),
+            shards: BTreeMap::new(),
+            max_connections: 16,
+            maintenance_connections: 4,
+            timeout_ms: 5_000,
+            readiness_timeout_ms: 2_000,
+        }
+    }
+}
+
+/// One storage cluster: a master and its read replicas.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Name used in shard ranges, errors and metrics, e.g. `main`.
+    pub name: String,
+    /// Database URL of the master, e.g. `postgres://cellgate@db1/cells`.
+    pub master: String,
+    /// Database URLs of replicas ("minions").
+    #[serde(default)]
+    pub replicas: Vec<String>,
+}
+
+/// Shards `first..=last` of a datastore live on `cluster`.
+///
+/// ```yaml
+/// { first: 0, last: 2047, cluster: main }
+/// ```
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ShardRange {
+    /// First shard of the range.
+    pub first: u32,
+    /// Last shard of the range, included.
+    pub last: u32,
+    /// Name of the cluster that holds the range.
+    pub cluster: String,
+}
+
+impl StorageConfig {
+    /// The timeouts of every database connection (`timeout_ms`).
+    pub fn timeouts(&self) -> crate::storage::Timeouts {
+        let timeout = std::time::Duration::from_millis(self.timeout_ms);
+        crate::storage::Timeouts {
+            acquire: timeout,
+            statement: timeout,
+        }
+    }
+
+    /// How long `GET /readyz` waits (`readiness_timeout_ms`).
+    pub fn readiness_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.readiness_timeout_ms)
+    }
+
+    /// One embedded SQLite cluster in `data_dir`.
+    pub fn embedded(data_dir: &Path) -> StorageConfig {
+        let file = data_dir.join("cellgate.db");
+        StorageConfig {
+            clusters: vec![ClusterConfig {
+                name: "main".to_string(),
+                master: format!("sqlite://{}", file.display()),
+                replicas: Vec::new(),
+            }],
+            ..StorageConfig::default()
+        }
+    }
+
+    /// A single cluster at `url`.
+    pub fn single(url: &str) -> StorageConfig {
+        StorageConfig {
+            clusters: vec![ClusterConfig {
+                name: "main".to_string(),
+                master: url.to_string(),
+                replicas: Vec::new(),
+            }],
+            ..StorageConfig::default()
+        }
+    }
+}

@@ -1,0 +1,731 @@
+//! The [`Store`]: the entry point of the Rust API, a thin façade over the
+//! topology (`topology.rs`), the cell paths (`cells/`), the index queries
+//! and the index maintainer (`indexes/`).
+//!
+//! Opening a store connects to every database of the topology, checks each
+//! reachable cluster's catalog against the definitions and prepares its
+//! tables (`catalog.rs`), then starts index maintenance. The store itself
+//! holds no logic of its own: each method delegates to the module that owns
+//! the concept, so the modules depend on the topology and never on the
+//! store.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use index_dsl::Definitions;
+use uuid::Uuid;
+
+use crate::catalog;
+use crate::cells::{self, codec, Cell, CellKey, Location, LogPage, NewCell, PutResult, PutStatus};
+use crate::error::{Error, Result};
+use crate::indexes::{
+    lag, maintainer, query, IndexPage, IndexQuery, MaintainerOptions, MaintenanceMetrics,
+    QuarantinedEntry, QueryPlan, ShardLag,
+};
+use crate::shards::ShardMap;
+use crate::storage::{self, ConnectOptions};
+use crate::topology::{ClusterState, DatastoreRuntime, Events, IndexRuntime, Topology};
+use crate::StorageConfig;
+
+/// How a store is opened.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub storage: StorageConfig,
+    /// Run index maintenance in the background (the normal mode). Without
+    /// it the store still measures the index lag; tests turn it off to
+    /// leave cells unindexed, as a crash would, and commands that only
+    /// manage tables turn it off too.
+    pub maintain_indexes: bool,
+    /// Largest number of cells in one put.
+    pub max_batch: usize,
+    /// Leases, sweep and quarantine settings of index maintenance.
+    pub maintenance: MaintainerOptions,
+    /// Fail when a cluster cannot be reached, instead of preparing it in
+    /// the background once it answers (for commands that manage tables).
+    pub require_all_clusters: bool,
+    /// Open a store that `cellgate migrate --from-v1` is converting (its
+    /// indexes stay unbuilt). Only that command sets it.
+    #[doc(hidden)]
+    pub converting_v1: bool,
+    /// ID allocation (segments, snowflake worker lease).
+    pub ids: crate::ids::IdsOptions,
+}
+
+impl StoreOptions {
+    pub fn new(storage: StorageConfig) -> StoreOptions {
+        StoreOptions {
+            storage,
+            maintain_indexes: true,
+            max_batch: 1000,
+            maintenance: MaintainerOptions::default(),
+            require_all_clusters: false,
+            converting_v1: false,
+            ids: crate::ids::IdsOptions {
+                snowflake: false,
+                ..crate::ids::IdsOptions::default()
+            },
+        }
+    }
+}
+
+/// Handle to the cell store; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    topology: Arc<Topology>,
+    maintainer: Arc<maintainer::Maintainer>,
+    maintaining: bool,
+    /// Definition changes worth a warning (superseded or removed indexes).
+    warnings: Vec<String>,
+    /// Set (or dropped with the store) to stop the maintenance workers.
+    shutdown: tokio::sync::watch::Sender<bool>,
+    ids: crate::ids::Ids,
+}
+
+/// Counters of one datastore.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DatastoreMetrics {
+    pub name: String,
+    /// Cells stored by this process.
+    pub cells_written: u64,
+    /// Writes answered as duplicates of stored cells.
+    pub cells_duplicate: u64,
+    /// Index maintenance figures (lag from the latest sweep).
+    pub maintenance: MaintenanceMetrics,
+}
+
+/// The state of one index as the store serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexStatus {
+    pub name: String,
+    /// Version of its table; a new version is built when the index's
+    /// fields or shard field change.
+    pub version: u32,
+    pub table: String,
+    /// Complete and queryable (otherwise still being built).
+    pub ready: bool,
+    /// Cells still to apply while building.
+    pub pending_cells: i64,
+}
+
+/// A snapshot for monitoring.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreMetrics {
+    pub datastores: Vec<DatastoreMetrics>,
+    /// Delay from cell commit to index update since start, in microseconds:
+    /// `(quantile, value)` for 0.5, 0.9, 0.99 and 1.0, plus the sample count.
+    pub index_delay_us: (Vec<(f64, u64)>, u64),
+    pub clusters: Vec<ClusterMetrics>,
+}
+
+/// One storage cluster, for monitoring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterMetrics {
+    pub name: String,
+    /// Prepared and serving.
+    pub ready: bool,
+    /// Statements this process sent to its master, `BEGIN` and `COMMIT`
+    /// included.
+    pub statements: u64,
+}
+
+impl Store {
+    /// Connects to every database of the topology, checks and prepares the
+    /// reachable clusters, and starts index maintenance (which first
+    /// catches up on any cells written but not yet indexed, e.g. before a
+    /// crash). Fails when the definitions disagree with a cluster's
+    /// catalog; a cluster that cannot be reached is prepared later, in the
+    /// background.
+    pub async fn open(defs: Definitions, options: StoreOptions) -> Result<Store> {
+        let config = &options.storage;
+        if config.clusters.is_empty() {
+            return Err(Error::Config("no storage cluster configured".into()));
+        }
+        if config.buffer_count > 0 && config.clusters.len() < 2 {
+            return Err(Error::Config(
+                "buffer_count > 0 needs at least two clusters".into(),
+            ));
+        }
+        let mut clusters = Vec::new();
+        for (index, cluster) in config.clusters.iter().enumerate() {
+            if !index_dsl::is_identifier(&cluster.name) || cluster.name.len() > 32 {
+                return Err(Error::Config(format!(
+                    "cluster name `{}` must be letters, digits and `_` (at most 32)",
+                    cluster.name
+                )));
+            }
+            let timeouts = config.timeouts();
+            let connect = ConnectOptions {
+                cluster: cluster.name.clone(),
+                max_connections: config.max_connections,
+                acquire_timeout: timeouts.acquire,
+                statement_timeout: timeouts.statement,
+            };
+            let master = storage::connect(&cluster.master, &connect).await?;
+            let maintenance = if config.maintenance_connections == 0
+                || master.dialect() == storage::Dialect::Sqlite
+            {
+                master.clone()
+            } else {
+                let connect = ConnectOptions {
+                    max_connections: config.maintenance_connections,
+                    ..connect.clone()
+                };
+                storage::connect(&cluster.master, &connect).await?
+            };
+            let mut replicas = Vec::new();
+            for url in &cluster.replicas {
+                replicas.push(storage::connect(url, &connect).await?);
+            }
+            clusters.push(crate::topology::Cluster::new(
+                index,
+                cluster.name.clone(),
+                master,
+                maintenance,
+                replicas,
+            ));
+        }
+        let maps = shard_maps(&defs, config)?;
+        let mut catalogs = Vec::new();
+        for cluster in &clusters {
+            match catalog::open_cluster(cluster.master.as_ref(), options.converting_v1).await {
+                Ok(found) => catalogs.push(Some(found)),
+                Err(err) if err.is_transient() && !options.require_all_clusters => {
+                    tracing::warn!(cluster = %cluster.name, error = %err, "storage cluster unreachable at start-up; its shards are unavailable until it answers");
+                    cluster.set_state(ClusterState::Pending(err.client_message()));
+                    catalogs.push(None);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        let mut warnings = Vec::new();
+        let reachable: Vec<&catalog::Catalog> = catalogs.iter().flatten().collect();
+        let plans = catalog::plan_indexes(&defs, &reachable, &mut warnings);
+        let mut datastores = HashMap::new();
+        for def in &defs.datastores {
+            let indexes = def
+                .indexes
+                .iter()
+                .map(|index| {
+                    let plan = plans[&(def.name.clone(), index.name.clone())];
+                    IndexRuntime::new(index.clone(), plan.version, plan.ready)
+                })
+                .collect();
+            let map = maps[&def.name].clone();
+            datastores.insert(
+                def.name.clone(),
+                Arc::new(DatastoreRuntime::new(def.clone(), map, indexes)),
+            );
+        }
+        let (events, written) = Events::new();
+        let topology = Arc::new(Topology {
+            defs,
+            datastores,
+            clusters,
+            buffer_count: config.buffer_count,
+            max_batch: options.max_batch,
+            events,
+        });
+        for (cluster, found) in topology.clusters.iter().zip(&catalogs) {
+            let Some(found) = found else { continue };
+            catalog::validate(&topology, cluster, found, &mut warnings)?;
+            catalog::prepare(&topology, cluster, found).await?;
+        }
+        if topology
+            .clusters
+            .iter()
+            .any(|c| matches!(c.state(), ClusterState::Pending(_)))
+        {
+            tokio::spawn(catalog::prepare_later(
+                Arc::downgrade(&topology),
+                Duration::from_secs(2),
+            ));
+        }
+        for warning in &warnings {
+            tracing::warn!("{warning}");
+        }
+        let maintainer = Arc::new(maintainer::Maintainer::new(options.maintenance.clone()));
+        if !options.converting_v1 {
+            maintainer::check_ready(&topology, &maintainer).await;
+        }
+        let (shutdown, stopped) = tokio::sync::watch::channel(false);
+        if !options.converting_v1 {
+            maintainer::start(
+                &topology,
+                &maintainer,
+                written,
+                stopped,
+                options.maintain_indexes,
+            );
+        }
+        let ids_cluster = match &options.ids.cluster {
+            None => &topology.clusters[0],
+            Some(name) => topology
+                .clusters
+                .iter()
+                .find(|c| c.name == *name)
+                .ok_or_else(|| {
+                    Error::Config(format!("ids.cluster `{name}` is not a configured cluster"))
+                })?,
+        };
+        let ids = crate::ids::Ids::open(ids_cluster.master.clone(), options.ids.clone()).await?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                topology,
+                maintainer,
+                maintaining: options.maintain_indexes,
+                warnings,
+                shutdown,
+                ids,
+            }),
+        })
+    }
+
+    fn topology_ref(&self) -> &Topology {
+        &self.inner.topology
+    }
+
+    pub(crate) fn topology_arc(&self) -> Arc<Topology> {
+        self.inner.topology.clone()
+    }
+
+    /// The ID allocator (segments, snowflake and tagged IDs).
+    pub fn ids(&self) -> &crate::ids::Ids {
+        &self.inner.ids
+    }
+
+    /// The logical shard of `row_key` in `datastore` (the stable hash of
+    /// `shards.rs`), e.g. to tag an ID with it.
+    pub fn row_shard(&self, datastore: &str, row_key: &Uuid) -> Result<u32> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        Ok(crate::shards::row_shard(row_key, ds.def.shards))
+    }
+
+    /// The definitions the store serves.
+    pub fn definitions(&self) -> &Definitions {
+        &self.inner.topology.defs
+    }
+
+    /// Warnings about the definitions found at start-up (superseded or
+    /// removed indexes whose tables stay).
+    pub fn warnings(&self) -> &[String] {
+        &self.inner.warnings
+    }
+
+    /// Pings the master of every cluster, all at once, each for at most
+    /// `timeout`; returns the clusters that are not serving or did not
+    /// answer, with why. A probe must answer within its own timeout even
+    /// when a database hangs, and one dead cluster must not add its wait to
+    /// the others'.
+    pub async fn unready_clusters(&self, timeout: Duration) -> Vec<(String, Error)> {
+        let pings = self
+            .topology_ref()
+            .clusters
+            .iter()
+            .map(|cluster| async move {
+                let name = cluster.name.clone();
+                let master = match cluster.master() {
+                    Ok(master) => master,
+                    Err(error) => return Some((name, error)),
+                };
+                match tokio::time::timeout(timeout, master.ping()).await {
+                    Ok(Ok(())) => None,
+                    Ok(Err(error)) => Some((name, error)),
+                    Err(_) => {
+                        let source = crate::storage::no_answer(timeout);
+                        Some((name.clone(), Error::from_sqlx(&name, source)))
+                    }
+                }
+            });
+        futures::future::join_all(pings)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// The master of the first cluster, which holds the API tokens.
+    pub fn tokens_backend(&self) -> Result<Arc<dyn crate::storage::Backend>> {
+        match self.topology_ref().clusters.first() {
+            Some(cluster) => cluster.master().cloned(),
+            None => Err(Error::Config(
+                "no storage cluster is configured".to_string(),
+            )),
+        }
+    }
+
+    /// Checks every master answers and is prepared.
+    pub async fn ping(&self) -> Result<()> {
+        for cluster in &self.topology_ref().clusters {
+            cluster.master()?.ping().await?;
+        }
+        Ok(())
+    }
+
+    /// Stops index maintenance and waits (at most `grace`) until the
+    /// workers have given up their leases, so other gateways take their
+    /// shards over at once rather than after the lease time; then closes
+    /// every connection, waiting for them to close (an embedded store
+    /// copies its WAL into the database file), so the next process opens
+    /// the store without waiting on this one. The store answers nothing
+    /// afterwards.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.inner.ids.shutdown().await;
+        let _ = self.inner.shutdown.send(true);
+        self.inner.maintainer.join(grace).await;
+        let backends = self
+            .topology_ref()
+            .clusters
+            .iter()
+            .flat_map(|c| std::iter::once(&c.master).chain(&c.replicas));
+        futures::future::join_all(backends.map(|b| b.close())).await;
+    }
+
+    /// A snapshot of the store's counters and index maintenance, for
+    /// `/metrics`.
+    pub fn metrics(&self) -> StoreMetrics {
+        use std::sync::atomic::Ordering::Relaxed;
+        let topology = self.topology_ref();
+        let datastores = topology
+            .datastores_sorted()
+            .into_iter()
+            .map(|ds| DatastoreMetrics {
+                name: ds.name().to_string(),
+                cells_written: ds.cells_written.load(Relaxed),
+                cells_duplicate: ds.cells_duplicate.load(Relaxed),
+                maintenance: self.inner.maintainer.metrics(&ds),
+            })
+            .collect();
+        StoreMetrics {
+            datastores,
+            index_delay_us: self.inner.maintainer.delay_quantiles(),
+            clusters: topology
+                .clusters
+                .iter()
+                .map(|c| ClusterMetrics {
+                    name: c.name.clone(),
+                    ready: c.state() == ClusterState::Ready,
+                    statements: c.master.statements(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Where the shards of `datastore` live: contiguous `(first, last,
+    /// cluster name)` ranges. Empty for an unknown datastore.
+    pub fn topology(&self, datastore: &str) -> Vec<(u32, u32, String)> {
+        match self.topology_ref().datastore(datastore) {
+            Ok(ds) => self.topology_ref().ranges(&ds),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// The indexes of `datastore` with their table versions and state.
+    pub fn indexes(&self, datastore: &str) -> Result<Vec<IndexStatus>> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        Ok(ds
+            .indexes
+            .iter()
+            .map(|i| IndexStatus {
+                name: i.def.name.clone(),
+                version: i.version,
+                table: i.table.clone(),
+                ready: i.is_ready(),
+                pending_cells: i.pending(),
+            })
+            .collect())
+    }
+
+    /// Whether any reachable cluster holds a cell of `datastore`.
+    pub async fn has_cells(&self, datastore: &str) -> Result<bool> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        cells::has_cells(self.topology_ref(), &ds).await
+    }
+
+    /// Writes one cell.
+    pub async fn put_cell(&self, datastore: &str, cell: NewCell) -> Result<PutStatus> {
+        let mut results = self.put_cells(datastore, vec![cell]).await?;
+        results
+            .pop()
+            .expect("one result per cell")
+            .map_err(Error::unshare)
+    }
+
+    /// Writes a batch of cells: one transaction per cluster, clusters in
+    /// parallel. Returns one result per cell, in input order. An `Err` for
+    /// the whole call means nothing was attempted (unknown datastore, batch
+    /// too large).
+    pub async fn put_cells(&self, datastore: &str, cells: Vec<NewCell>) -> Result<Vec<PutResult>> {
+        cells::write::put_cells(self.topology_ref(), datastore, cells).await
+    }
+
+    /// The cell at `key`, if it exists.
+    pub async fn get_cell(&self, datastore: &str, key: &CellKey) -> Result<Option<Cell>> {
+        cells::get_cell(self.topology_ref(), datastore, key).await
+    }
+
+    /// The cell of `(row_key, column)` with the highest ref key.
+    pub async fn get_cell_latest(
+        &self,
+        datastore: &str,
+        row_key: Uuid,
+        column: &str,
+    ) -> Result<Option<Cell>> {
+        Ok(self
+            .history(datastore, row_key, column, 1, None)
+            .await?
+            .pop())
+    }
+
+    /// Versions of `(row_key, column)`, newest first, at most `limit`, with
+    /// ref keys below `before` when given.
+    pub async fn history(
+        &self,
+        datastore: &str,
+        row_key: Uuid,
+        column: &str,
+        limit: u32,
+        before: Option<i64>,
+    ) -> Result<Vec<Cell>> {
+        cells::history(
+            self.topology_ref(),
+            datastore,
+            row_key,
+            column,
+            limit,
+            before,
+        )
+        .await
+    }
+
+    /// Cells by key; one statement per cluster. Results follow the input
+    /// order.
+    pub async fn get_cells(&self, datastore: &str, keys: &[CellKey]) -> Result<Vec<Option<Cell>>> {
+        cells::get_cells(self.topology_ref(), datastore, keys).await
+    }
+
+    /// The latest cell of each `(row_key, column)`; one statement per
+    /// cluster.
+    pub async fn get_cells_latest(
+        &self,
+        datastore: &str,
+        wanted: &[(Uuid, String)],
+    ) -> Result<Vec<Option<Cell>>> {
+        cells::get_cells_latest(self.topology_ref(), datastore, wanted, &codec::decode).await
+    }
+
+    /// [`Store::get_cells_latest`] with each body as its JSON text,
+    /// transcoded from storage without building a JSON value.
+    pub async fn get_cells_latest_json(
+        &self,
+        datastore: &str,
+        wanted: &[(Uuid, String)],
+    ) -> Result<Vec<Option<Cell<Vec<u8>>>>> {
+        cells::get_cells_latest(self.topology_ref(), datastore, wanted, &codec::decode_json).await
+    }
+
+    /// Up to `limit` cells of `shard` after `location`, in insertion order.
+    pub async fn cells_for_shard(
+        &self,
+        datastore: &str,
+        shard: u32,
+        location: Location,
+        limit: u32,
+    ) -> Result<LogPage> {
+        cells::cells_for_shard(self.topology_ref(), datastore, shard, location, limit).await
+    }
+
+    /// Answers an index query.
+    pub async fn query_index(&self, datastore: &str, query: &IndexQuery) -> Result<IndexPage> {
+        query::query_index(self.topology_ref(), datastore, query).await
+    }
+
+    /// Answers an index query together with the latest cells of `columns`
+    /// for the rows of its page, bodies as JSON text, in one statement,
+    /// when one cluster holds every shard of the datastore. `None` when the
+    /// cells are spread over clusters: then [`Store::query_index`] and
+    /// [`Store::get_cells_latest_json`] answer it.
+    pub async fn query_index_with_cells_json(
+        &self,
+        datastore: &str,
+        query: &IndexQuery,
+        columns: &[&str],
+    ) -> Result<Option<(IndexPage, Vec<Cell<Vec<u8>>>)>> {
+        let topology = self.topology_ref();
+        let plan = QueryPlan::build(&topology.datastore(datastore)?.def, query)?;
+        query::run_plan_with_cells(topology, &plan, columns, &codec::decode_json).await
+    }
+
+    /// Runs a plan built by [`QueryPlan::build`].
+    pub async fn run_plan(&self, plan: &QueryPlan) -> Result<IndexPage> {
+        query::run_plan(self.topology_ref(), plan).await
+    }
+
+    /// The table an index query reads (its current version), for tools
+    /// that inspect the SQL of a plan.
+    pub fn index_table(&self, datastore: &str, index: &str) -> Result<String> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        Ok(ds.index(index)?.table.clone())
+    }
+
+    /// Returns when every index has applied the cell log as it was at the
+    /// call, on every cluster. With maintenance running, the workers (of
+    /// this and other gateways) do the work and this waits for them;
+    /// without, the work is done here.
+    pub async fn sync_indexes(&self) -> Result<()> {
+        let topology = self.topology_ref();
+        if !self.inner.maintaining {
+            for ds in topology.datastores_sorted() {
+                if ds.indexes.is_empty() {
+                    continue;
+                }
+                for cluster in ds.map.clusters() {
+                    maintainer::apply_all(
+                        topology,
+                        &ds,
+                        cluster,
+                        self.inner.maintainer.options.quarantine_after,
+                    )
+                    .await?;
+                }
+            }
+            maintainer::check_ready(topology, &self.inner.maintainer).await;
+            return Ok(());
+        }
+        let mut targets: BTreeMap<(String, usize), HashMap<u32, i64>> = BTreeMap::new();
+        for ds in topology.datastores_sorted() {
+            if ds.indexes.is_empty() {
+                continue;
+            }
+            for cluster in ds.map.clusters() {
+                let backend = topology.clusters[cluster].master()?;
+                let heads = cells::heads(backend.as_ref(), &ds).await?;
+                targets.insert(
+                    (ds.name().to_string(), cluster),
+                    heads.into_iter().collect(),
+                );
+            }
+        }
+        loop {
+            self.inner.maintainer.sweep_all().await;
+            let mut done = true;
+            for ((name, cluster), heads) in &targets {
+                let ds = topology.datastore(name)?;
+                let backend = topology.clusters[*cluster].master()?;
+                let consumers = crate::indexes::apply::consumers(topology, &ds);
+                let behind = lag::behind(backend.as_ref(), &ds, &consumers).await?;
+                if behind
+                    .iter()
+                    .any(|b| heads.get(&b.shard).is_some_and(|h| b.offset < *h))
+                {
+                    done = false;
+                    break;
+                }
+            }
+            if done {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// How far each shard's indexes are behind its log, measured now from
+    /// the log heads and stored offsets of every cluster.
+    pub async fn index_lag(&self, datastore: &str) -> Result<Vec<ShardLag>> {
+        let topology = self.topology_ref();
+        let ds = topology.datastore(datastore)?;
+        let mut lags = Vec::new();
+        for (_, measured) in maintainer::measure(topology, &ds).await? {
+            lags.extend(
+                measured
+                    .shards
+                    .into_iter()
+                    .map(|(shard, pending_cells)| ShardLag {
+                        shard,
+                        pending_cells,
+                    }),
+            );
+        }
+        lags.sort_by_key(|l| l.shard);
+        Ok(lags)
+    }
+
+    /// Delay between a cell's commit and its index update, as
+    /// `(p50, p99, samples)` in microseconds since the last call.
+    pub fn take_index_delays(&self) -> (u64, u64, u64) {
+        self.inner.maintainer.take_delays()
+    }
+
+    /// The index entries of `datastore` set aside in the quarantine.
+    pub async fn quarantine(&self, datastore: &str) -> Result<Vec<QuarantinedEntry>> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        crate::indexes::quarantine::list(self.topology_ref(), &ds).await
+    }
+
+    /// Retries the quarantined entries of `datastore` (of one index, or
+    /// all); returns `(applied, still quarantined)`.
+    pub async fn retry_quarantine(
+        &self,
+        datastore: &str,
+        index: Option<&str>,
+    ) -> Result<(usize, usize)> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        crate::indexes::quarantine::retry(self.topology_ref(), &ds, index).await
+    }
+
+    /// Drops the table of an index that is no longer defined (or of an
+    /// older `version` of a defined one) on every cluster, with its
+    /// progress; returns what was dropped as `cluster: table`.
+    pub async fn drop_index(
+        &self,
+        datastore: &str,
+        index: &str,
+        version: Option<u32>,
+    ) -> Result<Vec<String>> {
+        catalog::drop_index(self.topology_ref(), datastore, index, version).await
+    }
+}
+
+/// The shard map of every datastore from the configured ranges (or an even
+/// split over the clusters).
+fn shard_maps(defs: &Definitions, config: &StorageConfig) -> Result<HashMap<String, ShardMap>> {
+    let cluster_index: HashMap<&str, usize> = config
+        .clusters
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.name.as_str(), i))
+        .collect();
+    let mut maps = HashMap::new();
+    for def in &defs.datastores {
+        let map = match config.shards.get(&def.name) {
+            None => ShardMap::even(def.shards, config.clusters.len()),
+            Some(ranges) => {
+                let mut resolved = Vec::new();
+                for range in ranges {
+                    let cluster = *cluster_index.get(range.cluster.as_str()).ok_or_else(|| {
+                        Error::Config(format!(
+                            "shard range of `{}` names unknown cluster `{}`",
+                            def.name, range.cluster
+                        ))
+                    })?;
+                    resolved.push((range.first, range.last, cluster));
+                }
+                ShardMap::from_ranges(def.shards, &resolved)
+                    .map_err(|e| Error::Config(format!("datastore `{}`: {e}", def.name)))?
+            }
+        };
+        maps.insert(def.name.clone(), map);
+    }
+    for name in config.shards.keys() {
+        if !maps.contains_key(name) {
+            return Err(Error::Config(format!(
+                "shard ranges given for unknown datastore `{name}`"
+            )));
+        }
+    }
+    Ok(maps)
+}

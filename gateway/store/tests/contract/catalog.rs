@@ -1,0 +1,655 @@
+//! The catalog contract: definition and topology changes that would hide
+//! cells are refused, index changes are built online, and no read or write
+//! ever creates a table.
+
+use std::sync::Arc;
+
+use cellgate_store::cells::{Location, NewCell};
+use cellgate_store::indexes::IndexQuery;
+use cellgate_store::storage::{connect, ColType, ConnectOptions, Sql};
+use cellgate_store::{ClusterConfig, ShardRange, StorageConfig};
+use index_dsl::Literal;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::harness::{Env, Kind};
+
+const TRIPS: &str = "name: trips\ncolumns:\n  - name: BASE\n  - name: STATUS\n";
+const TRIPS_2048: &str = "name: trips\nshards: 2048\ncolumns:\n  - name: BASE\n  - name: STATUS\n";
+const BY_DRIVER: &str = "table: by_driver\ndatastore: trips\ncolumn_defs:\n  - column_key: BASE\n    fields:\n      - { field: driver, type: UUID }\n      - { field: at, type: datetime }\n";
+const BY_DRIVER_WITH_CITY: &str = "table: by_driver\ndatastore: trips\ncolumn_defs:\n  - column_key: BASE\n    fields:\n      - { field: driver, type: UUID }\n      - { field: at, type: datetime }\n      - { field: city, type: string }\n";
+const BY_CITY: &str = "table: by_city\ndatastore: trips\ncolumn_defs:\n  - column_key: BASE\n    fields:\n      - { field: city, type: string }\n  - column_key: STATUS\n    fields:\n      - { field: status, type: string }\n";
+
+fn files<'a>(index_files: &[(&'a str, &'a str)], datastore: &'a str) -> Vec<(&'a str, &'a str)> {
+    let mut files = vec![("trips/datastore.yaml", datastore)];
+    files.extend_from_slice(index_files);
+    files
+}
+
+/// Writes `n` trips of one driver in one city; returns the driver.
+async fn write_trips(store: &cellgate_store::Store, n: usize, city: &str) -> Uuid {
+    let driver = Uuid::new_v4();
+    let cells: Vec<NewCell> = (0..n)
+        .map(|i| NewCell {
+            row_key: Uuid::new_v4(),
+            column: "BASE".into(),
+            ref_key: 1,
+            body: json!({
+                "driver": driver.to_string(),
+                "at": format!("2024-02-01T00:{:02}:{:02}Z", i / 60 % 60, i % 60),
+                "city": city,
+            }),
+        })
+        .collect();
+    for chunk in cells.chunks(500) {
+        for result in store.put_cells("trips", chunk.to_vec()).await.unwrap() {
+            result.unwrap();
+        }
+    }
+    driver
+}
+
+fn by(index: &str, value: String) -> IndexQuery {
+    IndexQuery {
+        index: index.into(),
+        shard_values: vec![Literal::String(value)],
+        first: Some(1000),
+        ..Default::default()
+    }
+}
+
+pub async fn a_new_shard_count_is_refused(env: Arc<Env>) {
+    let store = env
+        .open_custom(&files(&[], TRIPS), env.storage(), true)
+        .await
+        .unwrap();
+    let row = Uuid::new_v4();
+    store
+        .put_cell(
+            "trips",
+            NewCell {
+                row_key: row,
+                column: "BASE".into(),
+                ref_key: 1,
+                body: json!({"a": 1}),
+            },
+        )
+        .await
+        .unwrap();
+    drop(store);
+    let err = env
+        .open_custom(&files(&[], TRIPS_2048), env.storage(), true)
+        .await
+        .err()
+        .expect("a new shard count is refused");
+    assert_eq!(err.code(), "CATALOG_MISMATCH");
+    let message = err.to_string();
+    assert!(
+        message.contains("`trips` was created with 4096 shards")
+            && message.contains("now says 2048"),
+        "{message}"
+    );
+    // The original definitions still open, and the cell is there.
+    let store = env
+        .open_custom(&files(&[], TRIPS), env.storage(), true)
+        .await
+        .unwrap();
+    assert!(store
+        .get_cell_latest("trips", row, "BASE")
+        .await
+        .unwrap()
+        .is_some());
+}
+
+fn two_clusters(a: &str, b: &str, split: Option<u32>) -> StorageConfig {
+    let mut shards = std::collections::BTreeMap::new();
+    if let Some(split) = split {
+        shards.insert(
+            "trips".to_string(),
+            vec![
+                ShardRange {
+                    first: 0,
+                    last: split - 1,
+                    cluster: "a".into(),
+                },
+                ShardRange {
+                    first: split,
+                    last: 4095,
+                    cluster: "b".into(),
+                },
+            ],
+        );
+    }
+    StorageConfig {
+        clusters: vec![
+            ClusterConfig {
+                name: "a".into(),
+                master: a.to_string(),
+                replicas: vec![],
+            },
+            ClusterConfig {
+                name: "b".into(),
+                master: b.to_string(),
+                replicas: vec![],
+            },
+        ],
+        shards,
+        ..StorageConfig::default()
+    }
+}
+
+pub async fn shards_moved_between_clusters_are_refused(env: Arc<Env>) {
+    let other = env.extra_url().await;
+    let defs = files(&[("trips/indexes/by_driver.yaml", BY_DRIVER)], TRIPS);
+    let store = env
+        .open_custom(&defs, two_clusters(&env.url, &other, None), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.topology("trips"),
+        vec![(0, 2047, "a".to_string()), (2048, 4095, "b".to_string())]
+    );
+    let driver = write_trips(&store, 50, "Lyon").await;
+    store.sync_indexes().await.unwrap();
+    let page = store
+        .query_index("trips", &by("by_driver", driver.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(page.entries.len(), 50, "entries from both clusters");
+    // Cells spread over two clusters are not joined to the index page.
+    let joined = store
+        .query_index_with_cells_json("trips", &by("by_driver", driver.to_string()), &["BASE"])
+        .await
+        .unwrap();
+    assert!(joined.is_none(), "a page joined across clusters");
+    drop(store);
+    let err = env
+        .open_custom(&defs, two_clusters(&env.url, &other, Some(1024)), true)
+        .await
+        .err()
+        .expect("moved shard ranges are refused");
+    assert_eq!(err.code(), "CATALOG_MISMATCH");
+    assert!(
+        err.to_string()
+            .contains("cluster `a` holds shards 0-2047 of `trips` but the topology now routes shards 0-1023 to it"),
+        "{err}"
+    );
+}
+
+pub async fn a_new_index_is_built_from_the_log(env: Arc<Env>) {
+    let store = env
+        .open_custom(
+            &files(&[("trips/indexes/by_driver.yaml", BY_DRIVER)], TRIPS),
+            env.storage(),
+            true,
+        )
+        .await
+        .unwrap();
+    write_trips(&store, 300, "Lyon").await;
+    drop(store);
+    let with_city = files(
+        &[
+            ("trips/indexes/by_driver.yaml", BY_DRIVER),
+            ("trips/indexes/by_city.yaml", BY_CITY),
+        ],
+        TRIPS,
+    );
+    // Maintenance off: the new index stays unbuilt, and says so.
+    let store = env
+        .open_custom(&with_city, env.storage(), false)
+        .await
+        .unwrap();
+    let status = store.indexes("trips").unwrap();
+    assert!(
+        status.iter().any(|i| i.name == "by_city" && !i.ready),
+        "{status:?}"
+    );
+    let err = store
+        .query_index("trips", &by("by_city", "Lyon".into()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "INDEX_BUILDING");
+    store.sync_indexes().await.unwrap();
+    let page = store
+        .query_index("trips", &by("by_city", "Lyon".into()))
+        .await
+        .unwrap();
+    assert_eq!(page.entries.len(), 300, "backfilled from the cell log");
+    drop(store);
+    // Built once, ready for every later gateway.
+    let store = env
+        .open_custom(&with_city, env.storage(), false)
+        .await
+        .unwrap();
+    assert!(store.indexes("trips").unwrap().iter().all(|i| i.ready));
+}
+
+pub async fn a_changed_index_gets_a_new_version(env: Arc<Env>) {
+    let v1 = files(&[("trips/indexes/by_driver.yaml", BY_DRIVER)], TRIPS);
+    let store = env.open_custom(&v1, env.storage(), true).await.unwrap();
+    let driver = write_trips(&store, 120, "Oslo").await;
+    store.sync_indexes().await.unwrap();
+    drop(store);
+    let v2 = files(
+        &[("trips/indexes/by_driver.yaml", BY_DRIVER_WITH_CITY)],
+        TRIPS,
+    );
+    let store = env.open_custom(&v2, env.storage(), false).await.unwrap();
+    let status = &store.indexes("trips").unwrap()[0];
+    assert_eq!(
+        (status.version, status.table.as_str(), status.ready),
+        (2, "trips_ix_by_driver_v2", false)
+    );
+    assert!(
+        store
+            .warnings()
+            .iter()
+            .any(|w| w.contains("building version 2") && w.contains("--index-version 1")),
+        "{:?}",
+        store.warnings()
+    );
+    assert_eq!(
+        store
+            .query_index("trips", &by("by_driver", driver.to_string()))
+            .await
+            .unwrap_err()
+            .code(),
+        "INDEX_BUILDING"
+    );
+    store.sync_indexes().await.unwrap();
+    let page = store
+        .query_index("trips", &by("by_driver", driver.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(page.entries.len(), 120);
+    assert!(page.entries[0]
+        .fields
+        .iter()
+        .any(|(name, value)| name == "city" && value.as_text() == Some("Oslo")));
+    // The current version cannot be dropped; the old one can.
+    assert_eq!(
+        store
+            .drop_index("trips", "by_driver", None)
+            .await
+            .unwrap_err()
+            .code(),
+        "BAD_USER_INPUT"
+    );
+    let dropped = store
+        .drop_index("trips", "by_driver", Some(1))
+        .await
+        .unwrap();
+    assert_eq!(dropped, vec!["main: trips_ix_by_driver".to_string()]);
+    assert!(!table_names(&env)
+        .await
+        .contains(&"trips_ix_by_driver".to_string()));
+}
+
+pub async fn a_removed_index_keeps_its_table_until_dropped(env: Arc<Env>) {
+    let both = files(
+        &[
+            ("trips/indexes/by_driver.yaml", BY_DRIVER),
+            ("trips/indexes/by_city.yaml", BY_CITY),
+        ],
+        TRIPS,
+    );
+    let store = env.open_custom(&both, env.storage(), true).await.unwrap();
+    write_trips(&store, 10, "Rome").await;
+    drop(store);
+    let one = files(&[("trips/indexes/by_driver.yaml", BY_DRIVER)], TRIPS);
+    let store = env.open_custom(&one, env.storage(), true).await.unwrap();
+    assert!(
+        store
+            .warnings()
+            .iter()
+            .any(|w| w.contains("index `by_city` (version 1) of `trips` is no longer defined")),
+        "{:?}",
+        store.warnings()
+    );
+    assert!(table_names(&env)
+        .await
+        .contains(&"trips_ix_by_city".to_string()));
+    let dropped = store.drop_index("trips", "by_city", None).await.unwrap();
+    assert_eq!(dropped, vec!["main: trips_ix_by_city".to_string()]);
+    assert!(!table_names(&env)
+        .await
+        .contains(&"trips_ix_by_city".to_string()));
+    drop(store);
+    let store = env.open_custom(&one, env.storage(), true).await.unwrap();
+    assert!(store.warnings().is_empty(), "{:?}", store.warnings());
+}
+
+async fn table_names(env: &Env) -> Vec<String> {
+    let backend = connect(&env.url, &ConnectOptions::default()).await.unwrap();
+    let rows = backend
+        .fetch(
+            &backend.dialect().tables_with_prefix("trips_"),
+            &[ColType::Text],
+        )
+        .await
+        .unwrap();
+    rows.into_iter()
+        .map(|r| r[0].as_text().unwrap().to_string())
+        .collect()
+}
+
+/// Tables and indexes in the test database.
+async fn schema_objects(env: &Env) -> i64 {
+    let backend = connect(&env.url, &ConnectOptions::default()).await.unwrap();
+    let mut sql = Sql::new(backend.dialect());
+    sql.push(match env.kind {
+        Kind::Sqlite => "SELECT COUNT(*) FROM sqlite_master",
+        Kind::MySql => {
+            "SELECT (SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE()) \
+             + (SELECT COUNT(DISTINCT table_name, index_name) FROM information_schema.statistics \
+             WHERE table_schema = DATABASE())"
+        }
+        Kind::Postgres => {
+            "SELECT COUNT(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = current_schema()"
+        }
+    });
+    backend.fetch(&sql, &[ColType::Int]).await.unwrap()[0][0]
+        .as_int()
+        .unwrap()
+}
+
+// Regression: reading the log of every shard created tables (minutes of
+// DDL and a growing file on SQLite); reads and writes must never run DDL.
+pub async fn reads_and_writes_create_no_tables(env: Arc<Env>) {
+    let store = env.open().await;
+    let before = schema_objects(&env).await;
+    assert!(
+        before < 120,
+        "a few dozen schema objects, not per shard: {before}"
+    );
+    for shard in 0..crate::harness::TRIP_SHARDS {
+        store
+            .cells_for_shard("trips", shard, Location::AddedId(0), 1)
+            .await
+            .unwrap();
+    }
+    let rows: Vec<Uuid> = (0..500).map(|_| Uuid::new_v4()).collect();
+    let cells: Vec<NewCell> = rows
+        .iter()
+        .map(|r| NewCell {
+            row_key: *r,
+            column: "BASE".into(),
+            ref_key: 1,
+            body: json!({"driver_partner_uuid": Uuid::new_v4().to_string()}),
+        })
+        .collect();
+    for result in store.put_cells("trips", cells).await.unwrap() {
+        result.unwrap();
+    }
+    let wanted: Vec<(Uuid, String)> = rows.iter().map(|r| (*r, "BASE".to_string())).collect();
+    assert!(store
+        .get_cells_latest("trips", &wanted)
+        .await
+        .unwrap()
+        .iter()
+        .all(Option::is_some));
+    store.sync_indexes().await.unwrap();
+    store
+        .query_index(
+            "trips",
+            &by("driver_partner_index", Uuid::new_v4().to_string()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        schema_objects(&env).await,
+        before,
+        "no DDL on the request path"
+    );
+}
+
+/// Creates a table of the per-shard layout of earlier versions.
+async fn v1_table(
+    backend: &dyn cellgate_store::storage::Backend,
+    kind: Kind,
+    name: &str,
+    columns: &str,
+) {
+    let types = |sql: &str| -> String {
+        let (uuid, time, blob, text, id) = match kind {
+            Kind::Sqlite => (
+                "BLOB",
+                "INTEGER",
+                "BLOB",
+                "TEXT",
+                "INTEGER PRIMARY KEY AUTOINCREMENT",
+            ),
+            Kind::MySql => (
+                "BINARY(16)",
+                "DATETIME(6)",
+                "LONGBLOB",
+                "VARCHAR(128) COLLATE utf8mb4_bin",
+                "BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
+            ),
+            Kind::Postgres => (
+                "UUID",
+                "TIMESTAMPTZ",
+                "BYTEA",
+                "TEXT COLLATE \"C\"",
+                "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
+            ),
+        };
+        sql.replace("$UUID", uuid)
+            .replace("$TIME", time)
+            .replace("$BLOB", blob)
+            .replace("$TEXT", text)
+            .replace("$ID", id)
+    };
+    let mut sql = Sql::new(backend.dialect());
+    sql.push(&format!("CREATE TABLE {name} ({})", types(columns)));
+    backend.execute(&sql).await.unwrap();
+}
+
+// Stores of the per-shard layout are refused with the command that
+// converts them, and the conversion keeps every cell with its shard and
+// added id.
+pub async fn a_v1_store_is_refused_then_converted(env: Arc<Env>) {
+    use cellgate_store::cells::{codec, CellKey};
+    use cellgate_store::shards::row_shard;
+    use cellgate_store::storage::Value;
+    let backend = connect(&env.url, &ConnectOptions::default()).await.unwrap();
+    let dialect = backend.dialect();
+    v1_table(
+        backend.as_ref(),
+        env.kind,
+        "cellgate_shards",
+        "datastore $TEXT NOT NULL, shard BIGINT NOT NULL, created_at $TIME NOT NULL, schema_hash $TEXT, PRIMARY KEY (datastore, shard)",
+    )
+    .await;
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let driver = Uuid::new_v4();
+    let now =
+        chrono::DateTime::from_timestamp_micros(chrono::Utc::now().timestamp_micros()).unwrap();
+    let mut cells = vec![
+        (
+            a,
+            "BASE",
+            1,
+            json!({"driver": driver.to_string(), "at": "2024-01-01T00:00:00Z"}),
+        ),
+        (a, "STATUS", 1, json!({"status": "requested"})),
+        (
+            a,
+            "BASE",
+            2,
+            json!({"driver": driver.to_string(), "at": "2024-01-02T00:00:00Z"}),
+        ),
+        (
+            b,
+            "BASE",
+            1,
+            json!({"driver": driver.to_string(), "at": "2024-01-03T00:00:00Z"}),
+        ),
+    ];
+    for row in [a, b] {
+        let shard = row_shard(&row, crate::harness::TRIP_SHARDS);
+        let prefix = format!("trips_s{shard}_");
+        v1_table(
+            backend.as_ref(),
+            env.kind,
+            &format!("{prefix}cells"),
+            "added_id $ID, row_key $UUID NOT NULL, column_name $TEXT NOT NULL, ref_key BIGINT NOT NULL, body $BLOB NOT NULL, created_at $TIME NOT NULL",
+        )
+        .await;
+        v1_table(
+            backend.as_ref(),
+            env.kind,
+            &format!("{prefix}meta"),
+            "id INTEGER NOT NULL, writes BIGINT NOT NULL",
+        )
+        .await;
+        v1_table(
+            backend.as_ref(),
+            env.kind,
+            &format!("{prefix}ix_by_driver"),
+            "row_key $UUID NOT NULL",
+        )
+        .await;
+        let mut register = Sql::new(dialect);
+        register
+            .push("INSERT INTO cellgate_shards (datastore, shard, created_at) VALUES (")
+            .bind(Value::Text("trips".into()))
+            .push(", ")
+            .bind(Value::Int(i64::from(shard)))
+            .push(", ")
+            .bind(Value::DateTime(now))
+            .push(")");
+        backend.execute(&register).await.unwrap();
+        for (row_key, column, ref_key, body) in cells.iter().filter(|c| c.0 == row) {
+            let mut insert = Sql::new(dialect);
+            insert
+                .push(&format!(
+                    "INSERT INTO {prefix}cells (row_key, column_name, ref_key, body, created_at) VALUES ("
+                ))
+                .bind(Value::Uuid(*row_key))
+                .push(", ")
+                .bind(Value::Text(column.to_string()))
+                .push(", ")
+                .bind(Value::Int(*ref_key))
+                .push(", ")
+                .bind(Value::Bytes(codec::encode(body).unwrap()))
+                .push(", ")
+                .bind(Value::DateTime(now))
+                .push(")");
+            backend.execute(&insert).await.unwrap();
+        }
+    }
+    // A buffered cell kept on this cluster for a shard it does not hold.
+    let buffered_row = Uuid::new_v4();
+    let buffer = format!(
+        "trips_s{}_buffer",
+        row_shard(&buffered_row, crate::harness::TRIP_SHARDS)
+    );
+    v1_table(
+        backend.as_ref(),
+        env.kind,
+        &buffer,
+        "buffer_id $ID, row_key $UUID NOT NULL, column_name $TEXT NOT NULL, ref_key BIGINT NOT NULL, body $BLOB NOT NULL, created_at $TIME NOT NULL",
+    )
+    .await;
+    let mut insert = Sql::new(dialect);
+    insert
+        .push(&format!(
+            "INSERT INTO {buffer} (row_key, column_name, ref_key, body, created_at) VALUES ("
+        ))
+        .bind(Value::Uuid(buffered_row))
+        .push(", ")
+        .bind(Value::Text("STATUS".into()))
+        .push(", ")
+        .bind(Value::Int(1))
+        .push(", ")
+        .bind(Value::Bytes(
+            codec::encode(&json!({"status": "buffered"})).unwrap(),
+        ))
+        .push(", ")
+        .bind(Value::DateTime(now))
+        .push(")");
+    backend.execute(&insert).await.unwrap();
+
+    let defs = files(&[("trips/indexes/by_driver.yaml", BY_DRIVER)], TRIPS);
+    let err = env
+        .open_custom(&defs, env.storage(), false)
+        .await
+        .err()
+        .expect("the old layout is refused");
+    assert_eq!(err.code(), "LAYOUT_UPGRADE_REQUIRED");
+    assert!(
+        err.to_string().contains("cellgate migrate --from-v1"),
+        "{err}"
+    );
+
+    let parsed = index_dsl::load_files(std::path::Path::new("defs"), defs.iter().copied()).unwrap();
+    let summary = cellgate_store::upgrade::convert_v1(parsed, env.storage(), |_, _| {})
+        .await
+        .unwrap();
+    assert_eq!((summary.shards, summary.cells, summary.buffered), (2, 4, 1));
+    let left: Vec<String> = table_names(&env)
+        .await
+        .into_iter()
+        .filter(|t| t.starts_with("trips_s") && t != "trips_shards")
+        .collect();
+    assert!(left.is_empty(), "old tables left: {left:?}");
+
+    let store = env.open_custom(&defs, env.storage(), false).await.unwrap();
+    assert_eq!(
+        store
+            .query_index("trips", &by("by_driver", driver.to_string()))
+            .await
+            .unwrap_err()
+            .code(),
+        "INDEX_BUILDING",
+        "indexes are rebuilt from the log"
+    );
+    let keys: Vec<CellKey> = cells
+        .iter()
+        .map(|(row_key, column, ref_key, _)| CellKey {
+            row_key: *row_key,
+            column: column.to_string(),
+            ref_key: *ref_key,
+        })
+        .collect();
+    let read = store.get_cells("trips", &keys).await.unwrap();
+    let a_ids: Vec<i64> = read[..3]
+        .iter()
+        .map(|c| c.as_ref().unwrap().added_id)
+        .collect();
+    assert_eq!(a_ids, vec![1, 2, 3], "added ids kept");
+    for ((row_key, _, _, body), got) in cells.iter().zip(&read) {
+        let got = got.as_ref().unwrap();
+        assert_eq!(&got.body, body);
+        assert_eq!(got.shard, row_shard(row_key, crate::harness::TRIP_SHARDS));
+    }
+    store.sync_indexes().await.unwrap();
+    let page = store
+        .query_index("trips", &by("by_driver", driver.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(page.entries.len(), 2);
+    // The next write to the shard continues its added ids.
+    cells.push((a, "BASE", 3, json!({"driver": driver.to_string()})));
+    let (row_key, column, ref_key, body) = cells.last().unwrap().clone();
+    store
+        .put_cell(
+            "trips",
+            NewCell {
+                row_key,
+                column: column.into(),
+                ref_key,
+                body,
+            },
+        )
+        .await
+        .unwrap();
+    let latest = store
+        .get_cell_latest("trips", a, "BASE")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(latest.added_id, 4);
+}

@@ -1,0 +1,242 @@
+//! Test environments: a fresh database per test on each backend.
+//!
+//! SQLite always runs, in a temporary directory. MariaDB/MySQL and
+//! PostgreSQL run when `CELLGATE_TEST_MYSQL_URL` / `CELLGATE_TEST_POSTGRES_URL`
+//! point at a server (e.g. `mysql://root@127.0.0.1:3306/test`,
+//! `postgres://postgres@127.0.0.1:5432/postgres`); each test then creates its
+//! own database on that server and drops it afterwards. Without the variable
+//! the test prints that it was skipped.
+
+use std::path::Path;
+
+use cellgate_store::StorageConfig;
+use cellgate_store::{Store, StoreOptions};
+use sqlx::Connection;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Sqlite,
+    MySql,
+    Postgres,
+}
+
+/// One test's database. Keeps the SQLite directory alive; drops server
+/// databases on `cleanup`.
+pub struct Env {
+    pub kind: Kind,
+    pub url: String,
+    server: Option<(String, String)>,
+    /// Databases made by [`Env::extra_url`], dropped on cleanup.
+    extra: std::sync::Mutex<Vec<String>>,
+    dir: tempfile::TempDir,
+}
+
+/// Shards of both test datastores: the default count, as in production.
+pub const TRIP_SHARDS: u32 = 4096;
+
+/// The definitions the suite runs against.
+pub const DEFINITIONS: &[(&str, &str)] = &[
+    (
+        "trips/datastore.yaml",
+        "name: trips\ncolumns:\n  - name: BASE\n  - name: STATUS\n  - name: NOTES\n  - name: FARE_ADJUSTMENT\n",
+    ),
+    (
+        "trips/indexes/driver_partner_index.yaml",
+        "table: driver_partner_index # Name of the index.\ndatastore: trips # Name of the associated datastore\ncolumn_defs:\n  - column_key: BASE # From which column to fetch from.\n    fields: # The fields in the cell to denormalize\n      - { field: driver_partner_uuid, type: UUID}\n      - { field: city_uuid, type: UUID}\n      - { field: trip_created_at, type: datetime}\n",
+    ),
+    (
+        "trips/indexes/city_trips_index.yaml",
+        "table: city_trips_index\ndatastore: trips\ncolumn_defs:\n  - column_key: BASE\n    fields:\n      - { field: city_uuid, type: UUID }\n      - { field: fare.total, name: fare_total, type: float }\n  - column_key: STATUS\n    fields:\n      - { field: status, type: string }\n",
+    ),
+    (
+        "items/datastore.yaml",
+        "name: items\ncolumns:\n  - name: DATA\n  - name: FLAGS\n",
+    ),
+    (
+        "items/indexes/items_index.yaml",
+        "table: items_index\ndatastore: items\ncolumn_defs:\n  - column_key: DATA\n    fields:\n      - { field: owner, type: string }\n      - { field: n, type: int }\n      - { field: x, type: float }\n      - { field: s, type: string }\n      - { field: t, type: datetime }\n      - { field: u, type: uuid }\n  - column_key: FLAGS\n    fields:\n      - { field: b, type: bool }\n",
+    ),
+];
+
+pub fn definitions() -> index_dsl::Definitions {
+    index_dsl::load_files(Path::new("defs"), DEFINITIONS.iter().copied())
+        .unwrap_or_else(|e| panic!("test definitions are invalid:\n{e}"))
+}
+
+impl Env {
+    /// A fresh environment, or `None` (with a message) when the backend's
+    /// server is not configured.
+    pub async fn new(kind: Kind, test: &str) -> Option<Env> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (url, server) = match kind {
+            Kind::Sqlite => (
+                format!("sqlite://{}", dir.path().join("cellgate.db").display()),
+                None,
+            ),
+            Kind::MySql | Kind::Postgres => {
+                let var = if kind == Kind::MySql {
+                    "CELLGATE_TEST_MYSQL_URL"
+                } else {
+                    "CELLGATE_TEST_POSTGRES_URL"
+                };
+                let Ok(base) = std::env::var(var) else {
+                    eprintln!("skipped {test} on {kind:?}: {var} is not set");
+                    return None;
+                };
+                let name = format!(
+                    "cg_{}_{}",
+                    test.chars().take(30).collect::<String>(),
+                    &uuid::Uuid::new_v4().simple().to_string()[..8]
+                );
+                let url = replace_database(&base, &name);
+                create_database(kind, &base, &name).await;
+                (url, Some((base, name)))
+            }
+        };
+        Some(Env {
+            kind,
+            url,
+            server,
+            extra: std::sync::Mutex::new(Vec::new()),
+            dir,
+        })
+    }
+
+    /// A second, empty database of the same backend (another SQLite file,
+    /// another database on the server), for two-cluster topologies.
+    pub async fn extra_url(&self) -> String {
+        let n = {
+            let mut extra = self.extra.lock().unwrap();
+            extra.push(String::new());
+            extra.len()
+        };
+        match &self.server {
+            None => format!(
+                "sqlite://{}",
+                self.dir.path().join(format!("extra{n}.db")).display()
+            ),
+            Some((base, name)) => {
+                let extra_name = format!("{name}_x{n}");
+                create_database(self.kind, base, &extra_name).await;
+                self.extra.lock().unwrap()[n - 1] = extra_name.clone();
+                replace_database(base, &extra_name)
+            }
+        }
+    }
+
+    /// Opens a store on `storage` with the given definition files.
+    pub async fn open_custom(
+        &self,
+        files: &[(&str, &str)],
+        storage: StorageConfig,
+        maintain_indexes: bool,
+    ) -> cellgate_store::Result<Store> {
+        let defs = index_dsl::load_files(Path::new("defs"), files.iter().copied())
+            .unwrap_or_else(|e| panic!("test definitions are invalid:\n{e}"));
+        let mut options = StoreOptions::new(storage);
+        options.maintain_indexes = maintain_indexes;
+        Store::open(defs, options).await
+    }
+
+    pub fn storage(&self) -> StorageConfig {
+        StorageConfig::single(&self.url)
+    }
+
+    pub async fn open(&self) -> Store {
+        self.open_with(true).await
+    }
+
+    /// Opens a store on the suite's definitions with adjusted options.
+    pub async fn open_tuned(&self, tune: impl FnOnce(&mut StoreOptions)) -> Store {
+        let mut options = StoreOptions::new(self.storage());
+        tune(&mut options);
+        Store::open(definitions(), options)
+            .await
+            .expect("store opens")
+    }
+
+    pub async fn open_with(&self, maintain_indexes: bool) -> Store {
+        let mut options = StoreOptions::new(self.storage());
+        options.maintain_indexes = maintain_indexes;
+        Store::open(definitions(), options)
+            .await
+            .expect("store opens")
+    }
+
+    pub async fn cleanup(self) {
+        let extra = std::mem::take(&mut *self.extra.lock().unwrap());
+        if let Some((base, name)) = &self.server {
+            for extra_name in extra.into_iter().filter(|n| !n.is_empty()) {
+                drop_database(self.kind, base, &extra_name).await;
+            }
+            drop_database(self.kind, base, name).await;
+        }
+    }
+}
+
+async fn drop_database(kind: Kind, base: &str, name: &str) {
+    let sql = format!("DROP DATABASE IF EXISTS {name}");
+    match kind {
+        Kind::MySql => {
+            let mut conn = sqlx::MySqlConnection::connect(base).await.expect("connect");
+            sqlx::query(&sql)
+                .execute(&mut conn)
+                .await
+                .expect("drop database");
+        }
+        Kind::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(base).await.expect("connect");
+            let sql = format!("{sql} WITH (FORCE)");
+            sqlx::query(&sql)
+                .execute(&mut conn)
+                .await
+                .expect("drop database");
+        }
+        Kind::Sqlite => {}
+    }
+}
+
+fn replace_database(url: &str, name: &str) -> String {
+    let (head, tail) = url.split_once("://").expect("url has a scheme");
+    let (authority, rest) = tail.split_once('/').unwrap_or((tail, ""));
+    let query = rest
+        .split_once('?')
+        .map(|(_, q)| format!("?{q}"))
+        .unwrap_or_default();
+    format!("{head}://{authority}/{name}{query}")
+}
+
+async fn create_database(kind: Kind, base: &str, name: &str) {
+    let sql = format!("CREATE DATABASE {name}");
+    match kind {
+        Kind::MySql => {
+            let mut conn = sqlx::MySqlConnection::connect(base)
+                .await
+                .unwrap_or_else(|e| panic!("cannot reach MySQL at CELLGATE_TEST_MYSQL_URL: {e}"));
+            sqlx::query(&sql)
+                .execute(&mut conn)
+                .await
+                .expect("create database");
+        }
+        Kind::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(base).await.unwrap_or_else(|e| {
+                panic!("cannot reach PostgreSQL at CELLGATE_TEST_POSTGRES_URL: {e}")
+            });
+            sqlx::query(&sql)
+                .execute(&mut conn)
+                .await
+                .expect("create database");
+        }
+        Kind::Sqlite => {}
+    }
+}
+
+/// Instantiates every listed contract test for SQLite, MySQL and PostgreSQL.
+#[macro_export]
+macro_rules! contract_suite {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::run(super::harness::Kind::Sqlite, stringify!($test), super::$test).await } )* }
+        mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::run(super::harness::Kind::MySql, stringify!($test), super::$test).await } )* }
+        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::run(super::harness::Kind::Postgres, stringify!($test), super::$test).await } )* }
+    };
+}

@@ -1,0 +1,442 @@
+//! Store behaviour that needs a specific setup: corrupt bodies, clusters
+//! that are down, the buffer step, the SQL plan of index queries, and
+//! property tests of latest-version and index maintenance semantics.
+
+#[path = "contract/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use cellgate_store::cells::{NewCell, PutStatus};
+use cellgate_store::indexes::{IndexQuery, QueryPlan};
+use cellgate_store::{ClusterConfig, StorageConfig};
+use cellgate_store::{Store, StoreOptions};
+use index_dsl::{CompareOp, Condition, Literal};
+use proptest::prelude::*;
+use serde_json::json;
+use sqlx::Connection;
+use uuid::Uuid;
+
+fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {
+    NewCell {
+        row_key,
+        column: column.into(),
+        ref_key,
+        body,
+    }
+}
+
+async fn open(dir: &Path, maintain: bool) -> Store {
+    let mut options = StoreOptions::new(StorageConfig::embedded(dir));
+    options.maintain_indexes = maintain;
+    Store::open(harness::definitions(), options).await.unwrap()
+}
+
+async fn sqlite(dir: &Path) -> sqlx::SqliteConnection {
+    let url = format!("sqlite://{}", dir.join("cellgate.db").display());
+    sqlx::SqliteConnection::connect(&url).await.unwrap()
+}
+
+#[tokio::test]
+async fn corrupt_body_is_an_error_naming_the_cell() {
+    let dir = tempfile::tempdir().unwrap();
+    // Maintenance off: the corrupt cell is still unindexed when sync runs.
+    let store = open(dir.path(), false).await;
+    let row = Uuid::new_v4();
+    let driver = Uuid::new_v4();
+    store
+        .put_cell(
+            "trips",
+            cell(
+                row,
+                "BASE",
+                1,
+                json!({"driver_partner_uuid": driver.to_string()}),
+            ),
+        )
+        .await
+        .unwrap();
+    let mut conn = sqlite(dir.path()).await;
+    for garbage in [&b"\x01\xff\xfe"[..], &b""[..], &b"\x07abc"[..]] {
+        sqlx::query("UPDATE trips_cells SET body = ? WHERE row_key = ?")
+            .bind(garbage)
+            .bind(row.as_bytes().as_slice())
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let err = store
+            .get_cell_latest("trips", row, "BASE")
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "CORRUPT_BODY");
+        assert!(err.to_string().contains(&row.to_string()), "{err}");
+    }
+    // Index maintenance quarantines the entries instead of stalling the
+    // shard: both indexes of `trips` read BASE.
+    store
+        .put_cell(
+            "trips",
+            cell(row, "NOTES", 1, json!({"after": "corruption"})),
+        )
+        .await
+        .unwrap();
+    store.sync_indexes().await.unwrap();
+    let lag = store.index_lag("trips").await.unwrap();
+    assert!(lag.is_empty(), "{lag:?}");
+    let quarantined = store.quarantine("trips").await.unwrap();
+    let names: Vec<&str> = quarantined.iter().map(|q| q.index.as_str()).collect();
+    assert_eq!(names, vec!["city_trips_index", "driver_partner_index"]);
+    assert!(quarantined
+        .iter()
+        .all(|q| q.row_key == row && q.code == "INTERNAL"));
+    assert!(
+        quarantined[0].message.contains("is corrupt"),
+        "{}",
+        quarantined[0].message
+    );
+    // Retrying changes nothing while the latest cell stays corrupt...
+    assert_eq!(store.retry_quarantine("trips", None).await.unwrap(), (0, 2));
+    // ...and applies both once a new version of the cell is readable.
+    store
+        .put_cell(
+            "trips",
+            cell(
+                row,
+                "BASE",
+                2,
+                json!({"driver_partner_uuid": driver.to_string()}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.retry_quarantine("trips", None).await.unwrap(), (2, 0));
+    assert!(store.quarantine("trips").await.unwrap().is_empty());
+    store.sync_indexes().await.unwrap();
+    let page = store
+        .query_index(
+            "trips",
+            &IndexQuery {
+                index: "driver_partner_index".into(),
+                shard_values: vec![Literal::String(driver.to_string())],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.entries.len(), 1);
+}
+
+/// `shutdown` closes the connections and waits for them: the last one
+/// copies the WAL back, so the next process neither replays it nor waits
+/// for another process's closing checkpoint.
+#[tokio::test]
+async fn shutdown_leaves_the_embedded_store_checkpointed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), true).await;
+    let rows: Vec<Uuid> = (0..300).map(|_| Uuid::new_v4()).collect();
+    let cells = rows
+        .iter()
+        .map(|r| {
+            cell(
+                *r,
+                "BASE",
+                1,
+                json!({"driver_partner_uuid": Uuid::new_v4().to_string(), "pad": "x".repeat(500)}),
+            )
+        })
+        .collect();
+    for result in store.put_cells("trips", cells).await.unwrap() {
+        result.unwrap();
+    }
+    let wal = dir.path().join("cellgate.db-wal");
+    assert!(
+        std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0) > 0,
+        "writes went to the WAL"
+    );
+    store.shutdown(std::time::Duration::from_secs(5)).await;
+    let left = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    assert_eq!(left, 0, "the WAL was copied back and truncated at shutdown");
+
+    let reopened = open(dir.path(), false).await;
+    for row in &rows {
+        let cell = reopened
+            .get_cell_latest("trips", *row, "BASE")
+            .await
+            .unwrap();
+        assert!(cell.is_some(), "row {row} reads back after the restart");
+    }
+}
+
+/// Two clusters: an SQLite file and a server that is not there.
+fn split_topology(dir: &Path, buffer_count: usize) -> StorageConfig {
+    StorageConfig {
+        buffer_count,
+        clusters: vec![
+            ClusterConfig {
+                name: "up".into(),
+                master: format!("sqlite://{}", dir.join("up.db").display()),
+                replicas: vec![],
+            },
+            ClusterConfig {
+                name: "down".into(),
+                master: "mysql://root@127.0.0.1:1/nothing".into(),
+                replicas: vec![],
+            },
+        ],
+        ..StorageConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn a_down_cluster_fails_only_its_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        harness::definitions(),
+        StoreOptions::new(split_topology(dir.path(), 0)),
+    )
+    .await
+    .expect("the gateway starts while a cluster is down");
+    let rows: Vec<Uuid> = (0..24).map(|_| Uuid::new_v4()).collect();
+    let batch = rows
+        .iter()
+        .map(|r| cell(*r, "NOTES", 1, json!({"n": 1})))
+        .collect();
+    let results = store.put_cells("trips", batch).await.unwrap();
+    for (row, result) in rows.iter().zip(&results) {
+        // The first half of the shards live on `up`, the rest on `down`.
+        if cellgate_store::shards::row_shard(row, harness::TRIP_SHARDS) < harness::TRIP_SHARDS / 2 {
+            assert_eq!(result.as_ref().unwrap(), &PutStatus::Written);
+            assert!(store
+                .get_cell_latest("trips", *row, "NOTES")
+                .await
+                .unwrap()
+                .is_some());
+        } else {
+            let err = result.as_ref().unwrap_err();
+            assert_eq!(err.code(), "STORAGE_UNAVAILABLE");
+            assert_eq!(
+                err.client_message(),
+                "storage cluster `down` is unavailable"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn writes_are_buffered_while_their_primary_is_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        harness::definitions(),
+        StoreOptions::new(split_topology(dir.path(), 1)),
+    )
+    .await
+    .unwrap();
+    let rows: Vec<Uuid> = (0..24).map(|_| Uuid::new_v4()).collect();
+    let batch = rows
+        .iter()
+        .map(|r| cell(*r, "NOTES", 1, json!({"n": 1})))
+        .collect();
+    let results = store.put_cells("trips", batch).await.unwrap();
+    let mut buffered = 0;
+    for (row, result) in rows.iter().zip(&results) {
+        if cellgate_store::shards::row_shard(row, harness::TRIP_SHARDS) < harness::TRIP_SHARDS / 2 {
+            // Its buffer copy would go to the down cluster: refused.
+            assert_eq!(result.as_ref().unwrap_err().code(), "STORAGE_UNAVAILABLE");
+        } else {
+            assert_eq!(result.as_ref().unwrap(), &PutStatus::Buffered);
+            assert!(!PutStatus::Buffered.readable());
+            buffered += 1;
+        }
+    }
+    let mut conn = sqlx::SqliteConnection::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("up.db").display()
+    ))
+    .await
+    .unwrap();
+    let (stored,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM trips_buffer WHERE shard >= ?")
+        .bind(i64::from(harness::TRIP_SHARDS / 2))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        stored, buffered,
+        "every buffered cell is kept on the secondary"
+    );
+}
+
+#[test]
+fn filter_string_and_typed_where_compile_to_one_plan() {
+    let defs = harness::definitions();
+    let items = defs.datastore("items").unwrap();
+    let typed = IndexQuery {
+        index: "items_index".into(),
+        conditions: vec![
+            Condition {
+                field: "s".into(),
+                op: CompareOp::In,
+                values: vec![Literal::String("a".into()), Literal::String("b".into())],
+                column: 1,
+            },
+            Condition {
+                field: "owner".into(),
+                op: CompareOp::Eq,
+                values: vec![Literal::String("alice".into())],
+                column: 1,
+            },
+            Condition {
+                field: "t".into(),
+                op: CompareOp::Ge,
+                values: vec![Literal::String("2024-01-01T01:00:00+01:00".into())],
+                column: 1,
+            },
+            Condition {
+                field: "x".into(),
+                op: CompareOp::Lt,
+                values: vec![Literal::Int(30)],
+                column: 1,
+            },
+            Condition {
+                field: "b".into(),
+                op: CompareOp::Ne,
+                values: vec![Literal::Bool(true)],
+                column: 1,
+            },
+        ],
+        ..Default::default()
+    };
+    let text = IndexQuery {
+        index: "items_index".into(),
+        filter: Some(r#"b != true and x < 30.0 and owner = "alice" and t >= "2024-01-01T00:00:00Z" and s in ("a", "b")"#.into()),
+        ..Default::default()
+    };
+    let a = QueryPlan::build(items, &typed).unwrap();
+    let b = QueryPlan::build(items, &text).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(a.predicates.len(), 4);
+}
+
+/// The writes of a property test: row, column, ref key, body choice.
+fn ops() -> impl Strategy<Value = Vec<(usize, bool, i64, usize)>> {
+    prop::collection::vec((0usize..5, any::<bool>(), 0i64..6, 0usize..4), 1..40)
+}
+
+fn rows() -> Vec<Uuid> {
+    (1..=5).map(|i| Uuid::from_u128(0x1000 + i)).collect()
+}
+
+fn drivers() -> Vec<Uuid> {
+    (1..=3).map(|i| Uuid::from_u128(0xd000 + i)).collect()
+}
+
+/// Body choice 3 has no driver: the row leaves the index.
+fn base_body(choice: usize) -> serde_json::Value {
+    match drivers().get(choice) {
+        Some(driver) => {
+            json!({"driver_partner_uuid": driver.to_string(), "city_uuid": Uuid::from_u128(0xc000 + choice as u128).to_string()})
+        }
+        None => json!({"note": "no driver"}),
+    }
+}
+
+fn status_body(choice: usize) -> serde_json::Value {
+    let status = ["requested", "accepted", "completed", "canceled"][choice];
+    json!({ "status": status })
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Whatever the order of writes, the latest cell is the one with the
+    /// highest ref key, the first body written for a key wins, and retries
+    /// are reported as duplicates or conflicts.
+    #[test]
+    fn latest_is_the_highest_ref_key(ops in ops()) {
+        runtime().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let store = open(dir.path(), false).await;
+            let rows = rows();
+            let mut model: BTreeMap<(usize, i64), usize> = BTreeMap::new();
+            for (row, _, ref_key, body) in &ops {
+                let result = store.put_cell("trips", cell(rows[*row], "NOTES", *ref_key, json!({"b": body}))).await;
+                match model.get(&(*row, *ref_key)) {
+                    None => { prop_assert_eq!(result.unwrap(), PutStatus::Written); model.insert((*row, *ref_key), *body); }
+                    Some(first) if first == body => prop_assert_eq!(result.unwrap(), PutStatus::Duplicate),
+                    Some(_) => prop_assert_eq!(result.unwrap_err().code(), "CELL_CONFLICT"),
+                }
+            }
+            for (i, row) in rows.iter().enumerate() {
+                let expected = model.range((i, i64::MIN)..=(i, i64::MAX)).next_back();
+                let latest = store.get_cell_latest("trips", *row, "NOTES").await.unwrap();
+                match (expected, latest) {
+                    (None, None) => {}
+                    (Some(((_, ref_key), body)), Some(cell)) => {
+                        prop_assert_eq!(cell.ref_key, *ref_key);
+                        prop_assert_eq!(cell.body, json!({"b": body}));
+                    }
+                    (e, l) => prop_assert!(false, "expected {:?}, got {:?}", e, l),
+                }
+                let history = store.history("trips", *row, "NOTES", 100, None).await.unwrap();
+                let refs: Vec<i64> = history.iter().map(|c| c.ref_key).collect();
+                let want: Vec<i64> = model.range((i, i64::MIN)..=(i, i64::MAX)).rev().map(|((_, r), _)| *r).collect();
+                prop_assert_eq!(refs, want);
+            }
+            Ok(())
+        })?;
+    }
+
+    /// After random writes, with the process "crashing" between cell
+    /// commits and index writes part-way, the indexes equal a from-scratch
+    /// recomputation from the latest cells.
+    #[test]
+    fn indexes_equal_a_recomputation(ops in ops(), crash_at in 0usize..40, resume_at in 0usize..40) {
+        runtime().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let rows = rows();
+            let (crash_at, resume_at) = (crash_at.min(ops.len()), resume_at.min(ops.len()).max(crash_at.min(ops.len())));
+            let mut first_body: BTreeMap<(usize, bool, i64), usize> = BTreeMap::new();
+            // Phases: indexed normally, then cells only (maintenance "dead"), then indexed again.
+            for (phase, range) in [(true, 0..crash_at), (false, crash_at..resume_at), (true, resume_at..ops.len())] {
+                let store = open(dir.path(), phase).await;
+                for (row, is_base, ref_key, body) in &ops[range] {
+                    let (column, value) = if *is_base { ("BASE", base_body(*body)) } else { ("STATUS", status_body(*body)) };
+                    let _ = store.put_cell("trips", cell(rows[*row], column, *ref_key, value)).await;
+                    first_body.entry((*row, *is_base, *ref_key)).or_insert(*body);
+                }
+            }
+            let store = open(dir.path(), true).await;
+            store.sync_indexes().await.unwrap();
+            // The model: latest body choice per (row, column).
+            let latest = |row: usize, base: bool| first_body.range((row, base, i64::MIN)..=(row, base, i64::MAX)).next_back().map(|(_, b)| *b);
+            for (d, driver) in drivers().iter().enumerate() {
+                let expected: BTreeSet<Uuid> = (0..rows.len()).filter(|r| latest(*r, true) == Some(d)).map(|r| rows[r]).collect();
+                let query = IndexQuery { index: "driver_partner_index".into(), shard_values: vec![Literal::String(driver.to_string())], first: Some(100), ..Default::default() };
+                let page = store.query_index("trips", &query).await.unwrap();
+                let got: BTreeSet<Uuid> = page.entries.iter().map(|e| e.row_key).collect();
+                prop_assert_eq!(&got, &expected, "driver_partner_index for driver {}", d);
+                // city_trips_index joins BASE (city) and STATUS (status).
+                let city = Uuid::from_u128(0xc000 + d as u128);
+                let query = IndexQuery { index: "city_trips_index".into(), shard_values: vec![Literal::String(city.to_string())], first: Some(100), ..Default::default() };
+                let page = store.query_index("trips", &query).await.unwrap();
+                let got: BTreeMap<Uuid, cellgate_store::storage::Value> = page.entries.iter().map(|e| (e.row_key, e.fields.iter().find(|f| f.0 == "status").unwrap().1.clone())).collect();
+                let want: BTreeMap<Uuid, cellgate_store::storage::Value> = expected.iter().map(|row| {
+                    let r = rows.iter().position(|x| x == row).unwrap();
+                    let status = latest(r, false).map_or(cellgate_store::storage::Value::Null(cellgate_store::storage::ColType::Text), |s| cellgate_store::storage::Value::Text(status_body(s)["status"].as_str().unwrap().into()));
+                    (*row, status)
+                }).collect();
+                prop_assert_eq!(got, want, "city_trips_index for city {}", d);
+            }
+            Ok(())
+        })?;
+    }
+}
