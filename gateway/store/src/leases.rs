@@ -12,8 +12,16 @@
 //!
 //! Processes also hold a `member:<holder>` lease per cluster, which is how
 //! they count each other to share work fairly ([`live_members`]).
-//! Expiry compares the process clocks with the stored times; leases are
-//! seconds long, so clock skew of milliseconds does not matter.
+//!
+//! **Expiry is judged by the database's clock**, in the statements
+//! themselves: a takeover ([`acquire`]) matches only a row that is ours or
+//! expired (by a margin the caller chooses) *now*, a renewal ([`renew`])
+//! only a row that has not expired, and the [`fence`] only rows that have
+//! not. The two conditional updates exclude each other on the locked row,
+//! so a renewal racing a takeover leaves one holder, whatever the clocks of
+//! the two gateways say; a takeover always raises the token. A holder stops
+//! using a lease by its own clock at the expiry it wrote, so a takeover
+//! margin covers the skew between a holder's clock and the database's.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -25,19 +33,19 @@ use crate::storage::{ddl, Backend, ColType, Dialect, Sql, Tx, Value};
 
 /// A lease this process holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Lease {
-    pub(crate) name: String,
-    pub(crate) token: i64,
-    pub(crate) expires_at: DateTime<Utc>,
+pub struct Lease {
+    pub name: String,
+    pub token: i64,
+    pub expires_at: DateTime<Utc>,
 }
 
 /// What a lease row says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LeaseRow {
-    pub(crate) name: String,
-    pub(crate) holder: String,
-    pub(crate) token: i64,
-    pub(crate) expires_at: DateTime<Utc>,
+pub struct LeaseRow {
+    pub name: String,
+    pub holder: String,
+    pub token: i64,
+    pub expires_at: DateTime<Utc>,
 }
 
 fn now() -> DateTime<Utc> {
@@ -53,7 +61,7 @@ fn expiry(ttl: Duration) -> DateTime<Utc> {
 }
 
 /// The lease rows whose names start with `prefix`.
-pub(crate) async fn list(backend: &dyn Backend, prefix: &str) -> Result<Vec<LeaseRow>> {
+pub async fn list(backend: &dyn Backend, prefix: &str) -> Result<Vec<LeaseRow>> {
     let mut sql = Sql::new(backend.dialect());
     sql.push("SELECT ")
         .idents(["name", "holder", "token", "expires_at"])
@@ -111,7 +119,7 @@ fn like_escape_clause(dialect: Dialect) -> &'static str {
 }
 
 /// Creates the rows of `names` that do not exist yet, free (expired).
-pub(crate) async fn ensure(backend: &dyn Backend, names: &[String]) -> Result<()> {
+pub async fn ensure(backend: &dyn Backend, names: &[String]) -> Result<()> {
     if names.is_empty() {
         return Ok(());
     }
@@ -138,16 +146,19 @@ pub(crate) async fn ensure(backend: &dyn Backend, names: &[String]) -> Result<()
     Ok(())
 }
 
-/// Takes `row`'s lease for `holder` if it is still as read: free or
-/// expired, or already ours. `None` when another process was faster.
-pub(crate) async fn acquire(
+/// Takes `row`'s lease for `holder` if it is still as read (same token)
+/// and, by the database's clock, ours or expired for at least `margin`.
+/// `None` when another process was faster or the lease is still held.
+pub async fn acquire(
     backend: &dyn Backend,
     row: &LeaseRow,
     holder: &str,
     ttl: Duration,
+    margin: Duration,
 ) -> Result<Option<Lease>> {
     let expires_at = expiry(ttl);
-    let mut sql = Sql::new(backend.dialect());
+    let dialect = backend.dialect();
+    let mut sql = Sql::new(dialect);
     sql.push("UPDATE ")
         .ident(ddl::LEASES_TABLE)
         .push(" SET ")
@@ -166,14 +177,8 @@ pub(crate) async fn acquire(
         .ident("acquired_at")
         .push(" = ")
         .bind(Value::DateTime(now()))
-        .push(" WHERE ")
-        .ident("name")
-        .push(" = ")
-        .bind(Value::Text(row.name.clone()))
-        .push(" AND ")
-        .ident("token")
-        .push(" = ")
-        .bind(Value::Int(row.token));
+        .push(" WHERE ");
+    takeover_condition(&mut sql, row, holder, margin);
     if backend.execute(&sql).await? == 1 {
         Ok(Some(Lease {
             name: row.name.clone(),
@@ -183,6 +188,29 @@ pub(crate) async fn acquire(
     } else {
         Ok(None)
     }
+}
+
+/// `(name = ? AND token = ? AND (holder = ? OR expires_at < <clock - margin>))`:
+/// the row as read, still ours or expired by the database's clock.
+fn takeover_condition(sql: &mut Sql, row: &LeaseRow, holder: &str, margin: Duration) {
+    let dialect = sql.dialect();
+    sql.push("(")
+        .ident("name")
+        .push(" = ")
+        .bind(Value::Text(row.name.clone()))
+        .push(" AND ")
+        .ident("token")
+        .push(" = ")
+        .bind(Value::Int(row.token))
+        .push(" AND (")
+        .ident("holder")
+        .push(" = ")
+        .bind(Value::Text(holder.to_string()))
+        .push(" OR ")
+        .ident("expires_at")
+        .push(" < ");
+    dialect.push_clock_minus(sql, margin);
+    sql.push("))");
 }
 
 /// Appends `WHERE holder = ? AND name IN (…)`.
@@ -197,8 +225,9 @@ fn where_held(sql: &mut Sql, holder: &str, names: impl IntoIterator<Item = Strin
         .bind_list(names.into_iter().map(Value::Text));
 }
 
-/// The leases among `names` that `holder` holds with the token `wanted`
-/// gives for each, stamped with `expires_at`.
+/// The leases among `names` that `holder` holds, unexpired by the
+/// database's clock, with the token `wanted` gives for each, stamped with
+/// `expires_at`.
 async fn still_held(
     backend: &dyn Backend,
     holder: &str,
@@ -212,6 +241,12 @@ async fn still_held(
         .push(" FROM ")
         .ident(ddl::LEASES_TABLE);
     where_held(&mut check, holder, wanted.keys().map(|n| n.to_string()));
+    // A renewal that matched no row (the lease had expired) leaves the row
+    // ours with the old token: only an unexpired row counts as held.
+    check.push(" AND ").ident("expires_at").push(" > ");
+    backend
+        .dialect()
+        .push_clock_minus(&mut check, Duration::ZERO);
     Ok(backend
         .fetch(&check, &[ColType::Text, ColType::Int])
         .await?
@@ -228,14 +263,16 @@ async fn still_held(
         .collect())
 }
 
-/// Takes every lease of `rows` that is still as read (free or expired), in
-/// two statements; returns the ones taken. For a process that wants them
-/// all, which is the common case of a single gateway.
-pub(crate) async fn acquire_all(
+/// Takes every lease of `rows` that is still as read and, by the
+/// database's clock, ours or expired for at least `margin`, in two
+/// statements; returns the ones taken. For a process that wants them all,
+/// which is the common case of a single gateway.
+pub async fn acquire_all(
     backend: &dyn Backend,
     rows: &[LeaseRow],
     holder: &str,
     ttl: Duration,
+    margin: Duration,
 ) -> Result<Vec<Lease>> {
     if rows.is_empty() {
         return Ok(Vec::new());
@@ -267,16 +304,7 @@ pub(crate) async fn acquire_all(
         if i > 0 {
             update.push(" OR ");
         }
-        update
-            .push("(")
-            .ident("name")
-            .push(" = ")
-            .bind(Value::Text(row.name.clone()))
-            .push(" AND ")
-            .ident("token")
-            .push(" = ")
-            .bind(Value::Int(row.token))
-            .push(")");
+        takeover_condition(&mut update, row, holder, margin);
     }
     backend.execute(&update).await?;
     let wanted: HashMap<&str, i64> = rows
@@ -286,9 +314,11 @@ pub(crate) async fn acquire_all(
     still_held(backend, holder, &wanted, expires_at).await
 }
 
-/// Extends the leases `held` by `holder`; returns those still held, with
-/// their new expiry. A lease another process took is left out.
-pub(crate) async fn renew(
+/// Extends the leases `held` by `holder` that have not expired by the
+/// database's clock; returns those still held, with their new expiry. A
+/// lease another process took, or one that expired (which must be taken
+/// again, with a new token), is left out.
+pub async fn renew(
     backend: &dyn Backend,
     holder: &str,
     held: &[Lease],
@@ -309,6 +339,8 @@ pub(crate) async fn renew(
             .push(" = ")
             .bind(Value::DateTime(expires_at));
         where_held(&mut sql, holder, chunk.iter().map(|l| l.name.clone()));
+        sql.push(" AND ").ident("expires_at").push(" > ");
+        backend.dialect().push_clock_minus(&mut sql, Duration::ZERO);
         backend.execute(&sql).await?;
         let wanted: HashMap<&str, i64> = chunk
             .iter()
@@ -320,7 +352,7 @@ pub(crate) async fn renew(
 }
 
 /// Gives up leases: they expire at once, free for other processes.
-pub(crate) async fn release(backend: &dyn Backend, holder: &str, names: &[String]) -> Result<()> {
+pub async fn release(backend: &dyn Backend, holder: &str, names: &[String]) -> Result<()> {
     for chunk in names.chunks(1000) {
         let mut sql = Sql::new(backend.dialect());
         sql.push("UPDATE ")
@@ -336,12 +368,12 @@ pub(crate) async fn release(backend: &dyn Backend, holder: &str, names: &[String
 }
 
 /// The member lease name of `holder`.
-pub(crate) fn member_name(holder: &str) -> String {
+pub fn member_name(holder: &str) -> String {
     format!("member:{holder}")
 }
 
 /// Announces `holder` as a live member for `ttl` more.
-pub(crate) async fn heartbeat(backend: &dyn Backend, holder: &str, ttl: Duration) -> Result<()> {
+pub async fn heartbeat(backend: &dyn Backend, holder: &str, ttl: Duration) -> Result<()> {
     let dialect = backend.dialect();
     let mut sql = Sql::new(dialect);
     sql.push("INSERT INTO ")
@@ -362,7 +394,7 @@ pub(crate) async fn heartbeat(backend: &dyn Backend, holder: &str, ttl: Duration
 }
 
 /// How many members are alive, and forgets members dead for an hour.
-pub(crate) async fn live_members(backend: &dyn Backend) -> Result<usize> {
+pub async fn live_members(backend: &dyn Backend) -> Result<usize> {
     let now = now();
     let rows = list(backend, "member:").await?;
     let dead: Vec<String> = rows
@@ -385,14 +417,9 @@ pub(crate) async fn live_members(backend: &dyn Backend) -> Result<usize> {
 
 /// Inside a transaction: locks the rows of `held` and fails with
 /// [`Error::LeaseLost`] unless each is still held by `holder` with the
-/// same token and has not expired. Everything the transaction does is
+/// same token and has not expired by the database's clock. Everything the transaction does is
 /// thereby fenced: a process that lost a lease cannot commit.
-pub(crate) async fn fence(
-    tx: &mut dyn Tx,
-    dialect: Dialect,
-    holder: &str,
-    held: &[Lease],
-) -> Result<()> {
+pub async fn fence(tx: &mut dyn Tx, dialect: Dialect, holder: &str, held: &[Lease]) -> Result<()> {
     if held.is_empty() {
         return Ok(());
     }
@@ -405,7 +432,11 @@ pub(crate) async fn fence(
         .ident("name")
         .push(" IN ")
         .bind_list(held.iter().map(|l| Value::Text(l.name.clone())))
-        .push(" ORDER BY ")
+        .push(" AND ")
+        .ident("expires_at")
+        .push(" > ");
+    dialect.push_clock_minus(&mut sql, Duration::ZERO);
+    sql.push(" ORDER BY ")
         .ident("name")
         .push(dialect.for_update());
     let types = [
@@ -415,7 +446,6 @@ pub(crate) async fn fence(
         ColType::DateTime,
     ];
     let rows = tx.fetch(&sql, &types).await?;
-    let now = now();
     let found: HashMap<String, (String, i64, DateTime<Utc>)> = rows
         .into_iter()
         .filter_map(|row| {
@@ -430,7 +460,9 @@ pub(crate) async fn fence(
         .collect();
     for lease in held {
         match found.get(&lease.name) {
-            Some((h, t, e)) if h == holder && *t == lease.token && *e > now => {}
+            // Rows past their expiry by the database's clock were not
+            // selected.
+            Some((h, t, _)) if h == holder && *t == lease.token => {}
             _ => return Err(Error::LeaseLost(lease.name.clone())),
         }
     }

@@ -70,7 +70,7 @@ pub mod cells;
 mod error;
 pub mod ids;
 pub mod indexes;
-mod leases;
+pub mod leases;
 mod options;
 mod retry;
 pub mod shards;

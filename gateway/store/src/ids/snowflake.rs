@@ -639,7 +639,9 @@ impl Snowflake {
             )
         });
         for row in candidates {
-            if let Some(lease) = leases::acquire(backend, row, &self.holder, self.ttl).await? {
+            if let Some(lease) =
+                leases::acquire(backend, row, &self.holder, self.ttl, TAKEOVER_MARGIN).await?
+            {
                 let worker = worker_of(&lease.name).expect("worker lease name");
                 let mut gen = self.lock();
                 gen.lease = Some((worker, lease));

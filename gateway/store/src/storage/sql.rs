@@ -48,6 +48,33 @@ impl Dialect {
         }
     }
 
+    /// Appends the database's clock, `before` earlier, in the form a
+    /// `DateTime` column stores (microseconds since the epoch on SQLite):
+    /// lease expiry is judged by the one clock every gateway shares, not by
+    /// each gateway's own. The time is taken when the statement runs (not
+    /// when its transaction began), so a check late in a transaction sees
+    /// the time of the check.
+    pub fn push_clock_minus(self, sql: &mut Sql, before: std::time::Duration) {
+        let micros = i64::try_from(before.as_micros()).unwrap_or(i64::MAX);
+        match self {
+            Dialect::Sqlite => {
+                sql.push("(CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER) - ")
+                    .bind(Value::Int(micros))
+                    .push(")");
+            }
+            Dialect::MySql => {
+                sql.push("(UTC_TIMESTAMP(6) - INTERVAL ")
+                    .bind(Value::Int(micros))
+                    .push(" MICROSECOND)");
+            }
+            Dialect::Postgres => {
+                sql.push("(clock_timestamp() - ")
+                    .bind(Value::Int(micros))
+                    .push(" * INTERVAL '1 microsecond')");
+            }
+        }
+    }
+
     /// Most `OR`ed terms one statement carries: SQLite nests an `OR` chain
     /// into an expression tree at most 1000 deep; MariaDB's cost grows with
     /// the square of the terms (a log page over 1024 ranges took 915 ms as

@@ -697,3 +697,111 @@ pub async fn two_allocators_on_one_cache_path_lease_distinct_workers(env: Arc<En
     let after = restarted.snowflake_ids(10).await.unwrap();
     assert!(after.iter().all(|id| !seen.contains(id)));
 }
+
+// Regression: a takeover was a compare-and-set on the token alone, with
+// expiry judged from the row as read by the taker's clock; renewals keep
+// the token, so a renewal racing a takeover left two holders.
+pub async fn a_renewed_lease_cannot_be_taken_over_from_a_stale_read(env: Arc<Env>) {
+    use cellgate_store::leases;
+    let (backend, _) = flaky(&env, Duration::ZERO).await;
+    let backend = backend.as_ref();
+    let name = "test:race".to_string();
+    leases::ensure(backend, std::slice::from_ref(&name))
+        .await
+        .unwrap();
+    let free = leases::list(backend, "test:race").await.unwrap().remove(0);
+    let ttl = Duration::from_secs(60);
+    let a = leases::acquire(backend, &free, "a", ttl, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("a free lease is taken");
+    // `b` read the row while `a` held it, and judged it expired by a clock
+    // of its own that runs ahead: the database's clock says otherwise.
+    let seen = leases::list(backend, "test:race").await.unwrap().remove(0);
+    assert_eq!((seen.holder.as_str(), seen.token), ("a", a.token));
+    assert_eq!(
+        leases::acquire(backend, &seen, "b", ttl, Duration::ZERO)
+            .await
+            .unwrap(),
+        None,
+        "a held lease was taken over"
+    );
+    // `a` renews (keeping its token); `b` then tries with the stale read.
+    let renewed = leases::renew(backend, "a", std::slice::from_ref(&a), ttl)
+        .await
+        .unwrap();
+    assert_eq!(renewed.len(), 1);
+    assert!(leases::acquire_all(
+        backend,
+        std::slice::from_ref(&seen),
+        "b",
+        ttl,
+        Duration::ZERO
+    )
+    .await
+    .unwrap()
+    .is_empty());
+    // Only `a` passes the fence.
+    for (holder, lease, ok) in [("a", &a, true), ("b", &a, false)] {
+        let mut tx = backend.begin().await.unwrap();
+        let fenced = leases::fence(
+            tx.as_mut(),
+            backend.dialect(),
+            holder,
+            std::slice::from_ref(lease),
+        )
+        .await;
+        assert_eq!(fenced.is_ok(), ok, "{holder}: {fenced:?}");
+        drop(tx);
+    }
+
+    // Expired by the database's clock (a lease of 1 ms): it cannot be
+    // renewed, and a takeover raises the token, so the old holder is fenced.
+    let short = leases::acquire(
+        backend,
+        &leases::list(backend, "test:race").await.unwrap()[0],
+        "a",
+        Duration::from_millis(1),
+        Duration::ZERO,
+    )
+    .await
+    .unwrap()
+    .expect("ours again");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        leases::renew(backend, "a", std::slice::from_ref(&short), ttl)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let expired = leases::list(backend, "test:race").await.unwrap().remove(0);
+    // With a margin of a minute it is not expired enough for a takeover.
+    assert_eq!(
+        leases::acquire(backend, &expired, "b", ttl, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        None
+    );
+    let b = leases::acquire(backend, &expired, "b", ttl, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("an expired lease is taken over");
+    assert_eq!(b.token, short.token + 1);
+    let mut tx = backend.begin().await.unwrap();
+    assert!(leases::fence(
+        tx.as_mut(),
+        backend.dialect(),
+        "a",
+        std::slice::from_ref(&short)
+    )
+    .await
+    .is_err());
+    assert!(leases::fence(
+        tx.as_mut(),
+        backend.dialect(),
+        "b",
+        std::slice::from_ref(&b)
+    )
+    .await
+    .is_ok());
+}

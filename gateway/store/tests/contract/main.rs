@@ -92,6 +92,7 @@ contract_suite!(
     snowflake_ids_never_enter_the_tagged_layout,
     snowflake_stops_when_its_high_water_mark_cannot_be_recorded,
     two_allocators_on_one_cache_path_lease_distinct_workers,
+    a_renewed_lease_cannot_be_taken_over_from_a_stale_read,
     tagged_ids_name_the_shard_of_their_row,
 );
 

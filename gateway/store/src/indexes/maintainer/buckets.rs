@@ -150,7 +150,7 @@ impl Worker {
             let rows: Vec<leases::LeaseRow> = free.iter().map(|(_, r)| r.clone()).collect();
             let buckets: HashMap<String, usize> =
                 free.iter().map(|(b, r)| (r.name.clone(), *b)).collect();
-            for lease in leases::acquire_all(backend, &rows, &holder, ttl).await? {
+            for lease in leases::acquire_all(backend, &rows, &holder, ttl, Duration::ZERO).await? {
                 let bucket = buckets[&lease.name];
                 self.held.insert(bucket, lease);
                 acquired.push(bucket);
@@ -160,7 +160,9 @@ impl Worker {
                 if self.held.len() >= fair {
                     break;
                 }
-                if let Some(lease) = leases::acquire(backend, &row, &holder, ttl).await? {
+                if let Some(lease) =
+                    leases::acquire(backend, &row, &holder, ttl, Duration::ZERO).await?
+                {
                     self.held.insert(bucket, lease);
                     acquired.push(bucket);
                 }
