@@ -139,7 +139,7 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "cellgate bench {} ({} build)",
+            "cellgate-bench {} ({} build)",
             self.version, self.build
         );
         let _ = writeln!(out, "command:     {}", self.command);

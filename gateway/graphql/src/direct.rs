@@ -20,7 +20,7 @@
 //! in its usual form. A store error is answered here, as the executor
 //! would answer it ([`Answer::Failed`]): sending the request on would wait
 //! for the failing database a second time. The values come from the functions
-//! the schema's resolvers use (`schema.rs`), and the tests compare both
+//! the schema's resolvers use (`schema/`), and the tests compare both
 //! paths' answers byte for byte.
 
 use std::collections::HashSet;

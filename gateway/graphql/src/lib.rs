@@ -5,7 +5,7 @@
 //!
 //! Only this crate knows async-graphql, and it knows no HTTP: the
 //! `cellgate` gateway turns requests into [`async_graphql::Request`]s and
-//! the answers into responses. `build_schema` (in `schema.rs`)
+//! the answers into responses. `build_schema` (in `schema/`)
 //! turns the definitions into a dynamic schema; `execute` runs one request
 //! with its per-request data: the store and a DataLoader (`loaders.rs`)
 //! that batches cell reads per cluster. `scalars.rs` holds the custom scalars,

@@ -26,7 +26,7 @@ pub enum CellRequest {
 }
 
 /// The per-request loader of cells. It caches what it loaded (and what
-/// index fields fed it, see `prefetch_rows` in `schema.rs`) for the rest
+/// index fields fed it, see `prefetch_rows` in `schema/index.rs`) for the rest
 /// of the request: cells are immutable, and a request sees one version of
 /// a row's latest cells.
 pub type Cells = DataLoader<CellLoader, HashMapCache>;

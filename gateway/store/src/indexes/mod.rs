@@ -1,7 +1,7 @@
 //! Secondary indexes: keeping them up to date from the cell log and
 //! answering queries on them.
 //!
-//! Maintenance: `maintainer.rs` runs the background workers (leases, sweep,
+//! Maintenance: `maintainer/` runs the background workers (leases, sweep,
 //! scheduling), `apply.rs` one batched pass over the log, `lag.rs` measures
 //! how far behind the offsets are. Queries: `plan.rs` turns a typed query
 //! or a filter string into a plan, `query.rs` runs it with one statement
