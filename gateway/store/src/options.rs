@@ -25,7 +25,11 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
     /// How many secondary clusters receive a copy of each write in their
-    /// buffer table before the primary master is written.
+    /// buffer table before the primary master is written. A secondary that
+    /// cannot take its copy is replaced by another; a write that cannot get
+    /// this many copies fails and its copies are removed. Writes to a
+    /// master that is down are answered `BUFFERED`: kept in the buffers,
+    /// not readable, and not yet replayed into the master by this version.
     ///
     /// ```yaml
     /// buffer_count: 0

@@ -267,6 +267,133 @@ async fn writes_are_buffered_while_their_primary_is_down() {
     );
 }
 
+/// Three clusters, a third of the shards each: two SQLite files and a
+/// server that is not there.
+fn three_clusters(dir: &Path, buffer_count: usize) -> StorageConfig {
+    let sqlite = |name: &str| ClusterConfig {
+        name: name.into(),
+        master: format!("sqlite://{}", dir.join(format!("{name}.db")).display()),
+        replicas: vec![],
+    };
+    StorageConfig {
+        buffer_count,
+        clusters: vec![
+            sqlite("one"),
+            sqlite("two"),
+            ClusterConfig {
+                name: "down".into(),
+                master: "mysql://root@127.0.0.1:1/nothing".into(),
+                replicas: vec![],
+            },
+        ],
+        ..StorageConfig::default()
+    }
+}
+
+/// Rows of `trips_buffer` in the SQLite file of cluster `name`.
+async fn buffered_rows(dir: &Path, name: &str) -> i64 {
+    let mut conn = sqlx::SqliteConnection::connect(&format!(
+        "sqlite://{}",
+        dir.join(format!("{name}.db")).display()
+    ))
+    .await
+    .unwrap();
+    let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM trips_buffer")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    rows
+}
+
+// Regression: a buffer copy that went to a down secondary failed the
+// whole group although its primary and another secondary were up.
+#[tokio::test]
+async fn a_down_secondary_is_replaced_by_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        harness::definitions(),
+        StoreOptions::new(three_clusters(dir.path(), 1)),
+    )
+    .await
+    .unwrap();
+    // Shards are split evenly, in order: the last third lives on `down`.
+    let on_up = |shard: u32| u64::from(shard) * 3 < 2 * u64::from(harness::TRIP_SHARDS);
+    let (mut written, mut buffered) = (0, 0);
+    // Each call buffers each cluster's group once, on a random secondary:
+    // over 20 calls the down one is picked many times.
+    for _ in 0..20 {
+        let rows: Vec<Uuid> = (0..12).map(|_| Uuid::new_v4()).collect();
+        let batch = rows
+            .iter()
+            .map(|r| cell(*r, "NOTES", 1, json!({"n": 1})))
+            .collect();
+        let results = store.put_cells("trips", batch).await.unwrap();
+        for (row, result) in rows.iter().zip(&results) {
+            let shard = cellgate_store::shards::row_shard(row, harness::TRIP_SHARDS);
+            let status = result.as_ref().expect("every write succeeds");
+            if on_up(shard) {
+                assert_eq!(status, &PutStatus::Written, "shard {shard}");
+                written += 1;
+            } else {
+                // Its primary is down: kept on one of the two others.
+                assert_eq!(status, &PutStatus::Buffered, "shard {shard}");
+                buffered += 1;
+            }
+        }
+    }
+    assert!(written > 0 && buffered > 0);
+    let kept = buffered_rows(dir.path(), "one").await + buffered_rows(dir.path(), "two").await;
+    assert_eq!(kept, buffered, "written cells leave no copy behind");
+}
+
+// Regression: when a later secondary failed, the copies already made on
+// others stayed in their buffers although the write was refused.
+#[tokio::test]
+async fn a_write_that_cannot_be_buffered_enough_leaves_no_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        harness::definitions(),
+        StoreOptions::new(three_clusters(dir.path(), 2)),
+    )
+    .await
+    .unwrap();
+    let on_up = |shard: u32| u64::from(shard) * 3 < 2 * u64::from(harness::TRIP_SHARDS);
+    for _ in 0..10 {
+        let rows: Vec<Uuid> = (0..12).map(|_| Uuid::new_v4()).collect();
+        let batch = rows
+            .iter()
+            .map(|r| cell(*r, "NOTES", 1, json!({"n": 1})))
+            .collect();
+        let results = store.put_cells("trips", batch).await.unwrap();
+        for (row, result) in rows.iter().zip(&results) {
+            let shard = cellgate_store::shards::row_shard(row, harness::TRIP_SHARDS);
+            if on_up(shard) {
+                // Two copies are needed and only one other cluster is up:
+                // refused, as Schemaless refuses a write it cannot buffer.
+                assert_eq!(result.as_ref().unwrap_err().code(), "STORAGE_UNAVAILABLE");
+            } else {
+                // The two up clusters both take a copy.
+                assert_eq!(result.as_ref().unwrap(), &PutStatus::Buffered);
+            }
+        }
+    }
+    for name in ["one", "two"] {
+        let mut conn = sqlx::SqliteConnection::connect(&format!(
+            "sqlite://{}",
+            dir.path().join(format!("{name}.db")).display()
+        ))
+        .await
+        .unwrap();
+        let (stray,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM trips_buffer WHERE shard * 3 < ?")
+                .bind(2 * i64::from(harness::TRIP_SHARDS))
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        assert_eq!(stray, 0, "a refused write left a copy on `{name}`");
+    }
+}
+
 #[test]
 fn filter_string_and_typed_where_compile_to_one_plan() {
     let defs = harness::definitions();

@@ -239,8 +239,11 @@ async fn write_cluster(
     }
 }
 
-/// Copies the group into the buffer tables of randomly chosen other
-/// clusters; returns `(cluster, batch id)` per copy.
+/// Copies the group into the buffer tables of `buffer_count` other
+/// clusters, chosen at random; returns `(cluster, batch id)` per copy. A
+/// secondary that cannot take its copy is replaced by another; when fewer
+/// than `buffer_count` can, the copies made are released and the write
+/// fails (as Schemaless's does), with the last secondary's error.
 async fn buffer(
     topology: &Topology,
     ds: &DatastoreRuntime,
@@ -254,50 +257,77 @@ async fn buffer(
         .filter(|c| *c != primary)
         .collect();
     secondaries.shuffle(&mut rand::thread_rng());
-    secondaries.truncate(topology.buffer_count);
     let created_at = Value::DateTime(truncate_to_micros(Utc::now()));
     let mut copies = Vec::new();
+    let mut last_error = None;
     for cluster in secondaries {
-        let backend = topology.clusters[cluster].master()?;
-        let dialect = backend.dialect();
-        let batch = Uuid::new_v4();
-        let table = ddl::buffer_table(ds.name());
-        with_retry("buffering a batch", || async {
-            let mut tx = backend.begin().await?;
-            for chunk in insert_chunks(group, CELL_ROWS, |c| c.encoded.len()) {
-                let mut sql = Sql::new(dialect);
-                sql.push("INSERT INTO ")
-                    .ident(&table)
-                    .push(" (")
-                    .idents([
-                        "batch_id",
-                        "shard",
-                        "row_key",
-                        "column_name",
-                        "ref_key",
-                        "body",
-                        "created_at",
-                    ])
-                    .push(") VALUES ")
-                    .values(chunk.iter().map(|cell| {
-                        vec![
-                            Value::Uuid(batch),
-                            Value::Int(i64::from(cell.shard)),
-                            Value::Uuid(cell.key.row_key),
-                            Value::Text(cell.key.column.clone()),
-                            Value::Int(cell.key.ref_key),
-                            Value::Bytes(cell.encoded.clone()),
-                            created_at.clone(),
-                        ]
-                    }));
-                tx.execute(&sql).await?;
+        if copies.len() == topology.buffer_count {
+            break;
+        }
+        match buffer_copy(topology, ds, cluster, group, &created_at).await {
+            Ok(batch) => copies.push((cluster, batch)),
+            Err(err) => {
+                tracing::warn!(datastore = %ds.name(), cluster = %topology.clusters[cluster].name, error = %err, "cannot buffer a batch here; trying another cluster");
+                last_error = Some(err);
             }
-            tx.commit().await
-        })
-        .await?;
-        copies.push((cluster, batch));
+        }
+    }
+    if copies.len() < topology.buffer_count {
+        release_buffers(topology, ds, copies).await;
+        return Err(last_error.unwrap_or_else(|| Error::ClusterNotReady {
+            cluster: topology.clusters[primary].name.clone(),
+            reason: "too few other clusters to buffer the write".into(),
+        }));
     }
     Ok(copies)
+}
+
+/// One buffer copy of the group on `cluster`; its batch id.
+async fn buffer_copy(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    cluster: usize,
+    group: &[Prepared],
+    created_at: &Value,
+) -> Result<Uuid> {
+    let backend = topology.clusters[cluster].master()?;
+    let dialect = backend.dialect();
+    let batch = Uuid::new_v4();
+    let table = ddl::buffer_table(ds.name());
+    with_retry("buffering a batch", || async {
+        let mut tx = backend.begin().await?;
+        for chunk in insert_chunks(group, CELL_ROWS, |c| c.encoded.len()) {
+            let mut sql = Sql::new(dialect);
+            sql.push("INSERT INTO ")
+                .ident(&table)
+                .push(" (")
+                .idents([
+                    "batch_id",
+                    "shard",
+                    "row_key",
+                    "column_name",
+                    "ref_key",
+                    "body",
+                    "created_at",
+                ])
+                .push(") VALUES ")
+                .values(chunk.iter().map(|cell| {
+                    vec![
+                        Value::Uuid(batch),
+                        Value::Int(i64::from(cell.shard)),
+                        Value::Uuid(cell.key.row_key),
+                        Value::Text(cell.key.column.clone()),
+                        Value::Int(cell.key.ref_key),
+                        Value::Bytes(cell.encoded.clone()),
+                        created_at.clone(),
+                    ]
+                }));
+            tx.execute(&sql).await?;
+        }
+        tx.commit().await
+    })
+    .await?;
+    Ok(batch)
 }
 
 /// Deletes buffered copies once the primary has the cells (or refused
