@@ -157,7 +157,34 @@ pub async fn acquire(
     margin: Duration,
 ) -> Result<Option<Lease>> {
     let expires_at = expiry(ttl);
-    let dialect = backend.dialect();
+    let sql = takeover(
+        backend.dialect(),
+        std::slice::from_ref(row),
+        holder,
+        expires_at,
+        margin,
+    );
+    if backend.execute(&sql).await? == 1 {
+        Ok(Some(Lease {
+            name: row.name.clone(),
+            token: row.token + 1,
+            expires_at,
+        }))
+    } else {
+        Ok(None)
+    }
+}
+
+/// The `UPDATE` that takes `rows` for `holder` until `expires_at`, raising
+/// each token, where each row is still as read and ours or expired
+/// ([`takeover_condition`]).
+fn takeover(
+    dialect: Dialect,
+    rows: &[LeaseRow],
+    holder: &str,
+    expires_at: DateTime<Utc>,
+    margin: Duration,
+) -> Sql {
     let mut sql = Sql::new(dialect);
     sql.push("UPDATE ")
         .ident(ddl::LEASES_TABLE)
@@ -168,8 +195,8 @@ pub async fn acquire(
         .push(", ")
         .ident("token")
         .push(" = ")
-        .bind(Value::Int(row.token + 1))
-        .push(", ")
+        .ident("token")
+        .push(" + 1, ")
         .ident("expires_at")
         .push(" = ")
         .bind(Value::DateTime(expires_at))
@@ -178,16 +205,13 @@ pub async fn acquire(
         .push(" = ")
         .bind(Value::DateTime(now()))
         .push(" WHERE ");
-    takeover_condition(&mut sql, row, holder, margin);
-    if backend.execute(&sql).await? == 1 {
-        Ok(Some(Lease {
-            name: row.name.clone(),
-            token: row.token + 1,
-            expires_at,
-        }))
-    } else {
-        Ok(None)
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            sql.push(" OR ");
+        }
+        takeover_condition(&mut sql, row, holder, margin);
     }
+    sql
 }
 
 /// `(name = ? AND token = ? AND (holder = ? OR expires_at < <clock - margin>))`:
@@ -278,34 +302,7 @@ pub async fn acquire_all(
         return Ok(Vec::new());
     }
     let expires_at = expiry(ttl);
-    let dialect = backend.dialect();
-    let mut update = Sql::new(dialect);
-    update
-        .push("UPDATE ")
-        .ident(ddl::LEASES_TABLE)
-        .push(" SET ")
-        .ident("holder")
-        .push(" = ")
-        .bind(Value::Text(holder.to_string()))
-        .push(", ")
-        .ident("token")
-        .push(" = ")
-        .ident("token")
-        .push(" + 1, ")
-        .ident("expires_at")
-        .push(" = ")
-        .bind(Value::DateTime(expires_at))
-        .push(", ")
-        .ident("acquired_at")
-        .push(" = ")
-        .bind(Value::DateTime(now()))
-        .push(" WHERE ");
-    for (i, row) in rows.iter().enumerate() {
-        if i > 0 {
-            update.push(" OR ");
-        }
-        takeover_condition(&mut update, row, holder, margin);
-    }
+    let update = takeover(backend.dialect(), rows, holder, expires_at, margin);
     backend.execute(&update).await?;
     let wanted: HashMap<&str, i64> = rows
         .iter()
