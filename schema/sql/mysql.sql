@@ -81,6 +81,19 @@ CREATE TABLE IF NOT EXISTS `payments_buffer` (
   KEY `shard` (`shard`, `buffer_id`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
+CREATE TABLE IF NOT EXISTS `payments_conflicts` (
+  `row_key` BINARY(16) NOT NULL,
+  `column_name` VARBINARY(512) NOT NULL,
+  `ref_key` BIGINT NOT NULL,
+  `body_hash` VARBINARY(512) NOT NULL,
+  `body` LONGBLOB NOT NULL,
+  `stored_hash` VARBINARY(512) NOT NULL,
+  `buffered_on` VARBINARY(512) NOT NULL,
+  `buffered_at` DATETIME(6) NOT NULL,
+  `recorded_at` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`row_key`, `column_name`, `ref_key`, `body_hash`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
 CREATE TABLE IF NOT EXISTS `payments_quarantine` (
   `index_name` VARBINARY(512) NOT NULL,
   `row_key` BINARY(16) NOT NULL,
@@ -174,6 +187,19 @@ CREATE TABLE IF NOT EXISTS `trips_buffer` (
   `created_at` DATETIME(6) NOT NULL,
   KEY `batch` (`batch_id`),
   KEY `shard` (`shard`, `buffer_id`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+CREATE TABLE IF NOT EXISTS `trips_conflicts` (
+  `row_key` BINARY(16) NOT NULL,
+  `column_name` VARBINARY(512) NOT NULL,
+  `ref_key` BIGINT NOT NULL,
+  `body_hash` VARBINARY(512) NOT NULL,
+  `body` LONGBLOB NOT NULL,
+  `stored_hash` VARBINARY(512) NOT NULL,
+  `buffered_on` VARBINARY(512) NOT NULL,
+  `buffered_at` DATETIME(6) NOT NULL,
+  `recorded_at` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`row_key`, `column_name`, `ref_key`, `body_hash`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS `trips_quarantine` (

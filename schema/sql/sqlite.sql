@@ -86,6 +86,19 @@ CREATE INDEX IF NOT EXISTS "payments_buffer_batch" ON "payments_buffer" ("batch_
 
 CREATE INDEX IF NOT EXISTS "payments_buffer_shard" ON "payments_buffer" ("shard", "buffer_id");
 
+CREATE TABLE IF NOT EXISTS "payments_conflicts" (
+  "row_key" BLOB NOT NULL,
+  "column_name" TEXT NOT NULL,
+  "ref_key" INTEGER NOT NULL,
+  "body_hash" TEXT NOT NULL,
+  "body" BLOB NOT NULL,
+  "stored_hash" TEXT NOT NULL,
+  "buffered_on" TEXT NOT NULL,
+  "buffered_at" INTEGER NOT NULL,
+  "recorded_at" INTEGER NOT NULL,
+  PRIMARY KEY ("row_key", "column_name", "ref_key", "body_hash")
+);
+
 CREATE TABLE IF NOT EXISTS "payments_quarantine" (
   "index_name" TEXT NOT NULL,
   "row_key" BLOB NOT NULL,
@@ -195,6 +208,19 @@ CREATE TABLE IF NOT EXISTS "trips_buffer" (
 CREATE INDEX IF NOT EXISTS "trips_buffer_batch" ON "trips_buffer" ("batch_id");
 
 CREATE INDEX IF NOT EXISTS "trips_buffer_shard" ON "trips_buffer" ("shard", "buffer_id");
+
+CREATE TABLE IF NOT EXISTS "trips_conflicts" (
+  "row_key" BLOB NOT NULL,
+  "column_name" TEXT NOT NULL,
+  "ref_key" INTEGER NOT NULL,
+  "body_hash" TEXT NOT NULL,
+  "body" BLOB NOT NULL,
+  "stored_hash" TEXT NOT NULL,
+  "buffered_on" TEXT NOT NULL,
+  "buffered_at" INTEGER NOT NULL,
+  "recorded_at" INTEGER NOT NULL,
+  PRIMARY KEY ("row_key", "column_name", "ref_key", "body_hash")
+);
 
 CREATE TABLE IF NOT EXISTS "trips_quarantine" (
   "index_name" TEXT NOT NULL,

@@ -204,6 +204,7 @@ async fn open(args: &StoreArgs, snowflake: bool) -> anyhow::Result<Option<Store>
     };
     let mut options = StoreOptions::new(args.storage()?);
     options.maintain_indexes = false;
+    options.replay_buffers = false;
     options.ids = IdsOptions {
         snowflake,
         // A command holds its worker id briefly; it is free again soon after.

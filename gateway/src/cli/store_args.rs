@@ -95,6 +95,7 @@ impl StoreArgs {
             .collect();
         let mut options = StoreOptions::new(storage);
         options.maintain_indexes = false;
+        options.replay_buffers = false;
         options.require_all_clusters = true;
         let store = Store::open(defs, options)
             .await

@@ -85,6 +85,11 @@ pub enum Error {
     /// prepared since, or refused by its catalog.
     #[error("storage cluster `{cluster}` is not serving: {reason}")]
     ClusterNotReady { cluster: String, reason: String },
+    /// A cluster whose catalog disagrees with the definitions: it stays
+    /// out of service until a restart with definitions that agree, so
+    /// waiting does not help and a write to it is never buffered.
+    #[error("storage cluster `{cluster}` is out of service: {reason}")]
+    ClusterRefused { cluster: String, reason: String },
     /// The definitions or topology disagree with what a cluster's tables
     /// were built from (a new shard count, shards routed elsewhere).
     #[error("{0}")]
@@ -140,6 +145,7 @@ impl Error {
             Error::Definitions(_) => "INVALID_DEFINITIONS",
             Error::Shared(inner) => inner.code(),
             Error::ClusterNotReady { .. } => "STORAGE_UNAVAILABLE",
+            Error::ClusterRefused { .. } => "CATALOG_MISMATCH",
             Error::Catalog(_) => "CATALOG_MISMATCH",
             Error::LayoutUpgradeRequired(_) => "LAYOUT_UPGRADE_REQUIRED",
             Error::IndexBuilding { .. } => "INDEX_BUILDING",
@@ -164,6 +170,9 @@ impl Error {
             Error::ClusterNotReady { cluster, .. } => {
                 format!("storage cluster `{cluster}` is unavailable")
             }
+            Error::ClusterRefused { cluster, .. } => format!(
+                "storage cluster `{cluster}` is out of service: its catalog disagrees with the definitions (see the gateway log)"
+            ),
             Error::Shared(inner) => inner.client_message(),
             other => other.to_string(),
         }

@@ -26,15 +26,27 @@ use serde::Deserialize;
 pub struct StorageConfig {
     /// How many secondary clusters receive a copy of each write in their
     /// buffer table before the primary master is written. A secondary that
-    /// cannot take its copy is replaced by another; a write that cannot get
-    /// this many copies fails and its copies are removed. Writes to a
-    /// master that is down are answered `BUFFERED`: kept in the buffers,
-    /// not readable, and not yet replayed into the master by this version.
+    /// cannot take its copy is replaced by another (see `buffer_shortfall`
+    /// for when too few can). A write whose master failed transiently is
+    /// answered `BUFFERED` once it has this many copies: not readable until
+    /// a gateway replays it into the master, within a second or so of the
+    /// master answering again.
     ///
     /// ```yaml
     /// buffer_count: 0
     /// ```
     pub buffer_count: usize,
+    /// What a write does when fewer than `buffer_count` other clusters can
+    /// take a copy: `fail` (the default, as Schemaless does) fails it with
+    /// `STORAGE_UNAVAILABLE` and removes the copies made; `write_primary`
+    /// writes the primary anyway, so a healthy primary still answers
+    /// `WRITTEN`, but a write whose primary then fails too is an error,
+    /// never `BUFFERED` with fewer copies than promised.
+    ///
+    /// ```yaml
+    /// buffer_shortfall: fail
+    /// ```
+    pub buffer_shortfall: BufferShortfall,
     /// Storage clusters; the first is the default home of every shard.
     /// Empty: one embedded SQLite cluster in the data directory.
     ///
@@ -85,10 +97,22 @@ pub struct StorageConfig {
     pub readiness_timeout_ms: u64,
 }
 
+/// See [`StorageConfig::buffer_shortfall`].
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum BufferShortfall {
+    /// Fail the write.
+    #[default]
+    Fail,
+    /// Write the primary with the copies there are.
+    WritePrimary,
+}
+
 impl Default for StorageConfig {
     fn default() -> Self {
         StorageConfig {
             buffer_count: 0,
+            buffer_shortfall: BufferShortfall::Fail,
             clusters: Vec::new(),
             shards: BTreeMap::new(),
             max_connections: 16,

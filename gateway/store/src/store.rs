@@ -41,6 +41,10 @@ pub struct StoreOptions {
     pub max_batch: usize,
     /// Leases, sweep and quarantine settings of index maintenance.
     pub maintenance: MaintainerOptions,
+    /// Replay buffered writes into their primary in the background (the
+    /// normal mode, with more than one cluster); commands that only manage
+    /// tables turn it off.
+    pub replay_buffers: bool,
     /// Fail when a cluster cannot be reached, instead of preparing it in
     /// the background once it answers (for commands that manage tables).
     pub require_all_clusters: bool,
@@ -59,6 +63,7 @@ impl StoreOptions {
             maintain_indexes: true,
             max_batch: 1000,
             maintenance: MaintainerOptions::default(),
+            replay_buffers: true,
             require_all_clusters: false,
             converting_v1: false,
             ids: crate::ids::IdsOptions {
@@ -78,6 +83,7 @@ pub struct Store {
 struct Inner {
     topology: Arc<Topology>,
     maintainer: Arc<maintainer::Maintainer>,
+    replayer: Arc<cells::replay::Replayer>,
     maintaining: bool,
     /// Definition changes worth a warning (superseded or removed indexes).
     warnings: Vec<String>,
@@ -94,6 +100,12 @@ pub struct DatastoreMetrics {
     pub cells_written: u64,
     /// Writes answered as duplicates of stored cells.
     pub cells_duplicate: u64,
+    /// Buffered writes, per cluster holding them, from the latest count.
+    pub buffered: Vec<cells::Backlog>,
+    /// Buffered cells this process delivered to their primary.
+    pub cells_replayed: u64,
+    /// Buffered writes this process recorded as conflicts on replay.
+    pub replay_conflicts: u64,
     /// Index maintenance figures (lag from the latest sweep).
     pub maintenance: MaintenanceMetrics,
 }
@@ -227,6 +239,7 @@ impl Store {
             datastores,
             clusters,
             buffer_count: config.buffer_count,
+            buffer_shortfall: config.buffer_shortfall,
             max_batch: options.max_batch,
             events,
         });
@@ -262,6 +275,17 @@ impl Store {
                 options.maintain_indexes,
             );
         }
+        let replayer = Arc::new(cells::replay::Replayer::new(
+            maintainer.holder.clone(),
+            options.maintenance.lease_time,
+        ));
+        if options.replay_buffers && topology.clusters.len() > 1 {
+            tokio::spawn(cells::replay::run(
+                topology.clone(),
+                replayer.clone(),
+                shutdown.subscribe(),
+            ));
+        }
         let ids_cluster = match &options.ids.cluster {
             None => &topology.clusters[0],
             Some(name) => topology
@@ -277,6 +301,7 @@ impl Store {
             inner: Arc::new(Inner {
                 topology,
                 maintainer,
+                replayer,
                 maintaining: options.maintain_indexes,
                 warnings,
                 shutdown,
@@ -397,6 +422,9 @@ impl Store {
                 name: ds.name().to_string(),
                 cells_written: ds.cells_written.load(Relaxed),
                 cells_duplicate: ds.cells_duplicate.load(Relaxed),
+                buffered: self.inner.replayer.backlog(ds.name()),
+                cells_replayed: ds.cells_replayed.load(Relaxed),
+                replay_conflicts: ds.replay_conflicts.load(Relaxed),
                 maintenance: self.inner.maintainer.metrics(&ds),
             })
             .collect();
@@ -658,6 +686,16 @@ impl Store {
     /// `(p50, p99, samples)` in microseconds since the last call.
     pub fn take_index_delays(&self) -> (u64, u64, u64) {
         self.inner.maintainer.take_delays()
+    }
+
+    /// Buffered writes of `datastore` that lost to another body of their
+    /// key when they were replayed, newest first, at most `limit`.
+    pub async fn buffer_conflicts(
+        &self,
+        datastore: &str,
+        limit: usize,
+    ) -> Result<Vec<cells::Conflict>> {
+        cells::replay::list_conflicts(self.topology_ref(), datastore, limit).await
     }
 
     /// The index entries of `datastore` set aside in the quarantine.

@@ -29,6 +29,8 @@ pub(crate) struct Topology {
     pub(crate) clusters: Vec<Cluster>,
     /// Secondary clusters that receive a copy of each write first.
     pub(crate) buffer_count: usize,
+    /// What a write does when fewer secondaries can take a copy.
+    pub(crate) buffer_shortfall: crate::options::BufferShortfall,
     /// Largest number of cells in one put.
     pub(crate) max_batch: usize,
     pub(crate) events: Events,
@@ -102,12 +104,14 @@ impl Cluster {
     fn ready<'a>(&self, backend: &'a Arc<dyn Backend>) -> Result<&'a Arc<dyn Backend>> {
         match self.state() {
             ClusterState::Ready => Ok(backend),
-            ClusterState::Pending(reason) | ClusterState::Refused(reason) => {
-                Err(Error::ClusterNotReady {
-                    cluster: self.name.clone(),
-                    reason,
-                })
-            }
+            ClusterState::Pending(reason) => Err(Error::ClusterNotReady {
+                cluster: self.name.clone(),
+                reason,
+            }),
+            ClusterState::Refused(reason) => Err(Error::ClusterRefused {
+                cluster: self.name.clone(),
+                reason,
+            }),
         }
     }
 }
@@ -200,6 +204,10 @@ pub(crate) struct DatastoreRuntime {
     pub(crate) cells_written: AtomicU64,
     /// Cells found identical to stored ones, for metrics.
     pub(crate) cells_duplicate: AtomicU64,
+    /// Buffered cells this process delivered to their primary.
+    pub(crate) cells_replayed: AtomicU64,
+    /// Buffered writes this process recorded as conflicts on replay.
+    pub(crate) replay_conflicts: AtomicU64,
 }
 
 impl DatastoreRuntime {
@@ -210,6 +218,8 @@ impl DatastoreRuntime {
             indexes,
             cells_written: AtomicU64::new(0),
             cells_duplicate: AtomicU64::new(0),
+            cells_replayed: AtomicU64::new(0),
+            replay_conflicts: AtomicU64::new(0),
         }
     }
 

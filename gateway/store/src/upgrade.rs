@@ -57,6 +57,7 @@ pub async fn convert_v1(
     }
     let mut options = StoreOptions::new(storage);
     options.maintain_indexes = false;
+    options.replay_buffers = false;
     options.require_all_clusters = true;
     options.converting_v1 = true;
     let store = Store::open(defs, options).await?;

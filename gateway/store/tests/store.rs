@@ -374,6 +374,229 @@ async fn a_write_that_cannot_be_buffered_enough_leaves_no_copy() {
     }
 }
 
+/// Buffered cells of `trips` per holding cluster, from the latest count.
+fn buffered_now(store: &Store) -> i64 {
+    let metrics = store.metrics();
+    let trips = metrics
+        .datastores
+        .iter()
+        .find(|d| d.name == "trips")
+        .unwrap();
+    trips.buffered.iter().map(|b| b.cells).sum()
+}
+
+/// Polls `done` every 50 ms for at most `secs` seconds.
+async fn eventually(secs: u64, mut done: impl FnMut() -> bool) -> bool {
+    for _ in 0..secs * 20 {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    done()
+}
+
+// Writes answered BUFFERED while their primary was down are delivered to it
+// by a later process once it answers: every one reads back with its body,
+// is indexed, and leaves no buffer row; of two bodies buffered for one key
+// exactly one is stored and the other is listed as a conflict.
+#[tokio::test]
+async fn buffered_writes_are_replayed_into_their_primary_once_it_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        harness::definitions(),
+        StoreOptions::new(three_clusters(dir.path(), 1)),
+    )
+    .await
+    .unwrap();
+    let on_down = |row: &Uuid| {
+        let shard = cellgate_store::shards::row_shard(row, harness::TRIP_SHARDS);
+        u64::from(shard) * 3 >= 2 * u64::from(harness::TRIP_SHARDS)
+    };
+    let rows: Vec<Uuid> = std::iter::repeat_with(Uuid::new_v4)
+        .filter(|r| on_down(r))
+        .take(60)
+        .collect();
+    let driver = Uuid::new_v4();
+    let body = |n: usize| json!({"driver_partner_uuid": driver.to_string(), "city_uuid": Uuid::from_u128(7).to_string(), "n": n});
+    let batch = rows
+        .iter()
+        .enumerate()
+        .map(|(n, r)| cell(*r, "BASE", 1, body(n)))
+        .collect();
+    for result in store.put_cells("trips", batch).await.unwrap() {
+        assert_eq!(result.unwrap(), PutStatus::Buffered);
+    }
+    // The same cell again (a client retrying), and another body for the
+    // key of row 0: both buffered too.
+    let again = store
+        .put_cell("trips", cell(rows[1], "BASE", 1, body(1)))
+        .await;
+    assert_eq!(again.unwrap(), PutStatus::Buffered);
+    let rival = json!({"driver_partner_uuid": driver.to_string(), "n": "rival"});
+    let other = store
+        .put_cell("trips", cell(rows[0], "BASE", 1, rival.clone()))
+        .await;
+    assert_eq!(other.unwrap(), PutStatus::Buffered);
+    // Not readable while the primary is down.
+    let read = store.get_cell_latest("trips", rows[2], "BASE").await;
+    assert_eq!(read.unwrap_err().code(), "STORAGE_UNAVAILABLE");
+    assert!(
+        eventually(10, || buffered_now(&store) == 62).await,
+        "the buffered cells are counted: {:?}",
+        store.metrics().datastores
+    );
+    store.shutdown(std::time::Duration::from_secs(5)).await;
+    drop(store);
+
+    // The primary answers again (here: the cluster `down` is now a file).
+    let mut config = three_clusters(dir.path(), 1);
+    config.clusters[2].master = format!("sqlite://{}", dir.path().join("down.db").display());
+    let store = Store::open(harness::definitions(), StoreOptions::new(config))
+        .await
+        .unwrap();
+    let mut drained = false;
+    for _ in 0..600 {
+        if buffered_rows(&dir.path().join("one.db"), "1 = 1").await
+            + buffered_rows(&dir.path().join("two.db"), "1 = 1").await
+            == 0
+        {
+            drained = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(drained, "the buffers drain once the primary answers");
+    for (n, row) in rows.iter().enumerate().skip(1) {
+        let stored = store.get_cell_latest("trips", *row, "BASE").await.unwrap();
+        assert_eq!(stored.expect("replayed").body, body(n), "row {n}");
+    }
+    // Row 0: exactly one of its two bodies won; the other is a conflict.
+    let stored = store
+        .get_cell_latest("trips", rows[0], "BASE")
+        .await
+        .unwrap()
+        .expect("one body wins")
+        .body;
+    let conflicts = store.buffer_conflicts("trips", 10).await.unwrap();
+    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+    let conflict = &conflicts[0];
+    assert_eq!(conflict.key.row_key, rows[0]);
+    assert_eq!(
+        (conflict.key.column.as_str(), conflict.key.ref_key),
+        ("BASE", 1)
+    );
+    let loser = if stored == rival {
+        body(0)
+    } else {
+        rival.clone()
+    };
+    assert!(stored == rival || stored == body(0));
+    assert_eq!(conflict.body, loser);
+    assert_ne!(conflict.body_hash, conflict.stored_hash);
+    let trips = store.metrics();
+    let trips = trips.datastores.iter().find(|d| d.name == "trips").unwrap();
+    assert_eq!(trips.replay_conflicts, 1);
+    assert_eq!(trips.cells_replayed, 61, "60 cells and one duplicate");
+    // Replayed cells are indexed like any other.
+    store.sync_indexes().await.unwrap();
+    let query = IndexQuery {
+        index: "driver_partner_index".into(),
+        shard_values: vec![Literal::String(driver.to_string())],
+        first: Some(100),
+        ..Default::default()
+    };
+    let page = store.query_index("trips", &query).await.unwrap();
+    let indexed: BTreeSet<Uuid> = page.entries.iter().map(|e| e.row_key).collect();
+    assert_eq!(indexed, rows.iter().copied().collect::<BTreeSet<_>>());
+}
+
+// Regression: a write to a cluster whose catalog was refused came back
+// BUFFERED although waiting could not help. The cluster is a MariaDB
+// database behind a port that is closed at start-up (so the cluster waits
+// to be prepared) and later forwards to a database whose catalog holds
+// `trips` with another shard count (so it is refused).
+#[tokio::test]
+async fn a_refused_cluster_is_an_error_not_a_buffered_write() {
+    let Ok(base) = std::env::var("CELLGATE_TEST_MYSQL_URL") else {
+        eprintln!("skipped: CELLGATE_TEST_MYSQL_URL is not set");
+        return;
+    };
+    let name = format!("cg_refused_{}", &Uuid::new_v4().simple().to_string()[..8]);
+    let mut admin = sqlx::MySqlConnection::connect(&base).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let (server, _) = base.rsplit_once('/').unwrap();
+    let mut defs = harness::definitions();
+    for ds in &mut defs.datastores {
+        ds.shards *= 2;
+    }
+    let mut options = StoreOptions::new(StorageConfig::single(&format!("{server}/{name}")));
+    options.maintain_indexes = false;
+    let other = Store::open(defs, options).await.unwrap();
+    other.shutdown(std::time::Duration::from_secs(5)).await;
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = three_clusters(dir.path(), 1);
+    config.clusters[2].master = format!("mysql://root@127.0.0.1:{port}/{name}");
+    let store = Store::open(harness::definitions(), StoreOptions::new(config))
+        .await
+        .unwrap();
+    let target = server.rsplit_once('@').unwrap().1.to_string();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let target = target.clone();
+            tokio::spawn(async move {
+                if let Ok(mut db) = tokio::net::TcpStream::connect(&target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut db).await;
+                }
+            });
+        }
+    });
+    let row = std::iter::repeat_with(Uuid::new_v4)
+        .find(|r| {
+            let shard = cellgate_store::shards::row_shard(r, harness::TRIP_SHARDS);
+            u64::from(shard) * 3 >= 2 * u64::from(harness::TRIP_SHARDS)
+        })
+        .unwrap();
+    let mut refused = None;
+    for _ in 0..200 {
+        match store
+            .put_cell("trips", cell(row, "NOTES", 1, json!({"n": 1})))
+            .await
+        {
+            Err(err) if err.code() == "CATALOG_MISMATCH" => {
+                refused = Some(err);
+                break;
+            }
+            Ok(PutStatus::Buffered) | Err(_) => {}
+            Ok(other) => panic!("a write to the refused cluster was {other:?}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let refused = refused.expect("the cluster is refused once it answers");
+    assert!(!refused.is_transient());
+    assert!(
+        !refused.client_message().contains(&name),
+        "{}",
+        refused.client_message()
+    );
+    store.shutdown(std::time::Duration::from_secs(5)).await;
+    let _ = sqlx::query(&format!("DROP DATABASE {name}"))
+        .execute(&mut admin)
+        .await;
+}
+
 #[test]
 fn filter_string_and_typed_where_compile_to_one_plan() {
     let defs = harness::definitions();

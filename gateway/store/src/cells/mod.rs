@@ -2,7 +2,8 @@
 //!
 //! A cell is addressed by `(row_key, column, ref_key)`; its body is a JSON
 //! object. `write.rs` puts cells (buffer step, then one transaction per
-//! cluster on the primary), `read.rs` gets them by key, latest version or
+//! cluster on the primary), `replay.rs` delivers buffered writes to their
+//! primary once it is back, `read.rs` gets them by key, latest version or
 //! history, and `log.rs` reads shards' cells in insertion order, the feed
 //! that index maintenance and triggers consume. All three work on the
 //! topology (`topology.rs`); the `Store` is their façade.
@@ -10,6 +11,7 @@
 pub mod codec;
 mod log;
 mod read;
+pub(crate) mod replay;
 #[cfg(test)]
 #[path = "../../tests/support/bodies.rs"]
 pub(crate) mod testing;
@@ -19,6 +21,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 pub use log::{Location, LogPage, MAX_LOG_PAGE};
+pub use replay::{Backlog, Conflict};
 
 // What the rest of the store uses of reading cells: `Store` delegates its
 // reads here, and index maintenance and index queries build on the log and

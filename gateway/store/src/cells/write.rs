@@ -28,10 +28,13 @@
 //! `CELL_CONFLICT`; the rest of the group still commits.
 //!
 //! Before the primary, each group is copied into the buffer table of
-//! `buffer_count` other clusters; if the primary is then unreachable the
-//! cells stay buffered and the caller is told so. After the commit the
-//! topology's [`Events`](crate::topology::Events) announce the new shard
-//! heads, which is how index maintenance learns about them.
+//! `buffer_count` other clusters; if the primary then fails transiently
+//! the cells stay buffered, the caller is told `BUFFERED`, and `replay.rs`
+//! delivers them once the primary is back. A primary whose catalog was
+//! refused is an error at once, never buffered: waiting would not help.
+//! After the commit the topology's [`Events`](crate::topology::Events)
+//! announce the new shard heads, which is how index maintenance learns
+//! about them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -50,12 +53,12 @@ use crate::storage::{ddl, value::truncate_to_micros, Backend, ColType, Dialect, 
 use crate::topology::{DatastoreRuntime, Topology, Written};
 
 /// A validated, encoded cell ready for storage.
-struct Prepared {
-    index: usize,
-    shard: u32,
-    key: CellKey,
-    body: serde_json::Value,
-    encoded: Vec<u8>,
+pub(super) struct Prepared {
+    pub(super) index: usize,
+    pub(super) shard: u32,
+    pub(super) key: CellKey,
+    pub(super) body: serde_json::Value,
+    pub(super) encoded: Vec<u8>,
 }
 
 /// Keys per existence lookup.
@@ -190,6 +193,11 @@ async fn write_cluster(
             .map(|p| (p.index, Err(err.clone())))
             .collect::<Vec<_>>()
     };
+    if let Err(err) = topology.clusters[cluster].master() {
+        if !err.is_transient() {
+            return fail_all(&group, err);
+        }
+    }
     let buffered = match buffer(topology, ds, cluster, &group).await {
         Ok(buffered) => buffered,
         Err(err) => return fail_all(&group, err),
@@ -225,7 +233,7 @@ async fn write_cluster(
             release_buffers(topology, ds, buffered).await;
             group.iter().map(|p| p.index).zip(statuses).collect()
         }
-        Err(err) if err.is_transient() && !buffered.is_empty() => {
+        Err(err) if err.is_transient() && buffered.len() >= topology.buffer_count.max(1) => {
             tracing::warn!(datastore = %ds.name(), cluster = %topology.clusters[cluster].name, error = %err, "primary unavailable; cells kept in buffer");
             group
                 .iter()
@@ -243,7 +251,8 @@ async fn write_cluster(
 /// clusters, chosen at random; returns `(cluster, batch id)` per copy. A
 /// secondary that cannot take its copy is replaced by another; when fewer
 /// than `buffer_count` can, the copies made are released and the write
-/// fails (as Schemaless's does), with the last secondary's error.
+/// fails (as Schemaless's does), with the last secondary's error — or,
+/// with `buffer_shortfall: write_primary`, goes on with the copies made.
 async fn buffer(
     topology: &Topology,
     ds: &DatastoreRuntime,
@@ -272,12 +281,17 @@ async fn buffer(
             }
         }
     }
-    if copies.len() < topology.buffer_count {
+    if copies.len() < topology.buffer_count
+        && topology.buffer_shortfall == crate::options::BufferShortfall::Fail
+    {
         release_buffers(topology, ds, copies).await;
         return Err(last_error.unwrap_or_else(|| Error::ClusterNotReady {
             cluster: topology.clusters[primary].name.clone(),
             reason: "too few other clusters to buffer the write".into(),
         }));
+    }
+    if copies.len() < topology.buffer_count {
+        tracing::warn!(datastore = %ds.name(), copies = copies.len(), wanted = topology.buffer_count, "too few clusters took a buffer copy; writing the primary anyway (buffer_shortfall: write_primary)");
     }
     Ok(copies)
 }
@@ -384,7 +398,7 @@ const CELL_ROWS: usize = MAX_PARAMS / 7;
 /// another writer inserts in between makes the `INSERT` fail on the
 /// unique key, and [`with_retry`] runs the whole function again, which
 /// then finds it (a duplicate, or a conflict).
-async fn commit_primary(
+pub(super) async fn commit_primary(
     master: &dyn Backend,
     datastore: &str,
     group: &[Prepared],
@@ -687,7 +701,7 @@ fn push_advance(sql: &mut Sql, datastore: &str, next: &[(u32, i64)]) {
 }
 
 /// The stored bodies of those cells of `group` that already exist.
-async fn existing_bodies(
+pub(super) async fn existing_bodies(
     master: &dyn Backend,
     table: &str,
     group: &[Prepared],

@@ -7,6 +7,7 @@
 //! | `<ds>_shards` | one row per owned logical shard: the next `added_id` | `shard` |
 //! | `<ds>_offsets` | progress of each log consumer (index maintenance) per shard | `(shard, consumer)` |
 //! | `<ds>_buffer` | buffered writes destined for another cluster's primary | `buffer_id` |
+//! | `<ds>_conflicts` | buffered writes that lost to another body of their key on replay | `(row_key, column_name, ref_key, body_hash)` |
 //! | `<ds>_quarantine` | index entries that could not be applied | `(index_name, row_key)` |
 //! | `<ds>_ix_<index>[_v<N>]` | one entry per row key of one index version | `row_key` |
 //!
@@ -87,6 +88,10 @@ pub fn offsets_table(datastore: &str) -> String {
 
 pub fn buffer_table(datastore: &str) -> String {
     format!("{}_buffer", prefix(datastore))
+}
+
+pub fn conflicts_table(datastore: &str) -> String {
+    format!("{}_conflicts", prefix(datastore))
 }
 
 pub fn quarantine_table(datastore: &str) -> String {
@@ -354,8 +359,8 @@ pub fn cluster_ddl(dialect: Dialect) -> Vec<String> {
 }
 
 /// The tables of one datastore on a cluster, without its index tables
-/// (see [`index_ddl`]): entity, shard counters, offsets, buffer and
-/// quarantine.
+/// (see [`index_ddl`]): entity, shard counters, offsets, buffer, buffer
+/// conflicts and quarantine.
 pub fn datastore_ddl(dialect: Dialect, datastore: &str) -> Vec<String> {
     let cells = cells_table(datastore);
     let mut out = TableDef::new(dialect, &cells)
@@ -407,6 +412,21 @@ pub fn datastore_ddl(dialect: Dialect, datastore: &str) -> Vec<String> {
                 "shard",
                 vec![KeyCol::plain("shard"), KeyCol::plain("buffer_id")],
             )
+            .build(),
+    );
+    let conflicts = conflicts_table(datastore);
+    out.extend(
+        TableDef::new(dialect, &conflicts)
+            .col("row_key", Col::Uuid, true)
+            .col("column_name", Col::Name, true)
+            .col("ref_key", Col::BigInt, true)
+            .col("body_hash", Col::Name, true)
+            .col("body", Col::Blob, true)
+            .col("stored_hash", Col::Name, true)
+            .col("buffered_on", Col::Name, true)
+            .col("buffered_at", Col::DateTime, true)
+            .col("recorded_at", Col::DateTime, true)
+            .primary_key(&["row_key", "column_name", "ref_key", "body_hash"])
             .build(),
     );
     let quarantine = quarantine_table(datastore);

@@ -1,0 +1,643 @@
+//! Replay of buffered writes into their primary.
+//!
+//! A write whose primary master failed transiently stays in the
+//! `<ds>_buffer` table of `buffer_count` other clusters (see `write.rs`).
+//! The replayer delivers it once the primary answers again:
+//!
+//! 1. Every second (every [`RETRY_EVERY`] while cells wait), each gateway
+//!    counts the buffered cells of each datastore on each cluster (one
+//!    statement; the `/metrics` figures) and, where there are some, takes
+//!    or renews the lease `buffer-replay:<ds>` on that cluster, so one
+//!    gateway at a time replays a buffer and any other can take it over.
+//! 2. The holder reads the buffer in `buffer_id` order, a page at a time,
+//!    groups the page by the cells' primary clusters (from the shard map)
+//!    and commits each group through the write path's own primary commit
+//!    (`write::commit_primary`): a cell is `WRITTEN` or, if it got there
+//!    first by another way, `DUPLICATE`. Its log heads are announced like
+//!    any write's, so it is indexed like any other cell.
+//! 3. Several buffered writes of one key go in buffer order: the first
+//!    that reaches the primary wins, as a direct write would, and each
+//!    later one with another body is a conflict. A conflict is recorded in
+//!    `<ds>_conflicts` on the primary (the key, both bodies' hashes, the
+//!    losing body, where and when it was buffered), counted, and listed by
+//!    [`list_conflicts`]; it is never dropped silently.
+//! 4. Only then are the page's buffer rows of that group deleted. A crash
+//!    in between replays them again, which changes nothing (duplicates, and
+//!    a conflict is keyed so that it is recorded once).
+//!
+//! A group whose primary is still down stays buffered and is tried again
+//! within [`RETRY_EVERY`]; the rest of the page goes on. A buffered cell
+//! younger than [`MIN_AGE`] waits, so that a write still committing on its
+//! primary normally is not replayed under it. Replay is idempotent, so the
+//! lease is there to keep gateways from doing the same work, not for
+//! correctness: a holder that stalled past its lease does no harm.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+
+use super::write::{commit_primary, existing_bodies, Prepared};
+use super::{codec, CellKey, PutStatus};
+use crate::error::{Error, Result};
+use crate::leases::{self, Lease};
+use crate::retry::with_retry;
+use crate::storage::value::truncate_to_micros;
+use crate::storage::{ddl, Backend, ColType, Sql, Value, MAX_PARAMS};
+use crate::topology::{ClusterState, DatastoreRuntime, Topology, Written};
+
+/// Buffer rows read and replayed at once.
+const PAGE: usize = 500;
+
+/// How often a gateway looks for buffered cells when there were none.
+const IDLE_EVERY: Duration = Duration::from_secs(1);
+
+/// How often buffered cells are tried again while some wait.
+pub const RETRY_EVERY: Duration = Duration::from_millis(250);
+
+/// Buffered cells younger than this are left to the write that is still
+/// committing them.
+pub const MIN_AGE: Duration = Duration::from_millis(500);
+
+/// The lease of replaying one datastore's buffer on one cluster.
+fn lease_name(datastore: &str) -> String {
+    format!("buffer-replay:{datastore}")
+}
+
+/// Buffered cells waiting on one cluster, from the latest count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backlog {
+    /// The cluster whose buffer table holds them.
+    pub cluster: String,
+    pub cells: i64,
+    /// When the oldest was buffered.
+    pub oldest: Option<DateTime<Utc>>,
+}
+
+/// A buffered write that lost to another body of its key on replay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conflict {
+    pub key: CellKey,
+    /// The body that was buffered and lost.
+    pub body: serde_json::Value,
+    /// Hash of the losing body's JSON text (xxh3, hex).
+    pub body_hash: String,
+    /// Hash of the stored (winning) body's JSON text.
+    pub stored_hash: String,
+    /// The cluster whose buffer held the losing write.
+    pub buffered_on: String,
+    pub buffered_at: DateTime<Utc>,
+    pub recorded_at: DateTime<Utc>,
+}
+
+/// The replayer's state, shared with the store for metrics.
+pub(crate) struct Replayer {
+    holder: String,
+    lease_time: Duration,
+    backlog: Mutex<BTreeMap<(String, usize), Backlog>>,
+}
+
+impl Replayer {
+    pub(crate) fn new(holder: String, lease_time: Duration) -> Replayer {
+        Replayer {
+            holder,
+            lease_time,
+            backlog: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The latest counts of a datastore's buffered cells, per cluster.
+    pub(crate) fn backlog(&self, datastore: &str) -> Vec<Backlog> {
+        self.backlog
+            .lock()
+            .expect("backlog")
+            .iter()
+            .filter(|((ds, _), _)| ds == datastore)
+            .map(|(_, backlog)| backlog.clone())
+            .collect()
+    }
+
+    fn set_backlog(&self, datastore: &str, cluster: usize, backlog: Backlog) {
+        self.backlog
+            .lock()
+            .expect("backlog")
+            .insert((datastore.to_string(), cluster), backlog);
+    }
+}
+
+/// Runs the replayer until `stopped`; releases its leases on the way out.
+pub(crate) async fn run(
+    topology: Arc<Topology>,
+    replayer: Arc<Replayer>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut held: HashMap<(String, usize), Lease> = HashMap::new();
+    while !*stopped.borrow() {
+        let mut waiting = false;
+        for ds in topology.datastores.values() {
+            for cluster in 0..topology.clusters.len() {
+                match tend(&topology, &replayer, ds, cluster, &mut held).await {
+                    Ok(left) => waiting |= left > 0,
+                    Err(err) => {
+                        tracing::debug!(datastore = %ds.name(), cluster = %topology.clusters[cluster].name, error = %err, "buffer replay: cannot reach the buffer");
+                    }
+                }
+            }
+        }
+        let pause = if waiting { RETRY_EVERY } else { IDLE_EVERY };
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stopped.changed() => {}
+        }
+    }
+    for ((datastore, cluster), lease) in held {
+        if let Ok(backend) = topology.clusters[cluster].maintenance() {
+            let _ = leases::release(backend.as_ref(), &replayer.holder, &[lease.name]).await;
+        }
+        tracing::debug!(%datastore, "buffer replay lease released");
+    }
+}
+
+/// Counts one buffer, and replays it if this process holds (or can take)
+/// its lease. Returns the cells still buffered there.
+async fn tend(
+    topology: &Topology,
+    replayer: &Replayer,
+    ds: &DatastoreRuntime,
+    cluster: usize,
+    held: &mut HashMap<(String, usize), Lease>,
+) -> Result<i64> {
+    let backend = topology.clusters[cluster].maintenance()?.clone();
+    let (cells, oldest) = count(backend.as_ref(), ds.name()).await?;
+    replayer.set_backlog(
+        ds.name(),
+        cluster,
+        Backlog {
+            cluster: topology.clusters[cluster].name.clone(),
+            cells,
+            oldest,
+        },
+    );
+    let slot = (ds.name().to_string(), cluster);
+    if cells == 0 {
+        if let Some(lease) = held.remove(&slot) {
+            leases::release(backend.as_ref(), &replayer.holder, &[lease.name]).await?;
+        }
+        return Ok(0);
+    }
+    let Some(lease) = hold(backend.as_ref(), replayer, ds.name(), held.remove(&slot)).await? else {
+        return Ok(cells);
+    };
+    // Stop a second before the lease runs out by this process's clock.
+    let left = (lease.expires_at - Utc::now())
+        .to_std()
+        .unwrap_or_default()
+        .saturating_sub(Duration::from_secs(1));
+    let deadline = Instant::now() + left.min(replayer.lease_time / 2);
+    held.insert(slot, lease);
+    let replayed = replay(topology, ds, cluster, backend.as_ref(), deadline).await?;
+    Ok(cells - replayed as i64)
+}
+
+/// Renews `lease`, or takes the buffer's lease when it is free.
+async fn hold(
+    backend: &dyn Backend,
+    replayer: &Replayer,
+    datastore: &str,
+    lease: Option<Lease>,
+) -> Result<Option<Lease>> {
+    if let Some(lease) = lease {
+        let renewed = leases::renew(backend, &replayer.holder, &[lease], replayer.lease_time)
+            .await?
+            .pop();
+        if renewed.is_some() {
+            return Ok(renewed);
+        }
+    }
+    let name = lease_name(datastore);
+    leases::ensure(backend, std::slice::from_ref(&name)).await?;
+    let Some(row) = leases::list(backend, &name)
+        .await?
+        .into_iter()
+        .find(|row| row.name == name)
+    else {
+        return Ok(None);
+    };
+    leases::acquire(
+        backend,
+        &row,
+        &replayer.holder,
+        replayer.lease_time,
+        Duration::ZERO,
+    )
+    .await
+}
+
+/// The number of buffered cells of `datastore` on a cluster, and when the
+/// oldest was buffered.
+async fn count(backend: &dyn Backend, datastore: &str) -> Result<(i64, Option<DateTime<Utc>>)> {
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("SELECT COUNT(*), MIN(")
+        .ident("created_at")
+        .push(") FROM ")
+        .ident(&ddl::buffer_table(datastore));
+    let rows = backend
+        .fetch(&sql, &[ColType::Int, ColType::DateTime])
+        .await?;
+    let row = rows.first();
+    Ok((
+        row.and_then(|r| r[0].as_int()).unwrap_or(0),
+        row.and_then(|r| r[1].as_datetime()),
+    ))
+}
+
+/// One buffered write as read back.
+struct Buffered {
+    buffer_id: i64,
+    shard: u32,
+    key: CellKey,
+    encoded: Vec<u8>,
+    created_at: DateTime<Utc>,
+}
+
+/// Replays the buffer of `datastore` on `holder` page by page until its
+/// end or `deadline`; returns the cells delivered (buffer rows deleted).
+async fn replay(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    holder: usize,
+    backend: &dyn Backend,
+    deadline: Instant,
+) -> Result<usize> {
+    let mut after = 0;
+    let mut delivered = 0;
+    while Instant::now() < deadline {
+        let page = read_page(backend, ds.name(), after).await?;
+        let Some(last) = page.last() else { break };
+        after = last.buffer_id;
+        let full = page.len() == PAGE;
+        let young = truncate_to_micros(Utc::now())
+            - chrono::Duration::from_std(MIN_AGE).expect("a small duration");
+        let mut groups: BTreeMap<usize, Vec<Buffered>> = BTreeMap::new();
+        for cell in page {
+            if cell.created_at > young {
+                continue;
+            }
+            groups
+                .entry(ds.map.cluster_of(cell.shard))
+                .or_default()
+                .push(cell);
+        }
+        let outcomes = futures::future::join_all(
+            groups
+                .into_iter()
+                .map(|(primary, cells)| deliver(topology, ds, holder, primary, cells)),
+        )
+        .await;
+        for outcome in outcomes {
+            match outcome {
+                Ok(ids) => {
+                    delete(backend, ds.name(), &ids).await?;
+                    delivered += ids.len();
+                }
+                Err(err) => {
+                    tracing::debug!(datastore = %ds.name(), error = %err, "buffered cells wait for their primary");
+                }
+            }
+        }
+        if !full {
+            break;
+        }
+    }
+    Ok(delivered)
+}
+
+/// Buffer rows after `after`, in buffer order.
+async fn read_page(backend: &dyn Backend, datastore: &str, after: i64) -> Result<Vec<Buffered>> {
+    let dialect = backend.dialect();
+    let mut sql = Sql::new(dialect);
+    sql.push("SELECT ")
+        .idents([
+            "buffer_id",
+            "shard",
+            "row_key",
+            "column_name",
+            "ref_key",
+            "body",
+            "created_at",
+        ])
+        .push(" FROM ")
+        .ident(&ddl::buffer_table(datastore))
+        .push(" WHERE ")
+        .ident("buffer_id")
+        .push(" > ")
+        .bind(Value::Int(after))
+        .push(" ORDER BY ")
+        .ident("buffer_id")
+        .push(&format!(" LIMIT {PAGE}"));
+    let types = [
+        ColType::Int,
+        ColType::Int,
+        ColType::Uuid,
+        ColType::Text,
+        ColType::Int,
+        ColType::Bytes,
+        ColType::DateTime,
+    ];
+    let mut page = Vec::new();
+    for row in backend.fetch(&sql, &types).await? {
+        let mut row = row.into_iter();
+        let (
+            Some(Value::Int(buffer_id)),
+            Some(Value::Int(shard)),
+            Some(Value::Uuid(row_key)),
+            Some(Value::Text(column)),
+            Some(Value::Int(ref_key)),
+            Some(Value::Bytes(encoded)),
+            Some(Value::DateTime(created_at)),
+        ) = (
+            row.next(),
+            row.next(),
+            row.next(),
+            row.next(),
+            row.next(),
+            row.next(),
+            row.next(),
+        )
+        else {
+            return Err(Error::Internal(format!(
+                "a row of `{}` has an unexpected shape",
+                ddl::buffer_table(datastore)
+            )));
+        };
+        page.push(Buffered {
+            buffer_id,
+            shard: shard as u32,
+            key: CellKey {
+                row_key,
+                column,
+                ref_key,
+            },
+            encoded,
+            created_at,
+        });
+    }
+    Ok(page)
+}
+
+/// Commits buffered cells of one primary, records their conflicts, and
+/// returns the buffer ids now safe to delete. Fails, keeping them all,
+/// while the primary cannot take them.
+async fn deliver(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    holder: usize,
+    primary: usize,
+    cells: Vec<Buffered>,
+) -> Result<Vec<i64>> {
+    let cluster = &topology.clusters[primary];
+    if let ClusterState::Refused(reason) = cluster.state() {
+        return Err(Error::ClusterRefused {
+            cluster: cluster.name.clone(),
+            reason,
+        });
+    }
+    let master = cluster.maintenance()?;
+    // Rounds: the first buffered write of each key, then the second, …,
+    // so the first in buffer order wins and the later ones meet it.
+    let mut rounds: Vec<Vec<Prepared>> = Vec::new();
+    let mut seen: HashMap<CellKey, usize> = HashMap::new();
+    let mut origin: HashMap<usize, (i64, DateTime<Utc>)> = HashMap::new();
+    let mut ids = Vec::with_capacity(cells.len());
+    for (index, cell) in cells.into_iter().enumerate() {
+        let body = match codec::decode(&cell.encoded) {
+            Ok(body) => body,
+            Err(err) => {
+                // Bodies are checked to read back before they are
+                // buffered; one that does not stays for an operator.
+                tracing::error!(datastore = %ds.name(), row_key = %cell.key.row_key, error = %err, "a buffered cell cannot be decoded; it stays in the buffer");
+                continue;
+            }
+        };
+        let round = seen.entry(cell.key.clone()).or_insert(0);
+        if rounds.len() <= *round {
+            rounds.push(Vec::new());
+        }
+        origin.insert(index, (cell.buffer_id, cell.created_at));
+        rounds[*round].push(Prepared {
+            index,
+            shard: cell.shard,
+            key: cell.key,
+            body,
+            encoded: cell.encoded,
+        });
+        *round += 1;
+    }
+    for mut round in rounds {
+        round.sort_by_key(|p| (p.shard, p.index));
+        let (statuses, heads) = with_retry("replaying buffered cells", || {
+            commit_primary(master.as_ref(), ds.name(), &round)
+        })
+        .await?;
+        if !heads.is_empty() {
+            topology.events.written(Written {
+                datastore: ds.name().to_string(),
+                cluster: primary,
+                heads,
+            });
+        }
+        let mut lost = Vec::new();
+        for (cell, status) in round.iter().zip(statuses) {
+            match status {
+                Ok(PutStatus::Written) => {
+                    ds.cells_written.fetch_add(1, Relaxed);
+                    ds.cells_replayed.fetch_add(1, Relaxed);
+                }
+                Ok(_) => {
+                    ds.cells_replayed.fetch_add(1, Relaxed);
+                }
+                Err(err) if matches!(*err, Error::CellConflict { .. }) => lost.push(cell),
+                Err(err) => return Err(Error::unshare(err)),
+            }
+        }
+        if !lost.is_empty() {
+            let holder_name = &topology.clusters[holder].name;
+            record_conflicts(master.as_ref(), ds, &lost, holder_name, &origin).await?;
+        }
+        ids.extend(round.iter().map(|cell| origin[&cell.index].0));
+    }
+    Ok(ids)
+}
+
+/// A body's hash for conflict records: xxh3 of its JSON text, in hex.
+fn body_hash(body: &serde_json::Value) -> String {
+    let text = serde_json::to_vec(body).unwrap_or_default();
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&text))
+}
+
+/// Records the losing writes of `lost` in `<ds>_conflicts` on their
+/// primary; a conflict recorded before (a replay repeated after a crash)
+/// is left as it is.
+async fn record_conflicts(
+    master: &dyn Backend,
+    ds: &DatastoreRuntime,
+    lost: &[&Prepared],
+    buffered_on: &str,
+    origin: &HashMap<usize, (i64, DateTime<Utc>)>,
+) -> Result<()> {
+    let owned: Vec<Prepared> = lost
+        .iter()
+        .map(|cell| Prepared {
+            index: cell.index,
+            shard: cell.shard,
+            key: cell.key.clone(),
+            body: serde_json::Value::Null,
+            encoded: Vec::new(),
+        })
+        .collect();
+    let stored = existing_bodies(master, &ddl::cells_table(ds.name()), &owned).await?;
+    let now = Value::DateTime(truncate_to_micros(Utc::now()));
+    let dialect = master.dialect();
+    for chunk in lost.chunks(MAX_PARAMS / 9) {
+        let mut sql = Sql::new(dialect);
+        sql.push(dialect.insert_ignore())
+            .ident(&ddl::conflicts_table(ds.name()))
+            .push(" (")
+            .idents([
+                "row_key",
+                "column_name",
+                "ref_key",
+                "body_hash",
+                "body",
+                "stored_hash",
+                "buffered_on",
+                "buffered_at",
+                "recorded_at",
+            ])
+            .push(") VALUES ")
+            .values(chunk.iter().map(|cell| {
+                let stored_hash = stored
+                    .get(&cell.key)
+                    .and_then(|bytes| codec::decode(bytes).ok())
+                    .map(|body| body_hash(&body))
+                    .unwrap_or_default();
+                vec![
+                    Value::Uuid(cell.key.row_key),
+                    Value::Text(cell.key.column.clone()),
+                    Value::Int(cell.key.ref_key),
+                    Value::Text(body_hash(&cell.body)),
+                    Value::Bytes(cell.encoded.clone()),
+                    Value::Text(stored_hash),
+                    Value::Text(buffered_on.to_string()),
+                    Value::DateTime(origin[&cell.index].1),
+                    now.clone(),
+                ]
+            }))
+            .push(dialect.on_conflict_do_nothing());
+        let recorded = master.execute(&sql).await?;
+        ds.replay_conflicts.fetch_add(recorded, Relaxed);
+    }
+    for cell in lost {
+        tracing::warn!(datastore = %ds.name(), row_key = %cell.key.row_key, column = %cell.key.column, ref_key = cell.key.ref_key, "a buffered write lost to another body of its key; recorded in the conflicts table");
+    }
+    Ok(())
+}
+
+/// Deletes delivered buffer rows.
+async fn delete(backend: &dyn Backend, datastore: &str, ids: &[i64]) -> Result<()> {
+    for chunk in ids.chunks(MAX_PARAMS) {
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("DELETE FROM ")
+            .ident(&ddl::buffer_table(datastore))
+            .push(" WHERE ")
+            .ident("buffer_id")
+            .push(" IN ")
+            .bind_list(chunk.iter().map(|id| Value::Int(*id)));
+        backend.execute(&sql).await?;
+    }
+    Ok(())
+}
+
+/// The recorded conflicts of a datastore on every ready cluster, newest
+/// first, at most `limit`.
+pub(crate) async fn list_conflicts(
+    topology: &Topology,
+    datastore: &str,
+    limit: usize,
+) -> Result<Vec<Conflict>> {
+    let ds = topology.datastore(datastore)?;
+    let mut all = Vec::new();
+    for cluster in &topology.clusters {
+        let backend = cluster.master()?;
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("SELECT ")
+            .idents([
+                "row_key",
+                "column_name",
+                "ref_key",
+                "body_hash",
+                "body",
+                "stored_hash",
+                "buffered_on",
+                "buffered_at",
+                "recorded_at",
+            ])
+            .push(" FROM ")
+            .ident(&ddl::conflicts_table(ds.name()))
+            .push(" ORDER BY ")
+            .ident("recorded_at")
+            .push(&format!(" DESC LIMIT {limit}"));
+        let types = [
+            ColType::Uuid,
+            ColType::Text,
+            ColType::Int,
+            ColType::Text,
+            ColType::Bytes,
+            ColType::Text,
+            ColType::Text,
+            ColType::DateTime,
+            ColType::DateTime,
+        ];
+        for row in backend.fetch(&sql, &types).await? {
+            let text = |i: usize| row[i].as_text().unwrap_or_default().to_string();
+            let (Some(row_key), Some(ref_key), Some(buffered_at), Some(recorded_at)) = (
+                row[0].as_uuid(),
+                row[2].as_int(),
+                row[7].as_datetime(),
+                row[8].as_datetime(),
+            ) else {
+                continue;
+            };
+            let key = CellKey {
+                row_key,
+                column: text(1),
+                ref_key,
+            };
+            let body = match &row[4] {
+                Value::Bytes(bytes) => {
+                    codec::decode(bytes).map_err(|reason| Error::CorruptBody {
+                        row_key,
+                        column: key.column.clone(),
+                        ref_key,
+                        reason,
+                    })?
+                }
+                _ => serde_json::Value::Null,
+            };
+            all.push(Conflict {
+                body_hash: text(3),
+                stored_hash: text(5),
+                buffered_on: text(6),
+                key,
+                body,
+                buffered_at,
+                recorded_at,
+            });
+        }
+    }
+    all.sort_by_key(|c| std::cmp::Reverse(c.recorded_at));
+    all.truncate(limit);
+    Ok(all)
+}
