@@ -267,6 +267,7 @@ async fn migrate_creates_one_table_set_whatever_the_shard_count() {
             "sqlite_sequence",
             "t_buffer",
             "t_cells",
+            "t_conflicts",
             "t_ix_by_owner",
             "t_offsets",
             "t_quarantine",
@@ -279,6 +280,38 @@ async fn migrate_creates_one_table_set_whatever_the_shard_count() {
         .await
         .unwrap();
     assert_eq!(shards, vec![0, 1, 2, 3], "one counter row per shard");
+}
+
+#[test]
+fn buffer_conflicts_lists_none_on_a_fresh_store_and_refuses_an_unknown_datastore() {
+    let datastores = tiny_datastores();
+    let data = tempfile::tempdir().unwrap();
+    let args = |datastore: &'static str| {
+        vec![
+            "buffer".to_string(),
+            "conflicts".into(),
+            "--datastore".into(),
+            datastore.into(),
+            "--datastores".into(),
+            datastores.path().to_str().unwrap().into(),
+            "--data".into(),
+            data.path().to_str().unwrap().into(),
+        ]
+    };
+    let none = args("t");
+    let output = cellgate(
+        &root(),
+        &none.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    assert!(output.status.success(), "stderr:\n{}", stderr(&output));
+    assert_eq!(stdout(&output), "0 conflicts\n");
+    let unknown = args("nope");
+    let output = cellgate(
+        &root(),
+        &unknown.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    assert_clean_failure(&output);
+    assert!(stderr(&output).contains("nope"), "{}", stderr(&output));
 }
 
 #[test]

@@ -193,6 +193,7 @@ for (const width of [1280, 390]) {
         const row = lag.getByRole('row').filter({ has: page.getByRole('rowheader', { name: ds.name, exact: true }) });
         await eventually(async () => (await row.innerText()).includes('up to date'), `${ds.name}'s indexes are up to date`);
       }
+      await page.getByText('No buffers: this gateway has one storage cluster.').waitFor();
       await checkPage(page, 'health', width);
 
       browser.assertClean();

@@ -16,7 +16,7 @@ import {
   splitList,
   valueAtPath,
 } from '../../web/explorer/queries.js';
-import { parseMetrics, sample, datastoreHealth } from '../../web/explorer/metrics.js';
+import { parseMetrics, sample, datastoreHealth, bufferHealth } from '../../web/explorer/metrics.js';
 import { parseHeaderLines, formatHeaderLines } from '../../web/explorer/settings.js';
 
 let server;
@@ -189,6 +189,16 @@ test('the metrics parser reads the gateway’s /metrics', async () => {
     assert.equal(typeof ds.maxLagMs, 'number', `${ds.name} max lag`);
     assert.ok(ds.cellsWritten > 0, `${ds.name} cells written`);
   }
+  // The demo gateway has one cluster: no buffers.
+  assert.deepEqual(bufferHealth(samples, ['trips']).map((d) => d.clusters), [[]]);
+  const buffered = parseMetrics(
+    '# TYPE cellgate_buffered_cells gauge\ncellgate_buffered_cells{datastore="trips",cluster="a"} 7\n' +
+      'cellgate_buffered_oldest_seconds{datastore="trips",cluster="a"} 3\n' +
+      'cellgate_buffer_replayed_cells_total{datastore="trips"} 40\ncellgate_buffer_conflicts_total{datastore="trips"} 1\n',
+  );
+  assert.deepEqual(bufferHealth(buffered, ['trips']), [
+    { name: 'trips', clusters: [{ cluster: 'a', cells: 7, oldestSeconds: 3 }], replayed: 40, conflicts: 1 },
+  ]);
   const escaped = parseMetrics('# TYPE x gauge\nx{a="q\\"uote",b="back\\\\slash"} 2.5\nx{a="other"} 1\n# EOF\n');
   assert.equal(sample(escaped, 'x', { a: 'q"uote' }), 2.5);
   assert.equal(sample(escaped, 'x', { b: 'back\\slash' }), 2.5);

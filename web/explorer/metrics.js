@@ -52,3 +52,26 @@ export function datastoreHealth(samples, names) {
     duplicates: sample(samples, 'cellgate_cells_duplicate_total', { datastore: name }),
   }));
 }
+
+/**
+ * Per datastore and cluster holding buffered writes: the cells waiting for
+ * their primary and the age of the oldest (from the latest count), and per
+ * datastore the cells replayed and the conflicts recorded since the
+ * gateway started. Empty `clusters` with one storage cluster.
+ */
+export function bufferHealth(samples, names) {
+  const byDatastore = (name) =>
+    (samples.get('cellgate_buffered_cells') || [])
+      .filter((s) => s.labels.datastore === name)
+      .map((s) => ({
+        cluster: s.labels.cluster,
+        cells: s.value,
+        oldestSeconds: sample(samples, 'cellgate_buffered_oldest_seconds', { datastore: name, cluster: s.labels.cluster }),
+      }));
+  return names.map((name) => ({
+    name,
+    clusters: byDatastore(name),
+    replayed: sample(samples, 'cellgate_buffer_replayed_cells_total', { datastore: name }),
+    conflicts: sample(samples, 'cellgate_buffer_conflicts_total', { datastore: name }),
+  }));
+}

@@ -2,7 +2,8 @@
 //! before anything runs.
 //!
 //! Every datastore is one root field of `Query` (`<ds>`, which needs
-//! `read`; its `indexStatus`, `maintenance` and `quarantine` need `admin`)
+//! `read`; its `indexStatus`, `maintenance`, `quarantine`, `buffer` and
+//! `bufferConflicts` need `admin`)
 //! and two of `Mutation` (`<ds>PutCells`: `write`;
 //! `<ds>RetryQuarantine`: `admin`). The check walks the root fields of the
 //! operation (through fragments, each fragment once per level, so the walk
@@ -37,7 +38,7 @@ pub struct AccessMap {
 pub const ANY_DATASTORE: &str = "*";
 
 /// Fields of `<Ds>Query` that need `admin`.
-const ADMIN_QUERY_FIELDS: [&str; 3] = super::maintenance::QUERY_FIELDS;
+const ADMIN_QUERY_FIELDS: [&str; 5] = super::maintenance::QUERY_FIELDS;
 
 impl AccessMap {
     /// The root fields of the schema generated for `defs`.
@@ -315,6 +316,13 @@ mod tests {
         assert!(!allowed(&["trips:write"], admin));
         assert!(allowed(&["trips:admin"], admin));
         assert!(allowed(&["trips:admin"], admin_read));
+        for buffer in [
+            "{ trips { buffer { conflicts } } }",
+            "{ trips { bufferConflicts { rowKey } } }",
+        ] {
+            assert!(!allowed(&["trips:write"], buffer), "{buffer}");
+            assert!(allowed(&["trips:admin"], buffer), "{buffer}");
+        }
         assert!(!allowed(&["payments:admin"], read));
         assert!(allowed(&["*:read"], read));
         assert!(allowed(

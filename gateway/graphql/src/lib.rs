@@ -16,6 +16,7 @@
 
 mod access;
 pub mod auth;
+mod buffer;
 mod direct;
 mod documents;
 mod errors;

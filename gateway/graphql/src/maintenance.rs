@@ -1,6 +1,7 @@
 //! Index maintenance in the schema: per datastore the state of its indexes
 //! (`indexStatus`), the maintenance figures (`maintenance`), the quarantined
-//! entries (`quarantine`), and the mutation that retries them.
+//! entries (`quarantine`), and the mutation that retries them; with the
+//! buffer fields of `buffer.rs`, these are the admin fields of a datastore.
 
 use std::sync::Arc;
 
@@ -20,9 +21,10 @@ const MAX_QUARANTINE_PAGE: usize = 1000;
 /// Parent value of a retry result: `(applied, still quarantined)`.
 struct Retried(usize, usize);
 
-/// The object types of this module.
+/// The object types of this module and of [`crate::buffer`].
 pub(super) fn types() -> Vec<Object> {
-    vec![
+    let mut types = crate::buffer::types();
+    types.extend([
         Object::new("IndexStatus")
             .description("An index as the store serves it.")
             .field(from_parent::<IndexStatus, _>(
@@ -129,11 +131,19 @@ pub(super) fn types() -> Vec<Object> {
                 )
                 .description("entries that failed again"),
             ),
-    ]
+    ]);
+    types
 }
 
-/// The names these fields take in each datastore's query type.
-pub(super) const QUERY_FIELDS: [&str; 3] = ["indexStatus", "maintenance", "quarantine"];
+/// The names of the admin fields in each datastore's query type: these
+/// and those of [`crate::buffer`].
+pub(super) const QUERY_FIELDS: [&str; 5] = [
+    "indexStatus",
+    "maintenance",
+    "quarantine",
+    crate::buffer::QUERY_FIELDS[0],
+    crate::buffer::QUERY_FIELDS[1],
+];
 
 /// `indexStatus`, `maintenance` and `quarantine` of one datastore.
 pub(super) fn query_fields(ds: &Arc<str>) -> Vec<Field> {
@@ -207,7 +217,9 @@ pub(super) fn query_fields(ds: &Arc<str>) -> Vec<Field> {
             .description("at most 1000"),
     )
     .description("Index entries set aside after failing to apply (oldest indexes first).");
-    vec![status, maintenance, quarantine]
+    let mut fields = vec![status, maintenance, quarantine];
+    fields.extend(crate::buffer::query_fields(ds));
+    fields
 }
 
 /// `Mutation.<ds>RetryQuarantine`.

@@ -12,6 +12,7 @@
 //! so that the commands are also reachable from the library (and a future
 //! `serve` command slots in as one more [`Command`] variant and file).
 
+mod buffer;
 mod check;
 mod ddl;
 mod generated;
@@ -32,6 +33,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use index_dsl::Definitions;
 
+pub use buffer::BufferArgs;
 pub use check::CheckArgs;
 pub use ddl::DdlArgs;
 pub use ids::IdsArgs;
@@ -93,8 +95,11 @@ pub enum Command {
     /// start-up. `--from-v1` converts a store of the earlier per-shard
     /// layout.
     Migrate(MigrateArgs),
-    /// Manage index tables (`drop`).
+    /// Manage index tables (`drop`, `quarantine`).
     Index(IndexArgs),
+    /// Buffered writes: `conflicts` lists those that lost to another body
+    /// of their key when they were replayed into their primary.
+    Buffer(BufferArgs),
     /// IDs: create biz tags, take segment or snowflake IDs, list the tags,
     /// and decode an ID (`cellgate-bench ids` measures the allocator).
     Ids(IdsArgs),
@@ -122,6 +127,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Schema(args) => schema::run(args),
         Command::Migrate(args) => migrate::run(args).await,
         Command::Index(args) => index::run(args).await,
+        Command::Buffer(args) => buffer::run(args).await,
         Command::Ids(args) => ids::run(args).await,
         Command::Serve(args) => serve::run(args).await,
         Command::Token(args) => token::run(args).await,

@@ -252,6 +252,63 @@ impl Collector for StoreCollector {
             ConstCounter::new(ds.cells_duplicate).encode(family.encode_family(&labels)?)?;
         }
 
+        let mut family = encoder.encode_descriptor(
+            "cellgate_buffer_replayed_cells",
+            "Buffered cells this process delivered to their primary (written or found there), per datastore",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for ds in &snapshot.datastores {
+            let labels = [("datastore", ds.name.as_str())];
+            ConstCounter::new(ds.cells_replayed).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "cellgate_buffer_conflicts",
+            "Buffered writes this process recorded as conflicts on replay (another body of their key was stored; list them with `cellgate buffer conflicts`), per datastore",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for ds in &snapshot.datastores {
+            let labels = [("datastore", ds.name.as_str())];
+            ConstCounter::new(ds.replay_conflicts).encode(family.encode_family(&labels)?)?;
+        }
+        let now = chrono::Utc::now();
+        for (name, help, oldest) in [
+            (
+                "cellgate_buffered_cells",
+                "Writes kept in a cluster's buffer until their primary takes them, per datastore and holding cluster, from the latest count",
+                false,
+            ),
+            (
+                "cellgate_buffered_oldest_seconds",
+                "Age of the oldest write in a cluster's buffer (0: empty), per datastore and holding cluster",
+                true,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for ds in &snapshot.datastores {
+                for backlog in &ds.buffered {
+                    let labels = [
+                        ("datastore", ds.name.as_str()),
+                        ("cluster", backlog.cluster.as_str()),
+                    ];
+                    let value = if oldest {
+                        backlog
+                            .oldest
+                            .map_or(0, |t| (now - t).num_seconds().max(0))
+                    } else {
+                        backlog.cells
+                    };
+                    ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+
         let (quantiles, samples) = &snapshot.index_delay_us;
         let mut family = encoder.encode_descriptor(
             "cellgate_index_delay_microseconds",

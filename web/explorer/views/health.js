@@ -1,10 +1,11 @@
 // `#/health`: is the gateway ready (every storage master answers `/readyz`),
 // which clusters hold which shards, and how far each datastore's indexes lag
-// behind its cells (`/metrics`). Refreshed every few seconds.
+// behind its cells, and the writes buffered while a primary was down
+// (`/metrics`). Refreshed every few seconds.
 
 import { h, replace, tableWrap, uid, errorBox } from '../dom.js';
 import { loadCatalog, getText } from '../api.js';
-import { parseMetrics, datastoreHealth, sample } from '../metrics.js';
+import { parseMetrics, datastoreHealth, bufferHealth, sample } from '../metrics.js';
 import { clock, plural } from '../format.js';
 
 const REFRESH_MS = 5000;
@@ -15,6 +16,7 @@ export async function healthPage(main, _match, ctx) {
   const readiness = h('div');
   const clusters = h('div');
   const lag = h('div');
+  const buffers = h('div');
   const updated = h('p', { class: 'hint' });
   const autoId = uid('auto');
   const auto = h('input', { id: autoId, type: 'checkbox', checked: true });
@@ -44,7 +46,9 @@ export async function healthPage(main, _match, ctx) {
       lastReady = isReady;
       replace(clusters, clusterTable(catalog, isReady));
       if (!metrics.ok) throw new Error(`/metrics answered HTTP ${metrics.status}`);
-      replace(lag, lagTable(catalog, parseMetrics(metrics.text)));
+      const samples = parseMetrics(metrics.text);
+      replace(lag, lagTable(catalog, samples));
+      replace(buffers, bufferTable(catalog, samples));
       updated.textContent = `Updated at ${clock()}.`;
     } catch (error) {
       if (error.name !== 'AbortError') replace(lag, errorBox(error));
@@ -64,6 +68,7 @@ export async function healthPage(main, _match, ctx) {
   const readyId = uid('ready');
   const clustersId = uid('clusters');
   const lagId = uid('lag');
+  const buffersId = uid('buffers');
   replace(
     main,
     h('h1', {}, 'Health'),
@@ -77,6 +82,13 @@ export async function healthPage(main, _match, ctx) {
       h('h2', { id: lagId }, 'Index lag'),
       h('p', { class: 'hint' }, 'Indexes are updated from the cell log after each write. A shard lags while it has writes its indexes have not applied yet.'),
       lag,
+    ),
+    h(
+      'section',
+      { 'aria-labelledby': buffersId },
+      h('h2', { id: buffersId }, 'Buffered writes'),
+      h('p', { class: 'hint' }, 'With two or more clusters, a write whose primary is down is kept in another cluster’s buffer (answered BUFFERED) and replayed into the primary once it answers again.'),
+      buffers,
     ),
   );
   await refresh();
@@ -163,6 +175,44 @@ function lagTable(catalog, samples) {
           `Delay from a cell’s commit to its index update since the gateway started: median ${formatMicros(p50)}, 99th percentile ${formatMicros(p99)} (${plural(sample(samples, 'cellgate_index_delay_samples_total') || 0, 'update', 'updates')} measured).`,
         )
       : null,
+  );
+}
+
+function bufferTable(catalog, samples) {
+  const rows = bufferHealth(
+    samples,
+    catalog.datastores.map((d) => d.name),
+  ).flatMap((ds) =>
+    ds.clusters.map((c) => ({ ...c, name: ds.name, replayed: ds.replayed, conflicts: ds.conflicts })),
+  );
+  if (rows.length === 0) return h('p', {}, 'No buffers: this gateway has one storage cluster.');
+  return tableWrap(
+    'Buffered writes per datastore and cluster',
+    h(
+      'table',
+      {},
+      h(
+        'thead',
+        {},
+        h('tr', {}, ['Datastore', 'Buffer on cluster', 'Waiting cells', 'Oldest', 'Replayed since start', 'Conflicts since start'].map((t) => h('th', { scope: 'col' }, t))),
+      ),
+      h(
+        'tbody',
+        {},
+        rows.map((r) =>
+          h(
+            'tr',
+            {},
+            h('th', { scope: 'row' }, r.name),
+            h('td', {}, r.cluster),
+            h('td', {}, String(r.cells)),
+            h('td', {}, r.cells > 0 && r.oldestSeconds !== null ? `${r.oldestSeconds} s` : '–'),
+            h('td', {}, r.replayed === null ? '–' : String(r.replayed)),
+            h('td', {}, r.conflicts === null ? '–' : String(r.conflicts)),
+          ),
+        ),
+      ),
+    ),
   );
 }
 
