@@ -5,7 +5,8 @@
 //! With no subcommand it runs the gateway benchmark (`gateway.rs`): load,
 //! cold start, index queries and batched writes over HTTP beside the same
 //! work through the Rust API, index maintenance under writes, statements
-//! per request. `cellgate-bench ids` measures the ID allocator (`ids.rs`).
+//! per request. `cellgate-bench ids` measures the ID allocator (`ids.rs`),
+//! `cellgate-bench buffer` buffered writes and their replay (`buffer.rs`).
 //! It lives apart from the server so that a deployment carries none of its
 //! code or dependencies (an HTTP client, progress bars, histograms).
 //!
@@ -14,6 +15,7 @@
 //! process), `load.rs`, `maintenance.rs` (samples and drains), `probe.rs`,
 //! `database.rs` (emptiness, size, leases), `report.rs` (tables and JSON).
 
+mod buffer;
 mod database;
 mod dataset;
 mod gateway;
@@ -97,6 +99,10 @@ enum Command {
     /// `--concurrency`, against a `cellgate serve` started on a temporary
     /// SQLite store (or `--database`) or `--url`.
     Ids(ids::IdsBenchArgs),
+    /// Measure buffered writes on two clusters: write throughput with
+    /// `buffer_count` 0 and 1, and the time from a primary's return until
+    /// every cell buffered while it was down is delivered to it.
+    Buffer(buffer::BufferBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -122,6 +128,7 @@ fn main() -> ExitCode {
     let run = async move {
         match cli.command {
             Some(Command::Ids(args)) => ids::run(args).await,
+            Some(Command::Buffer(args)) => buffer::run(args).await,
             None => gateway::run(cli.gateway).await,
         }
     };
