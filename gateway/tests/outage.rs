@@ -9,20 +9,25 @@
 //! The PostgreSQL test runs a private server (its own data directory, a
 //! free loopback port, stopped when the test ends) and needs the server
 //! binaries (`initdb`, `postgres` on `PATH` or in
-//! `/usr/lib/postgresql/*/bin`); without them it prints why it is skipped.
+//! `/usr/lib/postgresql/*/bin`); without them it prints why it is skipped
+//! (or fails, with `CELLGATE_TEST_SERVERS=required`; see `support/servers.rs`).
 //! No assertion is about speed: waits are for outcomes, with generous
 //! bounds that only a hang exceeds.
 
+#[path = "support/postgres.rs"]
+mod postgres;
 #[path = "support/server.rs"]
 mod server;
+#[path = "support/servers.rs"]
+mod servers;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use postgres::Postgres;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use server::Server;
@@ -245,183 +250,6 @@ async fn wait_ready(server: &Server, status: StatusCode) {
     }
 }
 
-/// A private PostgreSQL server on loopback; stopped (immediate shutdown)
-/// when dropped.
-struct Postgres {
-    bin: PathBuf,
-    dir: tempfile::TempDir,
-    port: u16,
-    /// The server's user and group when the test runs as root (PostgreSQL
-    /// refuses to run as root).
-    owner: Option<(u32, u32)>,
-    postmaster: Option<Child>,
-}
-
-impl Postgres {
-    /// The directory holding `initdb` and `postgres`, if installed.
-    fn binaries() -> Option<PathBuf> {
-        let has = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
-        let mut candidates: Vec<PathBuf> = std::env::var_os("PATH")
-            .map(|path| std::env::split_paths(&path).collect())
-            .unwrap_or_default();
-        let mut installed: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-            .map(|dirs| dirs.flatten().map(|d| d.path().join("bin")).collect())
-            .unwrap_or_default();
-        installed.sort_by_key(|dir| {
-            dir.parent()
-                .and_then(|v| v.file_name())
-                .and_then(|v| v.to_str())
-                .and_then(|v| v.parse::<u32>().ok())
-                .unwrap_or(0)
-        });
-        candidates.extend(installed.into_iter().rev());
-        candidates.into_iter().find(|dir| has(dir))
-    }
-
-    /// The uid and gid of the `postgres` user.
-    fn postgres_user() -> Option<(u32, u32)> {
-        let id = |flag: &str| -> Option<u32> {
-            let output = Command::new("id").args([flag, "postgres"]).output().ok()?;
-            String::from_utf8(output.stdout).ok()?.trim().parse().ok()
-        };
-        Some((id("-u")?, id("-g")?))
-    }
-
-    /// Initializes a data directory, or says why it cannot.
-    fn init() -> Result<Postgres, String> {
-        let bin = Postgres::binaries()
-            .ok_or("PostgreSQL server binaries (initdb, postgres) not found")?;
-        let dir = tempfile::tempdir().unwrap();
-        let is_root = Command::new("id")
-            .arg("-u")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-            .unwrap_or(false);
-        let owner = if is_root {
-            let owner =
-                Postgres::postgres_user().ok_or("running as root without a postgres user")?;
-            std::os::unix::fs::chown(dir.path(), Some(owner.0), Some(owner.1)).unwrap();
-            Some(owner)
-        } else {
-            None
-        };
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let postgres = Postgres {
-            bin,
-            dir,
-            port,
-            owner,
-            postmaster: None,
-        };
-        let data = postgres.data();
-        let output = postgres
-            .command("initdb")
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "initdb failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        Ok(postgres)
-    }
-
-    fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
-    }
-
-    fn command(&self, program: &str) -> Command {
-        let mut command = Command::new(self.bin.join(program));
-        command.current_dir(self.dir.path());
-        if let Some((uid, gid)) = self.owner {
-            use std::os::unix::process::CommandExt as _;
-            command.uid(uid).gid(gid);
-        }
-        command
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-
-    /// Starts the server and waits until it accepts queries. After a kill
-    /// the old server's sessions take a moment to exit; until they have,
-    /// the new one refuses to start, so it is started again.
-    async fn start(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let log = std::fs::File::options()
-                .create(true)
-                .append(true)
-                .open(self.dir.path().join("postgres.log"))
-                .unwrap();
-            let mut child = self
-                .command("postgres")
-                .arg("-D")
-                .arg(self.data())
-                .args(["-p", &self.port.to_string()])
-                .args(["-c", "listen_addresses=127.0.0.1"])
-                .args(["-c", "unix_socket_directories="])
-                .args(["-c", "fsync=off"])
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .unwrap();
-            loop {
-                if child.try_wait().unwrap().is_some() {
-                    break;
-                }
-                use sqlx::Connection as _;
-                if let Ok(conn) = sqlx::PgConnection::connect(&self.url()).await {
-                    let _ = conn.close().await;
-                    self.postmaster = Some(child);
-                    return;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "PostgreSQL did not start; log:\n{}",
-                    self.log()
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "PostgreSQL did not start; log:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// Sends `signal` to the postmaster and waits for it to exit.
-    fn stop(&mut self, signal: &str) {
-        if let Some(mut child) = self.postmaster.take() {
-            let _ = Command::new("kill")
-                .args([&format!("-{signal}"), &child.id().to_string()])
-                .status();
-            let _ = child.wait();
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        // Immediate shutdown: the postmaster takes its sessions with it.
-        self.stop("QUIT");
-    }
-}
-
 /// A TCP proxy in front of a database that can be cut off like a network
 /// partition: while frozen it accepts connections but passes no bytes in
 /// either direction, so statements in flight get no answer.
@@ -493,8 +321,9 @@ async fn writes_while_postgres_dies_and_restarts_are_storage_unavailable() {
     let mut postgres = match Postgres::init() {
         Ok(postgres) => postgres,
         Err(why) => {
-            eprintln!(
-                "skipped writes_while_postgres_dies_and_restarts_are_storage_unavailable: {why}"
+            servers::skip(
+                "writes_while_postgres_dies_and_restarts_are_storage_unavailable",
+                &why,
             );
             return;
         }
@@ -676,7 +505,10 @@ async fn requests_after_a_postgres_restart_find_no_stale_connection() {
     let mut postgres = match Postgres::init() {
         Ok(postgres) => postgres,
         Err(why) => {
-            eprintln!("skipped requests_after_a_postgres_restart_find_no_stale_connection: {why}");
+            servers::skip(
+                "requests_after_a_postgres_restart_find_no_stale_connection",
+                &why,
+            );
             return;
         }
     };
@@ -767,7 +599,10 @@ async fn a_stopped_database_is_storage_unavailable_on_plain_routes_and_compiled_
     let mut postgres = match Postgres::init() {
         Ok(postgres) => postgres,
         Err(why) => {
-            eprintln!("skipped a_stopped_database_is_storage_unavailable_on_plain_routes_and_compiled_reads: {why}");
+            servers::skip(
+                "a_stopped_database_is_storage_unavailable_on_plain_routes_and_compiled_reads",
+                &why,
+            );
             return;
         }
     };

@@ -1,0 +1,946 @@
+//! Buffered writes across a cluster outage, end to end: two private database
+//! servers (MariaDB in one test, PostgreSQL in the other) are the masters
+//! of clusters `a` and `b` of the real `cellgate serve` with
+//! `buffer_count: 1`. Writers keep writing new versions of rows through
+//! `itemsPutCells` while the master of `b` is killed (`kill -9`), stays
+//! down, and is started again on the same data directory and port.
+//!
+//! While `b` is down, a write whose primary is `b` gets its buffer copy on
+//! `a` and is answered `BUFFERED`; a write whose primary is `a` cannot get
+//! its copy on `b` and fails with `STORAGE_UNAVAILABLE`. Every answer must
+//! be a per-cell status or a clean GraphQL error code (never a 5xx or
+//! `INTERNAL`). Once `b` is back, the test waits (bounded, polling, no
+//! assertion on speed) until the store has converged:
+//! - every acknowledged cell (`WRITTEN`, `DUPLICATE`, `BUFFERED`) reads
+//!   back by its full key with its exact body;
+//! - `items_buffer` is empty on both servers (read with SQL);
+//! - no cell key is stored twice in `items_cells` across the servers;
+//! - for each city, the rows of the `by_city` index equal the rows whose
+//!   latest stored `DATA` cell names that city. The expectation comes from
+//!   the cells as stored (read over GraphQL), not from the answers alone:
+//!   a write answered with an error may still have been committed.
+//!
+//! It prints the counts of written, buffered and refused cells and the time
+//! from the restart until the store converged. As long as buffered cells
+//! are not replayed into their primary, the wait ends in a failure that
+//! names the unreadable cells and the rows left in each buffer.
+//!
+//! The servers need their programs (`mariadb-install-db`, `mariadbd`;
+//! `initdb`, `postgres`); without them a test prints why it is skipped, or
+//! fails with `CELLGATE_TEST_SERVERS=required` (see `support/servers.rs`).
+
+#[path = "support/mariadb.rs"]
+mod mariadb;
+#[path = "support/postgres.rs"]
+mod postgres;
+#[path = "support/server.rs"]
+mod server;
+#[path = "support/servers.rs"]
+mod servers;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use mariadb::Mariadb;
+use postgres::Postgres;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use server::Server;
+use uuid::Uuid;
+
+/// The datastore's shard count: the default, as in a real deployment.
+const SHARDS: u32 = 4096;
+/// Concurrent writers, each with its own rows.
+const WRITERS: usize = 6;
+/// Rows a writer keeps rewriting once it has made this many.
+const ROWS_PER_WRITER: usize = 40;
+/// How long the load runs before the kill, while `b` is down, and after
+/// its restart.
+const BEFORE_KILL: Duration = Duration::from_secs(4);
+const OUTAGE: Duration = Duration::from_secs(15);
+const AFTER_RESTART: Duration = Duration::from_secs(5);
+/// The longest wait for the store to converge after the load: generous,
+/// so only a store that never converges exceeds it.
+const CONVERGE: Duration = Duration::from_secs(120);
+
+/// `(row_key, column, ref_key)`: a cell's key.
+type CellKey = (Uuid, String, i64);
+
+/// A private database server of one kind, as the tests use it.
+trait Database: Sized {
+    const KIND: &'static str;
+    fn init() -> Result<Self, String>;
+    fn url(&self) -> String;
+    async fn start(&mut self);
+    /// `kill -9` of the server process.
+    fn kill(&mut self);
+    /// The key of every row of `table` (`items_cells` or `items_buffer`).
+    async fn keys(&self, table: &str) -> Result<Vec<CellKey>, String>;
+}
+
+impl Database for Mariadb {
+    const KIND: &'static str = "MariaDB";
+
+    fn init() -> Result<Self, String> {
+        Mariadb::init()
+    }
+
+    fn url(&self) -> String {
+        Mariadb::url(self)
+    }
+
+    async fn start(&mut self) {
+        Mariadb::start(self).await
+    }
+
+    fn kill(&mut self) {
+        self.stop("KILL")
+    }
+
+    async fn keys(&self, table: &str) -> Result<Vec<CellKey>, String> {
+        use sqlx::Connection as _;
+        let mut conn = sqlx::MySqlConnection::connect(&self.url())
+            .await
+            .map_err(|e| e.to_string())?;
+        let sql = format!("SELECT row_key, column_name, ref_key FROM {table}");
+        let rows: Vec<(Vec<u8>, Vec<u8>, i64)> = sqlx::query_as(&sql)
+            .fetch_all(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        rows.into_iter()
+            .map(|(row, column, ref_key)| {
+                let row = Uuid::from_slice(&row).map_err(|e| e.to_string())?;
+                let column = String::from_utf8(column).map_err(|e| e.to_string())?;
+                Ok((row, column, ref_key))
+            })
+            .collect()
+    }
+}
+
+impl Database for Postgres {
+    const KIND: &'static str = "PostgreSQL";
+
+    fn init() -> Result<Self, String> {
+        Postgres::init()
+    }
+
+    fn url(&self) -> String {
+        Postgres::url(self)
+    }
+
+    async fn start(&mut self) {
+        Postgres::start(self).await
+    }
+
+    fn kill(&mut self) {
+        self.stop("KILL")
+    }
+
+    async fn keys(&self, table: &str) -> Result<Vec<CellKey>, String> {
+        use sqlx::Connection as _;
+        let mut conn = sqlx::PgConnection::connect(&self.url())
+            .await
+            .map_err(|e| e.to_string())?;
+        let sql = format!("SELECT row_key, column_name, ref_key FROM {table}");
+        sqlx::query_as(&sql)
+            .fetch_all(&mut conn)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn buffered_writes_survive_a_mariadb_master_outage() {
+    failover::<Mariadb>("buffered_writes_survive_a_mariadb_master_outage").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn buffered_writes_survive_a_postgres_master_outage() {
+    failover::<Postgres>("buffered_writes_survive_a_postgres_master_outage").await;
+}
+
+/// City names candidates; [`cities`] picks some whose index shard lives on
+/// each cluster.
+const CITY_NAMES: [&str; 16] = [
+    "amsterdam",
+    "berlin",
+    "cairo",
+    "dakar",
+    "essen",
+    "fez",
+    "geneva",
+    "hanoi",
+    "izmir",
+    "jakarta",
+    "kyoto",
+    "lima",
+    "madrid",
+    "nairobi",
+    "oslo",
+    "porto",
+];
+
+/// Three cities whose index entries live on `a` and three on `b` (shards
+/// are split evenly, in order, over the two clusters), so a row whose city
+/// changes moves its entry between index shards on both clusters.
+fn cities() -> Vec<&'static str> {
+    let on_a =
+        |city: &str| cellgate_store::shards::shard_of_bytes(city.as_bytes(), SHARDS) < SHARDS / 2;
+    let a: Vec<&str> = CITY_NAMES.into_iter().filter(|c| on_a(c)).take(3).collect();
+    let b: Vec<&str> = CITY_NAMES
+        .into_iter()
+        .filter(|c| !on_a(c))
+        .take(3)
+        .collect();
+    assert!(
+        a.len() == 3 && b.len() == 3,
+        "the candidates name too few cities per cluster: {a:?} {b:?}"
+    );
+    a.into_iter().chain(b).collect()
+}
+
+/// The datastore `items` (column `DATA`, default shard count) with the
+/// index `by_city`: entries sharded by the string `city`, with `n`.
+fn write_definitions(dir: &Path) -> PathBuf {
+    let datastores = dir.join("datastores");
+    std::fs::create_dir_all(datastores.join("items/indexes")).unwrap();
+    std::fs::write(
+        datastores.join("items/datastore.yaml"),
+        "name: items\ncolumns:\n  - name: DATA\n",
+    )
+    .unwrap();
+    std::fs::write(
+        datastores.join("items/indexes/by_city.yaml"),
+        "table: by_city\ndatastore: items\nshard_field: city\ncolumn_defs:\n  - column_key: DATA\n    fields:\n      - { field: city, type: string }\n      - { field: n, type: int }\n",
+    )
+    .unwrap();
+    datastores
+}
+
+/// Starts `cellgate serve` on clusters `a` and `b` with one buffer copy
+/// per write and no admission limits (the writers would hit the rate
+/// limit, and a refusal there is not what this test is about).
+fn serve(a: &str, b: &str) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let datastores = write_definitions(dir.path());
+    let config_file = dir.path().join("cellgate.yaml");
+    std::fs::write(
+        &config_file,
+        format!(
+            "storage:
+  buffer_count: 1
+  clusters:
+    - name: a
+      master: {a}
+    - name: b
+      master: {b}
+  timeout_ms: 2000
+  readiness_timeout_ms: 1000
+limits:
+  rate_limit_per_second: 0
+  max_concurrent_requests: 0
+  max_connections_per_client: 0
+"
+        ),
+    )
+    .unwrap();
+    let args: Vec<OsString> = vec![
+        "--data".into(),
+        dir.path().join("data").into(),
+        "--datastores".into(),
+        datastores.into(),
+        "--config".into(),
+        config_file.into(),
+    ];
+    Server::start_in(dir, args)
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// Polls `/readyz` until it answers `status`.
+async fn wait_ready(server: &Server, status: StatusCode) {
+    let client = client();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let got = client
+            .get(server.url("/readyz"))
+            .send()
+            .await
+            .map(|r| r.status());
+        if got.as_ref().ok() == Some(&status) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz did not answer {status} within 120 s (last: {got:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Where the outage stands when a write is sent.
+const BEFORE: u8 = 0;
+const DOWN: u8 = 1;
+const RESTARTED: u8 = 2;
+
+/// A cell the gateway acknowledged.
+#[derive(Debug, Clone)]
+struct Ack {
+    row: Uuid,
+    ref_key: i64,
+    body: Value,
+    status: String,
+    /// [`BEFORE`], [`DOWN`] or [`RESTARTED`], when the write was sent.
+    phase: u8,
+}
+
+/// What the writers saw.
+#[derive(Debug, Default)]
+struct Tally {
+    acks: Vec<Ack>,
+    /// Refused cells by error code.
+    refused: BTreeMap<String, u64>,
+    /// Answers that are not a status or a clean GraphQL error code.
+    unexpected: Vec<String>,
+    /// Every row a writer wrote to, acknowledged or not.
+    rows: BTreeSet<Uuid>,
+}
+
+impl Tally {
+    fn count(&self, status: &str, phase: Option<u8>) -> usize {
+        self.acks
+            .iter()
+            .filter(|a| a.status == status && phase.is_none_or(|p| a.phase == p))
+            .count()
+    }
+
+    fn refused(&self) -> u64 {
+        self.refused.values().sum()
+    }
+}
+
+/// A small xorshift generator: the test needs varied choices, not a
+/// reproducible stream, and the crate has no `rand`.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Rng {
+        Rng((Uuid::new_v4().as_u128() as u64) | 1)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+const PUT: &str = "mutation($cells: [ItemsCellInput!]!) {
+  itemsPutCells(cells: $cells) { rowKey refKey status error { code message retryable } }
+}";
+
+/// Writers that each keep writing batches of one to three cells, new rows
+/// and new versions (the next ref key, a random city) of their own rows,
+/// until stopped.
+struct Load {
+    tally: Arc<Mutex<Tally>>,
+    stop: Arc<AtomicBool>,
+    phase: Arc<AtomicU8>,
+    writers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(server: &Server, cities: &[&'static str]) -> Load {
+        let tally = Arc::new(Mutex::new(Tally::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let phase = Arc::new(AtomicU8::new(BEFORE));
+        let writers = (0..WRITERS)
+            .map(|w| {
+                let (tally, stop, phase) = (tally.clone(), stop.clone(), phase.clone());
+                let (url, cities) = (server.graphql(), cities.to_vec());
+                tokio::spawn(async move {
+                    let client = client();
+                    let mut rng = Rng::new();
+                    // Each row with the ref key its next version gets.
+                    let mut rows: Vec<(Uuid, i64)> = Vec::new();
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let size = 1 + rng.below(3);
+                        let mut picked = BTreeSet::new();
+                        let mut cells = Vec::new();
+                        for _ in 0..size {
+                            let grow = rows.len() < ROWS_PER_WRITER && rng.below(3) == 0;
+                            let at = if grow || rows.is_empty() {
+                                rows.push((Uuid::new_v4(), 1));
+                                rows.len() - 1
+                            } else {
+                                rng.below(rows.len())
+                            };
+                            if !picked.insert(at) {
+                                continue;
+                            }
+                            let (row, ref_key) = rows[at];
+                            // The next version whatever becomes of this one:
+                            // a refused write may still have been stored.
+                            rows[at].1 += 1;
+                            n += 1;
+                            let city = cities[rng.below(cities.len())];
+                            let body = json!({ "city": city, "n": n, "writer": w });
+                            cells.push((row, ref_key, body));
+                        }
+                        let sent_in = phase.load(Ordering::Relaxed);
+                        let answer = put(&client, &url, &cells).await;
+                        let refused = {
+                            let mut tally = tally.lock().unwrap();
+                            tally.rows.extend(cells.iter().map(|c| c.0));
+                            record(&mut tally, &cells, sent_in, answer)
+                        };
+                        if refused {
+                            // No tight loop of instant failures while a
+                            // cluster is down.
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            tally,
+            stop,
+            phase,
+            writers,
+        }
+    }
+
+    fn set_phase(&self, phase: u8) {
+        self.phase.store(phase, Ordering::Relaxed);
+    }
+
+    fn acks(&self) -> usize {
+        self.tally.lock().unwrap().acks.len()
+    }
+
+    async fn finish(self) -> Tally {
+        self.stop.store(true, Ordering::Relaxed);
+        for writer in self.writers {
+            writer.await.unwrap();
+        }
+        Arc::try_unwrap(self.tally)
+            .expect("writers finished")
+            .into_inner()
+            .unwrap()
+    }
+}
+
+/// Sends one `itemsPutCells`; the answer's JSON, or what was wrong with it.
+async fn put(
+    client: &reqwest::Client,
+    url: &str,
+    cells: &[(Uuid, i64, Value)],
+) -> Result<Value, String> {
+    let cells: Vec<Value> = cells
+        .iter()
+        .map(|(row, ref_key, body)| {
+            json!({ "rowKey": row, "column": "DATA", "refKey": ref_key, "body": body })
+        })
+        .collect();
+    let body = json!({ "query": PUT, "variables": { "cells": cells } });
+    let response = client
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| format!("no answer: {e}"))?;
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    if status != StatusCode::OK {
+        return Err(format!("{status}: {text}"));
+    }
+    serde_json::from_str(&text).map_err(|_| format!("{status}, not JSON: {text}"))
+}
+
+/// Whether an error code is a clean refusal: anything but an internal
+/// error (a missing code is a defect too).
+fn clean_code(code: &Value) -> Option<String> {
+    let code = code.as_str()?;
+    (!code.starts_with("INTERNAL")).then(|| code.to_string())
+}
+
+/// Adds one answer to the tally; whether any cell was refused.
+fn record(
+    tally: &mut Tally,
+    cells: &[(Uuid, i64, Value)],
+    phase: u8,
+    answer: Result<Value, String>,
+) -> bool {
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(what) => {
+            tally.unexpected.push(what);
+            return true;
+        }
+    };
+    for error in answer["errors"].as_array().into_iter().flatten() {
+        if clean_code(&error["extensions"]["code"]).is_none() {
+            tally.unexpected.push(answer.to_string());
+            return true;
+        }
+    }
+    let Some(results) = answer["data"]["itemsPutCells"].as_array() else {
+        // The whole request was refused: each cell by the first error.
+        let code = clean_code(&answer["errors"][0]["extensions"]["code"]);
+        match code {
+            Some(code) => *tally.refused.entry(code).or_default() += cells.len() as u64,
+            None => tally.unexpected.push(answer.to_string()),
+        }
+        return true;
+    };
+    if results.len() != cells.len() {
+        tally.unexpected.push(answer.to_string());
+        return true;
+    }
+    let mut refused = false;
+    for ((row, ref_key, body), result) in cells.iter().zip(results) {
+        let same_key =
+            result["rowKey"] == json!(row) && result["refKey"] == json!(ref_key.to_string());
+        match result["status"].as_str() {
+            Some(status @ ("WRITTEN" | "DUPLICATE" | "BUFFERED")) if same_key => {
+                tally.acks.push(Ack {
+                    row: *row,
+                    ref_key: *ref_key,
+                    body: body.clone(),
+                    status: status.to_string(),
+                    phase,
+                });
+            }
+            None if same_key => match clean_code(&result["error"]["code"]) {
+                Some(code) => {
+                    refused = true;
+                    *tally.refused.entry(code).or_default() += 1;
+                }
+                None => tally.unexpected.push(result.to_string()),
+            },
+            _ => tally.unexpected.push(result.to_string()),
+        }
+    }
+    refused
+}
+
+/// Posts a GraphQL query; its `data`, or why there is none (an error code
+/// or a failed request).
+async fn query(client: &reqwest::Client, url: &str, body: Value) -> Result<Value, String> {
+    let response = client
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| format!("no answer: {e}"))?;
+    let status = response.status();
+    let answer: Value = response
+        .json()
+        .await
+        .map_err(|e| format!("{status}, not JSON: {e}"))?;
+    if let Some(errors) = answer["errors"].as_array() {
+        let code = &errors[0]["extensions"]["code"];
+        assert!(
+            clean_code(code).is_some(),
+            "a read was answered with an internal error: {answer}"
+        );
+        return Err(format!("{status} {code}"));
+    }
+    Ok(answer["data"].clone())
+}
+
+/// Reads each cell of `cells` by its full key; the ones not readable yet.
+/// A cell that reads back with another body fails the test.
+async fn unreadable(client: &reqwest::Client, url: &str, cells: &[Ack]) -> Vec<Ack> {
+    let chunks = cells.chunks(25).map(|chunk| async move {
+        let fields: String = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, ack)| {
+                format!(
+                    "c{i}: cell(rowKey: \"{}\", column: DATA, refKey: {}) {{ body }} ",
+                    ack.row, ack.ref_key
+                )
+            })
+            .collect();
+        let data = query(
+            client,
+            url,
+            json!({ "query": format!("{{ items {{ {fields} }} }}") }),
+        )
+        .await;
+        let Ok(data) = data else {
+            return chunk.to_vec();
+        };
+        let mut missing = Vec::new();
+        for (i, ack) in chunk.iter().enumerate() {
+            let cell = &data["items"][format!("c{i}")];
+            if cell.is_null() {
+                missing.push(ack.clone());
+            } else {
+                assert_eq!(
+                    cell["body"], ack.body,
+                    "cell {} ref {} ({}) reads back with another body",
+                    ack.row, ack.ref_key, ack.status
+                );
+            }
+        }
+        missing
+    });
+    let mut missing = Vec::new();
+    // A few requests at a time.
+    let mut chunks = futures::stream::iter(chunks).buffer_unordered(4);
+    while let Some(chunk) = chunks.next().await {
+        missing.extend(chunk);
+    }
+    missing
+}
+
+/// The city of each row's latest stored `DATA` cell, read over GraphQL;
+/// rows without a stored cell have none.
+async fn latest_cities(
+    client: &reqwest::Client,
+    url: &str,
+    rows: &[Uuid],
+) -> Result<HashMap<Uuid, String>, String> {
+    let mut cities = HashMap::new();
+    for chunk in rows.chunks(100) {
+        let data = query(
+            client,
+            url,
+            json!({
+                "query": "query($rows: [UUID!]!) { items { rows(rowKeys: $rows) { rowKey data { refKey body } } } }",
+                "variables": { "rows": chunk },
+            }),
+        )
+        .await?;
+        for row in data["items"]["rows"].as_array().into_iter().flatten() {
+            if let Some(city) = row["data"]["body"]["city"].as_str() {
+                let key: Uuid = serde_json::from_value(row["rowKey"].clone()).unwrap();
+                cities.insert(key, city.to_string());
+            }
+        }
+    }
+    Ok(cities)
+}
+
+/// The rows of the `by_city` index under `city`, all pages.
+async fn index_rows(
+    client: &reqwest::Client,
+    url: &str,
+    city: &str,
+) -> Result<BTreeSet<Uuid>, String> {
+    let mut rows = BTreeSet::new();
+    let mut after: Option<String> = None;
+    loop {
+        let data = query(
+            client,
+            url,
+            json!({
+                "query": "query($city: String!, $after: String) { items { byCity(city: $city, first: 1000, after: $after) { edges { node { rowKey } } pageInfo { hasNextPage endCursor } } } }",
+                "variables": { "city": city, "after": after },
+            }),
+        )
+        .await?;
+        let page = &data["items"]["byCity"];
+        for edge in page["edges"].as_array().into_iter().flatten() {
+            let row: Uuid = serde_json::from_value(edge["node"]["rowKey"].clone()).unwrap();
+            assert!(rows.insert(row), "row {row} is listed twice under {city}");
+        }
+        if page["pageInfo"]["hasNextPage"] != true {
+            return Ok(rows);
+        }
+        after = page["pageInfo"]["endCursor"].as_str().map(str::to_string);
+    }
+}
+
+/// Rows of one city that the index lacks, and rows it lists that do not
+/// have that city.
+#[derive(Debug)]
+struct IndexDiff {
+    missing: Vec<Uuid>,
+    extra: Vec<Uuid>,
+}
+
+/// How far the store is from converged; empty fields where it is.
+#[derive(Debug)]
+struct Divergence {
+    /// Acknowledged cells that do not read back yet.
+    unreadable: Vec<Ack>,
+    /// The keys of the `items_buffer` rows on `a` and `b` (or why they
+    /// could not be read).
+    buffers: [Result<Vec<CellKey>, String>; 2],
+    /// Cell keys stored more than once across both servers (or why they
+    /// could not be read).
+    duplicated: Result<Vec<CellKey>, String>,
+    /// Per city where the index differs: rows missing, rows extra (or why
+    /// it could not be compared).
+    index: BTreeMap<String, Result<IndexDiff, String>>,
+}
+
+impl Divergence {
+    fn converged(&self) -> bool {
+        self.unreadable.is_empty()
+            && self
+                .buffers
+                .iter()
+                .all(|b| b.as_ref().is_ok_and(Vec::is_empty))
+            && self.duplicated.as_ref().is_ok_and(Vec::is_empty)
+            && self.index.is_empty()
+    }
+
+    /// Rows in each buffer, for a progress line.
+    fn buffer_counts(&self) -> String {
+        let count = |b: &Result<Vec<CellKey>, String>| match b {
+            Ok(keys) => keys.len().to_string(),
+            Err(why) => format!("unknown ({why})"),
+        };
+        format!(
+            "a={} b={}",
+            count(&self.buffers[0]),
+            count(&self.buffers[1])
+        )
+    }
+
+    fn describe(&self, acks: &[Ack]) -> String {
+        // What the writers were told of each buffered cell: a copy of a
+        // cell that was refused, or written on its primary, is left over.
+        let answers: HashMap<(Uuid, i64), &str> = acks
+            .iter()
+            .map(|a| ((a.row, a.ref_key), a.status.as_str()))
+            .collect();
+        let buffers: Vec<String> = ["a", "b"]
+            .iter()
+            .zip(&self.buffers)
+            .map(|(cluster, keys)| match keys {
+                Ok(keys) => {
+                    let mut by_answer = BTreeMap::<&str, usize>::new();
+                    for (row, _, ref_key) in keys {
+                        let answer = answers.get(&(*row, *ref_key)).unwrap_or(&"refused");
+                        *by_answer.entry(answer).or_default() += 1;
+                    }
+                    format!("{cluster}: {} (cells answered {by_answer:?})", keys.len())
+                }
+                Err(why) => format!("{cluster}: not read ({why})"),
+            })
+            .collect();
+        let mut unreadable = BTreeMap::<&str, usize>::new();
+        for ack in &self.unreadable {
+            *unreadable.entry(ack.status.as_str()).or_default() += 1;
+        }
+        let index: Vec<String> = self
+            .index
+            .iter()
+            .map(|(city, diff)| match diff {
+                Ok(IndexDiff { missing, extra }) => format!(
+                    "{city}: {} rows missing, {} extra (e.g. missing {:?}, extra {:?})",
+                    missing.len(),
+                    extra.len(),
+                    missing.first(),
+                    extra.first()
+                ),
+                Err(why) => format!("{city}: not read ({why})"),
+            })
+            .collect();
+        format!(
+            "{} of {} acknowledged cells unreadable (by their answer: {unreadable:?}; e.g. {:?}); \
+             items_buffer rows: {}; cell keys stored more than once: {}; \
+             index by_city differs for {} cities: {index:#?}",
+            self.unreadable.len(),
+            acks.len(),
+            self.unreadable.first(),
+            buffers.join(", "),
+            match &self.duplicated {
+                Ok(keys) => format!("{} (e.g. {:?})", keys.len(), keys.first()),
+                Err(why) => format!("not read ({why})"),
+            },
+            self.index.len(),
+        )
+    }
+}
+
+/// Checks every convergence condition once. `pending` holds the
+/// acknowledged cells not yet seen readable (cells are immutable, so one
+/// seen once stays readable).
+async fn check<D: Database>(
+    client: &reqwest::Client,
+    url: &str,
+    servers: [&D; 2],
+    pending: &[Ack],
+    rows: &[Uuid],
+    cities: &[&str],
+) -> Divergence {
+    let mut divergence = Divergence {
+        unreadable: unreadable(client, url, pending).await,
+        buffers: [
+            servers[0].keys("items_buffer").await,
+            servers[1].keys("items_buffer").await,
+        ],
+        duplicated: duplicated(servers).await,
+        index: BTreeMap::new(),
+    };
+    let latest = match latest_cities(client, url, rows).await {
+        Ok(latest) => latest,
+        Err(why) => {
+            divergence.index.insert("(latest cells)".into(), Err(why));
+            return divergence;
+        }
+    };
+    for city in cities {
+        let expected: BTreeSet<Uuid> = latest
+            .iter()
+            .filter(|(_, c)| c.as_str() == *city)
+            .map(|(row, _)| *row)
+            .collect();
+        match index_rows(client, url, city).await {
+            Ok(listed) if listed == expected => {}
+            Ok(listed) => {
+                let missing = expected.difference(&listed).copied().collect();
+                let extra = listed.difference(&expected).copied().collect();
+                divergence
+                    .index
+                    .insert(city.to_string(), Ok(IndexDiff { missing, extra }));
+            }
+            Err(why) => {
+                divergence.index.insert(city.to_string(), Err(why));
+            }
+        }
+    }
+    divergence
+}
+
+/// Cell keys stored more than once in `items_cells`, across the servers.
+async fn duplicated<D: Database>(servers: [&D; 2]) -> Result<Vec<CellKey>, String> {
+    let mut stored = HashMap::<CellKey, usize>::new();
+    for server in servers {
+        for key in server.keys("items_cells").await? {
+            *stored.entry(key).or_default() += 1;
+        }
+    }
+    Ok(stored
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(key, _)| key)
+        .collect())
+}
+
+/// Waits for `done` under load, failing after 120 s.
+async fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !done() {
+        assert!(Instant::now() < deadline, "waited 120 s for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn failover<D: Database>(test: &str) {
+    let (mut a, mut b) = match (D::init(), D::init()) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(why), _) | (_, Err(why)) => {
+            servers::skip(test, &why);
+            return;
+        }
+    };
+    a.start().await;
+    b.start().await;
+    let cities = cities();
+    let server = serve(&a.url(), &b.url());
+    wait_ready(&server, StatusCode::OK).await;
+    let url = server.graphql();
+
+    let load = Load::start(&server, &cities);
+    wait_for("writes before the outage", || load.acks() >= 100).await;
+    tokio::time::sleep(BEFORE_KILL).await;
+
+    // Writes sent from now on may find b gone.
+    load.set_phase(DOWN);
+    b.kill();
+    tokio::time::sleep(OUTAGE).await;
+
+    b.start().await;
+    let restarted = Instant::now();
+    load.set_phase(RESTARTED);
+    tokio::time::sleep(AFTER_RESTART).await;
+    let tally = load.finish().await;
+
+    let (written, duplicate, buffered) = (
+        tally.count("WRITTEN", None),
+        tally.count("DUPLICATE", None),
+        tally.count("BUFFERED", None),
+    );
+    eprintln!(
+        "{}: {} cells acknowledged: {written} WRITTEN, {duplicate} DUPLICATE, {buffered} BUFFERED \
+         ({} of them while b was down); {} refused {:?}; {} unexpected answers; {} rows",
+        D::KIND,
+        tally.acks.len(),
+        tally.count("BUFFERED", Some(DOWN)),
+        tally.refused(),
+        tally.refused,
+        tally.unexpected.len(),
+        tally.rows.len(),
+    );
+    assert!(
+        tally.unexpected.is_empty(),
+        "{} answers were neither a status nor a clean error code, e.g. {:#?}\nserver stderr:\n{}",
+        tally.unexpected.len(),
+        &tally.unexpected[..tally.unexpected.len().min(5)],
+        server.stderr()
+    );
+    assert!(
+        tally.count("BUFFERED", Some(DOWN)) > 0,
+        "no write was BUFFERED while b was down, so the test proves nothing"
+    );
+
+    let client = client();
+    let rows: Vec<Uuid> = tally.rows.iter().copied().collect();
+    let deadline = Instant::now() + CONVERGE;
+    let mut pending = tally.acks.clone();
+    let mut last_report = Instant::now();
+    loop {
+        let divergence = check(&client, &url, [&a, &b], &pending, &rows, &cities).await;
+        if divergence.converged() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "{}: the store did not converge within {} s of the load's end ({} s after b's restart): {}",
+                D::KIND,
+                CONVERGE.as_secs(),
+                restarted.elapsed().as_secs(),
+                divergence.describe(&tally.acks),
+            );
+        }
+        if last_report.elapsed() >= Duration::from_secs(20) {
+            last_report = Instant::now();
+            eprintln!(
+                "{}: {} s after b's restart: {} acknowledged cells unreadable, items_buffer rows {}",
+                D::KIND,
+                restarted.elapsed().as_secs(),
+                divergence.unreadable.len(),
+                divergence.buffer_counts(),
+            );
+        }
+        pending = divergence.unreadable;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    eprintln!(
+        "{}: {written} written, {buffered} buffered, {} refused; every acknowledged cell readable, \
+         buffers empty, no duplicate and the index recomputed {:.1} s after b's restart",
+        D::KIND,
+        tally.refused(),
+        restarted.elapsed().as_secs_f64()
+    );
+}
