@@ -141,20 +141,9 @@ pub(super) fn query_fields(ds: &Arc<str>) -> Vec<Field> {
             let ds = d.clone();
             FieldFuture::new(async move {
                 let store = ctx.data::<Store>()?;
-                let first = ctx
-                    .args
-                    .get("first")
-                    .map(|v| v.i64())
-                    .transpose()?
-                    .unwrap_or(100);
-                if !(0..=MAX_CONFLICTS_PAGE as i64).contains(&first) {
-                    return Err(coded(
-                        "LIMIT_EXCEEDED",
-                        format!("first must be between 0 and {MAX_CONFLICTS_PAGE}"),
-                    ));
-                }
+                let first = crate::maintenance::first_argument(&ctx, MAX_CONFLICTS_PAGE)?;
                 let conflicts = store
-                    .buffer_conflicts(&ds, first as usize)
+                    .buffer_conflicts(&ds, first)
                     .await
                     .map_err(|e| from_store(&e))?;
                 Ok(Some(FieldValue::list(

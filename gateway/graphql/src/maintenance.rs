@@ -191,20 +191,9 @@ pub(super) fn query_fields(ds: &Arc<str>) -> Vec<Field> {
             let ds = d.clone();
             FieldFuture::new(async move {
                 let store = ctx.data::<Store>()?;
-                let first = ctx
-                    .args
-                    .get("first")
-                    .map(|v| v.i64())
-                    .transpose()?
-                    .unwrap_or(100);
-                if !(0..=MAX_QUARANTINE_PAGE as i64).contains(&first) {
-                    return Err(coded(
-                        "LIMIT_EXCEEDED",
-                        format!("first must be between 0 and {MAX_QUARANTINE_PAGE}"),
-                    ));
-                }
+                let first = first_argument(&ctx, MAX_QUARANTINE_PAGE)?;
                 let mut entries = store.quarantine(&ds).await.map_err(|e| from_store(&e))?;
-                entries.truncate(first as usize);
+                entries.truncate(first);
                 Ok(Some(FieldValue::list(
                     entries.into_iter().map(FieldValue::owned_any),
                 )))
@@ -220,6 +209,27 @@ pub(super) fn query_fields(ds: &Arc<str>) -> Vec<Field> {
     let mut fields = vec![status, maintenance, quarantine];
     fields.extend(crate::buffer::query_fields(ds));
     fields
+}
+
+/// The `first` argument of an admin list (default 100), refused with
+/// `LIMIT_EXCEEDED` outside `0..=max`.
+pub(super) fn first_argument(
+    ctx: &async_graphql::dynamic::ResolverContext<'_>,
+    max: usize,
+) -> async_graphql::Result<usize> {
+    let first = ctx
+        .args
+        .get("first")
+        .map(|v| v.i64())
+        .transpose()?
+        .unwrap_or(100);
+    if !(0..=max as i64).contains(&first) {
+        return Err(coded(
+            "LIMIT_EXCEEDED",
+            format!("first must be between 0 and {max}"),
+        ));
+    }
+    Ok(first as usize)
 }
 
 /// `Mutation.<ds>RetryQuarantine`.

@@ -471,6 +471,19 @@ async fn deliver(
     Ok(ids)
 }
 
+/// The columns of `<ds>_conflicts`, in the order they are written and read.
+const CONFLICT_COLUMNS: [&str; 9] = [
+    "row_key",
+    "column_name",
+    "ref_key",
+    "body_hash",
+    "body",
+    "stored_hash",
+    "buffered_on",
+    "buffered_at",
+    "recorded_at",
+];
+
 /// A body's hash for conflict records: xxh3 of its JSON text, in hex.
 fn body_hash(body: &serde_json::Value) -> String {
     let text = serde_json::to_vec(body).unwrap_or_default();
@@ -505,17 +518,7 @@ async fn record_conflicts(
         sql.push(dialect.insert_ignore())
             .ident(&ddl::conflicts_table(ds.name()))
             .push(" (")
-            .idents([
-                "row_key",
-                "column_name",
-                "ref_key",
-                "body_hash",
-                "body",
-                "stored_hash",
-                "buffered_on",
-                "buffered_at",
-                "recorded_at",
-            ])
+            .idents(CONFLICT_COLUMNS)
             .push(") VALUES ")
             .values(chunk.iter().map(|cell| {
                 let stored_hash = stored
@@ -573,17 +576,7 @@ pub(crate) async fn list_conflicts(
         let backend = cluster.master()?;
         let mut sql = Sql::new(backend.dialect());
         sql.push("SELECT ")
-            .idents([
-                "row_key",
-                "column_name",
-                "ref_key",
-                "body_hash",
-                "body",
-                "stored_hash",
-                "buffered_on",
-                "buffered_at",
-                "recorded_at",
-            ])
+            .idents(CONFLICT_COLUMNS)
             .push(" FROM ")
             .ident(&ddl::conflicts_table(ds.name()))
             .push(" ORDER BY ")
