@@ -280,11 +280,7 @@ impl Store {
             options.maintenance.lease_time,
         ));
         if options.replay_buffers && topology.clusters.len() > 1 {
-            tokio::spawn(cells::replay::run(
-                topology.clone(),
-                replayer.clone(),
-                shutdown.subscribe(),
-            ));
+            replayer.start(topology.clone(), shutdown.subscribe());
         }
         let ids_cluster = match &options.ids.cluster {
             None => &topology.clusters[0],
@@ -392,8 +388,8 @@ impl Store {
     }
 
     /// Stops index maintenance and waits (at most `grace`) until the
-    /// workers have given up their leases, so other gateways take their
-    /// shards over at once rather than after the lease time; then closes
+    /// workers and the buffer replayer have given up their leases, so other
+    /// gateways take their work over at once rather than after the lease time; then closes
     /// every connection, waiting for them to close (an embedded store
     /// copies its WAL into the database file), so the next process opens
     /// the store without waiting on this one. The store answers nothing
@@ -402,6 +398,7 @@ impl Store {
         self.inner.ids.shutdown().await;
         let _ = self.inner.shutdown.send(true);
         self.inner.maintainer.join(grace).await;
+        self.inner.replayer.join(grace).await;
         let backends = self
             .topology_ref()
             .clusters

@@ -511,6 +511,100 @@ async fn buffered_writes_are_replayed_into_their_primary_once_it_is_back() {
     assert_eq!(indexed, rows.iter().copied().collect::<BTreeSet<_>>());
 }
 
+// Two gateways come up once the primary is back: each buffer is replayed by
+// one of them at a time (a lease), and when the one replaying stops
+// mid-way the other takes over; every buffered cell is delivered exactly
+// once (a cell replayed twice would count twice, as a duplicate).
+#[tokio::test]
+async fn replay_runs_on_one_gateway_at_a_time_and_another_takes_it_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        harness::definitions(),
+        StoreOptions::new(three_clusters(dir.path(), 1)),
+    )
+    .await
+    .unwrap();
+    let on_down = |row: &Uuid| {
+        let shard = cellgate_store::shards::row_shard(row, harness::TRIP_SHARDS);
+        u64::from(shard) * 3 >= 2 * u64::from(harness::TRIP_SHARDS)
+    };
+    let mut cells = Vec::new();
+    for _ in 0..8 {
+        let batch: Vec<NewCell> = std::iter::repeat_with(Uuid::new_v4)
+            .filter(|r| on_down(r))
+            .take(500)
+            .map(|r| cell(r, "NOTES", 1, json!({"note": r.to_string()})))
+            .collect();
+        for result in store.put_cells("trips", batch.clone()).await.unwrap() {
+            assert_eq!(result.unwrap(), PutStatus::Buffered);
+        }
+        cells.extend(batch);
+    }
+    store.shutdown(std::time::Duration::from_secs(5)).await;
+    drop(store);
+
+    let mut config = three_clusters(dir.path(), 1);
+    config.clusters[2].master = format!("sqlite://{}", dir.path().join("down.db").display());
+    let open = || Store::open(harness::definitions(), StoreOptions::new(config.clone()));
+    let (first, second) = (open().await.unwrap(), open().await.unwrap());
+    let replayed = |store: &Store| {
+        store
+            .metrics()
+            .datastores
+            .iter()
+            .find(|d| d.name == "trips")
+            .unwrap()
+            .cells_replayed
+    };
+    // Both run; once a third of the cells are delivered, stop the gateway
+    // that delivered more of them.
+    let mut stopped = None;
+    for _ in 0..4000 {
+        let (a, b) = (replayed(&first), replayed(&second));
+        if a + b >= cells.len() as u64 / 3 {
+            stopped = Some((a.max(b), if a >= b { &first } else { &second }));
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let (_, holder) = stopped.expect("one gateway replays");
+    holder.shutdown(std::time::Duration::from_secs(10)).await;
+    let stopped_at = replayed(holder);
+    let other = if std::ptr::eq(holder, &first) {
+        &second
+    } else {
+        &first
+    };
+    let mut drained = false;
+    for _ in 0..1200 {
+        if buffered_rows(&dir.path().join("one.db"), "1 = 1").await
+            + buffered_rows(&dir.path().join("two.db"), "1 = 1").await
+            == 0
+        {
+            drained = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(drained, "the other gateway finishes the replay");
+    assert_eq!(
+        stopped_at + replayed(other),
+        cells.len() as u64,
+        "every buffered cell is delivered once ({stopped_at} by the gateway that stopped)"
+    );
+    for chunk in cells.chunks(500) {
+        let keys: Vec<_> = chunk.iter().map(NewCell::key).collect();
+        let stored = other.get_cells("trips", &keys).await.unwrap();
+        for (cell, stored) in chunk.iter().zip(stored) {
+            assert_eq!(stored.expect("delivered").body, cell.body);
+        }
+    }
+    eprintln!(
+        "{stopped_at} of {} cells replayed before the first gateway stopped",
+        cells.len()
+    );
+}
+
 // Regression: a write to a cluster whose catalog was refused came back
 // BUFFERED although waiting could not help. The cluster is a MariaDB
 // database behind a port that is closed at start-up (so the cluster waits

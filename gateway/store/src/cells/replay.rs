@@ -97,6 +97,7 @@ pub(crate) struct Replayer {
     holder: String,
     lease_time: Duration,
     backlog: Mutex<BTreeMap<(String, usize), Backlog>>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Replayer {
@@ -105,6 +106,30 @@ impl Replayer {
             holder,
             lease_time,
             backlog: Mutex::new(BTreeMap::new()),
+            task: Mutex::new(None),
+        }
+    }
+
+    /// Starts replaying in the background until `stopped` is set.
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        topology: Arc<Topology>,
+        stopped: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let task = tokio::spawn(run(topology, self.clone(), stopped));
+        *self.task.lock().expect("task") = Some(task);
+    }
+
+    /// Waits for the replayer to stop (after a shutdown) and release its
+    /// leases, at most `grace`.
+    pub(crate) async fn join(&self, grace: Duration) {
+        let task = self.task.lock().expect("task").take();
+        if let Some(task) = task {
+            if tokio::time::timeout(grace, task).await.is_err() {
+                tracing::warn!(
+                    "buffer replay did not stop in time; its leases expire on their own"
+                );
+            }
         }
     }
 
@@ -128,7 +153,7 @@ impl Replayer {
 }
 
 /// Runs the replayer until `stopped`; releases its leases on the way out.
-pub(crate) async fn run(
+async fn run(
     topology: Arc<Topology>,
     replayer: Arc<Replayer>,
     mut stopped: tokio::sync::watch::Receiver<bool>,
@@ -138,7 +163,10 @@ pub(crate) async fn run(
         let mut waiting = false;
         for ds in topology.datastores.values() {
             for cluster in 0..topology.clusters.len() {
-                match tend(&topology, &replayer, ds, cluster, &mut held).await {
+                if *stopped.borrow() {
+                    break;
+                }
+                match tend(&topology, &replayer, ds, cluster, &mut held, &stopped).await {
                     Ok(left) => waiting |= left > 0,
                     Err(err) => {
                         tracing::debug!(datastore = %ds.name(), cluster = %topology.clusters[cluster].name, error = %err, "buffer replay: cannot reach the buffer");
@@ -168,6 +196,7 @@ async fn tend(
     ds: &DatastoreRuntime,
     cluster: usize,
     held: &mut HashMap<(String, usize), Lease>,
+    stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<i64> {
     let backend = topology.clusters[cluster].maintenance()?.clone();
     let (cells, oldest) = count(backend.as_ref(), ds.name()).await?;
@@ -197,7 +226,7 @@ async fn tend(
         .saturating_sub(Duration::from_secs(1));
     let deadline = Instant::now() + left.min(replayer.lease_time / 2);
     held.insert(slot, lease);
-    let replayed = replay(topology, ds, cluster, backend.as_ref(), deadline).await?;
+    let replayed = replay(topology, ds, cluster, backend.as_ref(), deadline, stopped).await?;
     Ok(cells - replayed as i64)
 }
 
@@ -263,17 +292,19 @@ struct Buffered {
 }
 
 /// Replays the buffer of `datastore` on `holder` page by page until its
-/// end or `deadline`; returns the cells delivered (buffer rows deleted).
+/// end, `deadline` or a shutdown; returns the cells delivered (buffer rows
+/// deleted).
 async fn replay(
     topology: &Topology,
     ds: &DatastoreRuntime,
     holder: usize,
     backend: &dyn Backend,
     deadline: Instant,
+    stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<usize> {
     let mut after = 0;
     let mut delivered = 0;
-    while Instant::now() < deadline {
+    while Instant::now() < deadline && !*stopped.borrow() {
         let page = read_page(backend, ds.name(), after).await?;
         let Some(last) = page.last() else { break };
         after = last.buffer_id;
