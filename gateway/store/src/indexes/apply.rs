@@ -36,6 +36,7 @@ use chrono::Utc;
 use uuid::Uuid;
 
 use super::entry::{col_type, extract_checked, Extracted};
+use super::maintainer::{PassHook, PassPoint, PassStage};
 use crate::cells::{codec, latest_cells_with, log_keys, Cell};
 use crate::error::{Error, Result};
 use crate::leases::{self, Lease};
@@ -135,11 +136,14 @@ pub(crate) struct Pass<'a> {
     pub(crate) attempts: &'a mut HashMap<(usize, Uuid), u32>,
     /// Attempts after which an entry goes to the quarantine.
     pub(crate) quarantine_after: u32,
+    /// The test hook of the maintainer's passes.
+    pub(crate) hook: Option<&'a PassHook>,
 }
 
 impl Pass<'_> {
     /// Applies the log after `offsets` (per shard, per consumer).
     pub(crate) async fn run(&mut self, offsets: &BTreeMap<u32, Vec<i64>>) -> Result<PassResult> {
+        self.stage(offsets, PassStage::Start).await;
         let backend = self.topology.clusters[self.cluster].maintenance()?.clone();
         let positions: Vec<(u32, i64)> = offsets
             .iter()
@@ -187,6 +191,13 @@ impl Pass<'_> {
             if target == self.cluster {
                 continue;
             }
+            self.stage(
+                offsets,
+                PassStage::RemoteWrite {
+                    target: self.topology.clusters[target].name.clone(),
+                },
+            )
+            .await;
             match self.write_remote(target, &entries).await {
                 Ok(()) => {
                     written.insert(target);
@@ -208,6 +219,7 @@ impl Pass<'_> {
         let now = truncate_to_micros(Utc::now());
         let (quarantine, retry) = self.classify(failures);
         let advanced = self.advance(offsets, &last_read, &written, &retry);
+        self.stage(offsets, PassStage::LocalCommit).await;
         let first = self
             .commit_local(
                 backend.as_ref(),
@@ -313,6 +325,29 @@ impl Pass<'_> {
         let failed: BTreeSet<(usize, Uuid)> =
             failures.iter().map(|f| (f.index, f.row_key)).collect();
         Ok(touched.keys().filter(|k| !failed.contains(k)).count())
+    }
+
+    /// Awaits the test hook, if any, at `stage`.
+    async fn stage(&self, offsets: &BTreeMap<u32, Vec<i64>>, stage: PassStage) {
+        let Some(hook) = self.hook else {
+            return;
+        };
+        // The consumers the pass applies the log for: those not counted
+        // as caught up for it.
+        let consumers = self
+            .consumers
+            .iter()
+            .enumerate()
+            .filter(|(c, _)| offsets.values().any(|per| per[*c] != i64::MAX))
+            .map(|(_, consumer)| consumer.name.clone())
+            .collect();
+        (hook.0)(PassPoint {
+            datastore: self.ds.name().to_string(),
+            cluster: self.topology.clusters[self.cluster].name.clone(),
+            consumers,
+            stage,
+        })
+        .await;
     }
 
     /// Splits `failures` into entries to quarantine now (they failed

@@ -171,6 +171,7 @@ pub(crate) async fn retry(
             fence: None,
             attempts: &mut attempts,
             quarantine_after: 1,
+            hook: None,
         };
         applied += pass.reapply(&touched).await?;
     }

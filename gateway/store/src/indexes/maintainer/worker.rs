@@ -225,8 +225,10 @@ impl Worker {
                 .collect();
             work.push((offsets, leases, attempts));
         }
+        let hook = self.shared.options.pass_hook.clone();
         let runs = work.iter_mut().map(|(offsets, leases, attempts)| {
             let (topology, ds, consumers, holder) = (&topology, &ds, &consumers, &holder);
+            let hook = hook.as_ref();
             let cluster = self.cluster;
             async move {
                 let mut pass = Pass {
@@ -237,6 +239,7 @@ impl Worker {
                     fence: Some(Fence { holder, leases }),
                     attempts,
                     quarantine_after,
+                    hook,
                 };
                 pass.run(offsets).await
             }
