@@ -6,10 +6,16 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`); each test then creates its
 //! own database on that server and drops it afterwards. Without the variable
 //! the test prints that it was skipped.
+//!
+//! A test runs on one cluster or on two ([`Env::two_clusters`]): then a
+//! second database of the same backend (another SQLite file, another
+//! database on the same server) is cluster `b`, and every datastore's
+//! shards are split evenly, 0–2047 on `a` and 2048–4095 on `b`, so cells
+//! and index entries of one row may live on different clusters.
 
 use std::path::Path;
 
-use cellgate_store::StorageConfig;
+use cellgate_store::{ClusterConfig, StorageConfig};
 use cellgate_store::{Store, StoreOptions};
 use sqlx::Connection;
 
@@ -28,6 +34,8 @@ pub struct Env {
     server: Option<(String, String)>,
     /// Databases made by [`Env::extra_url`], dropped on cleanup.
     extra: std::sync::Mutex<Vec<String>>,
+    /// The second cluster's database, when the test runs on two.
+    pub second: Option<String>,
     dir: tempfile::TempDir,
 }
 
@@ -98,8 +106,24 @@ impl Env {
             url,
             server,
             extra: std::sync::Mutex::new(Vec::new()),
+            second: None,
             dir,
         })
+    }
+
+    /// A fresh environment of two clusters, or `None` (with a message)
+    /// when the backend's server is not configured.
+    pub async fn two_clusters(kind: Kind, test: &str) -> Option<Env> {
+        let mut env = Env::new(kind, test).await?;
+        env.second = Some(env.extra_url().await);
+        Some(env)
+    }
+
+    /// The database URL of each cluster, `a` first.
+    pub fn urls(&self) -> Vec<String> {
+        std::iter::once(self.url.clone())
+            .chain(self.second.clone())
+            .collect()
     }
 
     /// A second, empty database of the same backend (another SQLite file,
@@ -138,8 +162,23 @@ impl Env {
         Store::open(defs, options).await
     }
 
+    /// The environment's topology: one cluster, or two with the shards
+    /// split evenly.
     pub fn storage(&self) -> StorageConfig {
-        StorageConfig::single(&self.url)
+        match &self.second {
+            None => StorageConfig::single(&self.url),
+            Some(second) => StorageConfig {
+                clusters: [("a", &self.url), ("b", second)]
+                    .into_iter()
+                    .map(|(name, url)| ClusterConfig {
+                        name: name.into(),
+                        master: url.to_string(),
+                        replicas: vec![],
+                    })
+                    .collect(),
+                ..StorageConfig::default()
+            },
+        }
     }
 
     pub async fn open(&self) -> Store {
@@ -235,8 +274,20 @@ async fn create_database(kind: Kind, base: &str, name: &str) {
 #[macro_export]
 macro_rules! contract_suite {
     ($($test:ident),* $(,)?) => {
-        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::run(super::harness::Kind::Sqlite, stringify!($test), super::$test).await } )* }
-        mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::run(super::harness::Kind::MySql, stringify!($test), super::$test).await } )* }
-        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::run(super::harness::Kind::Postgres, stringify!($test), super::$test).await } )* }
+        $crate::contract_suite!(@on run: sqlite, mysql, postgres; $($test),*);
+    };
+    (@on $run:ident: $sqlite:ident, $mysql:ident, $postgres:ident; $($test:ident),*) => {
+        mod $sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::$run(super::harness::Kind::Sqlite, stringify!($test), super::$test).await } )* }
+        mod $mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::$run(super::harness::Kind::MySql, stringify!($test), super::$test).await } )* }
+        mod $postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::$run(super::harness::Kind::Postgres, stringify!($test), super::$test).await } )* }
+    };
+}
+
+/// Instantiates every listed contract test on two clusters
+/// ([`Env::two_clusters`]) of SQLite, MySQL and PostgreSQL.
+#[macro_export]
+macro_rules! contract_suite_on_two_clusters {
+    ($($test:ident),* $(,)?) => {
+        $crate::contract_suite!(@on run_on_two_clusters: sqlite_two_clusters, mysql_two_clusters, postgres_two_clusters; $($test),*);
     };
 }

@@ -43,6 +43,22 @@ where
     }
 }
 
+/// Runs `test` on two clusters of the backend.
+async fn run_on_two_clusters<F, Fut>(kind: Kind, name: &str, test: F)
+where
+    F: FnOnce(Arc<Env>) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let Some(env) = Env::two_clusters(kind, name).await else {
+        return;
+    };
+    let env = Arc::new(env);
+    test(env.clone()).await;
+    if let Ok(env) = Arc::try_unwrap(env) {
+        env.cleanup().await;
+    }
+}
+
 contract_suite!(
     put_get_latest_and_history,
     writes_are_idempotent_and_conflicts_are_refused,
@@ -94,6 +110,22 @@ contract_suite!(
     two_allocators_on_one_cache_path_lease_distinct_workers,
     a_renewed_lease_cannot_be_taken_over_from_a_stale_read,
     tagged_ids_name_the_shard_of_their_row,
+);
+
+// The index contract again with cells and index entries spread over two
+// clusters.
+contract_suite_on_two_clusters!(
+    index_follows_latest_cells,
+    shard_field_change_moves_the_entry,
+    older_versions_never_overwrite_newer,
+    index_catches_up_after_crash,
+    query_operators_on_every_type,
+    pagination_has_no_gaps_or_repeats,
+    fan_out_over_shard_values,
+    index_lag_reports_pending_cells,
+    unstorable_values_do_not_stall_a_shard,
+    the_sweep_indexes_cells_nobody_announced,
+    two_gateways_moving_shard_fields_agree_with_a_recomputation,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {
