@@ -7,24 +7,28 @@
 //!    shards in one statement (`log_keys`);
 //! 2. reads the latest cells of the index columns of the touched rows, in
 //!    one statement, and computes each touched row's entry per index;
-//! 3. per target cluster T of the index tables, one multi-row upsert per
-//!    index for the entries whose shard field hashes to a shard on T, and
-//!    one guarded update that turns the entries of the other rows into
-//!    tombstones (shard field NULL) where T holds one;
+//! 3. per target cluster T of the index tables, one multi-row guarded
+//!    upsert per index: the entries whose shard field hashes to a shard on
+//!    T, and a *tombstone* (shard field and fields NULL, ref keys set) for
+//!    every other touched row, whether T holds an entry for it or not;
 //! 4. advances the offsets of every consumer (index version × target
 //!    cluster) with one multi-row upsert.
 //!
-//! On a single cluster steps 3 and 4 are one transaction, which first
-//! locks the maintainer's lease rows and checks their fencing tokens
-//! (`leases::fence`): a process that lost its lease commits nothing. Index
-//! writes to another cluster commit first, in their own transaction; a
-//! crash in between only applies the same cells again.
+//! On the cell's own cluster the writes of steps 3 and 4 are one
+//! transaction, which first locks the maintainer's lease rows and checks
+//! their fencing tokens (`leases::fence`): a process that lost its lease
+//! commits nothing there. Index writes to another cluster commit first, in
+//! their own transaction; a crash in between only applies the same cells
+//! again.
 //!
-//! Every write is guarded by the entry's source ref keys: an entry is
-//! replaced or tombstoned only by one computed from cells no older than
-//! its own, so an older version never overwrites a newer one, whatever
-//! order passes commit in. Tombstones keep their ref keys for the same
-//! reason.
+//! Those remote writes are not fenced, so every write is guarded by the
+//! entry's source ref keys (stored ref keys never go backwards): a row's
+//! entry or tombstone is replaced only by one computed from cells no older
+//! than its own, so an older version never overwrites a newer one, whatever
+//! order passes commit in. That is why a tombstone is written even where
+//! no entry exists: a pass that lost its lease may still insert the row's
+//! old entry on that cluster afterwards, and it must find the newer
+//! tombstone there and lose to it.
 //!
 //! An entry that cannot be applied (a corrupt body, a value the database
 //! refuses) holds its shard back for a few passes, then goes to the
@@ -189,6 +193,10 @@ impl Pass<'_> {
         let mut written = BTreeSet::new();
         for &target in &targets {
             if target == self.cluster {
+                continue;
+            }
+            if entries.is_empty() {
+                written.insert(target);
                 continue;
             }
             self.stage(
@@ -551,27 +559,19 @@ impl Pass<'_> {
         entries: impl Iterator<Item = (&'e (usize, Uuid), &'e Entry)>,
     ) -> Result<()> {
         let now = Value::DateTime(truncate_to_micros(Utc::now()));
-        let mut upserts: Vec<Vec<(Uuid, &Entry)>> = vec![Vec::new(); self.ds.indexes.len()];
-        let mut tombstones: Vec<Vec<(Uuid, &Entry)>> = vec![Vec::new(); self.ds.indexes.len()];
+        // Per index: each row with its entry and whether it lives here
+        // (else a tombstone is written).
+        let mut rows: Vec<Vec<(Uuid, &Entry, bool)>> = vec![Vec::new(); self.ds.indexes.len()];
         for ((index, row_key), entry) in entries {
             let here = entry
                 .shard
                 .is_some_and(|s| self.ds.map.cluster_of(s) == target);
-            if here {
-                upserts[*index].push((*row_key, entry));
-            } else {
-                tombstones[*index].push((*row_key, entry));
-            }
+            rows[*index].push((*row_key, entry, here));
         }
         for (i, runtime) in self.ds.indexes.iter().enumerate() {
             let per_row = 3 + runtime.def.fields.len() + runtime.def.columns.len();
-            for chunk in upserts[i].chunks(MAX_PARAMS / per_row) {
+            for chunk in rows[i].chunks(MAX_PARAMS / per_row) {
                 tx.execute(&upsert_sql(dialect, runtime, chunk, &now))
-                    .await?;
-            }
-            let per_row = 1 + 6 * runtime.def.columns.len();
-            for chunk in tombstones[i].chunks(MAX_PARAMS / per_row) {
-                tx.execute(&tombstone_sql(dialect, runtime, chunk, &now))
                     .await?;
             }
         }
@@ -670,11 +670,16 @@ fn not_older(new: &str, stored: &str) -> String {
     format!("({stored} IS NULL OR ({new} IS NOT NULL AND {new} >= {stored}))")
 }
 
-/// A multi-row guarded upsert of entries.
+/// A multi-row guarded upsert of entries: each row is its entry where
+/// `here` says it lives on this cluster, else a tombstone (shard field and
+/// fields NULL) with the entry's ref keys. The guard, on every ref key,
+/// keeps the stored row when it was computed from newer cells; a new row is
+/// always inserted, so a tombstone is there for a later stale entry to lose
+/// to.
 fn upsert_sql(
     dialect: Dialect,
     runtime: &IndexRuntime,
-    rows: &[(Uuid, &Entry)],
+    rows: &[(Uuid, &Entry, bool)],
     now: &Value,
 ) -> Sql {
     let index = &runtime.def;
@@ -691,14 +696,18 @@ fn upsert_sql(
     sql.push(" (")
         .idents(columns.iter().copied())
         .push(") VALUES ");
-    sql.values(rows.iter().map(|(row_key, entry)| {
-        let mut values = vec![
-            Value::Uuid(*row_key),
-            entry
-                .shard
-                .map_or(Value::Null(ColType::Int), |s| Value::Int(i64::from(s))),
-        ];
-        values.extend(entry.fields.iter().cloned());
+    sql.values(rows.iter().map(|(row_key, entry, here)| {
+        let mut values = vec![Value::Uuid(*row_key)];
+        match (here, entry.shard) {
+            (true, Some(shard)) => {
+                values.push(Value::Int(i64::from(shard)));
+                values.extend(entry.fields.iter().cloned());
+            }
+            _ => {
+                values.push(Value::Null(ColType::Int));
+                values.extend(index.fields.iter().map(|f| Value::Null(col_type(f.ty))));
+            }
+        }
         values.push(now.clone());
         values.extend(entry.refs.iter().map(|r| ref_value(*r)));
         values
@@ -740,57 +749,6 @@ fn upsert_sql(
                 .push(" WHERE ")
                 .push(&guard);
         }
-    }
-    sql
-}
-
-/// Turns the stored entries of `rows` into tombstones (shard field and
-/// fields NULL, the new ref keys kept), where the guard allows.
-fn tombstone_sql(
-    dialect: Dialect,
-    runtime: &IndexRuntime,
-    rows: &[(Uuid, &Entry)],
-    now: &Value,
-) -> Sql {
-    let index = &runtime.def;
-    let case = |sql: &mut Sql, position: usize| {
-        sql.push("(CASE ").ident("row_key");
-        for (row_key, entry) in rows {
-            sql.push(" WHEN ")
-                .bind(Value::Uuid(*row_key))
-                .push(" THEN ")
-                .bind(ref_value(entry.refs[position]));
-        }
-        sql.push(" END)");
-    };
-    let mut sql = Sql::new(dialect);
-    sql.push("UPDATE ")
-        .ident(&runtime.table)
-        .push(" SET ")
-        .ident(ddl::INDEX_SHARD_COLUMN)
-        .push(" = NULL");
-    for field in &index.fields {
-        sql.push(", ").ident(&field.name).push(" = NULL");
-    }
-    sql.push(", ")
-        .ident("_updated_at")
-        .push(" = ")
-        .bind(now.clone());
-    for (position, column) in index.columns.iter().enumerate() {
-        sql.push(", ").ident(&ddl::ref_column(column)).push(" = ");
-        case(&mut sql, position);
-    }
-    sql.push(" WHERE ")
-        .ident("row_key")
-        .push(" IN ")
-        .bind_list(rows.iter().map(|(r, _)| Value::Uuid(*r)));
-    for (position, column) in index.columns.iter().enumerate() {
-        let stored = dialect.quote(&ddl::ref_column(column));
-        sql.push(" AND (").push(&stored).push(" IS NULL OR (");
-        case(&mut sql, position);
-        sql.push(" IS NOT NULL AND ");
-        case(&mut sql, position);
-        sql.push(" >= ").push(&stored).push("))");
     }
     sql
 }

@@ -8,11 +8,13 @@ mod concurrency;
 mod harness;
 mod ids;
 mod maintenance;
+mod moving_leases;
 
 use catalog::*;
 use concurrency::*;
 use ids::*;
 use maintenance::*;
+use moving_leases::*;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -113,7 +115,7 @@ contract_suite!(
 );
 
 // The index contract again with cells and index entries spread over two
-// clusters.
+// clusters, and what only two clusters can show.
 contract_suite_on_two_clusters!(
     index_follows_latest_cells,
     shard_field_change_moves_the_entry,
@@ -126,6 +128,9 @@ contract_suite_on_two_clusters!(
     unstorable_values_do_not_stall_a_shard,
     the_sweep_indexes_cells_nobody_announced,
     two_gateways_moving_shard_fields_agree_with_a_recomputation,
+    a_stale_pass_cannot_reinsert_an_entry_its_successor_removed,
+    stalled_passes_and_stolen_leases_agree_with_a_recomputation,
+    moving_entries_between_clusters_takes_no_statement_per_row,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {
