@@ -28,13 +28,16 @@
 //! order passes commit in. That is why a tombstone is written even where
 //! no entry exists: a pass that lost its lease may still insert the row's
 //! old entry on that cluster afterwards, and it must find the newer
-//! tombstone there and lose to it.
+//! tombstone there and lose to it. A pass also stops before any write once
+//! the leases it runs under may have expired ([`Fence::deadline`]), so a
+//! stalled process rarely gets that far.
 //!
 //! An entry that cannot be applied (a corrupt body, a value the database
 //! refuses) holds its shard back for a few passes, then goes to the
 //! datastore's quarantine table and the shard moves on.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
 
 use chrono::Utc;
 use uuid::Uuid;
@@ -96,6 +99,9 @@ pub(crate) type Touched = BTreeMap<(usize, Uuid), (u32, i64)>;
 pub(crate) struct Fence<'a> {
     pub(crate) holder: &'a str,
     pub(crate) leases: &'a [Lease],
+    /// When the first of `leases` may expire, by this process's monotonic
+    /// clock, less a margin: the pass writes nothing after it.
+    pub(crate) deadline: Instant,
 }
 
 /// What a pass did.
@@ -116,6 +122,9 @@ pub(crate) struct PassResult {
     /// Target clusters that could not be written; their consumers did not
     /// advance.
     pub(crate) failed_targets: Vec<(usize, Error)>,
+    /// The pass stopped at its lease deadline: nothing of it committed on
+    /// the cell's cluster, and no offset moved.
+    pub(crate) abandoned: bool,
 }
 
 /// One row's entry that could not be computed or written.
@@ -199,6 +208,9 @@ impl Pass<'_> {
                 written.insert(target);
                 continue;
             }
+            if self.past_deadline() {
+                return Ok(self.abandon(result));
+            }
             self.stage(
                 offsets,
                 PassStage::RemoteWrite {
@@ -207,15 +219,19 @@ impl Pass<'_> {
             )
             .await;
             match self.write_remote(target, &entries).await {
-                Ok(()) => {
+                Ok(true) => {
                     written.insert(target);
                 }
+                Ok(false) => return Ok(self.abandon(result)),
                 Err(err) if err.is_transient() || err.is_retryable() => {
                     result.failed_targets.push((target, err));
                 }
                 Err(err) => {
                     tracing::warn!(datastore = %self.ds.name(), error = %err, "index batch refused; applying its entries one by one");
-                    failures.extend(self.isolate(target, &entries, &touched).await?);
+                    let Some(failed) = self.isolate(target, &entries, &touched).await? else {
+                        return Ok(self.abandon(result));
+                    };
+                    failures.extend(failed);
                     written.insert(target);
                 }
             }
@@ -227,6 +243,9 @@ impl Pass<'_> {
         let now = truncate_to_micros(Utc::now());
         let (quarantine, retry) = self.classify(failures);
         let advanced = self.advance(offsets, &last_read, &written, &retry);
+        if self.past_deadline() {
+            return Ok(self.abandon(result));
+        }
         self.stage(offsets, PassStage::LocalCommit).await;
         let first = self
             .commit_local(
@@ -239,7 +258,8 @@ impl Pass<'_> {
             )
             .await;
         let (quarantine, retry, advanced) = match first {
-            Ok(()) => (quarantine, retry, advanced),
+            Ok(true) => (quarantine, retry, advanced),
+            Ok(false) => return Ok(self.abandon(result)),
             Err(err)
                 if err.is_transient()
                     || err.is_retryable()
@@ -251,11 +271,18 @@ impl Pass<'_> {
                 tracing::warn!(datastore = %self.ds.name(), error = %err, "index batch refused; applying its entries one by one");
                 let mut failures = quarantine;
                 failures.extend(retry);
-                failures.extend(self.isolate(self.cluster, &entries, &touched).await?);
+                let Some(failed) = self.isolate(self.cluster, &entries, &touched).await? else {
+                    return Ok(self.abandon(result));
+                };
+                failures.extend(failed);
                 let (quarantine, retry) = self.classify(failures);
                 let advanced = self.advance(offsets, &last_read, &written, &retry);
-                self.commit_local(backend.as_ref(), None, offsets, &advanced, &quarantine, now)
+                let committed = self
+                    .commit_local(backend.as_ref(), None, offsets, &advanced, &quarantine, now)
                     .await?;
+                if !committed {
+                    return Ok(self.abandon(result));
+                }
                 (quarantine, retry, advanced)
             }
         };
@@ -305,7 +332,7 @@ impl Pass<'_> {
             .await?;
         let targets: BTreeSet<usize> = self.consumers.iter().map(|c| c.target).collect();
         for &target in &targets {
-            if target != self.cluster {
+            if target != self.cluster && !entries.is_empty() {
                 self.write_remote(target, &entries).await?;
             }
         }
@@ -326,13 +353,36 @@ impl Pass<'_> {
             if err.is_transient() || err.is_retryable() {
                 return Err(err);
             }
-            failures.extend(self.isolate(self.cluster, &entries, touched).await?);
+            let isolated = self.isolate(self.cluster, &entries, touched).await?;
+            failures.extend(isolated.unwrap_or_default());
             self.commit_local(backend.as_ref(), None, &nothing, &nothing, &failures, now)
                 .await?;
         }
         let failed: BTreeSet<(usize, Uuid)> =
             failures.iter().map(|f| (f.index, f.row_key)).collect();
         Ok(touched.keys().filter(|k| !failed.contains(k)).count())
+    }
+
+    /// What a pass that stopped at its lease deadline reports: the cells
+    /// it read, nothing applied.
+    fn abandon(&self, result: PassResult) -> PassResult {
+        tracing::debug!(datastore = %self.ds.name(), "pass stopped at its lease deadline");
+        PassResult {
+            abandoned: true,
+            offsets: BTreeMap::new(),
+            complete: BTreeSet::new(),
+            delays_us: Vec::new(),
+            quarantined: 0,
+            ..result
+        }
+    }
+
+    /// True once the pass's lease deadline has passed; never for a pass
+    /// without leases.
+    fn past_deadline(&self) -> bool {
+        self.fence
+            .as_ref()
+            .is_some_and(|fence| Instant::now() >= fence.deadline)
     }
 
     /// Awaits the test hook, if any, at `stage`.
@@ -490,36 +540,50 @@ impl Pass<'_> {
     }
 
     /// Writes the entries to the index tables on another cluster, in one
-    /// transaction.
+    /// transaction; false when the lease deadline passed before a retry
+    /// (the caller checks it before the first attempt).
     async fn write_remote(
         &self,
         target: usize,
         entries: &BTreeMap<(usize, Uuid), Entry>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let backend = self.topology.clusters[target].maintenance()?;
         let dialect = backend.dialect();
-        crate::retry::with_retry("writing index entries", || async {
-            let mut tx = backend.begin().await?;
-            self.write_entries(tx.as_mut(), dialect, target, entries.iter())
-                .await?;
-            tx.commit().await
+        let mut attempt = 0;
+        crate::retry::with_retry("writing index entries", || {
+            attempt += 1;
+            let retry = attempt > 1;
+            async move {
+                if retry && self.past_deadline() {
+                    return Ok(false);
+                }
+                let mut tx = backend.begin().await?;
+                self.write_entries(tx.as_mut(), dialect, target, entries.iter())
+                    .await?;
+                tx.commit().await?;
+                Ok(true)
+            }
         })
         .await
     }
 
     /// After a batch was refused: writes each entry in its own (fenced)
-    /// transaction and returns the ones the database refuses.
+    /// transaction and returns the ones the database refuses; `None` when
+    /// the lease deadline passed first.
     async fn isolate(
         &self,
         target: usize,
         entries: &BTreeMap<(usize, Uuid), Entry>,
         touched: &Touched,
-    ) -> Result<Vec<Failure>> {
+    ) -> Result<Option<Vec<Failure>>> {
         let backend = self.topology.clusters[target].maintenance()?;
         let dialect = backend.dialect();
         let fenced = target == self.cluster;
         let mut failures = Vec::new();
         for (key, entry) in entries {
+            if self.past_deadline() {
+                return Ok(None);
+            }
             let outcome = crate::retry::with_retry("writing an index entry", || async {
                 let mut tx = backend.begin().await?;
                 if let (true, Some(fence)) = (fenced, &self.fence) {
@@ -547,7 +611,7 @@ impl Pass<'_> {
                 }
             }
         }
-        Ok(failures)
+        Ok(Some(failures))
     }
 
     /// The upserts and tombstones of every index for cluster `target`.
@@ -579,7 +643,9 @@ impl Pass<'_> {
     }
 
     /// The transaction on the cell cluster: the fence, the local index
-    /// writes, the quarantine and the offsets.
+    /// writes, the quarantine and the offsets. False when the lease deadline passed before a
+    /// retry (the caller checks it before the first attempt).
+    #[allow(clippy::too_many_arguments)]
     async fn commit_local(
         &self,
         backend: &dyn Backend,
@@ -588,37 +654,47 @@ impl Pass<'_> {
         offsets: &BTreeMap<u32, Vec<i64>>,
         quarantine: &[Failure],
         now: chrono::DateTime<Utc>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let nothing =
             entries.is_none_or(BTreeMap::is_empty) && offsets.is_empty() && quarantine.is_empty();
         if nothing {
-            return Ok(());
+            return Ok(true);
         }
         let dialect = backend.dialect();
-        crate::retry::with_retry("applying index entries", || async {
-            let mut tx = backend.begin().await?;
-            if let Some(fence) = &self.fence {
-                leases::fence(tx.as_mut(), dialect, fence.holder, fence.leases).await?;
+        let mut attempt = 0;
+        crate::retry::with_retry("applying index entries", || {
+            attempt += 1;
+            let retry = attempt > 1;
+            async move {
+                if retry && self.past_deadline() {
+                    return Ok(false);
+                }
+                let mut tx = backend.begin().await?;
+                if let Some(fence) = &self.fence {
+                    leases::fence(tx.as_mut(), dialect, fence.holder, fence.leases).await?;
+                }
+                if let Some(entries) = entries {
+                    self.write_entries(tx.as_mut(), dialect, self.cluster, entries.iter())
+                        .await?;
+                }
+                if !quarantine.is_empty() {
+                    let sql =
+                        quarantine_sql(dialect, self.ds, quarantine, self.quarantine_after, now);
+                    tx.execute(&sql).await?;
+                }
+                write_offsets(
+                    tx.as_mut(),
+                    dialect,
+                    self.ds,
+                    self.consumers,
+                    before,
+                    offsets,
+                    now,
+                )
+                .await?;
+                tx.commit().await?;
+                Ok(true)
             }
-            if let Some(entries) = entries {
-                self.write_entries(tx.as_mut(), dialect, self.cluster, entries.iter())
-                    .await?;
-            }
-            if !quarantine.is_empty() {
-                let sql = quarantine_sql(dialect, self.ds, quarantine, self.quarantine_after, now);
-                tx.execute(&sql).await?;
-            }
-            write_offsets(
-                tx.as_mut(),
-                dialect,
-                self.ds,
-                self.consumers,
-                before,
-                offsets,
-                now,
-            )
-            .await?;
-            tx.commit().await
         })
         .await
     }

@@ -237,6 +237,81 @@ pub async fn a_stale_pass_cannot_reinsert_an_entry_its_successor_removed(env: Ar
     second.shutdown(Duration::from_secs(5)).await;
 }
 
+// Regression: a pass did not look at the time left on its leases; one
+// that stalled past them still wrote to the other clusters, which no fence
+// guards. Held at its start until another gateway has taken its leases
+// over, it must write nothing anywhere.
+pub async fn a_pass_held_past_its_lease_writes_nothing(env: Arc<Env>) {
+    let files = trips_only();
+    let (release, released) = watch::channel(false);
+    let armed = Arc::new(AtomicBool::new(true));
+    // The stages of the first gateway's passes of cluster `a`, in order;
+    // the held pass is the first.
+    let stages: Arc<Mutex<Vec<PassStage>>> = Arc::default();
+    let (reached_tx, mut reached) = mpsc::unbounded_channel::<()>();
+    let hold = {
+        let stages = stages.clone();
+        hook(move |point| {
+            if point.cluster != "a" {
+                return async {}.boxed();
+            }
+            stages.lock().unwrap().push(point.stage.clone());
+            if point.stage != PassStage::Start || !armed.swap(false, Ordering::SeqCst) {
+                return async {}.boxed();
+            }
+            let _ = reached_tx.send(());
+            let mut released = released.clone();
+            async move {
+                let _ = released.wait_for(|r| *r).await;
+            }
+            .boxed()
+        })
+    };
+    let first = open(&env, &files, |o| {
+        o.maintenance.pass_hook = Some(hold);
+        o.maintenance.passes = 1;
+    })
+    .await;
+    let row = row_on(true);
+    let (old, new) = (value_on(false), value_on(true));
+    first
+        .put_cell("trips", base(row, 1, Some(old), None))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), reached.recv())
+        .await
+        .expect("no pass of cluster a started");
+    first
+        .put_cell("trips", base(row, 2, Some(new), None))
+        .await
+        .unwrap();
+    let second = open(&env, &files, |_| {}).await;
+    until("the second gateway indexes the new driver", || async {
+        rows_under(&second, "driver_partner_index", new.to_string())
+            .await
+            .contains(&row)
+    })
+    .await;
+    release.send(true).unwrap();
+    first.shutdown(Duration::from_secs(30)).await;
+    let stages = stages.lock().unwrap().clone();
+    let held: Vec<&PassStage> = stages
+        .iter()
+        .skip(1)
+        .take_while(|s| **s != PassStage::Start)
+        .collect();
+    assert!(
+        held.is_empty(),
+        "the pass held past its lease went on to {held:?}"
+    );
+    second.sync_indexes().await.unwrap();
+    assert_eq!(
+        rows_under(&second, "driver_partner_index", old.to_string()).await,
+        BTreeSet::new()
+    );
+    second.shutdown(Duration::from_secs(5)).await;
+}
+
 // Two gateways write new versions of rows whose cells and entries are
 // spread over both clusters, moving their drivers and cities between
 // clusters (or dropping them), while their passes stall at random past

@@ -83,9 +83,11 @@ pub struct MaintainerOptions {
 pub enum PassStage {
     /// Before the log is read.
     Start,
-    /// Before a transaction that writes index entries on another cluster.
+    /// Before a transaction that writes index entries on another cluster
+    /// (after the pass checked its lease deadline).
     RemoteWrite { target: String },
-    /// Before the transaction on the cell's own cluster.
+    /// Before the transaction on the cell's own cluster (after the pass
+    /// checked its lease deadline).
     LocalCommit,
 }
 

@@ -2,6 +2,12 @@
 //! events, sweeps, lease rounds, shutdown), the batches of dirty shards a
 //! pass applies, and what it records of each pass. Its leases are in
 //! `buckets.rs`.
+//!
+//! **Lease deadlines.** A pass writes nothing once the leases it runs
+//! under may have expired: its deadline is when the first of them was last
+//! taken or renewed (the statement sent, by the monotonic clock) plus the
+//! lease time, less an eighth of it, which covers skew between this
+//! process's clock and the database's that judges expiry.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Weak};
@@ -31,7 +37,7 @@ pub(super) struct Worker {
     pub(super) consumers: Vec<Consumer>,
     pub(super) buckets: Vec<Bucket>,
     pub(super) bucket_of: HashMap<u32, usize>,
-    pub(super) held: BTreeMap<usize, Lease>,
+    pub(super) held: BTreeMap<usize, Held>,
     /// Offsets per consumer of the shards of held buckets.
     pub(super) offsets: BTreeMap<u32, Vec<i64>>,
     /// Latest known log head per held shard.
@@ -186,6 +192,7 @@ impl Worker {
         let holder = self.shared.holder.clone();
         let consumers: Vec<Consumer> = self.consumers.clone();
         let quarantine_after = self.shared.options.quarantine_after;
+        let margin = self.shared.options.lease_time / 8;
         let mut work = Vec::with_capacity(batches.len());
         for batch in &batches {
             // Consumers of skipped targets count as caught up for this pass.
@@ -206,13 +213,21 @@ impl Worker {
                     (*s, per)
                 })
                 .collect();
-            let leases: Vec<Lease> = batch
+            let held: Vec<&Held> = batch
                 .iter()
                 .filter_map(|s| self.bucket_of.get(s))
                 .collect::<BTreeSet<_>>()
                 .into_iter()
-                .filter_map(|b| self.held.get(b).cloned())
+                .filter_map(|b| self.held.get(b))
                 .collect();
+            let leases: Vec<Lease> = held.iter().map(|h| h.lease.clone()).collect();
+            let deadline = held
+                .iter()
+                .map(|h| h.until)
+                .min()
+                .map_or_else(Instant::now, |until| {
+                    until.checked_sub(margin).unwrap_or_else(Instant::now)
+                });
             // The failed attempts of this batch's rows travel with it.
             let shards: BTreeSet<u32> = batch.iter().copied().collect();
             let attempts: HashMap<(usize, Uuid), u32> = self
@@ -223,29 +238,36 @@ impl Worker {
                 })
                 .map(|(k, v)| (*k, *v))
                 .collect();
-            work.push((offsets, leases, attempts));
+            work.push((offsets, leases, deadline, attempts));
         }
         let hook = self.shared.options.pass_hook.clone();
-        let runs = work.iter_mut().map(|(offsets, leases, attempts)| {
-            let (topology, ds, consumers, holder) = (&topology, &ds, &consumers, &holder);
-            let hook = hook.as_ref();
-            let cluster = self.cluster;
-            async move {
-                let mut pass = Pass {
-                    topology,
-                    ds,
-                    cluster,
-                    consumers,
-                    fence: Some(Fence { holder, leases }),
-                    attempts,
-                    quarantine_after,
-                    hook,
-                };
-                pass.run(offsets).await
-            }
-        });
+        let runs = work
+            .iter_mut()
+            .map(|(offsets, leases, deadline, attempts)| {
+                let (topology, ds, consumers, holder) = (&topology, &ds, &consumers, &holder);
+                let hook = hook.as_ref();
+                let cluster = self.cluster;
+                let deadline = *deadline;
+                async move {
+                    let mut pass = Pass {
+                        topology,
+                        ds,
+                        cluster,
+                        consumers,
+                        fence: Some(Fence {
+                            holder,
+                            leases,
+                            deadline,
+                        }),
+                        attempts,
+                        quarantine_after,
+                        hook,
+                    };
+                    pass.run(offsets).await
+                }
+            });
         let results = futures::future::join_all(runs).await;
-        for ((batch, (_, _, attempts)), result) in batches.iter().zip(work).zip(results) {
+        for ((batch, (_, _, _, attempts)), result) in batches.iter().zip(work).zip(results) {
             let shards: BTreeSet<u32> = batch.iter().copied().collect();
             self.attempts.retain(|(_, row), _| {
                 !shards.contains(&crate::shards::row_shard(row, ds.def.shards))
@@ -255,18 +277,25 @@ impl Worker {
         }
     }
 
+    /// The held buckets whose leases are comfortably valid: a quarter of
+    /// the lease time left, by the clock of the expiry written and by the
+    /// monotonic clock since the lease was last taken or renewed.
+    fn valid_buckets(&self) -> BTreeSet<usize> {
+        let quarter = self.shared.options.lease_time / 4;
+        let margin = chrono::Duration::from_std(quarter).unwrap_or(chrono::Duration::seconds(2));
+        let now = Utc::now();
+        let soon = Instant::now() + quarter;
+        self.held
+            .iter()
+            .filter(|(_, h)| h.lease.expires_at - margin > now && h.until > soon)
+            .map(|(b, _)| *b)
+            .collect()
+    }
+
     /// Picks the batches of the next round: whole buckets of dirty shards
     /// under comfortably valid leases, from the rotating cursor on.
     fn batches(&mut self, topology: &Topology) -> Vec<Vec<u32>> {
-        let margin = chrono::Duration::from_std(self.shared.options.lease_time / 4)
-            .unwrap_or(chrono::Duration::seconds(2));
-        let now = Utc::now();
-        let valid: BTreeSet<usize> = self
-            .held
-            .iter()
-            .filter(|(_, l)| l.expires_at - margin > now)
-            .map(|(b, _)| *b)
-            .collect();
+        let valid = self.valid_buckets();
         let mut by_bucket: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
         for shard in self
             .dirty
@@ -327,6 +356,11 @@ impl Worker {
         result: Result<apply::PassResult>,
     ) {
         match result {
+            Ok(result) if result.abandoned => {
+                // Its shards stay dirty; their buckets are left out of the
+                // next rounds until the leases are renewed.
+                tracing::debug!(datastore = %self.datastore, shards = batch.len(), "pass stopped at its lease deadline");
+            }
             Ok(result) => {
                 self.failures = 0;
                 for (shard, per) in &result.offsets {
@@ -368,7 +402,7 @@ impl Worker {
             }
             Err(Error::LeaseLost(name)) => {
                 tracing::warn!(datastore = %self.datastore, lease = %name, "lease lost; leaving its shards to their new holder");
-                if let Some((bucket, _)) = self.held.iter().find(|(_, l)| l.name == name) {
+                if let Some((bucket, _)) = self.held.iter().find(|(_, h)| h.lease.name == name) {
                     let bucket = *bucket;
                     self.drop_bucket(bucket);
                 }
