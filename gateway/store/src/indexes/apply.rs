@@ -254,6 +254,7 @@ impl Pass<'_> {
                 offsets,
                 &advanced,
                 &quarantine,
+                &[],
                 now,
             )
             .await;
@@ -278,7 +279,15 @@ impl Pass<'_> {
                 let (quarantine, retry) = self.classify(failures);
                 let advanced = self.advance(offsets, &last_read, &written, &retry);
                 let committed = self
-                    .commit_local(backend.as_ref(), None, offsets, &advanced, &quarantine, now)
+                    .commit_local(
+                        backend.as_ref(),
+                        None,
+                        offsets,
+                        &advanced,
+                        &quarantine,
+                        &[],
+                        now,
+                    )
                     .await?;
                 if !committed {
                     return Ok(self.abandon(result));
@@ -321,9 +330,16 @@ impl Pass<'_> {
 
     /// Recomputes and writes the entries `touched` (index, row → the
     /// shard and a cell position for the quarantine), outside the log: the
-    /// retry of quarantined entries. Entries that fail again go back to the
-    /// quarantine at once. Returns how many were applied.
-    pub(crate) async fn reapply(&mut self, touched: &Touched) -> Result<usize> {
+    /// retry of quarantined entries. The quarantine records of the entries
+    /// applied, and those of `forget` (`(index name, row key)`), are
+    /// removed in the transaction that writes the entries on this cluster,
+    /// so a retry that fails part-way keeps them; entries that fail again
+    /// are recorded again at once. Returns how many were applied.
+    pub(crate) async fn reapply(
+        &mut self,
+        touched: &Touched,
+        forget: &[(String, Uuid)],
+    ) -> Result<usize> {
         let backend = self.topology.clusters[self.cluster].maintenance()?.clone();
         let mut result = PassResult::default();
         let mut failures = Vec::new();
@@ -339,6 +355,16 @@ impl Pass<'_> {
         let now = truncate_to_micros(Utc::now());
         let local = targets.contains(&self.cluster);
         let nothing = BTreeMap::new();
+        let resolved = |failures: &[Failure]| -> Vec<(String, Uuid)> {
+            let failed: BTreeSet<(usize, Uuid)> =
+                failures.iter().map(|f| (f.index, f.row_key)).collect();
+            touched
+                .keys()
+                .filter(|k| !failed.contains(k))
+                .map(|(index, row_key)| (self.ds.indexes[*index].def.name.clone(), *row_key))
+                .chain(forget.iter().cloned())
+                .collect()
+        };
         let first = self
             .commit_local(
                 backend.as_ref(),
@@ -346,6 +372,7 @@ impl Pass<'_> {
                 &nothing,
                 &nothing,
                 &failures,
+                &resolved(&failures),
                 now,
             )
             .await;
@@ -355,8 +382,16 @@ impl Pass<'_> {
             }
             let isolated = self.isolate(self.cluster, &entries, touched).await?;
             failures.extend(isolated.unwrap_or_default());
-            self.commit_local(backend.as_ref(), None, &nothing, &nothing, &failures, now)
-                .await?;
+            self.commit_local(
+                backend.as_ref(),
+                None,
+                &nothing,
+                &nothing,
+                &failures,
+                &resolved(&failures),
+                now,
+            )
+            .await?;
         }
         let failed: BTreeSet<(usize, Uuid)> =
             failures.iter().map(|f| (f.index, f.row_key)).collect();
@@ -643,7 +678,8 @@ impl Pass<'_> {
     }
 
     /// The transaction on the cell cluster: the fence, the local index
-    /// writes, the quarantine and the offsets. False when the lease deadline passed before a
+    /// writes, the quarantine (new records, and `resolved` ones removed)
+    /// and the offsets. False when the lease deadline passed before a
     /// retry (the caller checks it before the first attempt).
     #[allow(clippy::too_many_arguments)]
     async fn commit_local(
@@ -653,10 +689,13 @@ impl Pass<'_> {
         before: &BTreeMap<u32, Vec<i64>>,
         offsets: &BTreeMap<u32, Vec<i64>>,
         quarantine: &[Failure],
+        resolved: &[(String, Uuid)],
         now: chrono::DateTime<Utc>,
     ) -> Result<bool> {
-        let nothing =
-            entries.is_none_or(BTreeMap::is_empty) && offsets.is_empty() && quarantine.is_empty();
+        let nothing = entries.is_none_or(BTreeMap::is_empty)
+            && offsets.is_empty()
+            && quarantine.is_empty()
+            && resolved.is_empty();
         if nothing {
             return Ok(true);
         }
@@ -676,6 +715,10 @@ impl Pass<'_> {
                 if let Some(entries) = entries {
                     self.write_entries(tx.as_mut(), dialect, self.cluster, entries.iter())
                         .await?;
+                }
+                // As many terms as a retry of the quarantine deleted at once.
+                for chunk in resolved.chunks(500) {
+                    tx.execute(&forget_sql(dialect, self.ds, chunk)).await?;
                 }
                 if !quarantine.is_empty() {
                     let sql =
@@ -831,6 +874,29 @@ fn upsert_sql(
 
 fn ref_value(value: Option<i64>) -> Value {
     value.map_or(Value::Null(ColType::Int), Value::Int)
+}
+
+/// Removes the quarantine records `(index name, row key)` of `rows`.
+fn forget_sql(dialect: Dialect, ds: &DatastoreRuntime, rows: &[(String, Uuid)]) -> Sql {
+    let mut sql = Sql::new(dialect);
+    sql.push("DELETE FROM ")
+        .ident(&ddl::quarantine_table(ds.name()))
+        .push(" WHERE ");
+    for (i, (index, row_key)) in rows.iter().enumerate() {
+        if i > 0 {
+            sql.push(" OR ");
+        }
+        sql.push("(")
+            .ident("index_name")
+            .push(" = ")
+            .bind(Value::Text(index.clone()))
+            .push(" AND ")
+            .ident("row_key")
+            .push(" = ")
+            .bind(Value::Uuid(*row_key))
+            .push(")");
+    }
+    sql
 }
 
 /// Records quarantined entries, having failed `attempts` times (or counts

@@ -270,6 +270,63 @@ async fn create_database(kind: Kind, base: &str, name: &str) {
     }
 }
 
+/// Runs `sql` (no result) on the database at `url`, outside any store.
+pub async fn execute(kind: Kind, url: &str, sql: &str) {
+    let outcome = match kind {
+        Kind::Sqlite => {
+            let mut conn = sqlx::SqliteConnection::connect(url).await.expect("connect");
+            sqlx::query(sql).execute(&mut conn).await.map(|_| ())
+        }
+        Kind::MySql => {
+            let mut conn = sqlx::MySqlConnection::connect(url).await.expect("connect");
+            sqlx::query(sql).execute(&mut conn).await.map(|_| ())
+        }
+        Kind::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+            sqlx::query(sql).execute(&mut conn).await.map(|_| ())
+        }
+    };
+    outcome.unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// Holds a lock that keeps every other session from writing `table` of
+/// the database at `url`, until the returned connection is dropped:
+/// a transaction that has written (SQLite's single writer),
+/// `LOCK TABLE … IN ACCESS EXCLUSIVE MODE` (PostgreSQL), `LOCK TABLES
+/// … WRITE` (MySQL).
+pub async fn lock_table(kind: Kind, url: &str, table: &str) -> Box<dyn std::any::Any + Send> {
+    match kind {
+        Kind::Sqlite => {
+            let mut conn = sqlx::SqliteConnection::connect(url).await.expect("connect");
+            sqlx::query("BEGIN IMMEDIATE")
+                .execute(&mut conn)
+                .await
+                .expect("lock");
+            Box::new(conn)
+        }
+        Kind::MySql => {
+            let mut conn = sqlx::MySqlConnection::connect(url).await.expect("connect");
+            sqlx::query(&format!("LOCK TABLES {table} WRITE"))
+                .execute(&mut conn)
+                .await
+                .expect("lock");
+            Box::new(conn)
+        }
+        Kind::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+            sqlx::query("BEGIN")
+                .execute(&mut conn)
+                .await
+                .expect("begin");
+            sqlx::query(&format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+                .execute(&mut conn)
+                .await
+                .expect("lock");
+            Box::new(conn)
+        }
+    }
+}
+
 /// Instantiates every listed contract test for SQLite, MySQL and PostgreSQL.
 #[macro_export]
 macro_rules! contract_suite {

@@ -131,6 +131,7 @@ contract_suite_on_two_clusters!(
     a_stale_pass_cannot_reinsert_an_entry_its_successor_removed,
     a_pass_held_past_its_lease_writes_nothing,
     stalled_passes_and_stolen_leases_agree_with_a_recomputation,
+    a_failed_quarantine_retry_keeps_the_records,
     moving_entries_between_clusters_takes_no_statement_per_row,
 );
 

@@ -1,6 +1,7 @@
 //! Index maintenance stays exact when a row's cells and its index entries
 //! live on different clusters and leases move between gateways: passes
-//! that stall past their lease. Run on two clusters (`Env::two_clusters`).
+//! that stall past their lease, quarantine retries that fail half-way. Run
+//! on two clusters (`Env::two_clusters`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -19,7 +20,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
-use crate::harness::{Env, DEFINITIONS, TRIP_SHARDS};
+use crate::harness::{self, Env, DEFINITIONS, TRIP_SHARDS};
 
 /// The first shard of cluster `b` in a two-cluster environment.
 const SPLIT: u32 = TRIP_SHARDS / 2;
@@ -428,6 +429,77 @@ pub async fn stalled_passes_and_stolen_leases_agree_with_a_recomputation(env: Ar
     for store in stores {
         store.shutdown(Duration::from_secs(5)).await;
     }
+}
+
+// Regression: a quarantine retry deleted the records before applying their
+// entries; when the apply failed (here: cluster b's index table is locked
+// past the statement timeout), the records were gone while the log
+// offsets had long passed the cells, so the entries were never applied.
+pub async fn a_failed_quarantine_retry_keeps_the_records(env: Arc<Env>) {
+    let store = open(&env, DEFINITIONS, |o| {
+        o.maintain_indexes = false;
+        o.storage.timeout_ms = 1000;
+    })
+    .await;
+    let row = row_on(true);
+    let driver = value_on(false);
+    store
+        .put_cell("trips", base(row, 1, Some(driver), None))
+        .await
+        .unwrap();
+    // The cell's body becomes unreadable: both indexes of `trips` read it.
+    let key = row.simple().to_string();
+    let sql = match env.kind {
+        harness::Kind::Postgres => {
+            format!("UPDATE trips_cells SET body = '\\x01fffe'::bytea WHERE row_key = '{row}'")
+        }
+        _ => format!("UPDATE trips_cells SET body = X'01fffe' WHERE row_key = X'{key}'"),
+    };
+    harness::execute(env.kind, &env.url, &sql).await;
+    store.sync_indexes().await.unwrap();
+    let quarantined: Vec<(String, Uuid)> = store
+        .quarantine("trips")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|q| (q.index, q.row_key))
+        .collect();
+    let expected = vec![
+        ("city_trips_index".to_string(), row),
+        ("driver_partner_index".to_string(), row),
+    ];
+    assert_eq!(quarantined, expected);
+    // A readable version, whose entry goes to cluster b; b cannot be
+    // written while the retry runs.
+    store
+        .put_cell("trips", base(row, 2, Some(driver), None))
+        .await
+        .unwrap();
+    let table = store.index_table("trips", "driver_partner_index").unwrap();
+    let second = env.second.clone().expect("two clusters");
+    let lock = harness::lock_table(env.kind, &second, &table).await;
+    let failed = store.retry_quarantine("trips", None).await;
+    assert!(
+        failed.is_err(),
+        "the retry wrote through the lock: {failed:?}"
+    );
+    drop(lock);
+    let kept: Vec<(String, Uuid)> = store
+        .quarantine("trips")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|q| (q.index, q.row_key))
+        .collect();
+    assert_eq!(kept, expected, "a failed retry dropped the records");
+    // Once b answers, the retry applies both and the records leave.
+    assert_eq!(store.retry_quarantine("trips", None).await.unwrap(), (2, 0));
+    assert!(store.quarantine("trips").await.unwrap().is_empty());
+    assert_eq!(
+        rows_under(&store, "driver_partner_index", driver.to_string()).await,
+        BTreeSet::from([row])
+    );
+    store.shutdown(Duration::from_secs(5)).await;
 }
 
 /// Statements each cluster's master was sent so far.
