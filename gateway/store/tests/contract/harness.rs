@@ -289,6 +289,36 @@ pub async fn execute(kind: Kind, url: &str, sql: &str) {
     outcome.unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
+/// The first column of the first row of `sql` (an integer; `None` when
+/// there is no row or it is NULL), on the database at `url`.
+pub async fn scalar(kind: Kind, url: &str, sql: &str) -> Option<i64> {
+    use sqlx::Row;
+    let outcome = match kind {
+        Kind::Sqlite => {
+            let mut conn = sqlx::SqliteConnection::connect(url).await.expect("connect");
+            sqlx::query(sql)
+                .fetch_optional(&mut conn)
+                .await
+                .map(|r| r.and_then(|r| r.get::<Option<i64>, _>(0)))
+        }
+        Kind::MySql => {
+            let mut conn = sqlx::MySqlConnection::connect(url).await.expect("connect");
+            sqlx::query(sql)
+                .fetch_optional(&mut conn)
+                .await
+                .map(|r| r.and_then(|r| r.get::<Option<i64>, _>(0)))
+        }
+        Kind::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+            sqlx::query(sql)
+                .fetch_optional(&mut conn)
+                .await
+                .map(|r| r.and_then(|r| r.get::<Option<i64>, _>(0)))
+        }
+    };
+    outcome.unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
 /// Holds a lock that keeps every other session from writing `table` of
 /// the database at `url`, until the returned connection is dropped:
 /// a transaction that has written (SQLite's single writer),

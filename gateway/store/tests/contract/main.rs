@@ -132,6 +132,7 @@ contract_suite_on_two_clusters!(
     a_pass_held_past_its_lease_writes_nothing,
     stalled_passes_and_stolen_leases_agree_with_a_recomputation,
     a_failed_quarantine_retry_keeps_the_records,
+    a_building_index_version_does_not_hold_back_live_indexes,
     moving_entries_between_clusters_takes_no_statement_per_row,
 );
 

@@ -1,7 +1,8 @@
 //! Index maintenance stays exact when a row's cells and its index entries
 //! live on different clusters and leases move between gateways: passes
-//! that stall past their lease, quarantine retries that fail half-way. Run
-//! on two clusters (`Env::two_clusters`).
+//! that stall past their lease, quarantine retries that fail half-way, and
+//! index versions being built beside live ones. Run on two clusters
+//! (`Env::two_clusters`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -499,6 +500,127 @@ pub async fn a_failed_quarantine_retry_keeps_the_records(env: Arc<Env>) {
         rows_under(&store, "driver_partner_index", driver.to_string()).await,
         BTreeSet::from([row])
     );
+    store.shutdown(Duration::from_secs(5)).await;
+}
+
+const CHANGED_DRIVER_INDEX: &str = "table: driver_partner_index\ndatastore: trips\ncolumn_defs:\n  - column_key: BASE\n    fields:\n      - { field: driver_partner_uuid, type: UUID}\n      - { field: city_uuid, type: UUID}\n      - { field: trip_created_at, type: datetime}\n      - { field: fare.total, name: fare_total, type: float }\n";
+
+// Regression: a pass read the log from the lowest offset of all consumers,
+// so a new index version being built from the start of the log held back
+// the live indexes of the same shards until it had caught up. Here the
+// passes that build the new version are held outright: the live index
+// must still apply a new cell.
+pub async fn a_building_index_version_does_not_hold_back_live_indexes(env: Arc<Env>) {
+    let files = trips_only();
+    let first = open(&env, &files, |_| {}).await;
+    let city = value_on(true);
+    let history: Vec<NewCell> = (0..300)
+        .map(|i| {
+            base(
+                row_on(i % 2 == 0),
+                1,
+                Some(value_on(i % 3 == 0)),
+                Some(city),
+            )
+        })
+        .collect();
+    for result in first.put_cells("trips", history).await.unwrap() {
+        result.unwrap();
+    }
+    first.sync_indexes().await.unwrap();
+    first.shutdown(Duration::from_secs(5)).await;
+    // The driver index changes: version 2 is built from the log.
+    let changed: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(path, text)| {
+            if path.ends_with("driver_partner_index.yaml") {
+                (*path, CHANGED_DRIVER_INDEX)
+            } else {
+                (*path, *text)
+            }
+        })
+        .collect();
+    let (release, released) = watch::channel(false);
+    let hold = hook(move |point| {
+        let building = point
+            .consumers
+            .iter()
+            .any(|c| c.starts_with("ix:driver_partner_index:2:"));
+        let mut released = released.clone();
+        async move {
+            if building {
+                let _ = released.wait_for(|r| *r).await;
+            }
+        }
+        .boxed()
+    });
+    let store = open(&env, &changed, |o| o.maintenance.pass_hook = Some(hold)).await;
+    let status = store.indexes("trips").unwrap();
+    let building: Vec<(&str, u32, bool)> = status
+        .iter()
+        .map(|s| (s.name.as_str(), s.version, s.ready))
+        .collect();
+    assert!(
+        building.contains(&("driver_partner_index", 2, false))
+            && building.contains(&("city_trips_index", 1, true)),
+        "{building:?}"
+    );
+    // A new cell on each cluster, in shards the build has not reached.
+    let new_city = value_on(false);
+    let rows = [row_on(true), row_on(false)];
+    for row in rows {
+        store
+            .put_cell("trips", base(row, 1, Some(value_on(true)), Some(new_city)))
+            .await
+            .unwrap();
+    }
+    until("the live index applies the new cells", || async {
+        rows_under(&store, "city_trips_index", new_city.to_string()).await == BTreeSet::from(rows)
+    })
+    .await;
+    // Progress, from the offsets: the live consumers passed the new cells
+    // while the version being built has not moved.
+    let kind = env.kind;
+    for (c, row) in rows.iter().enumerate() {
+        let cell = store
+            .get_cell_latest("trips", *row, "BASE")
+            .await
+            .unwrap()
+            .unwrap();
+        let url = &env.urls()[c];
+        for target in ["a", "b"] {
+            let offset = |consumer: String| {
+                let sql = format!(
+                    "SELECT MAX(added_id) FROM trips_offsets WHERE shard = {} AND consumer = '{consumer}'",
+                    cell.shard
+                );
+                async move { harness::scalar(kind, url, &sql).await.unwrap_or(0) }
+            };
+            let live = offset(format!("ix:city_trips_index:1:{target}")).await;
+            assert!(
+                live >= cell.added_id,
+                "live consumer on {target}: {live} < {}",
+                cell.added_id
+            );
+            let built = offset(format!("ix:driver_partner_index:2:{target}")).await;
+            assert_eq!(built, 0, "the held version moved on {target}");
+        }
+    }
+    let ready = |store: &Store, name: &str| {
+        store
+            .indexes("trips")
+            .unwrap()
+            .iter()
+            .any(|s| s.name == name && s.ready)
+    };
+    assert!(!ready(&store, "driver_partner_index"));
+    // Released, the new version is built and becomes ready.
+    release.send(true).unwrap();
+    store.sync_indexes().await.unwrap();
+    until("version 2 is ready", || async {
+        ready(&store, "driver_partner_index")
+    })
+    .await;
     store.shutdown(Duration::from_secs(5)).await;
 }
 

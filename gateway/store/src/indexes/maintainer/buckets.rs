@@ -217,10 +217,21 @@ impl Worker {
             .await?
             .into_iter()
             .collect();
+        let building: Vec<bool> = self
+            .consumers
+            .iter()
+            .map(|c| !ds.indexes[c.index].is_ready())
+            .collect();
         for (shard, per) in offsets {
             let head = heads.get(&shard).copied().unwrap_or(0);
-            if per.iter().any(|o| *o < head) {
-                self.dirty.insert(shard);
+            for (o, building) in per.iter().zip(&building) {
+                if *o < head {
+                    if *building {
+                        self.building.insert(shard);
+                    } else {
+                        self.dirty.insert(shard);
+                    }
+                }
             }
             self.heads.insert(shard, head);
             self.offsets.insert(shard, per);

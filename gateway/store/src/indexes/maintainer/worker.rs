@@ -3,6 +3,14 @@
 //! pass applies, and what it records of each pass. Its leases are in
 //! `buckets.rs`.
 //!
+//! **Live and building consumers.** A pass applies the log for one group
+//! of consumers: those of ready indexes (*live*) or those of index versions
+//! still being built from the log. The groups keep dirty shards of their
+//! own and their passes read from their own offsets, so a version being
+//! built from the start of the log never holds back the live indexes: each
+//! round runs the live passes and, beside them, one pass (a page of the
+//! log) of the build.
+//!
 //! **Lease deadlines.** A pass writes nothing once the leases it runs
 //! under may have expired: its deadline is when the first of them was last
 //! taken or renewed (the statement sent, by the monotonic clock) plus the
@@ -42,9 +50,14 @@ pub(super) struct Worker {
     pub(super) offsets: BTreeMap<u32, Vec<i64>>,
     /// Latest known log head per held shard.
     pub(super) heads: HashMap<u32, i64>,
+    /// Shards a live consumer may be behind on.
     pub(super) dirty: BTreeSet<u32>,
     /// Where the next pass starts in `dirty`, so every shard gets a turn.
     pub(super) cursor: u32,
+    /// Shards a consumer of an index version being built may be behind on.
+    pub(super) building: BTreeSet<u32>,
+    /// Where the next building pass starts in `building`.
+    pub(super) building_cursor: u32,
     pub(super) attempts: HashMap<(usize, Uuid), u32>,
     /// Target clusters skipped until the given time.
     pub(super) down: HashMap<usize, (Instant, u32)>,
@@ -84,6 +97,8 @@ impl Worker {
             heads: HashMap::new(),
             dirty: BTreeSet::new(),
             cursor: 0,
+            building: BTreeSet::new(),
+            building_cursor: 0,
             attempts: HashMap::new(),
             down: HashMap::new(),
             backoff: None,
@@ -106,7 +121,8 @@ impl Worker {
         sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let waiting = self.backoff;
-            let can_work = !self.dirty.is_empty() && waiting.is_none();
+            let can_work =
+                (!self.dirty.is_empty() || !self.building.is_empty()) && waiting.is_none();
             tokio::select! {
                 biased;
                 _ = stopped.changed() => break,
@@ -152,13 +168,29 @@ impl Worker {
     }
 
     fn written(&mut self, heads: Vec<(u32, i64)>) {
+        let building = self.topology.upgrade().is_some_and(|topology| {
+            topology
+                .datastore(&self.datastore)
+                .is_ok_and(|ds| ds.indexes.iter().any(|i| !i.is_ready()))
+        });
         for (shard, head) in heads {
             let known = self.heads.entry(shard).or_insert(0);
             *known = (*known).max(head);
             if self.offsets.contains_key(&shard) {
                 self.dirty.insert(shard);
+                if building {
+                    self.building.insert(shard);
+                }
             }
         }
+    }
+
+    /// Per consumer: whether its index version is still being built.
+    fn building_consumers(&self, ds: &DatastoreRuntime) -> Vec<bool> {
+        self.consumers
+            .iter()
+            .map(|c| !ds.indexes[c.index].is_ready())
+            .collect()
     }
 
     fn targets_down(&self) -> BTreeSet<usize> {
@@ -170,19 +202,39 @@ impl Worker {
             .collect()
     }
 
-    /// Runs a round of passes: up to `passes` at once, each over whole
-    /// lease buckets of dirty shards (so no two lock the same lease row or
-    /// touch the same index entries), at most [`PASS_SHARDS`] shards each.
+    /// Runs a round of passes: up to `passes` at once for the live
+    /// consumers, each over whole lease buckets of dirty shards (so no two
+    /// lock the same lease row or touch the same index entries), at most
+    /// [`PASS_SHARDS`] shards each; and beside them one pass for the
+    /// consumers of index versions being built, if any (its index entries
+    /// are other tables; where its buckets are also in a live batch, the
+    /// two passes take the lease rows in turn).
     async fn pass(&mut self) {
         let Some(topology) = self.topology.upgrade() else {
             self.dirty.clear();
+            self.building.clear();
             return;
         };
         let Ok(ds) = topology.datastore(&self.datastore) else {
             self.dirty.clear();
+            self.building.clear();
             return;
         };
-        let batches = self.batches(&topology);
+        let building = self.building_consumers(&ds);
+        if !building.contains(&true) {
+            self.building.clear();
+        }
+        let live: Vec<bool> = building.iter().map(|b| !b).collect();
+        // Each batch with its group of consumers, and whether that is the
+        // group of the versions being built.
+        let mut batches: Vec<(Vec<u32>, Vec<bool>, bool)> = self
+            .batches(&topology, &live)
+            .into_iter()
+            .map(|batch| (batch, live.clone(), false))
+            .collect();
+        if let Some(batch) = self.building_batch(&building) {
+            batches.push((batch, building.clone(), true));
+        }
         if batches.is_empty() {
             // Dirty shards whose leases are about to lapse wait for renewal.
             self.backoff = Some(Instant::now() + Duration::from_millis(100));
@@ -194,16 +246,18 @@ impl Worker {
         let quarantine_after = self.shared.options.quarantine_after;
         let margin = self.shared.options.lease_time / 8;
         let mut work = Vec::with_capacity(batches.len());
-        for batch in &batches {
-            // Consumers of skipped targets count as caught up for this pass.
+        for (batch, group, _) in &batches {
+            // Consumers outside the group, and those of skipped targets,
+            // count as caught up for this pass.
             let offsets: BTreeMap<u32, Vec<i64>> = batch
                 .iter()
                 .map(|s| {
                     let per = self.offsets[s]
                         .iter()
                         .zip(&self.consumers)
-                        .map(|(o, c)| {
-                            if down.contains(&c.target) {
+                        .zip(group)
+                        .map(|((o, c), in_group)| {
+                            if !in_group || down.contains(&c.target) {
                                 i64::MAX
                             } else {
                                 *o
@@ -228,14 +282,11 @@ impl Worker {
                 .map_or_else(Instant::now, |until| {
                     until.checked_sub(margin).unwrap_or_else(Instant::now)
                 });
-            // The failed attempts of this batch's rows travel with it.
-            let shards: BTreeSet<u32> = batch.iter().copied().collect();
+            // The failed attempts of this batch's entries travel with it.
             let attempts: HashMap<(usize, Uuid), u32> = self
                 .attempts
                 .iter()
-                .filter(|((_, row), _)| {
-                    shards.contains(&crate::shards::row_shard(row, ds.def.shards))
-                })
+                .filter(|(key, _)| self.in_batch(&ds, batch, group, key))
                 .map(|(k, v)| (*k, *v))
                 .collect();
             work.push((offsets, leases, deadline, attempts));
@@ -267,14 +318,62 @@ impl Worker {
                 }
             });
         let results = futures::future::join_all(runs).await;
-        for ((batch, (_, _, _, attempts)), result) in batches.iter().zip(work).zip(results) {
-            let shards: BTreeSet<u32> = batch.iter().copied().collect();
-            self.attempts.retain(|(_, row), _| {
-                !shards.contains(&crate::shards::row_shard(row, ds.def.shards))
-            });
+        for (((batch, group, building), (_, _, _, attempts)), result) in
+            batches.iter().zip(work).zip(results)
+        {
+            let ds = &ds;
+            self.attempts
+                .retain(|key, _| !in_batch_of(ds, &self.consumers, batch, group, key));
             self.attempts.extend(attempts);
-            self.settle(&topology, batch, &down, result);
+            self.settle(&topology, batch, group, *building, &down, result);
         }
+    }
+
+    /// Whether the entry `key` (index, row) is one the pass over `batch`
+    /// for the consumers of `group` applies.
+    fn in_batch(
+        &self,
+        ds: &DatastoreRuntime,
+        batch: &[u32],
+        group: &[bool],
+        key: &(usize, Uuid),
+    ) -> bool {
+        in_batch_of(ds, &self.consumers, batch, group, key)
+    }
+
+    /// The batch of the next building pass: whole buckets of shards behind
+    /// for the versions being built, under comfortably valid leases, a page
+    /// of cells at most, from the rotating cursor on.
+    fn building_batch(&mut self, group: &[bool]) -> Option<Vec<u32>> {
+        if self.building.is_empty() {
+            return None;
+        }
+        let valid = self.valid_buckets();
+        let mut by_bucket: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+        for shard in self
+            .building
+            .range(self.building_cursor..)
+            .chain(self.building.range(..self.building_cursor))
+        {
+            if let Some(bucket) = self.bucket_of.get(shard).filter(|b| valid.contains(b)) {
+                by_bucket.entry(*bucket).or_default().push(*shard);
+            }
+        }
+        let start = self
+            .bucket_of
+            .get(&self.building_cursor)
+            .copied()
+            .unwrap_or(0);
+        let mut order: Vec<usize> = by_bucket.keys().copied().collect();
+        order.sort_by_key(|b| (*b < start, *b));
+        let (mut batches, last_bucket) =
+            group_buckets(&order, &by_bucket, 1, |s| self.pending(s, group));
+        if let Some(bucket) = last_bucket {
+            self.building_cursor = self.buckets[bucket].shards.last().map_or(0, |s| s + 1);
+        }
+        let mut batch = batches.pop()?;
+        batch.sort_unstable();
+        Some(batch)
     }
 
     /// The held buckets whose leases are comfortably valid: a quarter of
@@ -294,7 +393,7 @@ impl Worker {
 
     /// Picks the batches of the next round: whole buckets of dirty shards
     /// under comfortably valid leases, from the rotating cursor on.
-    fn batches(&mut self, topology: &Topology) -> Vec<Vec<u32>> {
+    fn batches(&mut self, topology: &Topology, group: &[bool]) -> Vec<Vec<u32>> {
         let valid = self.valid_buckets();
         let mut by_bucket: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
         for shard in self
@@ -312,7 +411,7 @@ impl Worker {
         order.sort_by_key(|b| (*b < start, *b));
         let passes = self.passes(topology);
         let (mut batches, last_bucket) =
-            group_buckets(&order, &by_bucket, passes, |s| self.pending(s));
+            group_buckets(&order, &by_bucket, passes, |s| self.pending(s, group));
         if let Some(bucket) = last_bucket {
             self.cursor = self.buckets[bucket].shards.last().map_or(0, |s| s + 1);
         }
@@ -322,13 +421,20 @@ impl Worker {
         batches
     }
 
-    /// The cells of `shard` the slowest consumer has yet to apply, as far
-    /// as this worker knows the log head (at least 1, at most a page).
-    fn pending(&self, shard: u32) -> usize {
+    /// The cells of `shard` the slowest consumer of `group` has yet to
+    /// apply, as far as this worker knows the log head (at least 1, at most
+    /// a page).
+    fn pending(&self, shard: u32, group: &[bool]) -> usize {
         let from = self
             .offsets
             .get(&shard)
-            .and_then(|o| o.iter().min().copied())
+            .and_then(|o| {
+                o.iter()
+                    .zip(group)
+                    .filter(|(_, in_group)| **in_group)
+                    .map(|(o, _)| *o)
+                    .min()
+            })
             .unwrap_or(0);
         self.heads.get(&shard).map_or(1, |head| {
             usize::try_from(head.saturating_sub(from)).map_or(1, |n| n.clamp(1, apply::PAGE))
@@ -347,11 +453,14 @@ impl Worker {
         }
     }
 
-    /// Takes in the outcome of one pass.
+    /// Takes in the outcome of one pass over `batch` for the consumers of
+    /// `group` (those of the versions being built when `building`).
     fn settle(
         &mut self,
         topology: &Topology,
         batch: &[u32],
+        group: &[bool],
+        building: bool,
         down: &BTreeSet<usize>,
         result: Result<apply::PassResult>,
     ) {
@@ -361,8 +470,13 @@ impl Worker {
                 // next rounds until the leases are renewed.
                 tracing::debug!(datastore = %self.datastore, shards = batch.len(), "pass stopped at its lease deadline");
             }
-            Ok(result) => {
+            Ok(mut result) => {
                 self.failures = 0;
+                if building {
+                    // Cells of a build are old by design: their delays
+                    // say nothing of how far behind the live indexes are.
+                    result.delays_us.clear();
+                }
                 for (shard, per) in &result.offsets {
                     let stored = self.offsets.get_mut(shard).expect("held shard");
                     for (c, value) in per.iter().enumerate() {
@@ -388,14 +502,19 @@ impl Worker {
                 for shard in batch {
                     let caught_up = self.heads.get(shard).is_none_or(|head| {
                         self.offsets.get(shard).is_some_and(|offsets| {
-                            offsets
-                                .iter()
-                                .zip(&self.consumers)
-                                .all(|(o, c)| down.contains(&c.target) || o >= head)
+                            offsets.iter().zip(&self.consumers).zip(group).all(
+                                |((o, c), in_group)| {
+                                    !in_group || down.contains(&c.target) || o >= head
+                                },
+                            )
                         })
                     });
                     if result.complete.contains(shard) && caught_up {
-                        self.dirty.remove(shard);
+                        if building {
+                            self.building.remove(shard);
+                        } else {
+                            self.dirty.remove(shard);
+                        }
                     }
                 }
                 self.shared.record(&self.datastore, &result);
@@ -426,6 +545,7 @@ impl Worker {
         for shard in &self.buckets[bucket].shards {
             self.offsets.remove(shard);
             self.dirty.remove(shard);
+            self.building.remove(shard);
             self.heads.remove(shard);
         }
     }
@@ -451,6 +571,7 @@ impl Worker {
             }
         };
         let down = self.targets_down();
+        let building = self.building_consumers(&ds);
         for row in behind {
             if down.contains(&self.consumers[row.consumer].target) {
                 continue;
@@ -459,7 +580,11 @@ impl Worker {
                 let known = self.heads.entry(row.shard).or_insert(0);
                 *known = (*known).max(row.head);
                 if per[row.consumer] < row.head {
-                    self.dirty.insert(row.shard);
+                    if building[row.consumer] {
+                        self.building.insert(row.shard);
+                    } else {
+                        self.dirty.insert(row.shard);
+                    }
                 }
             }
         }
@@ -470,6 +595,23 @@ impl Worker {
             .insert((self.datastore.clone(), self.cluster), lag);
         mark_ready_indexes(&topology, &self.shared, &ds).await;
     }
+}
+
+/// Whether the entry `key` (index, row) belongs to the pass over `batch`
+/// for the consumers of `group`: its row is in one of the shards and its
+/// index is one the group's consumers write.
+fn in_batch_of(
+    ds: &DatastoreRuntime,
+    consumers: &[Consumer],
+    batch: &[u32],
+    group: &[bool],
+    (index, row): &(usize, Uuid),
+) -> bool {
+    let written = consumers
+        .iter()
+        .zip(group)
+        .any(|(c, in_group)| *in_group && c.index == *index);
+    written && batch.contains(&crate::shards::row_shard(row, ds.def.shards))
 }
 
 /// Groups the dirty shards of `by_bucket`, whole buckets in `order`, into
