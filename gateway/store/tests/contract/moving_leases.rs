@@ -541,11 +541,15 @@ pub async fn a_building_index_version_does_not_hold_back_live_indexes(env: Arc<E
         })
         .collect();
     let (release, released) = watch::channel(false);
+    let (held_tx, mut held) = mpsc::unbounded_channel::<()>();
     let hold = hook(move |point| {
         let building = point
             .consumers
             .iter()
             .any(|c| c.starts_with("ix:driver_partner_index:2:"));
+        if building {
+            let _ = held_tx.send(());
+        }
         let mut released = released.clone();
         async move {
             if building {
@@ -565,7 +569,13 @@ pub async fn a_building_index_version_does_not_hold_back_live_indexes(env: Arc<E
             && building.contains(&("city_trips_index", 1, true)),
         "{building:?}"
     );
-    // A new cell on each cluster, in shards the build has not reached.
+    // Once passes of the build are held (one per cluster), a new cell on
+    // each cluster.
+    for _ in 0..2 {
+        tokio::time::timeout(Duration::from_secs(60), held.recv())
+            .await
+            .expect("no pass of version 2 started");
+    }
     let new_city = value_on(false);
     let rows = [row_on(true), row_on(false)];
     for row in rows {

@@ -7,9 +7,9 @@
 //! of consumers: those of ready indexes (*live*) or those of index versions
 //! still being built from the log. The groups keep dirty shards of their
 //! own and their passes read from their own offsets, so a version being
-//! built from the start of the log never holds back the live indexes: each
-//! round runs the live passes and, beside them, one pass (a page of the
-//! log) of the build.
+//! built from the start of the log never holds back the live indexes: the
+//! build runs one pass (a page of the log at most) at a time, as a task of
+//! its own that the rounds of live passes do not wait for.
 //!
 //! **Lease deadlines.** A pass writes nothing once the leases it runs
 //! under may have expired: its deadline is when the first of them was last
@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -32,6 +33,25 @@ use crate::leases::Lease;
 use crate::topology::{DatastoreRuntime, Topology};
 
 use super::*;
+
+/// What one pass is given.
+pub(super) struct Work {
+    /// Per shard, per consumer; `i64::MAX` for consumers the pass leaves
+    /// alone.
+    offsets: BTreeMap<u32, Vec<i64>>,
+    leases: Vec<Lease>,
+    deadline: Instant,
+    attempts: HashMap<(usize, Uuid), u32>,
+}
+
+/// What a pass for the versions being built reports back to its worker.
+pub(super) struct Built {
+    batch: Vec<u32>,
+    group: Vec<bool>,
+    down: BTreeSet<usize>,
+    attempts: HashMap<(usize, Uuid), u32>,
+    result: Result<apply::PassResult>,
+}
 
 pub(super) struct Worker {
     /// Apply the log (hold leases); without, the worker only measures lag.
@@ -119,10 +139,13 @@ impl Worker {
         let mut sweep_tick =
             tokio::time::interval_at(tokio::time::Instant::now() + sweep_every, sweep_every);
         sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The pass for index versions being built, while one is under way.
+        let mut build: Option<JoinHandle<Built>> = None;
         loop {
             let waiting = self.backoff;
-            let can_work =
-                (!self.dirty.is_empty() || !self.building.is_empty()) && waiting.is_none();
+            let can_work = (!self.dirty.is_empty()
+                || (!self.building.is_empty() && build.is_none()))
+                && waiting.is_none();
             tokio::select! {
                 biased;
                 _ = stopped.changed() => break,
@@ -159,10 +182,17 @@ impl Worker {
                 _ = tokio::time::sleep_until(waiting.unwrap_or_else(Instant::now).into()), if waiting.is_some() => {
                     self.backoff = None;
                 }
+                outcome = async { build.as_mut().expect("a build pass").await }, if build.is_some() => {
+                    build = None;
+                    self.built(outcome);
+                }
                 _ = std::future::ready(()), if can_work => {
-                    self.pass().await;
+                    self.pass(&mut build).await;
                 }
             }
+        }
+        if let Some(build) = build {
+            let _ = build.await;
         }
         self.release_all().await;
     }
@@ -205,11 +235,12 @@ impl Worker {
     /// Runs a round of passes: up to `passes` at once for the live
     /// consumers, each over whole lease buckets of dirty shards (so no two
     /// lock the same lease row or touch the same index entries), at most
-    /// [`PASS_SHARDS`] shards each; and beside them one pass for the
-    /// consumers of index versions being built, if any (its index entries
-    /// are other tables; where its buckets are also in a live batch, the
-    /// two passes take the lease rows in turn).
-    async fn pass(&mut self) {
+    /// [`PASS_SHARDS`] shards each. Unless one is under way (`build`), it
+    /// also starts a pass for the consumers of index versions being built,
+    /// as a task of its own, so that the live rounds never wait for it (its
+    /// index entries are other tables; where its buckets are also in a live
+    /// batch, the two passes take the lease rows in turn).
+    async fn pass(&mut self, build: &mut Option<JoinHandle<Built>>) {
         let Some(topology) = self.topology.upgrade() else {
             self.dirty.clear();
             self.building.clear();
@@ -225,120 +256,197 @@ impl Worker {
             self.building.clear();
         }
         let live: Vec<bool> = building.iter().map(|b| !b).collect();
-        // Each batch with its group of consumers, and whether that is the
-        // group of the versions being built.
-        let mut batches: Vec<(Vec<u32>, Vec<bool>, bool)> = self
-            .batches(&topology, &live)
-            .into_iter()
-            .map(|batch| (batch, live.clone(), false))
-            .collect();
-        if let Some(batch) = self.building_batch(&building) {
-            batches.push((batch, building.clone(), true));
+        let down = self.targets_down();
+        let mut started = false;
+        if build.is_none() {
+            if let Some(batch) = self.building_batch(&building) {
+                *build = Some(self.start_build(&topology, &ds, batch, building, &down));
+                started = true;
+            }
         }
+        let batches = self.batches(&topology, &live);
         if batches.is_empty() {
-            // Dirty shards whose leases are about to lapse wait for renewal.
-            self.backoff = Some(Instant::now() + Duration::from_millis(100));
+            if !started {
+                // Dirty shards whose leases are about to lapse wait for
+                // renewal.
+                self.backoff = Some(Instant::now() + Duration::from_millis(100));
+            }
             return;
         }
-        let down = self.targets_down();
         let holder = self.shared.holder.clone();
         let consumers: Vec<Consumer> = self.consumers.clone();
         let quarantine_after = self.shared.options.quarantine_after;
-        let margin = self.shared.options.lease_time / 8;
-        let mut work = Vec::with_capacity(batches.len());
-        for (batch, group, _) in &batches {
-            // Consumers outside the group, and those of skipped targets,
-            // count as caught up for this pass.
-            let offsets: BTreeMap<u32, Vec<i64>> = batch
-                .iter()
-                .map(|s| {
-                    let per = self.offsets[s]
-                        .iter()
-                        .zip(&self.consumers)
-                        .zip(group)
-                        .map(|((o, c), in_group)| {
-                            if !in_group || down.contains(&c.target) {
-                                i64::MAX
-                            } else {
-                                *o
-                            }
-                        })
-                        .collect();
-                    (*s, per)
-                })
-                .collect();
-            let held: Vec<&Held> = batch
-                .iter()
-                .filter_map(|s| self.bucket_of.get(s))
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .filter_map(|b| self.held.get(b))
-                .collect();
-            let leases: Vec<Lease> = held.iter().map(|h| h.lease.clone()).collect();
-            let deadline = held
-                .iter()
-                .map(|h| h.until)
-                .min()
-                .map_or_else(Instant::now, |until| {
-                    until.checked_sub(margin).unwrap_or_else(Instant::now)
-                });
-            // The failed attempts of this batch's entries travel with it.
-            let attempts: HashMap<(usize, Uuid), u32> = self
-                .attempts
-                .iter()
-                .filter(|(key, _)| self.in_batch(&ds, batch, group, key))
-                .map(|(k, v)| (*k, *v))
-                .collect();
-            work.push((offsets, leases, deadline, attempts));
-        }
+        let mut work: Vec<Work> = batches
+            .iter()
+            .map(|batch| self.work(&ds, batch, &live, &down))
+            .collect();
         let hook = self.shared.options.pass_hook.clone();
-        let runs = work
-            .iter_mut()
-            .map(|(offsets, leases, deadline, attempts)| {
-                let (topology, ds, consumers, holder) = (&topology, &ds, &consumers, &holder);
-                let hook = hook.as_ref();
-                let cluster = self.cluster;
-                let deadline = *deadline;
-                async move {
-                    let mut pass = Pass {
-                        topology,
-                        ds,
-                        cluster,
-                        consumers,
-                        fence: Some(Fence {
-                            holder,
-                            leases,
-                            deadline,
-                        }),
-                        attempts,
-                        quarantine_after,
-                        hook,
-                    };
-                    pass.run(offsets).await
-                }
-            });
+        let runs = work.iter_mut().map(|work| {
+            let (topology, ds, consumers, holder) = (&topology, &ds, &consumers, &holder);
+            let hook = hook.as_ref();
+            let cluster = self.cluster;
+            async move {
+                let mut pass = Pass {
+                    topology,
+                    ds,
+                    cluster,
+                    consumers,
+                    fence: Some(Fence {
+                        holder,
+                        leases: &work.leases,
+                        deadline: work.deadline,
+                    }),
+                    attempts: &mut work.attempts,
+                    quarantine_after,
+                    hook,
+                };
+                pass.run(&work.offsets).await
+            }
+        });
         let results = futures::future::join_all(runs).await;
-        for (((batch, group, building), (_, _, _, attempts)), result) in
-            batches.iter().zip(work).zip(results)
-        {
-            let ds = &ds;
-            self.attempts
-                .retain(|key, _| !in_batch_of(ds, &self.consumers, batch, group, key));
-            self.attempts.extend(attempts);
-            self.settle(&topology, batch, group, *building, &down, result);
+        for ((batch, work), result) in batches.iter().zip(work).zip(results) {
+            self.take_attempts(&ds, batch, &live, work.attempts);
+            self.settle(&topology, batch, &live, false, &down, result);
         }
     }
 
-    /// Whether the entry `key` (index, row) is one the pass over `batch`
-    /// for the consumers of `group` applies.
-    fn in_batch(
+    /// Starts the pass over `batch` for the consumers of index versions
+    /// being built (`group`) as a task of its own.
+    fn start_build(
+        &self,
+        topology: &Arc<Topology>,
+        ds: &Arc<DatastoreRuntime>,
+        batch: Vec<u32>,
+        group: Vec<bool>,
+        down: &BTreeSet<usize>,
+    ) -> JoinHandle<Built> {
+        let mut work = self.work(ds, &batch, &group, down);
+        let (topology, ds) = (topology.clone(), ds.clone());
+        let consumers = self.consumers.clone();
+        let holder = self.shared.holder.clone();
+        let hook = self.shared.options.pass_hook.clone();
+        let quarantine_after = self.shared.options.quarantine_after;
+        let cluster = self.cluster;
+        let down = down.clone();
+        tokio::spawn(async move {
+            let mut pass = Pass {
+                topology: &topology,
+                ds: &ds,
+                cluster,
+                consumers: &consumers,
+                fence: Some(Fence {
+                    holder: &holder,
+                    leases: &work.leases,
+                    deadline: work.deadline,
+                }),
+                attempts: &mut work.attempts,
+                quarantine_after,
+                hook: hook.as_ref(),
+            };
+            let result = pass.run(&work.offsets).await;
+            Built {
+                batch,
+                group,
+                down,
+                attempts: work.attempts,
+                result,
+            }
+        })
+    }
+
+    /// Takes in the outcome of a pass for the versions being built.
+    fn built(&mut self, outcome: std::result::Result<Built, tokio::task::JoinError>) {
+        let (Some(topology), Ok(built)) = (self.topology.upgrade(), outcome) else {
+            tracing::error!(datastore = %self.datastore, "an index build pass did not end");
+            return;
+        };
+        let Ok(ds) = topology.datastore(&self.datastore) else {
+            return;
+        };
+        self.take_attempts(&ds, &built.batch, &built.group, built.attempts);
+        self.settle(
+            &topology,
+            &built.batch,
+            &built.group,
+            true,
+            &built.down,
+            built.result,
+        );
+    }
+
+    /// What a pass over `batch` for the consumers of `group` is given:
+    /// offsets, leases, deadline, failed attempts.
+    fn work(
         &self,
         ds: &DatastoreRuntime,
         batch: &[u32],
         group: &[bool],
-        key: &(usize, Uuid),
-    ) -> bool {
-        in_batch_of(ds, &self.consumers, batch, group, key)
+        down: &BTreeSet<usize>,
+    ) -> Work {
+        let margin = self.shared.options.lease_time / 8;
+        // Consumers outside the group, and those of skipped targets, count
+        // as caught up for this pass.
+        let offsets: BTreeMap<u32, Vec<i64>> = batch
+            .iter()
+            .map(|s| {
+                let per = self.offsets[s]
+                    .iter()
+                    .zip(&self.consumers)
+                    .zip(group)
+                    .map(|((o, c), in_group)| {
+                        if !in_group || down.contains(&c.target) {
+                            i64::MAX
+                        } else {
+                            *o
+                        }
+                    })
+                    .collect();
+                (*s, per)
+            })
+            .collect();
+        let held: Vec<&Held> = batch
+            .iter()
+            .filter_map(|s| self.bucket_of.get(s))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter_map(|b| self.held.get(b))
+            .collect();
+        let leases: Vec<Lease> = held.iter().map(|h| h.lease.clone()).collect();
+        let deadline = held
+            .iter()
+            .map(|h| h.until)
+            .min()
+            .map_or_else(Instant::now, |until| {
+                until.checked_sub(margin).unwrap_or_else(Instant::now)
+            });
+        // The failed attempts of this batch's entries travel with it.
+        let attempts: HashMap<(usize, Uuid), u32> = self
+            .attempts
+            .iter()
+            .filter(|(key, _)| in_batch_of(ds, &self.consumers, batch, group, key))
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        Work {
+            offsets,
+            leases,
+            deadline,
+            attempts,
+        }
+    }
+
+    /// Replaces the failed attempts of the entries of `batch` for `group`
+    /// by those its pass brought back.
+    fn take_attempts(
+        &mut self,
+        ds: &DatastoreRuntime,
+        batch: &[u32],
+        group: &[bool],
+        attempts: HashMap<(usize, Uuid), u32>,
+    ) {
+        let consumers = &self.consumers;
+        self.attempts
+            .retain(|key, _| !in_batch_of(ds, consumers, batch, group, key));
+        self.attempts.extend(attempts);
     }
 
     /// The batch of the next building pass: whole buckets of shards behind
@@ -478,7 +586,10 @@ impl Worker {
                     result.delays_us.clear();
                 }
                 for (shard, per) in &result.offsets {
-                    let stored = self.offsets.get_mut(shard).expect("held shard");
+                    // A build pass may end after its buckets were given up.
+                    let Some(stored) = self.offsets.get_mut(shard) else {
+                        continue;
+                    };
                     for (c, value) in per.iter().enumerate() {
                         if *value != i64::MAX {
                             stored[c] = stored[c].max(*value);
