@@ -523,6 +523,7 @@ impl IndexesConfig {
             sweep_every: std::time::Duration::from_millis(self.sweep_interval_ms.max(10)),
             quarantine_after: self.quarantine_after.max(1),
             passes: self.concurrent_passes.min(64),
+            ..cellgate_store::indexes::MaintainerOptions::default()
         }
     }
 }

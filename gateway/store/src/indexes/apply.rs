@@ -7,35 +7,43 @@
 //!    shards in one statement (`log_keys`);
 //! 2. reads the latest cells of the index columns of the touched rows, in
 //!    one statement, and computes each touched row's entry per index;
-//! 3. per target cluster T of the index tables, one multi-row upsert per
-//!    index for the entries whose shard field hashes to a shard on T, and
-//!    one guarded update that turns the entries of the other rows into
-//!    tombstones (shard field NULL) where T holds one;
+//! 3. per target cluster T of the index tables, one multi-row guarded
+//!    upsert per index: the entries whose shard field hashes to a shard on
+//!    T, and a *tombstone* (shard field and fields NULL, ref keys set) for
+//!    every other touched row, whether T holds an entry for it or not;
 //! 4. advances the offsets of every consumer (index version × target
 //!    cluster) with one multi-row upsert.
 //!
-//! On a single cluster steps 3 and 4 are one transaction, which first
-//! locks the maintainer's lease rows and checks their fencing tokens
-//! (`leases::fence`): a process that lost its lease commits nothing. Index
-//! writes to another cluster commit first, in their own transaction; a
-//! crash in between only applies the same cells again.
+//! On the cell's own cluster the writes of steps 3 and 4 are one
+//! transaction, which first locks the maintainer's lease rows and checks
+//! their fencing tokens (`leases::fence`): a process that lost its lease
+//! commits nothing there. Index writes to another cluster commit first, in
+//! their own transaction; a crash in between only applies the same cells
+//! again.
 //!
-//! Every write is guarded by the entry's source ref keys: an entry is
-//! replaced or tombstoned only by one computed from cells no older than
-//! its own, so an older version never overwrites a newer one, whatever
-//! order passes commit in. Tombstones keep their ref keys for the same
-//! reason.
+//! Those remote writes are not fenced, so every write is guarded by the
+//! entry's source ref keys (stored ref keys never go backwards): a row's
+//! entry or tombstone is replaced only by one computed from cells no older
+//! than its own, so an older version never overwrites a newer one, whatever
+//! order passes commit in. That is why a tombstone is written even where
+//! no entry exists: a pass that lost its lease may still insert the row's
+//! old entry on that cluster afterwards, and it must find the newer
+//! tombstone there and lose to it. A pass also stops before any write once
+//! the leases it runs under may have expired ([`Fence::deadline`]), so a
+//! stalled process rarely gets that far.
 //!
 //! An entry that cannot be applied (a corrupt body, a value the database
 //! refuses) holds its shard back for a few passes, then goes to the
 //! datastore's quarantine table and the shard moves on.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
 
 use chrono::Utc;
 use uuid::Uuid;
 
 use super::entry::{col_type, extract_checked, Extracted};
+use super::maintainer::{PassHook, PassPoint, PassStage};
 use crate::cells::{codec, latest_cells_with, log_keys, Cell};
 use crate::error::{Error, Result};
 use crate::leases::{self, Lease};
@@ -91,6 +99,9 @@ pub(crate) type Touched = BTreeMap<(usize, Uuid), (u32, i64)>;
 pub(crate) struct Fence<'a> {
     pub(crate) holder: &'a str,
     pub(crate) leases: &'a [Lease],
+    /// When the first of `leases` may expire, by this process's monotonic
+    /// clock, less a margin: the pass writes nothing after it.
+    pub(crate) deadline: Instant,
 }
 
 /// What a pass did.
@@ -111,6 +122,9 @@ pub(crate) struct PassResult {
     /// Target clusters that could not be written; their consumers did not
     /// advance.
     pub(crate) failed_targets: Vec<(usize, Error)>,
+    /// The pass stopped at its lease deadline: nothing of it committed on
+    /// the cell's cluster, and no offset moved.
+    pub(crate) abandoned: bool,
 }
 
 /// One row's entry that could not be computed or written.
@@ -135,11 +149,14 @@ pub(crate) struct Pass<'a> {
     pub(crate) attempts: &'a mut HashMap<(usize, Uuid), u32>,
     /// Attempts after which an entry goes to the quarantine.
     pub(crate) quarantine_after: u32,
+    /// The test hook of the maintainer's passes.
+    pub(crate) hook: Option<&'a PassHook>,
 }
 
 impl Pass<'_> {
     /// Applies the log after `offsets` (per shard, per consumer).
     pub(crate) async fn run(&mut self, offsets: &BTreeMap<u32, Vec<i64>>) -> Result<PassResult> {
+        self.stage(offsets, PassStage::Start).await;
         let backend = self.topology.clusters[self.cluster].maintenance()?.clone();
         let positions: Vec<(u32, i64)> = offsets
             .iter()
@@ -187,16 +204,34 @@ impl Pass<'_> {
             if target == self.cluster {
                 continue;
             }
+            if entries.is_empty() {
+                written.insert(target);
+                continue;
+            }
+            if self.past_deadline() {
+                return Ok(self.abandon(result));
+            }
+            self.stage(
+                offsets,
+                PassStage::RemoteWrite {
+                    target: self.topology.clusters[target].name.clone(),
+                },
+            )
+            .await;
             match self.write_remote(target, &entries).await {
-                Ok(()) => {
+                Ok(true) => {
                     written.insert(target);
                 }
+                Ok(false) => return Ok(self.abandon(result)),
                 Err(err) if err.is_transient() || err.is_retryable() => {
                     result.failed_targets.push((target, err));
                 }
                 Err(err) => {
                     tracing::warn!(datastore = %self.ds.name(), error = %err, "index batch refused; applying its entries one by one");
-                    failures.extend(self.isolate(target, &entries, &touched).await?);
+                    let Some(failed) = self.isolate(target, &entries, &touched).await? else {
+                        return Ok(self.abandon(result));
+                    };
+                    failures.extend(failed);
                     written.insert(target);
                 }
             }
@@ -208,6 +243,10 @@ impl Pass<'_> {
         let now = truncate_to_micros(Utc::now());
         let (quarantine, retry) = self.classify(failures);
         let advanced = self.advance(offsets, &last_read, &written, &retry);
+        if self.past_deadline() {
+            return Ok(self.abandon(result));
+        }
+        self.stage(offsets, PassStage::LocalCommit).await;
         let first = self
             .commit_local(
                 backend.as_ref(),
@@ -215,11 +254,13 @@ impl Pass<'_> {
                 offsets,
                 &advanced,
                 &quarantine,
+                &[],
                 now,
             )
             .await;
         let (quarantine, retry, advanced) = match first {
-            Ok(()) => (quarantine, retry, advanced),
+            Ok(true) => (quarantine, retry, advanced),
+            Ok(false) => return Ok(self.abandon(result)),
             Err(err)
                 if err.is_transient()
                     || err.is_retryable()
@@ -231,11 +272,26 @@ impl Pass<'_> {
                 tracing::warn!(datastore = %self.ds.name(), error = %err, "index batch refused; applying its entries one by one");
                 let mut failures = quarantine;
                 failures.extend(retry);
-                failures.extend(self.isolate(self.cluster, &entries, &touched).await?);
+                let Some(failed) = self.isolate(self.cluster, &entries, &touched).await? else {
+                    return Ok(self.abandon(result));
+                };
+                failures.extend(failed);
                 let (quarantine, retry) = self.classify(failures);
                 let advanced = self.advance(offsets, &last_read, &written, &retry);
-                self.commit_local(backend.as_ref(), None, offsets, &advanced, &quarantine, now)
+                let committed = self
+                    .commit_local(
+                        backend.as_ref(),
+                        None,
+                        offsets,
+                        &advanced,
+                        &quarantine,
+                        &[],
+                        now,
+                    )
                     .await?;
+                if !committed {
+                    return Ok(self.abandon(result));
+                }
                 (quarantine, retry, advanced)
             }
         };
@@ -274,9 +330,16 @@ impl Pass<'_> {
 
     /// Recomputes and writes the entries `touched` (index, row → the
     /// shard and a cell position for the quarantine), outside the log: the
-    /// retry of quarantined entries. Entries that fail again go back to the
-    /// quarantine at once. Returns how many were applied.
-    pub(crate) async fn reapply(&mut self, touched: &Touched) -> Result<usize> {
+    /// retry of quarantined entries. The quarantine records of the entries
+    /// applied, and those of `forget` (`(index name, row key)`), are
+    /// removed in the transaction that writes the entries on this cluster,
+    /// so a retry that fails part-way keeps them; entries that fail again
+    /// are recorded again at once. Returns how many were applied.
+    pub(crate) async fn reapply(
+        &mut self,
+        touched: &Touched,
+        forget: &[(String, Uuid)],
+    ) -> Result<usize> {
         let backend = self.topology.clusters[self.cluster].maintenance()?.clone();
         let mut result = PassResult::default();
         let mut failures = Vec::new();
@@ -285,13 +348,23 @@ impl Pass<'_> {
             .await?;
         let targets: BTreeSet<usize> = self.consumers.iter().map(|c| c.target).collect();
         for &target in &targets {
-            if target != self.cluster {
+            if target != self.cluster && !entries.is_empty() {
                 self.write_remote(target, &entries).await?;
             }
         }
         let now = truncate_to_micros(Utc::now());
         let local = targets.contains(&self.cluster);
         let nothing = BTreeMap::new();
+        let resolved = |failures: &[Failure]| -> Vec<(String, Uuid)> {
+            let failed: BTreeSet<(usize, Uuid)> =
+                failures.iter().map(|f| (f.index, f.row_key)).collect();
+            touched
+                .keys()
+                .filter(|k| !failed.contains(k))
+                .map(|(index, row_key)| (self.ds.indexes[*index].def.name.clone(), *row_key))
+                .chain(forget.iter().cloned())
+                .collect()
+        };
         let first = self
             .commit_local(
                 backend.as_ref(),
@@ -299,6 +372,7 @@ impl Pass<'_> {
                 &nothing,
                 &nothing,
                 &failures,
+                &resolved(&failures),
                 now,
             )
             .await;
@@ -306,13 +380,67 @@ impl Pass<'_> {
             if err.is_transient() || err.is_retryable() {
                 return Err(err);
             }
-            failures.extend(self.isolate(self.cluster, &entries, touched).await?);
-            self.commit_local(backend.as_ref(), None, &nothing, &nothing, &failures, now)
-                .await?;
+            let isolated = self.isolate(self.cluster, &entries, touched).await?;
+            failures.extend(isolated.unwrap_or_default());
+            self.commit_local(
+                backend.as_ref(),
+                None,
+                &nothing,
+                &nothing,
+                &failures,
+                &resolved(&failures),
+                now,
+            )
+            .await?;
         }
         let failed: BTreeSet<(usize, Uuid)> =
             failures.iter().map(|f| (f.index, f.row_key)).collect();
         Ok(touched.keys().filter(|k| !failed.contains(k)).count())
+    }
+
+    /// What a pass that stopped at its lease deadline reports: the cells
+    /// it read, nothing applied.
+    fn abandon(&self, result: PassResult) -> PassResult {
+        tracing::debug!(datastore = %self.ds.name(), "pass stopped at its lease deadline");
+        PassResult {
+            abandoned: true,
+            offsets: BTreeMap::new(),
+            complete: BTreeSet::new(),
+            delays_us: Vec::new(),
+            quarantined: 0,
+            ..result
+        }
+    }
+
+    /// True once the pass's lease deadline has passed; never for a pass
+    /// without leases.
+    fn past_deadline(&self) -> bool {
+        self.fence
+            .as_ref()
+            .is_some_and(|fence| Instant::now() >= fence.deadline)
+    }
+
+    /// Awaits the test hook, if any, at `stage`.
+    async fn stage(&self, offsets: &BTreeMap<u32, Vec<i64>>, stage: PassStage) {
+        let Some(hook) = self.hook else {
+            return;
+        };
+        // The consumers the pass applies the log for: those not counted
+        // as caught up for it.
+        let consumers = self
+            .consumers
+            .iter()
+            .enumerate()
+            .filter(|(c, _)| offsets.values().any(|per| per[*c] != i64::MAX))
+            .map(|(_, consumer)| consumer.name.clone())
+            .collect();
+        (hook.0)(PassPoint {
+            datastore: self.ds.name().to_string(),
+            cluster: self.topology.clusters[self.cluster].name.clone(),
+            consumers,
+            stage,
+        })
+        .await;
     }
 
     /// Splits `failures` into entries to quarantine now (they failed
@@ -447,36 +575,50 @@ impl Pass<'_> {
     }
 
     /// Writes the entries to the index tables on another cluster, in one
-    /// transaction.
+    /// transaction; false when the lease deadline passed before a retry
+    /// (the caller checks it before the first attempt).
     async fn write_remote(
         &self,
         target: usize,
         entries: &BTreeMap<(usize, Uuid), Entry>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let backend = self.topology.clusters[target].maintenance()?;
         let dialect = backend.dialect();
-        crate::retry::with_retry("writing index entries", || async {
-            let mut tx = backend.begin().await?;
-            self.write_entries(tx.as_mut(), dialect, target, entries.iter())
-                .await?;
-            tx.commit().await
+        let mut attempt = 0;
+        crate::retry::with_retry("writing index entries", || {
+            attempt += 1;
+            let retry = attempt > 1;
+            async move {
+                if retry && self.past_deadline() {
+                    return Ok(false);
+                }
+                let mut tx = backend.begin().await?;
+                self.write_entries(tx.as_mut(), dialect, target, entries.iter())
+                    .await?;
+                tx.commit().await?;
+                Ok(true)
+            }
         })
         .await
     }
 
     /// After a batch was refused: writes each entry in its own (fenced)
-    /// transaction and returns the ones the database refuses.
+    /// transaction and returns the ones the database refuses; `None` when
+    /// the lease deadline passed first.
     async fn isolate(
         &self,
         target: usize,
         entries: &BTreeMap<(usize, Uuid), Entry>,
         touched: &Touched,
-    ) -> Result<Vec<Failure>> {
+    ) -> Result<Option<Vec<Failure>>> {
         let backend = self.topology.clusters[target].maintenance()?;
         let dialect = backend.dialect();
         let fenced = target == self.cluster;
         let mut failures = Vec::new();
         for (key, entry) in entries {
+            if self.past_deadline() {
+                return Ok(None);
+            }
             let outcome = crate::retry::with_retry("writing an index entry", || async {
                 let mut tx = backend.begin().await?;
                 if let (true, Some(fence)) = (fenced, &self.fence) {
@@ -504,7 +646,7 @@ impl Pass<'_> {
                 }
             }
         }
-        Ok(failures)
+        Ok(Some(failures))
     }
 
     /// The upserts and tombstones of every index for cluster `target`.
@@ -516,27 +658,19 @@ impl Pass<'_> {
         entries: impl Iterator<Item = (&'e (usize, Uuid), &'e Entry)>,
     ) -> Result<()> {
         let now = Value::DateTime(truncate_to_micros(Utc::now()));
-        let mut upserts: Vec<Vec<(Uuid, &Entry)>> = vec![Vec::new(); self.ds.indexes.len()];
-        let mut tombstones: Vec<Vec<(Uuid, &Entry)>> = vec![Vec::new(); self.ds.indexes.len()];
+        // Per index: each row with its entry and whether it lives here
+        // (else a tombstone is written).
+        let mut rows: Vec<Vec<(Uuid, &Entry, bool)>> = vec![Vec::new(); self.ds.indexes.len()];
         for ((index, row_key), entry) in entries {
             let here = entry
                 .shard
                 .is_some_and(|s| self.ds.map.cluster_of(s) == target);
-            if here {
-                upserts[*index].push((*row_key, entry));
-            } else {
-                tombstones[*index].push((*row_key, entry));
-            }
+            rows[*index].push((*row_key, entry, here));
         }
         for (i, runtime) in self.ds.indexes.iter().enumerate() {
             let per_row = 3 + runtime.def.fields.len() + runtime.def.columns.len();
-            for chunk in upserts[i].chunks(MAX_PARAMS / per_row) {
+            for chunk in rows[i].chunks(MAX_PARAMS / per_row) {
                 tx.execute(&upsert_sql(dialect, runtime, chunk, &now))
-                    .await?;
-            }
-            let per_row = 1 + 6 * runtime.def.columns.len();
-            for chunk in tombstones[i].chunks(MAX_PARAMS / per_row) {
-                tx.execute(&tombstone_sql(dialect, runtime, chunk, &now))
                     .await?;
             }
         }
@@ -544,7 +678,10 @@ impl Pass<'_> {
     }
 
     /// The transaction on the cell cluster: the fence, the local index
-    /// writes, the quarantine and the offsets.
+    /// writes, the quarantine (new records, and `resolved` ones removed)
+    /// and the offsets. False when the lease deadline passed before a
+    /// retry (the caller checks it before the first attempt).
+    #[allow(clippy::too_many_arguments)]
     async fn commit_local(
         &self,
         backend: &dyn Backend,
@@ -552,38 +689,55 @@ impl Pass<'_> {
         before: &BTreeMap<u32, Vec<i64>>,
         offsets: &BTreeMap<u32, Vec<i64>>,
         quarantine: &[Failure],
+        resolved: &[(String, Uuid)],
         now: chrono::DateTime<Utc>,
-    ) -> Result<()> {
-        let nothing =
-            entries.is_none_or(BTreeMap::is_empty) && offsets.is_empty() && quarantine.is_empty();
+    ) -> Result<bool> {
+        let nothing = entries.is_none_or(BTreeMap::is_empty)
+            && offsets.is_empty()
+            && quarantine.is_empty()
+            && resolved.is_empty();
         if nothing {
-            return Ok(());
+            return Ok(true);
         }
         let dialect = backend.dialect();
-        crate::retry::with_retry("applying index entries", || async {
-            let mut tx = backend.begin().await?;
-            if let Some(fence) = &self.fence {
-                leases::fence(tx.as_mut(), dialect, fence.holder, fence.leases).await?;
+        let mut attempt = 0;
+        crate::retry::with_retry("applying index entries", || {
+            attempt += 1;
+            let retry = attempt > 1;
+            async move {
+                if retry && self.past_deadline() {
+                    return Ok(false);
+                }
+                let mut tx = backend.begin().await?;
+                if let Some(fence) = &self.fence {
+                    leases::fence(tx.as_mut(), dialect, fence.holder, fence.leases).await?;
+                }
+                if let Some(entries) = entries {
+                    self.write_entries(tx.as_mut(), dialect, self.cluster, entries.iter())
+                        .await?;
+                }
+                // As many terms as a retry of the quarantine deleted at once.
+                for chunk in resolved.chunks(500) {
+                    tx.execute(&forget_sql(dialect, self.ds, chunk)).await?;
+                }
+                if !quarantine.is_empty() {
+                    let sql =
+                        quarantine_sql(dialect, self.ds, quarantine, self.quarantine_after, now);
+                    tx.execute(&sql).await?;
+                }
+                write_offsets(
+                    tx.as_mut(),
+                    dialect,
+                    self.ds,
+                    self.consumers,
+                    before,
+                    offsets,
+                    now,
+                )
+                .await?;
+                tx.commit().await?;
+                Ok(true)
             }
-            if let Some(entries) = entries {
-                self.write_entries(tx.as_mut(), dialect, self.cluster, entries.iter())
-                    .await?;
-            }
-            if !quarantine.is_empty() {
-                let sql = quarantine_sql(dialect, self.ds, quarantine, self.quarantine_after, now);
-                tx.execute(&sql).await?;
-            }
-            write_offsets(
-                tx.as_mut(),
-                dialect,
-                self.ds,
-                self.consumers,
-                before,
-                offsets,
-                now,
-            )
-            .await?;
-            tx.commit().await
         })
         .await
     }
@@ -635,11 +789,16 @@ fn not_older(new: &str, stored: &str) -> String {
     format!("({stored} IS NULL OR ({new} IS NOT NULL AND {new} >= {stored}))")
 }
 
-/// A multi-row guarded upsert of entries.
+/// A multi-row guarded upsert of entries: each row is its entry where
+/// `here` says it lives on this cluster, else a tombstone (shard field and
+/// fields NULL) with the entry's ref keys. The guard, on every ref key,
+/// keeps the stored row when it was computed from newer cells; a new row is
+/// always inserted, so a tombstone is there for a later stale entry to lose
+/// to.
 fn upsert_sql(
     dialect: Dialect,
     runtime: &IndexRuntime,
-    rows: &[(Uuid, &Entry)],
+    rows: &[(Uuid, &Entry, bool)],
     now: &Value,
 ) -> Sql {
     let index = &runtime.def;
@@ -656,14 +815,18 @@ fn upsert_sql(
     sql.push(" (")
         .idents(columns.iter().copied())
         .push(") VALUES ");
-    sql.values(rows.iter().map(|(row_key, entry)| {
-        let mut values = vec![
-            Value::Uuid(*row_key),
-            entry
-                .shard
-                .map_or(Value::Null(ColType::Int), |s| Value::Int(i64::from(s))),
-        ];
-        values.extend(entry.fields.iter().cloned());
+    sql.values(rows.iter().map(|(row_key, entry, here)| {
+        let mut values = vec![Value::Uuid(*row_key)];
+        match (here, entry.shard) {
+            (true, Some(shard)) => {
+                values.push(Value::Int(i64::from(shard)));
+                values.extend(entry.fields.iter().cloned());
+            }
+            _ => {
+                values.push(Value::Null(ColType::Int));
+                values.extend(index.fields.iter().map(|f| Value::Null(col_type(f.ty))));
+            }
+        }
         values.push(now.clone());
         values.extend(entry.refs.iter().map(|r| ref_value(*r)));
         values
@@ -709,59 +872,31 @@ fn upsert_sql(
     sql
 }
 
-/// Turns the stored entries of `rows` into tombstones (shard field and
-/// fields NULL, the new ref keys kept), where the guard allows.
-fn tombstone_sql(
-    dialect: Dialect,
-    runtime: &IndexRuntime,
-    rows: &[(Uuid, &Entry)],
-    now: &Value,
-) -> Sql {
-    let index = &runtime.def;
-    let case = |sql: &mut Sql, position: usize| {
-        sql.push("(CASE ").ident("row_key");
-        for (row_key, entry) in rows {
-            sql.push(" WHEN ")
-                .bind(Value::Uuid(*row_key))
-                .push(" THEN ")
-                .bind(ref_value(entry.refs[position]));
-        }
-        sql.push(" END)");
-    };
-    let mut sql = Sql::new(dialect);
-    sql.push("UPDATE ")
-        .ident(&runtime.table)
-        .push(" SET ")
-        .ident(ddl::INDEX_SHARD_COLUMN)
-        .push(" = NULL");
-    for field in &index.fields {
-        sql.push(", ").ident(&field.name).push(" = NULL");
-    }
-    sql.push(", ")
-        .ident("_updated_at")
-        .push(" = ")
-        .bind(now.clone());
-    for (position, column) in index.columns.iter().enumerate() {
-        sql.push(", ").ident(&ddl::ref_column(column)).push(" = ");
-        case(&mut sql, position);
-    }
-    sql.push(" WHERE ")
-        .ident("row_key")
-        .push(" IN ")
-        .bind_list(rows.iter().map(|(r, _)| Value::Uuid(*r)));
-    for (position, column) in index.columns.iter().enumerate() {
-        let stored = dialect.quote(&ddl::ref_column(column));
-        sql.push(" AND (").push(&stored).push(" IS NULL OR (");
-        case(&mut sql, position);
-        sql.push(" IS NOT NULL AND ");
-        case(&mut sql, position);
-        sql.push(" >= ").push(&stored).push("))");
-    }
-    sql
-}
-
 fn ref_value(value: Option<i64>) -> Value {
     value.map_or(Value::Null(ColType::Int), Value::Int)
+}
+
+/// Removes the quarantine records `(index name, row key)` of `rows`.
+fn forget_sql(dialect: Dialect, ds: &DatastoreRuntime, rows: &[(String, Uuid)]) -> Sql {
+    let mut sql = Sql::new(dialect);
+    sql.push("DELETE FROM ")
+        .ident(&ddl::quarantine_table(ds.name()))
+        .push(" WHERE ");
+    for (i, (index, row_key)) in rows.iter().enumerate() {
+        if i > 0 {
+            sql.push(" OR ");
+        }
+        sql.push("(")
+            .ident("index_name")
+            .push(" = ")
+            .bind(Value::Text(index.clone()))
+            .push(" AND ")
+            .ident("row_key")
+            .push(" = ")
+            .bind(Value::Uuid(*row_key))
+            .push(")");
+    }
+    sql
 }
 
 /// Records quarantined entries, having failed `attempts` times (or counts

@@ -18,6 +18,8 @@ pub(crate) mod quarantine;
 pub(crate) mod query;
 
 pub use maintainer::{MaintainerOptions, MaintenanceMetrics};
+#[doc(hidden)]
+pub use maintainer::{PassHook, PassPoint, PassStage};
 pub use plan::{IndexQuery, OrderBy, QueryPlan};
 pub use quarantine::QuarantinedEntry;
 pub use query::{IndexEntry, IndexPage};

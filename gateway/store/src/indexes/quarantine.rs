@@ -4,7 +4,11 @@
 //! on each cluster, keyed by index and row. Entries are listed, and retried
 //! once their cause is fixed (e.g. after a fix of a definition or a
 //! backend): a retry recomputes the entry from the row's latest cells and
-//! writes it, or records the failure again.
+//! writes it, or records the failure again. A record is removed only by the
+//! transaction that writes its entry on the row's cluster, so a retry that
+//! fails (a cluster that does not answer) loses nothing: the log offsets
+//! have long passed the record's cells, and the record is all that is left
+//! of the work.
 
 use std::collections::BTreeMap;
 
@@ -104,8 +108,9 @@ pub(crate) async fn list(
 }
 
 /// Retries the quarantined entries of `ds` (of one index, or all): each
-/// leaves the quarantine if it can now be applied. Returns `(applied,
-/// still quarantined)`.
+/// leaves the quarantine if it can now be applied, in the transaction that
+/// applies it on its row's cluster; a retry that fails keeps the records.
+/// Returns `(applied, still quarantined)`.
 pub(crate) async fn retry(
     topology: &Topology,
     ds: &DatastoreRuntime,
@@ -117,52 +122,25 @@ pub(crate) async fn retry(
     let all = list(topology, ds).await?;
     let consumers = consumers(topology, ds);
     let mut applied = 0;
-    let mut by_cluster: BTreeMap<usize, Touched> = BTreeMap::new();
-    let mut forget: BTreeMap<usize, Vec<(String, Uuid)>> = BTreeMap::new();
+    let mut by_cluster: BTreeMap<usize, (Touched, Vec<(String, Uuid)>)> = BTreeMap::new();
     for entry in all {
         if index.is_some_and(|name| name != entry.index) {
             continue;
         }
-        let cluster = ds.map.cluster_of(entry.shard);
-        forget
-            .entry(cluster)
-            .or_default()
-            .push((entry.index.clone(), entry.row_key));
-        // An entry of an index no longer defined just leaves.
-        if let Some(position) = ds.indexes.iter().position(|i| i.def.name == entry.index) {
-            by_cluster
-                .entry(cluster)
-                .or_default()
-                .insert((position, entry.row_key), (entry.shard, entry.added_id));
-        }
-    }
-    for (cluster, rows) in &forget {
-        let backend = topology.clusters[*cluster].master()?;
-        for chunk in rows.chunks(500) {
-            let mut sql = Sql::new(backend.dialect());
-            sql.push("DELETE FROM ")
-                .ident(&ddl::quarantine_table(ds.name()))
-                .push(" WHERE ");
-            for (i, (index, row_key)) in chunk.iter().enumerate() {
-                if i > 0 {
-                    sql.push(" OR ");
-                }
-                sql.push("(")
-                    .ident("index_name")
-                    .push(" = ")
-                    .bind(Value::Text(index.clone()))
-                    .push(" AND ")
-                    .ident("row_key")
-                    .push(" = ")
-                    .bind(Value::Uuid(*row_key))
-                    .push(")");
+        let (touched, forget) = by_cluster
+            .entry(ds.map.cluster_of(entry.shard))
+            .or_default();
+        match ds.indexes.iter().position(|i| i.def.name == entry.index) {
+            Some(position) => {
+                touched.insert((position, entry.row_key), (entry.shard, entry.added_id));
             }
-            backend.execute(&sql).await?;
+            // An entry of an index no longer defined just leaves.
+            None => forget.push((entry.index, entry.row_key)),
         }
     }
     let mut attempts = std::collections::HashMap::new();
-    let total: usize = by_cluster.values().map(BTreeMap::len).sum();
-    for (cluster, touched) in by_cluster {
+    let total: usize = by_cluster.values().map(|(t, _)| t.len()).sum();
+    for (cluster, (touched, forget)) in by_cluster {
         let mut pass = Pass {
             topology,
             ds,
@@ -171,8 +149,9 @@ pub(crate) async fn retry(
             fence: None,
             attempts: &mut attempts,
             quarantine_after: 1,
+            hook: None,
         };
-        applied += pass.reapply(&touched).await?;
+        applied += pass.reapply(&touched, &forget).await?;
     }
     Ok((applied, total - applied))
 }

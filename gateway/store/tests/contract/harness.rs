@@ -6,10 +6,16 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`); each test then creates its
 //! own database on that server and drops it afterwards. Without the variable
 //! the test prints that it was skipped.
+//!
+//! A test runs on one cluster or on two ([`Env::two_clusters`]): then a
+//! second database of the same backend (another SQLite file, another
+//! database on the same server) is cluster `b`, and every datastore's
+//! shards are split evenly, 0–2047 on `a` and 2048–4095 on `b`, so cells
+//! and index entries of one row may live on different clusters.
 
 use std::path::Path;
 
-use cellgate_store::StorageConfig;
+use cellgate_store::{ClusterConfig, StorageConfig};
 use cellgate_store::{Store, StoreOptions};
 use sqlx::Connection;
 
@@ -28,6 +34,8 @@ pub struct Env {
     server: Option<(String, String)>,
     /// Databases made by [`Env::extra_url`], dropped on cleanup.
     extra: std::sync::Mutex<Vec<String>>,
+    /// The second cluster's database, when the test runs on two.
+    pub second: Option<String>,
     dir: tempfile::TempDir,
 }
 
@@ -98,8 +106,24 @@ impl Env {
             url,
             server,
             extra: std::sync::Mutex::new(Vec::new()),
+            second: None,
             dir,
         })
+    }
+
+    /// A fresh environment of two clusters, or `None` (with a message)
+    /// when the backend's server is not configured.
+    pub async fn two_clusters(kind: Kind, test: &str) -> Option<Env> {
+        let mut env = Env::new(kind, test).await?;
+        env.second = Some(env.extra_url().await);
+        Some(env)
+    }
+
+    /// The database URL of each cluster, `a` first.
+    pub fn urls(&self) -> Vec<String> {
+        std::iter::once(self.url.clone())
+            .chain(self.second.clone())
+            .collect()
     }
 
     /// A second, empty database of the same backend (another SQLite file,
@@ -138,8 +162,23 @@ impl Env {
         Store::open(defs, options).await
     }
 
+    /// The environment's topology: one cluster, or two with the shards
+    /// split evenly.
     pub fn storage(&self) -> StorageConfig {
-        StorageConfig::single(&self.url)
+        match &self.second {
+            None => StorageConfig::single(&self.url),
+            Some(second) => StorageConfig {
+                clusters: [("a", &self.url), ("b", second)]
+                    .into_iter()
+                    .map(|(name, url)| ClusterConfig {
+                        name: name.into(),
+                        master: url.to_string(),
+                        replicas: vec![],
+                    })
+                    .collect(),
+                ..StorageConfig::default()
+            },
+        }
     }
 
     pub async fn open(&self) -> Store {
@@ -231,12 +270,111 @@ async fn create_database(kind: Kind, base: &str, name: &str) {
     }
 }
 
+/// Runs `sql` (no result) on the database at `url`, outside any store.
+pub async fn execute(kind: Kind, url: &str, sql: &str) {
+    let outcome = match kind {
+        Kind::Sqlite => {
+            let mut conn = sqlx::SqliteConnection::connect(url).await.expect("connect");
+            sqlx::query(sql).execute(&mut conn).await.map(|_| ())
+        }
+        Kind::MySql => {
+            let mut conn = sqlx::MySqlConnection::connect(url).await.expect("connect");
+            sqlx::query(sql).execute(&mut conn).await.map(|_| ())
+        }
+        Kind::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+            sqlx::query(sql).execute(&mut conn).await.map(|_| ())
+        }
+    };
+    outcome.unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// The first column of the first row of `sql` (an integer; `None` when
+/// there is no row or it is NULL), on the database at `url`.
+pub async fn scalar(kind: Kind, url: &str, sql: &str) -> Option<i64> {
+    use sqlx::Row;
+    let outcome = match kind {
+        Kind::Sqlite => {
+            let mut conn = sqlx::SqliteConnection::connect(url).await.expect("connect");
+            sqlx::query(sql)
+                .fetch_optional(&mut conn)
+                .await
+                .map(|r| r.and_then(|r| r.get::<Option<i64>, _>(0)))
+        }
+        Kind::MySql => {
+            let mut conn = sqlx::MySqlConnection::connect(url).await.expect("connect");
+            sqlx::query(sql)
+                .fetch_optional(&mut conn)
+                .await
+                .map(|r| r.and_then(|r| r.get::<Option<i64>, _>(0)))
+        }
+        Kind::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+            sqlx::query(sql)
+                .fetch_optional(&mut conn)
+                .await
+                .map(|r| r.and_then(|r| r.get::<Option<i64>, _>(0)))
+        }
+    };
+    outcome.unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Holds a lock that keeps every other session from writing `table` of
+/// the database at `url`, until the returned connection is dropped:
+/// a transaction that has written (SQLite's single writer),
+/// `LOCK TABLE … IN ACCESS EXCLUSIVE MODE` (PostgreSQL), `LOCK TABLES
+/// … WRITE` (MySQL).
+pub async fn lock_table(kind: Kind, url: &str, table: &str) -> Box<dyn std::any::Any + Send> {
+    match kind {
+        Kind::Sqlite => {
+            let mut conn = sqlx::SqliteConnection::connect(url).await.expect("connect");
+            sqlx::query("BEGIN IMMEDIATE")
+                .execute(&mut conn)
+                .await
+                .expect("lock");
+            Box::new(conn)
+        }
+        Kind::MySql => {
+            let mut conn = sqlx::MySqlConnection::connect(url).await.expect("connect");
+            sqlx::query(&format!("LOCK TABLES {table} WRITE"))
+                .execute(&mut conn)
+                .await
+                .expect("lock");
+            Box::new(conn)
+        }
+        Kind::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+            sqlx::query("BEGIN")
+                .execute(&mut conn)
+                .await
+                .expect("begin");
+            sqlx::query(&format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+                .execute(&mut conn)
+                .await
+                .expect("lock");
+            Box::new(conn)
+        }
+    }
+}
+
 /// Instantiates every listed contract test for SQLite, MySQL and PostgreSQL.
 #[macro_export]
 macro_rules! contract_suite {
     ($($test:ident),* $(,)?) => {
-        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::run(super::harness::Kind::Sqlite, stringify!($test), super::$test).await } )* }
-        mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::run(super::harness::Kind::MySql, stringify!($test), super::$test).await } )* }
-        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::run(super::harness::Kind::Postgres, stringify!($test), super::$test).await } )* }
+        $crate::contract_suite!(@on run: sqlite, mysql, postgres; $($test),*);
+    };
+    (@on $run:ident: $sqlite:ident, $mysql:ident, $postgres:ident; $($test:ident),*) => {
+        mod $sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::$run(super::harness::Kind::Sqlite, stringify!($test), super::$test).await } )* }
+        mod $mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::$run(super::harness::Kind::MySql, stringify!($test), super::$test).await } )* }
+        mod $postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $test() { super::$run(super::harness::Kind::Postgres, stringify!($test), super::$test).await } )* }
+    };
+}
+
+/// Instantiates every listed contract test on two clusters
+/// ([`Env::two_clusters`]) of SQLite, MySQL and PostgreSQL.
+#[macro_export]
+macro_rules! contract_suite_on_two_clusters {
+    ($($test:ident),* $(,)?) => {
+        $crate::contract_suite!(@on run_on_two_clusters: sqlite_two_clusters, mysql_two_clusters, postgres_two_clusters; $($test),*);
     };
 }

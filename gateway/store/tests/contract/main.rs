@@ -8,11 +8,13 @@ mod concurrency;
 mod harness;
 mod ids;
 mod maintenance;
+mod moving_leases;
 
 use catalog::*;
 use concurrency::*;
 use ids::*;
 use maintenance::*;
+use moving_leases::*;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -34,6 +36,22 @@ where
     Fut: Future<Output = ()>,
 {
     let Some(env) = Env::new(kind, name).await else {
+        return;
+    };
+    let env = Arc::new(env);
+    test(env.clone()).await;
+    if let Ok(env) = Arc::try_unwrap(env) {
+        env.cleanup().await;
+    }
+}
+
+/// Runs `test` on two clusters of the backend.
+async fn run_on_two_clusters<F, Fut>(kind: Kind, name: &str, test: F)
+where
+    F: FnOnce(Arc<Env>) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let Some(env) = Env::two_clusters(kind, name).await else {
         return;
     };
     let env = Arc::new(env);
@@ -94,6 +112,28 @@ contract_suite!(
     two_allocators_on_one_cache_path_lease_distinct_workers,
     a_renewed_lease_cannot_be_taken_over_from_a_stale_read,
     tagged_ids_name_the_shard_of_their_row,
+);
+
+// The index contract again with cells and index entries spread over two
+// clusters, and what only two clusters can show.
+contract_suite_on_two_clusters!(
+    index_follows_latest_cells,
+    shard_field_change_moves_the_entry,
+    older_versions_never_overwrite_newer,
+    index_catches_up_after_crash,
+    query_operators_on_every_type,
+    pagination_has_no_gaps_or_repeats,
+    fan_out_over_shard_values,
+    index_lag_reports_pending_cells,
+    unstorable_values_do_not_stall_a_shard,
+    the_sweep_indexes_cells_nobody_announced,
+    two_gateways_moving_shard_fields_agree_with_a_recomputation,
+    a_stale_pass_cannot_reinsert_an_entry_its_successor_removed,
+    a_pass_held_past_its_lease_writes_nothing,
+    stalled_passes_and_stolen_leases_agree_with_a_recomputation,
+    a_failed_quarantine_retry_keeps_the_records,
+    a_building_index_version_does_not_hold_back_live_indexes,
+    moving_entries_between_clusters_takes_no_statement_per_row,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {

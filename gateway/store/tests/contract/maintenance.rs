@@ -263,7 +263,9 @@ pub async fn two_gateways_moving_shard_fields_agree_with_a_recomputation(env: Ar
                 .buckets_held
         })
         .sum();
-    assert!(held <= 64, "no bucket held twice: {held}");
+    // 64 buckets per cluster.
+    let buckets = 64 * env.urls().len();
+    assert!(held <= buckets, "no bucket held twice: {held} of {buckets}");
 }
 
 // Regression: with many concurrent writers the maintainer queued behind

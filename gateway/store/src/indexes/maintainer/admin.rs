@@ -43,6 +43,7 @@ pub(crate) async fn apply_all(
                 fence: None,
                 attempts: &mut attempts,
                 quarantine_after,
+                hook: None,
             };
             let result = pass.run(&offsets).await?;
             if let Some((target, err)) = result.failed_targets.into_iter().next() {

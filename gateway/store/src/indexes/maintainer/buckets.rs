@@ -1,8 +1,11 @@
 //! Lease buckets: the shards of a datastore on a cluster split into up to
 //! [`BUCKETS`] leases, and how a worker renews its leases, counts the
-//! gateways and takes or gives up buckets to hold a fair share.
+//! gateways and takes or gives up buckets to hold a fair share. Each held
+//! lease keeps, by the monotonic clock, until when it is surely held: the
+//! time its taking or renewal was sent plus the lease time.
 
 use std::collections::{BTreeSet, HashMap};
+use std::time::Instant;
 
 use chrono::Utc;
 use rand::seq::SliceRandom;
@@ -14,6 +17,16 @@ use crate::topology::{ClusterState, DatastoreRuntime, Topology};
 
 use super::worker::Worker;
 use super::*;
+
+/// A lease this worker holds.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    pub(super) lease: Lease,
+    /// The monotonic time the statement that took or renewed the lease
+    /// was sent, plus the lease time: the lease cannot have expired
+    /// before, but for skew between clocks (see `worker.rs`).
+    pub(super) until: Instant,
+}
 
 /// A lease bucket: a run of the shards of one cluster.
 pub(super) struct Bucket {
@@ -82,13 +95,14 @@ impl Worker {
         let ttl = self.shared.options.lease_time;
         let holder = self.shared.holder.clone();
         leases::heartbeat(backend, &holder, ttl).await?;
-        let held: Vec<Lease> = self.held.values().cloned().collect();
+        let held: Vec<Lease> = self.held.values().map(|h| h.lease.clone()).collect();
+        let sent = Instant::now();
         let renewed = leases::renew(backend, &holder, &held, ttl).await?;
         let renewed_names: BTreeSet<&str> = renewed.iter().map(|l| l.name.as_str()).collect();
         let lost: Vec<usize> = self
             .held
             .iter()
-            .filter(|(_, l)| !renewed_names.contains(l.name.as_str()))
+            .filter(|(_, h)| !renewed_names.contains(h.lease.name.as_str()))
             .map(|(b, _)| *b)
             .collect();
         for bucket in lost {
@@ -96,8 +110,15 @@ impl Worker {
             self.drop_bucket(bucket);
         }
         for lease in renewed {
-            if let Some((_, held)) = self.held.iter_mut().find(|(_, l)| l.name == lease.name) {
-                *held = lease;
+            if let Some((_, held)) = self
+                .held
+                .iter_mut()
+                .find(|(_, h)| h.lease.name == lease.name)
+            {
+                *held = Held {
+                    lease,
+                    until: sent + ttl,
+                };
             }
         }
         let members = leases::live_members(backend).await?;
@@ -150,9 +171,11 @@ impl Worker {
             let rows: Vec<leases::LeaseRow> = free.iter().map(|(_, r)| r.clone()).collect();
             let buckets: HashMap<String, usize> =
                 free.iter().map(|(b, r)| (r.name.clone(), *b)).collect();
+            let sent = Instant::now();
             for lease in leases::acquire_all(backend, &rows, &holder, ttl, Duration::ZERO).await? {
                 let bucket = buckets[&lease.name];
-                self.held.insert(bucket, lease);
+                let until = sent + ttl;
+                self.held.insert(bucket, Held { lease, until });
                 acquired.push(bucket);
             }
         } else {
@@ -160,10 +183,12 @@ impl Worker {
                 if self.held.len() >= fair {
                     break;
                 }
+                let sent = Instant::now();
                 if let Some(lease) =
                     leases::acquire(backend, &row, &holder, ttl, Duration::ZERO).await?
                 {
-                    self.held.insert(bucket, lease);
+                    let until = sent + ttl;
+                    self.held.insert(bucket, Held { lease, until });
                     acquired.push(bucket);
                 }
             }
@@ -192,10 +217,21 @@ impl Worker {
             .await?
             .into_iter()
             .collect();
+        let building: Vec<bool> = self
+            .consumers
+            .iter()
+            .map(|c| !ds.indexes[c.index].is_ready())
+            .collect();
         for (shard, per) in offsets {
             let head = heads.get(&shard).copied().unwrap_or(0);
-            if per.iter().any(|o| *o < head) {
-                self.dirty.insert(shard);
+            for (o, building) in per.iter().zip(&building) {
+                if *o < head {
+                    if *building {
+                        self.building.insert(shard);
+                    } else {
+                        self.dirty.insert(shard);
+                    }
+                }
             }
             self.heads.insert(shard, head);
             self.offsets.insert(shard, per);
@@ -210,7 +246,7 @@ impl Worker {
         if !self.maintain {
             return;
         }
-        let mut names: Vec<String> = self.held.values().map(|l| l.name.clone()).collect();
+        let mut names: Vec<String> = self.held.values().map(|h| h.lease.name.clone()).collect();
         names.push(leases::member_name(&self.shared.holder));
         let _ = leases::release(self.backend.as_ref(), &self.shared.holder, &names).await;
     }

@@ -2,6 +2,20 @@
 //! events, sweeps, lease rounds, shutdown), the batches of dirty shards a
 //! pass applies, and what it records of each pass. Its leases are in
 //! `buckets.rs`.
+//!
+//! **Live and building consumers.** A pass applies the log for one group
+//! of consumers: those of ready indexes (*live*) or those of index versions
+//! still being built from the log. The groups keep dirty shards of their
+//! own and their passes read from their own offsets, so a version being
+//! built from the start of the log never holds back the live indexes: the
+//! build runs one pass (a page of the log at most) at a time, as a task of
+//! its own that the rounds of live passes do not wait for.
+//!
+//! **Lease deadlines.** A pass writes nothing once the leases it runs
+//! under may have expired: its deadline is when the first of them was last
+//! taken or renewed (the statement sent, by the monotonic clock) plus the
+//! lease time, less an eighth of it, which covers skew between this
+//! process's clock and the database's that judges expiry.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Weak};
@@ -9,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -18,6 +33,25 @@ use crate::leases::Lease;
 use crate::topology::{DatastoreRuntime, Topology};
 
 use super::*;
+
+/// What one pass is given.
+pub(super) struct Work {
+    /// Per shard, per consumer; `i64::MAX` for consumers the pass leaves
+    /// alone.
+    offsets: BTreeMap<u32, Vec<i64>>,
+    leases: Vec<Lease>,
+    deadline: Instant,
+    attempts: HashMap<(usize, Uuid), u32>,
+}
+
+/// What a pass for the versions being built reports back to its worker.
+pub(super) struct Built {
+    batch: Vec<u32>,
+    group: Vec<bool>,
+    down: BTreeSet<usize>,
+    attempts: HashMap<(usize, Uuid), u32>,
+    result: Result<apply::PassResult>,
+}
 
 pub(super) struct Worker {
     /// Apply the log (hold leases); without, the worker only measures lag.
@@ -31,14 +65,19 @@ pub(super) struct Worker {
     pub(super) consumers: Vec<Consumer>,
     pub(super) buckets: Vec<Bucket>,
     pub(super) bucket_of: HashMap<u32, usize>,
-    pub(super) held: BTreeMap<usize, Lease>,
+    pub(super) held: BTreeMap<usize, Held>,
     /// Offsets per consumer of the shards of held buckets.
     pub(super) offsets: BTreeMap<u32, Vec<i64>>,
     /// Latest known log head per held shard.
     pub(super) heads: HashMap<u32, i64>,
+    /// Shards a live consumer may be behind on.
     pub(super) dirty: BTreeSet<u32>,
     /// Where the next pass starts in `dirty`, so every shard gets a turn.
     pub(super) cursor: u32,
+    /// Shards a consumer of an index version being built may be behind on.
+    pub(super) building: BTreeSet<u32>,
+    /// Where the next building pass starts in `building`.
+    pub(super) building_cursor: u32,
     pub(super) attempts: HashMap<(usize, Uuid), u32>,
     /// Target clusters skipped until the given time.
     pub(super) down: HashMap<usize, (Instant, u32)>,
@@ -78,6 +117,8 @@ impl Worker {
             heads: HashMap::new(),
             dirty: BTreeSet::new(),
             cursor: 0,
+            building: BTreeSet::new(),
+            building_cursor: 0,
             attempts: HashMap::new(),
             down: HashMap::new(),
             backoff: None,
@@ -98,9 +139,13 @@ impl Worker {
         let mut sweep_tick =
             tokio::time::interval_at(tokio::time::Instant::now() + sweep_every, sweep_every);
         sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The pass for index versions being built, while one is under way.
+        let mut build: Option<JoinHandle<Built>> = None;
         loop {
             let waiting = self.backoff;
-            let can_work = !self.dirty.is_empty() && waiting.is_none();
+            let can_work = (!self.dirty.is_empty()
+                || (!self.building.is_empty() && build.is_none()))
+                && waiting.is_none();
             tokio::select! {
                 biased;
                 _ = stopped.changed() => break,
@@ -137,22 +182,45 @@ impl Worker {
                 _ = tokio::time::sleep_until(waiting.unwrap_or_else(Instant::now).into()), if waiting.is_some() => {
                     self.backoff = None;
                 }
+                outcome = async { build.as_mut().expect("a build pass").await }, if build.is_some() => {
+                    build = None;
+                    self.built(outcome);
+                }
                 _ = std::future::ready(()), if can_work => {
-                    self.pass().await;
+                    self.pass(&mut build).await;
                 }
             }
+        }
+        if let Some(build) = build {
+            let _ = build.await;
         }
         self.release_all().await;
     }
 
     fn written(&mut self, heads: Vec<(u32, i64)>) {
+        let building = self.topology.upgrade().is_some_and(|topology| {
+            topology
+                .datastore(&self.datastore)
+                .is_ok_and(|ds| ds.indexes.iter().any(|i| !i.is_ready()))
+        });
         for (shard, head) in heads {
             let known = self.heads.entry(shard).or_insert(0);
             *known = (*known).max(head);
             if self.offsets.contains_key(&shard) {
                 self.dirty.insert(shard);
+                if building {
+                    self.building.insert(shard);
+                }
             }
         }
+    }
+
+    /// Per consumer: whether its index version is still being built.
+    fn building_consumers(&self, ds: &DatastoreRuntime) -> Vec<bool> {
+        self.consumers
+            .iter()
+            .map(|c| !ds.indexes[c.index].is_ready())
+            .collect()
     }
 
     fn targets_down(&self) -> BTreeSet<usize> {
@@ -164,69 +232,58 @@ impl Worker {
             .collect()
     }
 
-    /// Runs a round of passes: up to `passes` at once, each over whole
-    /// lease buckets of dirty shards (so no two lock the same lease row or
-    /// touch the same index entries), at most [`PASS_SHARDS`] shards each.
-    async fn pass(&mut self) {
+    /// Runs a round of passes: up to `passes` at once for the live
+    /// consumers, each over whole lease buckets of dirty shards (so no two
+    /// lock the same lease row or touch the same index entries), at most
+    /// [`PASS_SHARDS`] shards each. Unless one is under way (`build`), it
+    /// also starts a pass for the consumers of index versions being built,
+    /// as a task of its own, so that the live rounds never wait for it (its
+    /// index entries are other tables; where its buckets are also in a live
+    /// batch, the two passes take the lease rows in turn).
+    async fn pass(&mut self, build: &mut Option<JoinHandle<Built>>) {
         let Some(topology) = self.topology.upgrade() else {
             self.dirty.clear();
+            self.building.clear();
             return;
         };
         let Ok(ds) = topology.datastore(&self.datastore) else {
             self.dirty.clear();
+            self.building.clear();
             return;
         };
-        let batches = self.batches(&topology);
+        let building = self.building_consumers(&ds);
+        if !building.contains(&true) {
+            self.building.clear();
+        }
+        let live: Vec<bool> = building.iter().map(|b| !b).collect();
+        let down = self.targets_down();
+        let mut started = false;
+        if build.is_none() {
+            if let Some(batch) = self.building_batch(&building) {
+                *build = Some(self.start_build(&topology, &ds, batch, building, &down));
+                started = true;
+            }
+        }
+        let batches = self.batches(&topology, &live);
         if batches.is_empty() {
-            // Dirty shards whose leases are about to lapse wait for renewal.
-            self.backoff = Some(Instant::now() + Duration::from_millis(100));
+            if !started {
+                // Dirty shards whose leases are about to lapse wait for
+                // renewal.
+                self.backoff = Some(Instant::now() + Duration::from_millis(100));
+            }
             return;
         }
-        let down = self.targets_down();
         let holder = self.shared.holder.clone();
         let consumers: Vec<Consumer> = self.consumers.clone();
         let quarantine_after = self.shared.options.quarantine_after;
-        let mut work = Vec::with_capacity(batches.len());
-        for batch in &batches {
-            // Consumers of skipped targets count as caught up for this pass.
-            let offsets: BTreeMap<u32, Vec<i64>> = batch
-                .iter()
-                .map(|s| {
-                    let per = self.offsets[s]
-                        .iter()
-                        .zip(&self.consumers)
-                        .map(|(o, c)| {
-                            if down.contains(&c.target) {
-                                i64::MAX
-                            } else {
-                                *o
-                            }
-                        })
-                        .collect();
-                    (*s, per)
-                })
-                .collect();
-            let leases: Vec<Lease> = batch
-                .iter()
-                .filter_map(|s| self.bucket_of.get(s))
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .filter_map(|b| self.held.get(b).cloned())
-                .collect();
-            // The failed attempts of this batch's rows travel with it.
-            let shards: BTreeSet<u32> = batch.iter().copied().collect();
-            let attempts: HashMap<(usize, Uuid), u32> = self
-                .attempts
-                .iter()
-                .filter(|((_, row), _)| {
-                    shards.contains(&crate::shards::row_shard(row, ds.def.shards))
-                })
-                .map(|(k, v)| (*k, *v))
-                .collect();
-            work.push((offsets, leases, attempts));
-        }
-        let runs = work.iter_mut().map(|(offsets, leases, attempts)| {
+        let mut work: Vec<Work> = batches
+            .iter()
+            .map(|batch| self.work(&ds, batch, &live, &down))
+            .collect();
+        let hook = self.shared.options.pass_hook.clone();
+        let runs = work.iter_mut().map(|work| {
             let (topology, ds, consumers, holder) = (&topology, &ds, &consumers, &holder);
+            let hook = hook.as_ref();
             let cluster = self.cluster;
             async move {
                 let mut pass = Pass {
@@ -234,36 +291,218 @@ impl Worker {
                     ds,
                     cluster,
                     consumers,
-                    fence: Some(Fence { holder, leases }),
-                    attempts,
+                    fence: Some(Fence {
+                        holder,
+                        leases: &work.leases,
+                        deadline: work.deadline,
+                    }),
+                    attempts: &mut work.attempts,
                     quarantine_after,
+                    hook,
                 };
-                pass.run(offsets).await
+                pass.run(&work.offsets).await
             }
         });
         let results = futures::future::join_all(runs).await;
-        for ((batch, (_, _, attempts)), result) in batches.iter().zip(work).zip(results) {
-            let shards: BTreeSet<u32> = batch.iter().copied().collect();
-            self.attempts.retain(|(_, row), _| {
-                !shards.contains(&crate::shards::row_shard(row, ds.def.shards))
-            });
-            self.attempts.extend(attempts);
-            self.settle(&topology, batch, &down, result);
+        for ((batch, work), result) in batches.iter().zip(work).zip(results) {
+            self.take_attempts(&ds, batch, &live, work.attempts);
+            self.settle(&topology, batch, &live, false, &down, result);
         }
+    }
+
+    /// Starts the pass over `batch` for the consumers of index versions
+    /// being built (`group`) as a task of its own.
+    fn start_build(
+        &self,
+        topology: &Arc<Topology>,
+        ds: &Arc<DatastoreRuntime>,
+        batch: Vec<u32>,
+        group: Vec<bool>,
+        down: &BTreeSet<usize>,
+    ) -> JoinHandle<Built> {
+        let mut work = self.work(ds, &batch, &group, down);
+        let (topology, ds) = (topology.clone(), ds.clone());
+        let consumers = self.consumers.clone();
+        let holder = self.shared.holder.clone();
+        let hook = self.shared.options.pass_hook.clone();
+        let quarantine_after = self.shared.options.quarantine_after;
+        let cluster = self.cluster;
+        let down = down.clone();
+        tokio::spawn(async move {
+            let mut pass = Pass {
+                topology: &topology,
+                ds: &ds,
+                cluster,
+                consumers: &consumers,
+                fence: Some(Fence {
+                    holder: &holder,
+                    leases: &work.leases,
+                    deadline: work.deadline,
+                }),
+                attempts: &mut work.attempts,
+                quarantine_after,
+                hook: hook.as_ref(),
+            };
+            let result = pass.run(&work.offsets).await;
+            Built {
+                batch,
+                group,
+                down,
+                attempts: work.attempts,
+                result,
+            }
+        })
+    }
+
+    /// Takes in the outcome of a pass for the versions being built.
+    fn built(&mut self, outcome: std::result::Result<Built, tokio::task::JoinError>) {
+        let (Some(topology), Ok(built)) = (self.topology.upgrade(), outcome) else {
+            tracing::error!(datastore = %self.datastore, "an index build pass did not end");
+            return;
+        };
+        let Ok(ds) = topology.datastore(&self.datastore) else {
+            return;
+        };
+        self.take_attempts(&ds, &built.batch, &built.group, built.attempts);
+        self.settle(
+            &topology,
+            &built.batch,
+            &built.group,
+            true,
+            &built.down,
+            built.result,
+        );
+    }
+
+    /// What a pass over `batch` for the consumers of `group` is given:
+    /// offsets, leases, deadline, failed attempts.
+    fn work(
+        &self,
+        ds: &DatastoreRuntime,
+        batch: &[u32],
+        group: &[bool],
+        down: &BTreeSet<usize>,
+    ) -> Work {
+        let margin = self.shared.options.lease_time / 8;
+        // Consumers outside the group, and those of skipped targets, count
+        // as caught up for this pass.
+        let offsets: BTreeMap<u32, Vec<i64>> = batch
+            .iter()
+            .map(|s| {
+                let per = self.offsets[s]
+                    .iter()
+                    .zip(&self.consumers)
+                    .zip(group)
+                    .map(|((o, c), in_group)| {
+                        if !in_group || down.contains(&c.target) {
+                            i64::MAX
+                        } else {
+                            *o
+                        }
+                    })
+                    .collect();
+                (*s, per)
+            })
+            .collect();
+        let held: Vec<&Held> = batch
+            .iter()
+            .filter_map(|s| self.bucket_of.get(s))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter_map(|b| self.held.get(b))
+            .collect();
+        let leases: Vec<Lease> = held.iter().map(|h| h.lease.clone()).collect();
+        let deadline = held
+            .iter()
+            .map(|h| h.until)
+            .min()
+            .map_or_else(Instant::now, |until| {
+                until.checked_sub(margin).unwrap_or_else(Instant::now)
+            });
+        // The failed attempts of this batch's entries travel with it.
+        let attempts: HashMap<(usize, Uuid), u32> = self
+            .attempts
+            .iter()
+            .filter(|(key, _)| in_batch_of(ds, &self.consumers, batch, group, key))
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        Work {
+            offsets,
+            leases,
+            deadline,
+            attempts,
+        }
+    }
+
+    /// Replaces the failed attempts of the entries of `batch` for `group`
+    /// by those its pass brought back.
+    fn take_attempts(
+        &mut self,
+        ds: &DatastoreRuntime,
+        batch: &[u32],
+        group: &[bool],
+        attempts: HashMap<(usize, Uuid), u32>,
+    ) {
+        let consumers = &self.consumers;
+        self.attempts
+            .retain(|key, _| !in_batch_of(ds, consumers, batch, group, key));
+        self.attempts.extend(attempts);
+    }
+
+    /// The batch of the next building pass: whole buckets of shards behind
+    /// for the versions being built, under comfortably valid leases, a page
+    /// of cells at most, from the rotating cursor on.
+    fn building_batch(&mut self, group: &[bool]) -> Option<Vec<u32>> {
+        if self.building.is_empty() {
+            return None;
+        }
+        let valid = self.valid_buckets();
+        let mut by_bucket: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+        for shard in self
+            .building
+            .range(self.building_cursor..)
+            .chain(self.building.range(..self.building_cursor))
+        {
+            if let Some(bucket) = self.bucket_of.get(shard).filter(|b| valid.contains(b)) {
+                by_bucket.entry(*bucket).or_default().push(*shard);
+            }
+        }
+        let start = self
+            .bucket_of
+            .get(&self.building_cursor)
+            .copied()
+            .unwrap_or(0);
+        let mut order: Vec<usize> = by_bucket.keys().copied().collect();
+        order.sort_by_key(|b| (*b < start, *b));
+        let (mut batches, last_bucket) =
+            group_buckets(&order, &by_bucket, 1, |s| self.pending(s, group));
+        if let Some(bucket) = last_bucket {
+            self.building_cursor = self.buckets[bucket].shards.last().map_or(0, |s| s + 1);
+        }
+        let mut batch = batches.pop()?;
+        batch.sort_unstable();
+        Some(batch)
+    }
+
+    /// The held buckets whose leases are comfortably valid: a quarter of
+    /// the lease time left, by the clock of the expiry written and by the
+    /// monotonic clock since the lease was last taken or renewed.
+    fn valid_buckets(&self) -> BTreeSet<usize> {
+        let quarter = self.shared.options.lease_time / 4;
+        let margin = chrono::Duration::from_std(quarter).unwrap_or(chrono::Duration::seconds(2));
+        let now = Utc::now();
+        let soon = Instant::now() + quarter;
+        self.held
+            .iter()
+            .filter(|(_, h)| h.lease.expires_at - margin > now && h.until > soon)
+            .map(|(b, _)| *b)
+            .collect()
     }
 
     /// Picks the batches of the next round: whole buckets of dirty shards
     /// under comfortably valid leases, from the rotating cursor on.
-    fn batches(&mut self, topology: &Topology) -> Vec<Vec<u32>> {
-        let margin = chrono::Duration::from_std(self.shared.options.lease_time / 4)
-            .unwrap_or(chrono::Duration::seconds(2));
-        let now = Utc::now();
-        let valid: BTreeSet<usize> = self
-            .held
-            .iter()
-            .filter(|(_, l)| l.expires_at - margin > now)
-            .map(|(b, _)| *b)
-            .collect();
+    fn batches(&mut self, topology: &Topology, group: &[bool]) -> Vec<Vec<u32>> {
+        let valid = self.valid_buckets();
         let mut by_bucket: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
         for shard in self
             .dirty
@@ -280,7 +519,7 @@ impl Worker {
         order.sort_by_key(|b| (*b < start, *b));
         let passes = self.passes(topology);
         let (mut batches, last_bucket) =
-            group_buckets(&order, &by_bucket, passes, |s| self.pending(s));
+            group_buckets(&order, &by_bucket, passes, |s| self.pending(s, group));
         if let Some(bucket) = last_bucket {
             self.cursor = self.buckets[bucket].shards.last().map_or(0, |s| s + 1);
         }
@@ -290,13 +529,20 @@ impl Worker {
         batches
     }
 
-    /// The cells of `shard` the slowest consumer has yet to apply, as far
-    /// as this worker knows the log head (at least 1, at most a page).
-    fn pending(&self, shard: u32) -> usize {
+    /// The cells of `shard` the slowest consumer of `group` has yet to
+    /// apply, as far as this worker knows the log head (at least 1, at most
+    /// a page).
+    fn pending(&self, shard: u32, group: &[bool]) -> usize {
         let from = self
             .offsets
             .get(&shard)
-            .and_then(|o| o.iter().min().copied())
+            .and_then(|o| {
+                o.iter()
+                    .zip(group)
+                    .filter(|(_, in_group)| **in_group)
+                    .map(|(o, _)| *o)
+                    .min()
+            })
             .unwrap_or(0);
         self.heads.get(&shard).map_or(1, |head| {
             usize::try_from(head.saturating_sub(from)).map_or(1, |n| n.clamp(1, apply::PAGE))
@@ -315,19 +561,35 @@ impl Worker {
         }
     }
 
-    /// Takes in the outcome of one pass.
+    /// Takes in the outcome of one pass over `batch` for the consumers of
+    /// `group` (those of the versions being built when `building`).
     fn settle(
         &mut self,
         topology: &Topology,
         batch: &[u32],
+        group: &[bool],
+        building: bool,
         down: &BTreeSet<usize>,
         result: Result<apply::PassResult>,
     ) {
         match result {
-            Ok(result) => {
+            Ok(result) if result.abandoned => {
+                // Its shards stay dirty; their buckets are left out of the
+                // next rounds until the leases are renewed.
+                tracing::debug!(datastore = %self.datastore, shards = batch.len(), "pass stopped at its lease deadline");
+            }
+            Ok(mut result) => {
                 self.failures = 0;
+                if building {
+                    // Cells of a build are old by design: their delays
+                    // say nothing of how far behind the live indexes are.
+                    result.delays_us.clear();
+                }
                 for (shard, per) in &result.offsets {
-                    let stored = self.offsets.get_mut(shard).expect("held shard");
+                    // A build pass may end after its buckets were given up.
+                    let Some(stored) = self.offsets.get_mut(shard) else {
+                        continue;
+                    };
                     for (c, value) in per.iter().enumerate() {
                         if *value != i64::MAX {
                             stored[c] = stored[c].max(*value);
@@ -351,21 +613,26 @@ impl Worker {
                 for shard in batch {
                     let caught_up = self.heads.get(shard).is_none_or(|head| {
                         self.offsets.get(shard).is_some_and(|offsets| {
-                            offsets
-                                .iter()
-                                .zip(&self.consumers)
-                                .all(|(o, c)| down.contains(&c.target) || o >= head)
+                            offsets.iter().zip(&self.consumers).zip(group).all(
+                                |((o, c), in_group)| {
+                                    !in_group || down.contains(&c.target) || o >= head
+                                },
+                            )
                         })
                     });
                     if result.complete.contains(shard) && caught_up {
-                        self.dirty.remove(shard);
+                        if building {
+                            self.building.remove(shard);
+                        } else {
+                            self.dirty.remove(shard);
+                        }
                     }
                 }
                 self.shared.record(&self.datastore, &result);
             }
             Err(Error::LeaseLost(name)) => {
                 tracing::warn!(datastore = %self.datastore, lease = %name, "lease lost; leaving its shards to their new holder");
-                if let Some((bucket, _)) = self.held.iter().find(|(_, l)| l.name == name) {
+                if let Some((bucket, _)) = self.held.iter().find(|(_, h)| h.lease.name == name) {
                     let bucket = *bucket;
                     self.drop_bucket(bucket);
                 }
@@ -389,6 +656,7 @@ impl Worker {
         for shard in &self.buckets[bucket].shards {
             self.offsets.remove(shard);
             self.dirty.remove(shard);
+            self.building.remove(shard);
             self.heads.remove(shard);
         }
     }
@@ -414,6 +682,7 @@ impl Worker {
             }
         };
         let down = self.targets_down();
+        let building = self.building_consumers(&ds);
         for row in behind {
             if down.contains(&self.consumers[row.consumer].target) {
                 continue;
@@ -422,7 +691,11 @@ impl Worker {
                 let known = self.heads.entry(row.shard).or_insert(0);
                 *known = (*known).max(row.head);
                 if per[row.consumer] < row.head {
-                    self.dirty.insert(row.shard);
+                    if building[row.consumer] {
+                        self.building.insert(row.shard);
+                    } else {
+                        self.dirty.insert(row.shard);
+                    }
                 }
             }
         }
@@ -433,6 +706,23 @@ impl Worker {
             .insert((self.datastore.clone(), self.cluster), lag);
         mark_ready_indexes(&topology, &self.shared, &ds).await;
     }
+}
+
+/// Whether the entry `key` (index, row) belongs to the pass over `batch`
+/// for the consumers of `group`: its row is in one of the shards and its
+/// index is one the group's consumers write.
+fn in_batch_of(
+    ds: &DatastoreRuntime,
+    consumers: &[Consumer],
+    batch: &[u32],
+    group: &[bool],
+    (index, row): &(usize, Uuid),
+) -> bool {
+    let written = consumers
+        .iter()
+        .zip(group)
+        .any(|(c, in_group)| *in_group && c.index == *index);
+    written && batch.contains(&crate::shards::row_shard(row, ds.def.shards))
 }
 
 /// Groups the dirty shards of `by_bucket`, whole buckets in `order`, into
