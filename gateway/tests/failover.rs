@@ -81,6 +81,8 @@ trait Database: Sized {
     fn kill(&mut self);
     /// The key of every row of `table` (`items_cells` or `items_buffer`).
     async fn keys(&self, table: &str) -> Result<Vec<CellKey>, String>;
+    /// Rows of `items_buffer` buffered before `before`.
+    async fn buffered_before(&self, before: chrono::DateTime<chrono::Utc>) -> Result<i64, String>;
 }
 
 impl Database for Mariadb {
@@ -120,6 +122,18 @@ impl Database for Mariadb {
             })
             .collect()
     }
+
+    async fn buffered_before(&self, before: chrono::DateTime<chrono::Utc>) -> Result<i64, String> {
+        use sqlx::Connection as _;
+        let mut conn = sqlx::MySqlConnection::connect(&self.url())
+            .await
+            .map_err(|e| e.to_string())?;
+        sqlx::query_scalar("SELECT COUNT(*) FROM items_buffer WHERE created_at < ?")
+            .bind(before.naive_utc())
+            .fetch_one(&mut conn)
+            .await
+            .map_err(|e| e.to_string())
+    }
 }
 
 impl Database for Postgres {
@@ -149,6 +163,18 @@ impl Database for Postgres {
         let sql = format!("SELECT row_key, column_name, ref_key FROM {table}");
         sqlx::query_as(&sql)
             .fetch_all(&mut conn)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn buffered_before(&self, before: chrono::DateTime<chrono::Utc>) -> Result<i64, String> {
+        use sqlx::Connection as _;
+        let mut conn = sqlx::PgConnection::connect(&self.url())
+            .await
+            .map_err(|e| e.to_string())?;
+        sqlx::query_scalar("SELECT COUNT(*) FROM items_buffer WHERE created_at < $1")
+            .bind(before)
+            .fetch_one(&mut conn)
             .await
             .map_err(|e| e.to_string())
     }
@@ -872,8 +898,32 @@ async fn failover<D: Database>(test: &str) {
 
     b.start().await;
     let restarted = Instant::now();
+    let restarted_at = chrono::Utc::now();
     load.set_phase(RESTARTED);
-    tokio::time::sleep(AFTER_RESTART).await;
+    // How soon the cells buffered during the outage leave a's buffer (new
+    // writes pass through the buffers too, so only older rows count).
+    let mut drained_after = None;
+    let drain_deadline = restarted + AFTER_RESTART;
+    while Instant::now() < drain_deadline {
+        if a.buffered_before(restarted_at).await == Ok(0) {
+            drained_after = Some(restarted.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    match drained_after {
+        Some(after) => eprintln!(
+            "{}: the outage's buffered cells left a's buffer {:.2} s after b's restart",
+            D::KIND,
+            after.as_secs_f64()
+        ),
+        None => eprintln!(
+            "{}: the outage's buffered cells were still in a's buffer {} s after b's restart",
+            D::KIND,
+            AFTER_RESTART.as_secs()
+        ),
+    }
+    tokio::time::sleep(drain_deadline.saturating_duration_since(Instant::now())).await;
     let tally = load.finish().await;
 
     let (written, duplicate, buffered) = (
