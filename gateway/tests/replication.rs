@@ -7,9 +7,9 @@
 //! - writes cells over GraphQL and finds their rows in `items_cells` on the
 //!   replica (read with SQL): the gateway's tables and rows replicate, DDL
 //!   included;
-//! - with a replica delay, finds a fresh cell on the master and not on the
-//!   replica (what read-your-writes tests need), then removes the delay and
-//!   finds it on the replica;
+//! - with a replica delay, finds a fresh cell on the master and, once the
+//!   replica has received it, not on the replica (what read-your-writes
+//!   tests need), then removes the delay and finds it on the replica;
 //! - kills the replica (`kill -9`): the gateway, which reads masters only
 //!   today, still writes and reads; the restarted replica catches up;
 //! - kills and restarts the master: the gateway writes again once it is
@@ -67,6 +67,7 @@ trait Pair: Sized {
     fn stop_master_answering(&mut self);
     fn resume_master(&mut self);
     async fn set_replica_delay(&self, secs: u32);
+    async fn wait_replica_received(&self);
     async fn wait_replica_caught_up(&self);
     /// The row keys of `items_cells` in the database at `url`.
     async fn rows(url: &str) -> Result<BTreeSet<Uuid>, String>;
@@ -104,6 +105,9 @@ impl Pair for MariaDbPair {
     }
     async fn set_replica_delay(&self, secs: u32) {
         MariaDbPair::set_replica_delay(self, secs).await
+    }
+    async fn wait_replica_received(&self) {
+        MariaDbPair::wait_replica_received(self).await
     }
     async fn wait_replica_caught_up(&self) {
         MariaDbPair::wait_replica_caught_up(self).await
@@ -156,6 +160,9 @@ impl Pair for PostgresPair {
     }
     async fn set_replica_delay(&self, secs: u32) {
         PostgresPair::set_replica_delay(self, secs).await
+    }
+    async fn wait_replica_received(&self) {
+        PostgresPair::wait_replica_received(self).await
     }
     async fn wait_replica_caught_up(&self) {
         PostgresPair::wait_replica_caught_up(self).await
@@ -371,6 +378,8 @@ async fn replicated<P: Pair>(test: &str) {
     let fresh = new_rows(1);
     put(&server, &fresh).await.expect("write a fresh cell");
     assert_stored::<P>(&pair.master_url(), &fresh, "master").await;
+    // Received, so only the delay keeps it from the replica's tables.
+    pair.wait_replica_received().await;
     let on_replica = P::rows(&pair.replica_url())
         .await
         .expect("read the replica");

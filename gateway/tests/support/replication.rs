@@ -19,8 +19,11 @@
 //! [`MariaDbPair::wait_replica_caught_up`] (and its PostgreSQL twin) waits,
 //! bounded, until the replica has applied everything the master had
 //! committed when it was called: GTID positions on MariaDB, the replayed
-//! WAL position against the primary's on PostgreSQL. Every wait here is
-//! bounded and fails with the servers' state, never on how long it took.
+//! WAL position against the primary's on PostgreSQL.
+//! `wait_replica_received` waits until the replica has received it,
+//! applied or not, so a test can tell a delayed replica from a slow one.
+//! Every wait here is bounded and fails with the servers' state, never on
+//! how long it took.
 //!
 //! The retry intervals are short (`MASTER_CONNECT_RETRY=1`,
 //! `wal_retrieve_retry_interval=200ms`), so a replica reconnects within a
@@ -426,22 +429,68 @@ impl MariaDbPair {
         Ok(position.unwrap_or_default())
     }
 
-    /// Waits until the replica has applied every transaction the master had
-    /// logged when this was called (`gtid_slave_pos` reaches the master's
-    /// `gtid_binlog_pos` in every replication domain); fails the test with
-    /// the replica's state after a bounded wait.
-    pub async fn wait_replica_caught_up(&self) {
+    /// What the replica has received from the master, applied or not
+    /// (`Gtid_IO_Pos` of `SHOW SLAVE STATUS`).
+    async fn received_position(&self) -> Result<String, String> {
+        use sqlx::Row as _;
+        let mut conn = Self::connect(&self.server_url(&self.replica)).await?;
+        // No row when the replica has no master.
+        let status = bounded(sqlx::raw_sql("SHOW SLAVE STATUS").fetch_one(&mut conn)).await?;
+        let _ = conn.close().await;
+        status
+            .try_get::<String, _>("Gtid_IO_Pos")
+            .or_else(|_| {
+                let bytes: Vec<u8> = status.try_get("Gtid_IO_Pos")?;
+                Ok(String::from_utf8_lossy(&bytes).into_owned())
+            })
+            .map_err(|e: sqlx::Error| e.to_string())
+    }
+
+    /// Waits until the replica has received every transaction the master
+    /// had logged when this was called, whether it has applied them or
+    /// not (with a delay, it has not); fails the test after a bounded wait.
+    pub async fn wait_replica_received(&self) {
+        let target = self.master_position().await;
         let deadline = Instant::now() + WAIT;
-        let target = loop {
+        let mut received = Err(String::from("not asked yet"));
+        while Instant::now() < deadline {
+            received = self.received_position().await;
+            if let Ok(received) = &received {
+                if gtid_reached(received, &target) {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!(
+            "the replica did not receive the master's GTID position {target:?} \
+             within {WAIT:?} (it has received {received:?}); its log ends:\n{}",
+            self.replica.log()
+        );
+    }
+
+    /// The master's GTID position, waiting (bounded) for it to answer.
+    async fn master_position(&self) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
             match self.gtid_position(&self.master, "gtid_binlog_pos").await {
-                Ok(target) => break target,
+                Ok(target) => return target,
                 Err(e) => assert!(
                     Instant::now() < deadline,
                     "the master does not tell its GTID position: {e}"
                 ),
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        }
+    }
+
+    /// Waits until the replica has applied every transaction the master had
+    /// logged when this was called (`gtid_slave_pos` reaches the master's
+    /// `gtid_binlog_pos` in every replication domain); fails the test with
+    /// the replica's state after a bounded wait.
+    pub async fn wait_replica_caught_up(&self) {
+        let target = self.master_position().await;
+        let deadline = Instant::now() + WAIT;
         let mut applied = Err(String::from("not asked yet"));
         while Instant::now() < deadline {
             applied = self.gtid_position(&self.replica, "gtid_slave_pos").await;
@@ -749,6 +798,21 @@ impl PostgresPair {
     /// `pg_current_wal_lsn()`); fails the test with the standby's state
     /// after a bounded wait.
     pub async fn wait_replica_caught_up(&self) {
+        self.wait_standby("replayed", "SELECT pg_last_wal_replay_lsn()::text")
+            .await
+    }
+
+    /// Waits until the standby has received the WAL the primary had written
+    /// when this was called (`pg_last_wal_receive_lsn()`), replayed or not
+    /// (with a delay, it has not); fails the test after a bounded wait.
+    pub async fn wait_replica_received(&self) {
+        self.wait_standby("received", "SELECT pg_last_wal_receive_lsn()::text")
+            .await
+    }
+
+    /// Waits until the WAL position `sql` reads on the standby reaches the
+    /// primary's current one.
+    async fn wait_standby(&self, what: &str, sql: &str) {
         let deadline = Instant::now() + WAIT;
         let target = loop {
             match self
@@ -763,19 +827,17 @@ impl PostgresPair {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        let mut replayed = Err(String::from("not asked yet"));
+        let mut reached = Err(String::from("not asked yet"));
         while Instant::now() < deadline {
-            replayed = self
-                .lsn(&self.replica, "SELECT pg_last_wal_replay_lsn()::text")
-                .await;
-            if matches!(replayed, Ok(Some(lsn)) if lsn >= target) {
+            reached = self.lsn(&self.replica, sql).await;
+            if matches!(reached, Ok(Some(lsn)) if lsn >= target) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!(
-            "the standby did not replay the primary's WAL up to {target:X} \
-             within {WAIT:?} (it replayed {replayed:X?}); its log ends:\n{}",
+            "the standby has not {what} the primary's WAL up to {target:X} \
+             within {WAIT:?} (it has {what} {reached:X?}); its log ends:\n{}",
             self.replica.log()
         );
     }
