@@ -30,7 +30,7 @@ pub struct Postgres {
 
 impl Postgres {
     /// The directory holding `initdb` and `postgres`, if installed.
-    fn binaries() -> Option<PathBuf> {
+    pub fn binaries() -> Option<PathBuf> {
         let mut installed: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
             .map(|dirs| dirs.flatten().map(|d| d.path().join("bin")).collect())
             .unwrap_or_default();
@@ -46,7 +46,7 @@ impl Postgres {
     }
 
     /// The uid and gid of the `postgres` user.
-    fn postgres_user() -> Option<(u32, u32)> {
+    pub fn postgres_user() -> Option<(u32, u32)> {
         let id = |flag: &str| -> Option<u32> {
             let output = Command::new("id").args([flag, "postgres"]).output().ok()?;
             String::from_utf8(output.stdout).ok()?.trim().parse().ok()
