@@ -20,10 +20,11 @@
 //!   the cells as stored (read over GraphQL), not from the answers alone:
 //!   a write answered with an error may still have been committed.
 //!
-//! It prints the counts of written, buffered and refused cells and the time
-//! from the restart until the store converged. As long as buffered cells
-//! are not replayed into their primary, the wait ends in a failure that
-//! names the unreadable cells and the rows left in each buffer.
+//! It prints the counts of written, buffered and refused cells, how soon
+//! after the restart the outage's buffered cells left the buffer, and the
+//! time from the restart until the store converged. A store that does not
+//! converge fails the wait with the unreadable cells and the rows left in
+//! each buffer.
 //!
 //! The servers need their programs (`mariadb-install-db`, `mariadbd`;
 //! `initdb`, `postgres`); without them a test prints why it is skipped, or
