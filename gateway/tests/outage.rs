@@ -497,6 +497,45 @@ async fn a_database_that_never_answers_gets_storage_unavailable_and_503() {
     }
 }
 
+// A database that stops answering used to cost every request the whole
+// statement timeout, as nothing remembered that it was failing: its circuit
+// breaker opens, and /metrics shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_of_a_database_that_never_answers_opens_and_metrics_show_it() {
+    let hole = BlackHole::open().await;
+    let config = "storage:\n  timeout_ms: 500\n  readiness_timeout_ms: 500\n  breaker: { failures: 2, open_ms: 60000, max_open_ms: 60000 }\n";
+    let server = serve(
+        &format!("mysql://cellgate@127.0.0.1:{}/cells", hole.port),
+        config,
+    );
+    let client = client();
+    let mut metrics = String::new();
+    for _ in 0..120 {
+        metrics = client
+            .get(server.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if metrics.contains(r#"cellgate_node_breaker_state{cluster="main",node="master"} 2"#) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        metrics.contains(r#"cellgate_node_breaker_state{cluster="main",node="master"} 2"#),
+        "the breaker opens after the start-up attempts to prepare the cluster: {metrics}"
+    );
+    assert!(
+        metrics.contains(r#"cellgate_node_breaker_opened_total{cluster="main",node="master"} 1"#),
+        "{metrics}"
+    );
+    let readyz = client.get(server.url("/readyz")).send().await.unwrap();
+    assert_eq!(readyz.status(), StatusCode::SERVICE_UNAVAILABLE);
+}
+
 // Once pooled connections were lent without a test round trip, every
 // connection left idle from before a PostgreSQL restart failed the first
 // request that took it: STORAGE_UNAVAILABLE after the database was back.

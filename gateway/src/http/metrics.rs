@@ -34,6 +34,7 @@ use prometheus_client::registry::Registry;
 
 use super::Gateway;
 use crate::config::MetricsConfig;
+use cellgate_store::storage::breaker::BreakerState;
 use cellgate_store::Store;
 
 /// What became of a GraphQL request.
@@ -423,6 +424,41 @@ impl Collector for StoreCollector {
         for cluster in &snapshot.clusters {
             let labels = [("cluster", cluster.name.as_str())];
             ConstCounter::new(cluster.statements).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "cellgate_node_breaker_state",
+            "State of the circuit breaker of each database server node: 0 closed, 1 half-open, 2 open",
+            None,
+            GaugeType,
+        )?;
+        for cluster in &snapshot.clusters {
+            for breaker in &cluster.breakers {
+                let labels = [
+                    ("cluster", cluster.name.as_str()),
+                    ("node", breaker.node.as_str()),
+                ];
+                let state = match breaker.state {
+                    BreakerState::Closed => 0,
+                    BreakerState::HalfOpen => 1,
+                    BreakerState::Open => 2,
+                };
+                ConstGauge::new(state).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "cellgate_node_breaker_opened",
+            "Times the circuit breaker of each database server node opened, failed probes included",
+            None,
+            CounterType,
+        )?;
+        for cluster in &snapshot.clusters {
+            for breaker in &cluster.breakers {
+                let labels = [
+                    ("cluster", cluster.name.as_str()),
+                    ("node", breaker.node.as_str()),
+                ];
+                ConstCounter::new(breaker.opened).encode(family.encode_family(&labels)?)?;
+            }
         }
         encode_ids(&self.0.ids().metrics(), &mut encoder)
     }

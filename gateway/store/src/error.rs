@@ -69,6 +69,12 @@ pub enum Error {
         #[source]
         source: sqlx::Error,
     },
+    /// A node whose circuit breaker is open: it failed too often in a row
+    /// to be tried again before its cool-down ends and a probe succeeds.
+    #[error(
+        "storage cluster `{cluster}` is unavailable: its {node} is failing (circuit breaker open)"
+    )]
+    BreakerOpen { cluster: String, node: String },
     /// Any other database error.
     #[error("storage error: {0}")]
     Storage(#[from] sqlx::Error),
@@ -140,6 +146,7 @@ impl Error {
             Error::InvalidCursor(_) => "INVALID_CURSOR",
             Error::LimitExceeded { .. } => "LIMIT_EXCEEDED",
             Error::Unavailable { .. } => "STORAGE_UNAVAILABLE",
+            Error::BreakerOpen { .. } => "STORAGE_UNAVAILABLE",
             Error::Storage(_) => "INTERNAL",
             Error::Config(_) => "CONFIG",
             Error::Definitions(_) => "INVALID_DEFINITIONS",
@@ -161,7 +168,7 @@ impl Error {
     /// their code so no SQL or path leaves the process.
     pub fn client_message(&self) -> String {
         match self {
-            Error::Unavailable { cluster, .. } => {
+            Error::Unavailable { cluster, .. } | Error::BreakerOpen { cluster, .. } => {
                 format!("storage cluster `{cluster}` is unavailable")
             }
             Error::Storage(_) | Error::Internal(_) | Error::LeaseLost(_) => {
@@ -186,6 +193,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Unavailable { .. }
+            | Error::BreakerOpen { .. }
             | Error::ClusterNotReady { .. }
             | Error::IndexBuilding { .. }
             | Error::IdSourceUnavailable(_)

@@ -81,5 +81,5 @@ mod topology;
 pub mod upgrade;
 
 pub use error::{Error, Result};
-pub use options::{ClusterConfig, ShardRange, StorageConfig};
+pub use options::{BreakerConfig, ClusterConfig, ShardRange, StorageConfig};
 pub use store::{ClusterMetrics, DatastoreMetrics, IndexStatus, Store, StoreMetrics, StoreOptions};

@@ -95,6 +95,96 @@ pub struct StorageConfig {
     /// readiness_timeout_ms: 2000
     /// ```
     pub readiness_timeout_ms: u64,
+    /// The circuit breaker in front of each database server (each master,
+    /// its maintenance pool included, and each replica): after `failures`
+    /// statements in a row find the node unavailable (refused, reset, no
+    /// answer within `timeout_ms`), statements to it fail at once with
+    /// `STORAGE_UNAVAILABLE` (and writes with buffer copies answer
+    /// `BUFFERED` at once) for `open_ms`; then one statement probes the
+    /// node: success closes the breaker, failure opens it again for twice
+    /// as long, at most `max_open_ms`. SQLite files have none.
+    ///
+    /// ```yaml
+    /// breaker: { enabled: true, failures: 3, open_ms: 1000, max_open_ms: 30000 }
+    /// ```
+    pub breaker: BreakerConfig,
+}
+
+/// See [`StorageConfig::breaker`].
+///
+/// ```yaml
+/// breaker: { enabled: true, failures: 3, open_ms: 1000, max_open_ms: 30000 }
+/// ```
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Put a breaker in front of each database server.
+    ///
+    /// ```yaml
+    /// enabled: true
+    /// ```
+    pub enabled: bool,
+    /// Consecutive failures that open the breaker (at least 1).
+    ///
+    /// ```yaml
+    /// failures: 3
+    /// ```
+    pub failures: u32,
+    /// Milliseconds the breaker stays open after it opens, before a probe.
+    ///
+    /// ```yaml
+    /// open_ms: 1000
+    /// ```
+    pub open_ms: u64,
+    /// Longest time, in milliseconds, the breaker stays open after failed
+    /// probes double its cool-down (at least `open_ms`).
+    ///
+    /// ```yaml
+    /// max_open_ms: 30000
+    /// ```
+    pub max_open_ms: u64,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            enabled: true,
+            failures: 3,
+            open_ms: 1_000,
+            max_open_ms: 30_000,
+        }
+    }
+}
+
+impl BreakerConfig {
+    /// The breaker settings, or `None` when breakers are turned off; an
+    /// error names the setting that cannot work.
+    pub fn settings(&self) -> crate::Result<Option<crate::storage::breaker::Settings>> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        if self.failures == 0 {
+            return Err(crate::Error::Config(
+                "storage.breaker.failures must be at least 1".into(),
+            ));
+        }
+        if self.open_ms == 0 {
+            return Err(crate::Error::Config(
+                "storage.breaker.open_ms must be at least 1".into(),
+            ));
+        }
+        if self.max_open_ms < self.open_ms {
+            return Err(crate::Error::Config(format!(
+                "storage.breaker.max_open_ms ({}) must be at least open_ms ({})",
+                self.max_open_ms, self.open_ms
+            )));
+        }
+        Ok(Some(crate::storage::breaker::Settings {
+            failures: self.failures,
+            open: std::time::Duration::from_millis(self.open_ms),
+            max_open: std::time::Duration::from_millis(self.max_open_ms),
+        }))
+    }
 }
 
 /// See [`StorageConfig::buffer_shortfall`].
@@ -119,6 +209,7 @@ impl Default for StorageConfig {
             maintenance_connections: 4,
             timeout_ms: 5_000,
             readiness_timeout_ms: 2_000,
+            breaker: BreakerConfig::default(),
         }
     }
 }

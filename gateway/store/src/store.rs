@@ -24,6 +24,7 @@ use crate::indexes::{
     QuarantinedEntry, QueryPlan, ShardLag,
 };
 use crate::shards::ShardMap;
+use crate::storage::breaker::BreakerStatus;
 use crate::storage::{self, ConnectOptions};
 use crate::topology::{ClusterState, DatastoreRuntime, Events, IndexRuntime, Topology};
 use crate::StorageConfig;
@@ -143,6 +144,10 @@ pub struct ClusterMetrics {
     /// Statements this process sent to its master, `BEGIN` and `COMMIT`
     /// included.
     pub statements: u64,
+    /// The circuit breaker of each server node, the master first, then the
+    /// replicas in configuration order; empty on SQLite or with
+    /// `storage.breaker.enabled: false`.
+    pub breakers: Vec<BreakerStatus>,
 }
 
 impl Store {
@@ -162,6 +167,7 @@ impl Store {
                 "buffer_count > 0 needs at least two clusters".into(),
             ));
         }
+        let breakers = config.breaker.settings()?;
         let mut clusters = Vec::new();
         for (index, cluster) in config.clusters.iter().enumerate() {
             if !index_dsl::is_identifier(&cluster.name) || cluster.name.len() > 32 {
@@ -177,7 +183,19 @@ impl Store {
                 acquire_timeout: timeouts.acquire,
                 statement_timeout: timeouts.statement,
             };
-            let master = storage::connect(&cluster.master, &connect).await?;
+            // One breaker per node: the master's two pools share one.
+            let guard = |backend: Arc<dyn storage::Backend>, node: &str| match breakers {
+                Some(settings) if backend.dialect() != storage::Dialect::Sqlite => {
+                    let breaker = storage::breaker::Breaker::new(&cluster.name, node, settings);
+                    (
+                        storage::breaker::guard(backend, breaker.clone()),
+                        Some(breaker),
+                    )
+                }
+                _ => (backend, None),
+            };
+            let (master, master_breaker) =
+                guard(storage::connect(&cluster.master, &connect).await?, "master");
             let maintenance = if config.maintenance_connections == 0
                 || master.dialect() == storage::Dialect::Sqlite
             {
@@ -187,11 +205,16 @@ impl Store {
                     max_connections: config.maintenance_connections,
                     ..connect.clone()
                 };
-                storage::connect(&cluster.master, &connect).await?
+                let pool = storage::connect(&cluster.master, &connect).await?;
+                match master_breaker {
+                    Some(breaker) => storage::breaker::guard(pool, breaker),
+                    None => pool,
+                }
             };
             let mut replicas = Vec::new();
-            for url in &cluster.replicas {
-                replicas.push(storage::connect(url, &connect).await?);
+            for (i, url) in cluster.replicas.iter().enumerate() {
+                let replica = storage::connect(url, &connect).await?;
+                replicas.push(guard(replica, &format!("replica{i}")).0);
             }
             clusters.push(crate::topology::Cluster::new(
                 index,
@@ -435,6 +458,10 @@ impl Store {
                     name: c.name.clone(),
                     ready: c.state() == ClusterState::Ready,
                     statements: c.master.statements(),
+                    breakers: std::iter::once(&c.master)
+                        .chain(&c.replicas)
+                        .filter_map(|b| b.breaker())
+                        .collect(),
                 })
                 .collect(),
         }

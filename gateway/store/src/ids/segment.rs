@@ -441,7 +441,7 @@ impl Segments {
                 Err(err) => {
                     tracing::warn!(tag = %buffer.tag, error = %err, "cannot load an id segment");
                     let reason = match &err {
-                        Error::Unavailable { cluster, .. } => {
+                        Error::Unavailable { cluster, .. } | Error::BreakerOpen { cluster, .. } => {
                             format!("storage cluster `{cluster}` is unavailable")
                         }
                         _ => "the segment table cannot be read".to_string(),

@@ -20,7 +20,11 @@
 //! after which its connection is closed. Driver errors become
 //! [`crate::Error`]s through `Error::from_sqlx`, which tells a lost or
 //! unreachable database (`STORAGE_UNAVAILABLE`) from a failed statement.
+//! On server databases a circuit breaker per node (`breaker.rs`) wraps the
+//! backends, so a node that stopped answering costs that wait only until
+//! the breaker opens.
 
+pub mod breaker;
 pub mod ddl;
 mod mysql;
 mod pool;
@@ -71,6 +75,12 @@ pub trait Backend: Send + Sync + 'static {
     /// the last one checkpoints the WAL into the database file). Calls
     /// after it fail as if the database had gone away.
     async fn close(&self);
+
+    /// The state of the circuit breaker in front of this database, if it
+    /// has one (`breaker.rs`).
+    fn breaker(&self) -> Option<breaker::BreakerStatus> {
+        None
+    }
 }
 
 /// An open transaction; dropped without `commit` it rolls back.
