@@ -534,6 +534,21 @@ async fn the_breaker_of_a_database_that_never_answers_opens_and_metrics_show_it(
     );
     let readyz = client.get(server.url("/readyz")).send().await.unwrap();
     assert_eq!(readyz.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // The admin field shows the same.
+    let answer: Value = client
+        .post(server.url("/graphql"))
+        .json(&json!({"query": "{ items { storage { name ready breakers { node state opened } } } }"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer["data"]["items"]["storage"],
+        json!([{"name": "main", "ready": false, "breakers": [{"node": "master", "state": "open", "opened": "1"}]}]),
+        "{answer}"
+    );
 }
 
 // Once pooled connections were lent without a test round trip, every

@@ -188,6 +188,7 @@ for (const width of [1280, 390]) {
       await page.getByText('Ready', { exact: true }).waitFor();
       const clusters = await page.getByRole('table', { name: 'Storage clusters' }).innerText();
       assert.ok(clusters.includes(trips.topology[0].cluster), clusters);
+      assert.ok(clusters.includes('none (a file database)'), clusters);
       const lag = page.getByRole('table', { name: 'Index lag per datastore' });
       for (const ds of api) {
         const row = lag.getByRole('row').filter({ has: page.getByRole('rowheader', { name: ds.name, exact: true }) });

@@ -16,7 +16,7 @@ import {
   splitList,
   valueAtPath,
 } from '../../web/explorer/queries.js';
-import { parseMetrics, sample, datastoreHealth, bufferHealth } from '../../web/explorer/metrics.js';
+import { parseMetrics, sample, datastoreHealth, bufferHealth, breakers } from '../../web/explorer/metrics.js';
 import { parseHeaderLines, formatHeaderLines } from '../../web/explorer/settings.js';
 
 let server;
@@ -199,6 +199,16 @@ test('the metrics parser reads the gateway’s /metrics', async () => {
   assert.deepEqual(bufferHealth(buffered, ['trips']), [
     { name: 'trips', clusters: [{ cluster: 'a', cells: 7, oldestSeconds: 3 }], replayed: 40, conflicts: 1 },
   ]);
+  assert.deepEqual(breakers(samples, 'main'), [], 'SQLite has no breaker');
+  const nodes = parseMetrics(
+    '# TYPE cellgate_node_breaker_state gauge\ncellgate_node_breaker_state{cluster="a",node="master"} 2\n' +
+      'cellgate_node_breaker_state{cluster="a",node="replica0"} 0\ncellgate_node_breaker_state{cluster="b",node="master"} 1\n',
+  );
+  assert.deepEqual(breakers(nodes, 'a'), [
+    { node: 'master', state: 'open' },
+    { node: 'replica0', state: 'closed' },
+  ]);
+  assert.deepEqual(breakers(nodes, 'b'), [{ node: 'master', state: 'half-open' }]);
   const escaped = parseMetrics('# TYPE x gauge\nx{a="q\\"uote",b="back\\\\slash"} 2.5\nx{a="other"} 1\n# EOF\n');
   assert.equal(sample(escaped, 'x', { a: 'q"uote' }), 2.5);
   assert.equal(sample(escaped, 'x', { b: 'back\\slash' }), 2.5);

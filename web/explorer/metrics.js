@@ -75,3 +75,16 @@ export function bufferHealth(samples, names) {
     conflicts: sample(samples, 'cellgate_buffer_conflicts_total', { datastore: name }),
   }));
 }
+
+const BREAKER_STATES = ['closed', 'half-open', 'open'];
+
+/**
+ * The circuit breaker of each database server of `cluster`: `{ node,
+ * state }` with state `closed`, `half-open` or `open`. Empty for SQLite
+ * files, which have none.
+ */
+export function breakers(samples, cluster) {
+  return (samples.get('cellgate_node_breaker_state') || [])
+    .filter((s) => s.labels.cluster === cluster)
+    .map((s) => ({ node: s.labels.node, state: BREAKER_STATES[s.value] || 'unknown' }));
+}

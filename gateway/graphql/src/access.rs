@@ -2,8 +2,8 @@
 //! before anything runs.
 //!
 //! Every datastore is one root field of `Query` (`<ds>`, which needs
-//! `read`; its `indexStatus`, `maintenance`, `quarantine`, `buffer` and
-//! `bufferConflicts` need `admin`)
+//! `read`; its `indexStatus`, `maintenance`, `quarantine`, `buffer`,
+//! `bufferConflicts` and `storage` need `admin`)
 //! and two of `Mutation` (`<ds>PutCells`: `write`;
 //! `<ds>RetryQuarantine`: `admin`). The check walks the root fields of the
 //! operation (through fragments, each fragment once per level, so the walk
@@ -38,7 +38,7 @@ pub struct AccessMap {
 pub const ANY_DATASTORE: &str = "*";
 
 /// Fields of `<Ds>Query` that need `admin`.
-const ADMIN_QUERY_FIELDS: [&str; 5] = super::maintenance::QUERY_FIELDS;
+const ADMIN_QUERY_FIELDS: [&str; 6] = super::maintenance::QUERY_FIELDS;
 
 impl AccessMap {
     /// The root fields of the schema generated for `defs`.
@@ -319,6 +319,7 @@ mod tests {
         for buffer in [
             "{ trips { buffer { conflicts } } }",
             "{ trips { bufferConflicts { rowKey } } }",
+            "{ trips { storage { name breakers { state } } } }",
         ] {
             assert!(!allowed(&["trips:write"], buffer), "{buffer}");
             assert!(allowed(&["trips:admin"], buffer), "{buffer}");

@@ -1,14 +1,16 @@
-//! Buffered writes in the schema: per datastore the backlog and replay
-//! figures (`buffer`) and the conflicts replay recorded
-//! (`bufferConflicts`), both admin fields next to the index maintenance
-//! ones.
+//! Buffered writes and storage nodes in the schema: per datastore the
+//! backlog and replay figures (`buffer`), the conflicts replay recorded
+//! (`bufferConflicts`), and the clusters holding its shards with the
+//! circuit breaker of each database node (`storage`), admin fields next to
+//! the index maintenance ones.
 
 use std::sync::Arc;
 
 use async_graphql::dynamic::{Field, FieldFuture, FieldValue, InputValue, Object, TypeRef};
 use async_graphql::Value;
 use cellgate_store::cells::{Backlog, Conflict};
-use cellgate_store::{DatastoreMetrics, Store};
+use cellgate_store::storage::breaker::BreakerStatus;
+use cellgate_store::{ClusterMetrics, DatastoreMetrics, Store};
 
 use super::errors::{coded, from_store};
 use super::scalars::{datetime_value, int64_value, json_value, DATETIME, INT64, JSON, UUID};
@@ -18,7 +20,7 @@ use crate::fields::{from_parent, parent};
 const MAX_CONFLICTS_PAGE: usize = 1000;
 
 /// The names these fields take in each datastore's query type.
-pub(super) const QUERY_FIELDS: [&str; 2] = ["buffer", "bufferConflicts"];
+pub(super) const QUERY_FIELDS: [&str; 3] = ["buffer", "bufferConflicts", "storage"];
 
 /// The object types of this module.
 pub(super) fn types() -> Vec<Object> {
@@ -67,6 +69,58 @@ pub(super) fn types() -> Vec<Object> {
                     b.oldest.map_or(Value::Null, datetime_value)
                 })
                 .description("when the oldest was buffered; null when there are none"),
+            ),
+        Object::new("StorageCluster")
+            .description("A storage cluster holding some of the datastore's shards.")
+            .field(from_parent::<ClusterMetrics, _>(
+                "name",
+                TypeRef::named_nn(TypeRef::STRING),
+                |c| Value::String(c.name.clone()),
+            ))
+            .field(
+                from_parent::<ClusterMetrics, _>("ready", TypeRef::named_nn(TypeRef::BOOLEAN), |c| {
+                    Value::from(c.ready)
+                })
+                .description("prepared and serving"),
+            )
+            .field(
+                Field::new("breakers", TypeRef::named_nn_list_nn("NodeBreaker"), |ctx| {
+                    FieldFuture::new(async move {
+                        let cluster = parent::<ClusterMetrics>(&ctx)?;
+                        Ok(Some(FieldValue::list(
+                            cluster.breakers.iter().cloned().map(FieldValue::owned_any),
+                        )))
+                    })
+                })
+                .description("the circuit breaker of each database server, the master first; empty for SQLite files"),
+            ),
+        Object::new("NodeBreaker")
+            .description("The circuit breaker in front of one database server.")
+            .field(
+                from_parent::<BreakerStatus, _>("node", TypeRef::named_nn(TypeRef::STRING), |b| {
+                    Value::String(b.node.clone())
+                })
+                .description("`master`, or `replica<i>` for the i-th replica (from 0)"),
+            )
+            .field(
+                from_parent::<BreakerStatus, _>("state", TypeRef::named_nn(TypeRef::STRING), |b| {
+                    Value::String(b.state.as_str().to_string())
+                })
+                .description("`closed` (statements go through), `open` (they fail at once) or `half_open` (one probe goes through)"),
+            )
+            .field(
+                from_parent::<BreakerStatus, _>(
+                    "consecutiveFailures",
+                    TypeRef::named_nn(TypeRef::INT),
+                    |b| Value::from(b.consecutive_failures),
+                )
+                .description("failures in a row since the last success"),
+            )
+            .field(
+                from_parent::<BreakerStatus, _>("opened", TypeRef::named_nn(INT64), |b| {
+                    int64_value(b.opened as i64)
+                })
+                .description("times it opened since the gateway started"),
             ),
         Object::new("BufferConflict")
             .description("A buffered write that lost to another body of its key when it was replayed. The stored cell keeps the winning body; this one is kept here.")
@@ -158,5 +212,25 @@ pub(super) fn query_fields(ds: &Arc<str>) -> Vec<Field> {
             .description("at most 1000"),
     )
     .description("Buffered writes that lost to another body of their key on replay, newest first.");
-    vec![buffer, conflicts]
+    let d = ds.clone();
+    let storage = Field::new(
+        "storage",
+        TypeRef::named_nn_list_nn("StorageCluster"),
+        move |ctx| {
+            let ds = d.clone();
+            FieldFuture::new(async move {
+                let store = ctx.data::<Store>()?;
+                let holding: std::collections::BTreeSet<String> =
+                    store.topology(&ds).into_iter().map(|(_, _, c)| c).collect();
+                let clusters = store
+                    .metrics()
+                    .clusters
+                    .into_iter()
+                    .filter(|c| holding.contains(&c.name));
+                Ok(Some(FieldValue::list(clusters.map(FieldValue::owned_any))))
+            })
+        },
+    )
+    .description("The clusters holding this datastore's shards, with the circuit breaker of each database server.");
+    vec![buffer, conflicts, storage]
 }

@@ -137,12 +137,13 @@ pub(super) fn types() -> Vec<Object> {
 
 /// The names of the admin fields in each datastore's query type: these
 /// and those of [`crate::buffer`].
-pub(super) const QUERY_FIELDS: [&str; 5] = [
+pub(super) const QUERY_FIELDS: [&str; 6] = [
     "indexStatus",
     "maintenance",
     "quarantine",
     crate::buffer::QUERY_FIELDS[0],
     crate::buffer::QUERY_FIELDS[1],
+    crate::buffer::QUERY_FIELDS[2],
 ];
 
 /// `indexStatus`, `maintenance` and `quarantine` of one datastore.

@@ -105,7 +105,7 @@ pub struct StorageConfig {
     /// as long, at most `max_open_ms`. SQLite files have none.
     ///
     /// ```yaml
-    /// breaker: { enabled: true, failures: 3, open_ms: 1000, max_open_ms: 30000 }
+    /// breaker: { enabled: true, failures: 3, open_ms: 500, max_open_ms: 2000 }
     /// ```
     pub breaker: BreakerConfig,
 }
@@ -113,7 +113,7 @@ pub struct StorageConfig {
 /// See [`StorageConfig::breaker`].
 ///
 /// ```yaml
-/// breaker: { enabled: true, failures: 3, open_ms: 1000, max_open_ms: 30000 }
+/// breaker: { enabled: true, failures: 3, open_ms: 500, max_open_ms: 2000 }
 /// ```
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -133,14 +133,17 @@ pub struct BreakerConfig {
     /// Milliseconds the breaker stays open after it opens, before a probe.
     ///
     /// ```yaml
-    /// open_ms: 1000
+    /// open_ms: 500
     /// ```
     pub open_ms: u64,
     /// Longest time, in milliseconds, the breaker stays open after failed
-    /// probes double its cool-down (at least `open_ms`).
+    /// probes double its cool-down (at least `open_ms`). It bounds how late
+    /// a node that is back is noticed (buffered writes are replayed into
+    /// it within about this time); each probe of a node that still hangs
+    /// costs one statement up to `timeout_ms`.
     ///
     /// ```yaml
-    /// max_open_ms: 30000
+    /// max_open_ms: 2000
     /// ```
     pub max_open_ms: u64,
 }
@@ -150,8 +153,8 @@ impl Default for BreakerConfig {
         BreakerConfig {
             enabled: true,
             failures: 3,
-            open_ms: 1_000,
-            max_open_ms: 30_000,
+            open_ms: 500,
+            max_open_ms: 2_000,
         }
     }
 }

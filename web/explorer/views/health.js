@@ -5,7 +5,7 @@
 
 import { h, replace, tableWrap, uid, errorBox } from '../dom.js';
 import { loadCatalog, getText } from '../api.js';
-import { parseMetrics, datastoreHealth, bufferHealth, sample } from '../metrics.js';
+import { parseMetrics, datastoreHealth, bufferHealth, breakers, sample } from '../metrics.js';
 import { clock, plural } from '../format.js';
 
 const REFRESH_MS = 5000;
@@ -44,9 +44,12 @@ export async function healthPage(main, _match, ctx) {
       );
       if (lastReady !== null && lastReady !== isReady) ctx.announce(isReady ? 'The gateway is ready again.' : 'The gateway is not ready.');
       lastReady = isReady;
-      replace(clusters, clusterTable(catalog, isReady));
-      if (!metrics.ok) throw new Error(`/metrics answered HTTP ${metrics.status}`);
+      if (!metrics.ok) {
+        replace(clusters, clusterTable(catalog, isReady, null));
+        throw new Error(`/metrics answered HTTP ${metrics.status}`);
+      }
       const samples = parseMetrics(metrics.text);
+      replace(clusters, clusterTable(catalog, isReady, samples));
       replace(lag, lagTable(catalog, samples));
       replace(buffers, bufferTable(catalog, samples));
       updated.textContent = `Updated at ${clock()}.`;
@@ -99,7 +102,7 @@ export async function healthPage(main, _match, ctx) {
   };
 }
 
-function clusterTable(catalog, ready) {
+function clusterTable(catalog, ready, samples) {
   const byCluster = new Map();
   for (const ds of catalog.datastores) {
     for (const range of ds.topology) {
@@ -112,7 +115,7 @@ function clusterTable(catalog, ready) {
     h(
       'table',
       {},
-      h('thead', {}, h('tr', {}, ['Cluster', 'Shards', 'Reachable'].map((t) => h('th', { scope: 'col' }, t)))),
+      h('thead', {}, h('tr', {}, ['Cluster', 'Shards', 'Reachable', 'Circuit breakers'].map((t) => h('th', { scope: 'col' }, t)))),
       h(
         'tbody',
         {},
@@ -123,11 +126,19 @@ function clusterTable(catalog, ready) {
             h('th', { scope: 'row' }, cluster),
             h('td', {}, ranges.join(', ')),
             h('td', {}, ready ? 'yes' : byCluster.size === 1 ? 'no' : 'not all clusters (see the gateway’s log)'),
+            h('td', {}, breakerText(samples, cluster)),
           ),
         ),
       ),
     ),
   );
+}
+
+function breakerText(samples, cluster) {
+  if (samples === null) return '–';
+  const nodes = breakers(samples, cluster);
+  if (nodes.length === 0) return 'none (a file database)';
+  return nodes.map((n) => `${n.node}: ${n.state}`).join(', ');
 }
 
 function lagTable(catalog, samples) {
