@@ -460,6 +460,32 @@ impl Collector for StoreCollector {
                 ConstCounter::new(breaker.opened).encode(family.encode_family(&labels)?)?;
             }
         }
+        for (name, help, seconds) in [
+            (
+                "cellgate_replica_lag_cells",
+                "Cells a replica has not applied yet (the master's shard counters against the replica's, summed over the datastores)",
+                false,
+            ),
+            (
+                "cellgate_replica_lag_seconds",
+                "How long ago the master had no more cells than a replica has applied now",
+                true,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(name, help, None, GaugeType)?;
+            for lag in &snapshot.replica_lag {
+                let labels = [
+                    ("cluster", lag.cluster.as_str()),
+                    ("node", lag.node.as_str()),
+                ];
+                let value = if seconds {
+                    (lag.lag_ms / 1000) as i64
+                } else {
+                    lag.cells_behind
+                };
+                ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+            }
+        }
         encode_ids(&self.0.ids().metrics(), &mut encoder)
     }
 }

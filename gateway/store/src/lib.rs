@@ -72,6 +72,7 @@ pub mod ids;
 pub mod indexes;
 pub mod leases;
 mod options;
+pub mod replicas;
 mod retry;
 pub mod shards;
 pub mod storage;

@@ -108,6 +108,15 @@ pub struct StorageConfig {
     /// breaker: { enabled: true, failures: 3, open_ms: 500, max_open_ms: 2000 }
     /// ```
     pub breaker: BreakerConfig,
+    /// Replicas further behind their master than this, in milliseconds,
+    /// serve no `REPLICA` read (those go to another replica or the
+    /// master). Reads given a read token check the replica has applied
+    /// the token's writes instead, whatever its lag.
+    ///
+    /// ```yaml
+    /// max_replica_lag_ms: 30000
+    /// ```
+    pub max_replica_lag_ms: u64,
 }
 
 /// See [`StorageConfig::breaker`].
@@ -206,6 +215,7 @@ impl Default for StorageConfig {
         StorageConfig {
             buffer_count: 0,
             buffer_shortfall: BufferShortfall::Fail,
+            max_replica_lag_ms: 30_000,
             clusters: Vec::new(),
             shards: BTreeMap::new(),
             max_connections: 16,

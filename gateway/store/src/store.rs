@@ -23,6 +23,7 @@ use crate::indexes::{
     lag, maintainer, query, IndexPage, IndexQuery, MaintainerOptions, MaintenanceMetrics,
     QuarantinedEntry, QueryPlan, ShardLag,
 };
+use crate::replicas::{ReadOptions, ReadToken};
 use crate::shards::ShardMap;
 use crate::storage::breaker::BreakerStatus;
 use crate::storage::{self, ConnectOptions};
@@ -133,6 +134,8 @@ pub struct StoreMetrics {
     /// `(quantile, value)` for 0.5, 0.9, 0.99 and 1.0, plus the sample count.
     pub index_delay_us: (Vec<(f64, u64)>, u64),
     pub clusters: Vec<ClusterMetrics>,
+    /// The latest lag of every replica (measured twice a second).
+    pub replica_lag: Vec<crate::replicas::ReplicaLag>,
 }
 
 /// One storage cluster, for monitoring.
@@ -263,6 +266,8 @@ impl Store {
             clusters,
             buffer_count: config.buffer_count,
             buffer_shortfall: config.buffer_shortfall,
+            max_replica_lag: Duration::from_millis(config.max_replica_lag_ms),
+            lags: crate::replicas::LagBoard::default(),
             max_batch: options.max_batch,
             events,
         });
@@ -302,6 +307,12 @@ impl Store {
             maintainer.holder.clone(),
             options.maintenance.lease_time,
         ));
+        if topology.clusters.iter().any(|c| !c.replicas.is_empty()) {
+            tokio::spawn(crate::replicas::monitor(
+                topology.clone(),
+                shutdown.subscribe(),
+            ));
+        }
         if options.replay_buffers && topology.clusters.len() > 1 {
             replayer.start(topology.clone(), shutdown.subscribe());
         }
@@ -451,6 +462,7 @@ impl Store {
         StoreMetrics {
             datastores,
             index_delay_us: self.inner.maintainer.delay_quantiles(),
+            replica_lag: topology.lags.all(),
             clusters: topology
                 .clusters
                 .iter()
@@ -512,12 +524,35 @@ impl Store {
     /// the whole call means nothing was attempted (unknown datastore, batch
     /// too large).
     pub async fn put_cells(&self, datastore: &str, cells: Vec<NewCell>) -> Result<Vec<PutResult>> {
+        Ok(self.put_cells_with_token(datastore, cells).await?.0)
+    }
+
+    /// [`Store::put_cells`], with the read token of what it wrote: a read
+    /// given it ([`ReadOptions::after`]) sees these cells, even from a
+    /// replica.
+    pub async fn put_cells_with_token(
+        &self,
+        datastore: &str,
+        cells: Vec<NewCell>,
+    ) -> Result<(Vec<PutResult>, ReadToken)> {
         cells::write::put_cells(self.topology_ref(), datastore, cells).await
     }
 
     /// The cell at `key`, if it exists.
     pub async fn get_cell(&self, datastore: &str, key: &CellKey) -> Result<Option<Cell>> {
-        cells::get_cell(self.topology_ref(), datastore, key).await
+        self.get_cell_with(datastore, key, &ReadOptions::default())
+            .await
+    }
+
+    /// [`Store::get_cell`], served as `read` allows (a replica, see
+    /// [`crate::replicas`]).
+    pub async fn get_cell_with(
+        &self,
+        datastore: &str,
+        key: &CellKey,
+        read: &ReadOptions,
+    ) -> Result<Option<Cell>> {
+        cells::get_cell(self.topology_ref(), datastore, key, read).await
     }
 
     /// The cell of `(row_key, column)` with the highest ref key.
@@ -543,6 +578,27 @@ impl Store {
         limit: u32,
         before: Option<i64>,
     ) -> Result<Vec<Cell>> {
+        self.history_with(
+            datastore,
+            row_key,
+            column,
+            limit,
+            before,
+            &ReadOptions::default(),
+        )
+        .await
+    }
+
+    /// [`Store::history`], served as `read` allows.
+    pub async fn history_with(
+        &self,
+        datastore: &str,
+        row_key: Uuid,
+        column: &str,
+        limit: u32,
+        before: Option<i64>,
+        read: &ReadOptions,
+    ) -> Result<Vec<Cell>> {
         cells::history(
             self.topology_ref(),
             datastore,
@@ -550,6 +606,7 @@ impl Store {
             column,
             limit,
             before,
+            read,
         )
         .await
     }
@@ -557,7 +614,18 @@ impl Store {
     /// Cells by key; one statement per cluster. Results follow the input
     /// order.
     pub async fn get_cells(&self, datastore: &str, keys: &[CellKey]) -> Result<Vec<Option<Cell>>> {
-        cells::get_cells(self.topology_ref(), datastore, keys).await
+        self.get_cells_with(datastore, keys, &ReadOptions::default())
+            .await
+    }
+
+    /// [`Store::get_cells`], served as `read` allows.
+    pub async fn get_cells_with(
+        &self,
+        datastore: &str,
+        keys: &[CellKey],
+        read: &ReadOptions,
+    ) -> Result<Vec<Option<Cell>>> {
+        cells::get_cells(self.topology_ref(), datastore, keys, read).await
     }
 
     /// The latest cell of each `(row_key, column)`; one statement per
@@ -567,7 +635,18 @@ impl Store {
         datastore: &str,
         wanted: &[(Uuid, String)],
     ) -> Result<Vec<Option<Cell>>> {
-        cells::get_cells_latest(self.topology_ref(), datastore, wanted, &codec::decode).await
+        self.get_cells_latest_with(datastore, wanted, &ReadOptions::default())
+            .await
+    }
+
+    /// [`Store::get_cells_latest`], served as `read` allows.
+    pub async fn get_cells_latest_with(
+        &self,
+        datastore: &str,
+        wanted: &[(Uuid, String)],
+        read: &ReadOptions,
+    ) -> Result<Vec<Option<Cell>>> {
+        cells::get_cells_latest(self.topology_ref(), datastore, wanted, &codec::decode, read).await
     }
 
     /// [`Store::get_cells_latest`] with each body as its JSON text,
@@ -577,7 +656,14 @@ impl Store {
         datastore: &str,
         wanted: &[(Uuid, String)],
     ) -> Result<Vec<Option<Cell<Vec<u8>>>>> {
-        cells::get_cells_latest(self.topology_ref(), datastore, wanted, &codec::decode_json).await
+        cells::get_cells_latest(
+            self.topology_ref(),
+            datastore,
+            wanted,
+            &codec::decode_json,
+            &ReadOptions::default(),
+        )
+        .await
     }
 
     /// Up to `limit` cells of `shard` after `location`, in insertion order.

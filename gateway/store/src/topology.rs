@@ -31,6 +31,10 @@ pub(crate) struct Topology {
     pub(crate) buffer_count: usize,
     /// What a write does when fewer secondaries can take a copy.
     pub(crate) buffer_shortfall: crate::options::BufferShortfall,
+    /// Replicas further behind than this serve no `REPLICA` read.
+    pub(crate) max_replica_lag: std::time::Duration,
+    /// The latest lag of every replica.
+    pub(crate) lags: crate::replicas::LagBoard,
     /// Largest number of cells in one put.
     pub(crate) max_batch: usize,
     pub(crate) events: Events,
@@ -57,10 +61,8 @@ pub(crate) struct Cluster {
     /// (`storage.maintenance_connections`), so maintenance never waits for
     /// a connection behind requests; the master's own pool on SQLite.
     maintenance: Arc<dyn Backend>,
-    /// Opened at start-up so a malformed replica URL stops the gateway
-    /// there. Reads do not use replicas yet: replica reads and failover to
-    /// them are not built.
-    #[allow(dead_code)]
+    /// Read by the reads that allow a replica, and by every read while the
+    /// master's breaker is open (`replicas.rs`).
     pub(crate) replicas: Vec<Arc<dyn Backend>>,
     state: RwLock<ClusterState>,
 }

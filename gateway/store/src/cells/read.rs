@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::{codec, Cell, CellKey};
 use crate::error::{Error, Result};
+use crate::replicas::{read_on, ReadOptions};
 use crate::shards::row_shard;
 use crate::storage::{ddl, Backend, ColType, Dialect, Row, Sql, Value};
 use crate::topology::{DatastoreRuntime, Topology};
@@ -127,19 +128,28 @@ pub(crate) async fn get_cell(
     topology: &Topology,
     datastore: &str,
     key: &CellKey,
+    read: &ReadOptions,
 ) -> Result<Option<Cell>> {
     let ds = topology.datastore(datastore)?;
     ds.check_column(&key.column)?;
     let shard = row_shard(&key.row_key, ds.def.shards);
-    let master = topology.cluster_of(&ds, shard).master()?;
-    let mut sql = Sql::new(master.dialect());
-    select_cells(&mut sql, &ddl::cells_table(ds.name()), None);
-    key_condition(&mut sql, key.row_key, &key.column);
-    sql.push(" AND ")
-        .ident("ref_key")
-        .push(" = ")
-        .bind(Value::Int(key.ref_key));
-    Ok(fetch_cells(master.as_ref(), &sql).await?.pop())
+    let cluster = ds.map.cluster_of(shard);
+    let shards = std::iter::once(shard).collect();
+    let table = ddl::cells_table(ds.name());
+    read_on(topology, &ds, cluster, &shards, read, |node| {
+        let table = &table;
+        async move {
+            let mut sql = Sql::new(node.dialect());
+            select_cells(&mut sql, table, None);
+            key_condition(&mut sql, key.row_key, &key.column);
+            sql.push(" AND ")
+                .ident("ref_key")
+                .push(" = ")
+                .bind(Value::Int(key.ref_key));
+            Ok(fetch_cells(node.as_ref(), &sql).await?.pop())
+        }
+    })
+    .await
 }
 
 /// Versions of `(row_key, column)`, newest first, at most `limit`, with
@@ -151,24 +161,33 @@ pub(crate) async fn history(
     column: &str,
     limit: u32,
     before: Option<i64>,
+    read: &ReadOptions,
 ) -> Result<Vec<Cell>> {
     let ds = topology.datastore(datastore)?;
     ds.check_column(column)?;
     let shard = row_shard(&row_key, ds.def.shards);
-    let master = topology.cluster_of(&ds, shard).master()?;
-    let mut sql = Sql::new(master.dialect());
-    select_cells(&mut sql, &ddl::cells_table(ds.name()), None);
-    key_condition(&mut sql, row_key, column);
-    if let Some(before) = before {
-        sql.push(" AND ")
-            .ident("ref_key")
-            .push(" < ")
-            .bind(Value::Int(before));
-    }
-    sql.push(" ORDER BY ")
-        .ident("ref_key")
-        .push(&format!(" DESC LIMIT {}", limit.max(1)));
-    fetch_cells(master.as_ref(), &sql).await
+    let cluster = ds.map.cluster_of(shard);
+    let shards = std::iter::once(shard).collect();
+    let table = ddl::cells_table(ds.name());
+    read_on(topology, &ds, cluster, &shards, read, |node| {
+        let table = &table;
+        async move {
+            let mut sql = Sql::new(node.dialect());
+            select_cells(&mut sql, table, None);
+            key_condition(&mut sql, row_key, column);
+            if let Some(before) = before {
+                sql.push(" AND ")
+                    .ident("ref_key")
+                    .push(" < ")
+                    .bind(Value::Int(before));
+            }
+            sql.push(" ORDER BY ")
+                .ident("ref_key")
+                .push(&format!(" DESC LIMIT {}", limit.max(1)));
+            fetch_cells(node.as_ref(), &sql).await
+        }
+    })
+    .await
 }
 
 /// Cells by key; one statement per cluster and chunk. Results follow the
@@ -177,6 +196,7 @@ pub(crate) async fn get_cells(
     topology: &Topology,
     datastore: &str,
     keys: &[CellKey],
+    read: &ReadOptions,
 ) -> Result<Vec<Option<Cell>>> {
     let ds = topology.datastore(datastore)?;
     for key in keys {
@@ -190,26 +210,35 @@ pub(crate) async fn get_cells(
     let reads = groups.into_iter().map(|(cluster, keys)| {
         let ds = &ds;
         async move {
-            let master = topology.clusters[cluster].master()?;
-            let mut found = Vec::new();
-            for chunk in keys.chunks(READ_CHUNK) {
-                let mut sql = Sql::new(master.dialect());
-                select_cells(&mut sql, &ddl::cells_table(ds.name()), None);
-                sql.push(" WHERE ")
-                    .ident("row_key")
-                    .push(" IN ")
-                    .bind_list(uuid_list(chunk.iter().map(|k| k.row_key)))
-                    .push(" AND ")
-                    .ident("column_name")
-                    .push(" IN ")
-                    .bind_list(text_list(chunk.iter().map(|k| k.column.as_str())))
-                    .push(" AND ")
-                    .ident("ref_key")
-                    .push(" IN ")
-                    .bind_list(int_list(chunk.iter().map(|k| k.ref_key)));
-                found.extend(fetch_cells(master.as_ref(), &sql).await?);
-            }
-            Ok::<_, Error>(found)
+            let shards = keys
+                .iter()
+                .map(|k| row_shard(&k.row_key, ds.def.shards))
+                .collect();
+            read_on(topology, ds, cluster, &shards, read, |node| {
+                let keys = &keys;
+                async move {
+                    let mut found = Vec::new();
+                    for chunk in keys.chunks(READ_CHUNK) {
+                        let mut sql = Sql::new(node.dialect());
+                        select_cells(&mut sql, &ddl::cells_table(ds.name()), None);
+                        sql.push(" WHERE ")
+                            .ident("row_key")
+                            .push(" IN ")
+                            .bind_list(uuid_list(chunk.iter().map(|k| k.row_key)))
+                            .push(" AND ")
+                            .ident("column_name")
+                            .push(" IN ")
+                            .bind_list(text_list(chunk.iter().map(|k| k.column.as_str())))
+                            .push(" AND ")
+                            .ident("ref_key")
+                            .push(" IN ")
+                            .bind_list(int_list(chunk.iter().map(|k| k.ref_key)));
+                        found.extend(fetch_cells(node.as_ref(), &sql).await?);
+                    }
+                    Ok::<_, Error>(found)
+                }
+            })
+            .await
         }
     });
     let mut found: HashMap<CellKey, Cell> = HashMap::new();
@@ -235,6 +264,7 @@ pub(crate) async fn get_cells_latest<B: Clone + Send>(
     datastore: &str,
     wanted: &[(Uuid, String)],
     decode: Decode<'_, B>,
+    read: &ReadOptions,
 ) -> Result<Vec<Option<Cell<B>>>> {
     let ds = topology.datastore(datastore)?;
     for (_, column) in wanted {
@@ -249,16 +279,27 @@ pub(crate) async fn get_cells_latest<B: Clone + Send>(
     let reads = groups.into_iter().map(|(cluster, pairs)| {
         let ds = &ds;
         async move {
-            let master = topology.clusters[cluster].master()?;
-            let mut found = Vec::new();
-            for chunk in pairs.chunks(READ_CHUNK) {
-                let rows: Vec<Uuid> = chunk.iter().map(|p| p.0).collect();
-                let columns: Vec<String> = chunk.iter().map(|p| p.1.clone()).collect();
-                for cell in latest_cells_with(master.as_ref(), ds, &rows, &columns, decode).await? {
-                    found.push(cell?);
+            let shards = pairs
+                .iter()
+                .map(|p| row_shard(&p.0, ds.def.shards))
+                .collect();
+            read_on(topology, ds, cluster, &shards, read, |node| {
+                let pairs = &pairs;
+                async move {
+                    let mut found = Vec::new();
+                    for chunk in pairs.chunks(READ_CHUNK) {
+                        let rows: Vec<Uuid> = chunk.iter().map(|p| p.0).collect();
+                        let columns: Vec<String> = chunk.iter().map(|p| p.1.clone()).collect();
+                        for cell in
+                            latest_cells_with(node.as_ref(), ds, &rows, &columns, decode).await?
+                        {
+                            found.push(cell?);
+                        }
+                    }
+                    Ok::<_, Error>(found)
                 }
-            }
-            Ok::<_, Error>(found)
+            })
+            .await
         }
     });
     let mut found: HashMap<(Uuid, String), Cell<B>> = HashMap::new();

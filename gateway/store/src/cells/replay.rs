@@ -177,7 +177,8 @@ async fn run(
         let pause = if waiting { RETRY_EVERY } else { IDLE_EVERY };
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
-            _ = stopped.changed() => {}
+            // A shutdown, or the store dropped.
+            _ = stopped.changed() => break,
         }
     }
     for ((datastore, cluster), lease) in held {

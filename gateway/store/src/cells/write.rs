@@ -46,6 +46,7 @@ use uuid::Uuid;
 use super::read::{int_list, text_list, uuid_list};
 use super::{codec, CellKey, NewCell, PutResult, PutStatus};
 use crate::error::{Error, Result};
+use crate::replicas::ReadToken;
 use crate::retry::with_retry;
 use crate::shards::row_shard;
 use crate::storage::MAX_PARAMS;
@@ -79,7 +80,7 @@ pub(crate) async fn put_cells(
     topology: &Topology,
     datastore: &str,
     cells: Vec<NewCell>,
-) -> Result<Vec<PutResult>> {
+) -> Result<(Vec<PutResult>, ReadToken)> {
     let ds = topology.datastore(datastore)?;
     if cells.len() > topology.max_batch {
         return Err(Error::LimitExceeded {
@@ -122,10 +123,15 @@ pub(crate) async fn put_cells(
         group.sort_by_key(|p| (p.shard, p.index));
         write_cluster(topology, &ds, cluster, group)
     });
-    for outcome in futures::future::join_all(writes).await {
+    let mut token = ReadToken {
+        datastore: datastore.to_string(),
+        ..ReadToken::default()
+    };
+    for (outcome, heads) in futures::future::join_all(writes).await {
         for (index, result) in outcome {
             results[index] = Some(result);
         }
+        token.extend(heads);
     }
     // A key repeated inside the batch: same body is a duplicate of the
     // first occurrence, a different body a conflict with it.
@@ -144,10 +150,13 @@ pub(crate) async fn put_cells(
             (true, Err(err)) => Err(err),
         });
     }
-    Ok(results
-        .into_iter()
-        .map(|r| r.expect("every cell has a result"))
-        .collect())
+    Ok((
+        results
+            .into_iter()
+            .map(|r| r.expect("every cell has a result"))
+            .collect(),
+        token,
+    ))
 }
 
 fn prepare_all(ds: &DatastoreRuntime, cells: Vec<NewCell>) -> Vec<Result<Prepared>> {
@@ -179,13 +188,14 @@ fn prepare(ds: &DatastoreRuntime, index: usize, cell: NewCell) -> Result<Prepare
     })
 }
 
-/// Buffers and commits the group of one cluster; a result per cell.
+/// Buffers and commits the group of one cluster; a result per cell, and
+/// the shard heads the commit created.
 async fn write_cluster(
     topology: &Topology,
     ds: &DatastoreRuntime,
     cluster: usize,
     group: Vec<Prepared>,
-) -> Vec<(usize, PutResult)> {
+) -> (Vec<(usize, PutResult)>, Vec<(u32, i64)>) {
     let fail_all = |group: &[Prepared], err: Error| {
         let err = Arc::new(err);
         group
@@ -193,14 +203,15 @@ async fn write_cluster(
             .map(|p| (p.index, Err(err.clone())))
             .collect::<Vec<_>>()
     };
+    let no_heads = Vec::new;
     if let Err(err) = topology.clusters[cluster].master() {
         if !err.is_transient() {
-            return fail_all(&group, err);
+            return (fail_all(&group, err), no_heads());
         }
     }
     let buffered = match buffer(topology, ds, cluster, &group).await {
         Ok(buffered) => buffered,
-        Err(err) => return fail_all(&group, err),
+        Err(err) => return (fail_all(&group, err), no_heads()),
     };
     let primary = async {
         let master = topology.clusters[cluster].master()?;
@@ -227,22 +238,23 @@ async fn write_cluster(
                 topology.events.written(Written {
                     datastore: ds.name().to_string(),
                     cluster,
-                    heads,
+                    heads: heads.clone(),
                 });
             }
             release_buffers(topology, ds, buffered).await;
-            group.iter().map(|p| p.index).zip(statuses).collect()
+            (group.iter().map(|p| p.index).zip(statuses).collect(), heads)
         }
         Err(err) if err.is_transient() && buffered.len() >= topology.buffer_count.max(1) => {
             tracing::warn!(datastore = %ds.name(), cluster = %topology.clusters[cluster].name, error = %err, "primary unavailable; cells kept in buffer");
-            group
+            let buffered = group
                 .iter()
                 .map(|p| (p.index, Ok(PutStatus::Buffered)))
-                .collect()
+                .collect();
+            (buffered, no_heads())
         }
         Err(err) => {
             release_buffers(topology, ds, buffered).await;
-            fail_all(&group, err)
+            (fail_all(&group, err), no_heads())
         }
     }
 }

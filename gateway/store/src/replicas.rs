@@ -1,0 +1,434 @@
+//! Reads from replicas: per-read consistency, read-your-writes tokens, and
+//! the replica lag they are judged by.
+//!
+//! A read is served by its cluster's master unless it allows a replica
+//! ([`ReadOptions`]): with [`Consistency::Replica`], or with a
+//! [`ReadToken`] from an earlier write. Then [`route`] picks a replica
+//! whose circuit breaker is closed and whose lag is within
+//! `storage.max_replica_lag_ms`; with a token it also checks, in one
+//! statement, that the replica has applied every `added_id` the token
+//! names for the cluster's shards (the `<ds>_shards` counters replicate
+//! with the cells they number), and otherwise reads the master. So a read
+//! given the token of a write never misses that write, however far behind
+//! a replica is. A master whose breaker is open fails reads over to a
+//! healthy replica at once (possibly stale; the read says so through
+//! [`ReadOptions::served`]).
+//!
+//! **Lag** ([`monitor`]): every half second, per datastore, the sum of the
+//! shard counters on the master and on each replica: the difference is the
+//! cells a replica is behind, and the time since the master last had no
+//! more than the replica has now is its lag in time.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use rand::seq::SliceRandom;
+
+use crate::error::{Error, Result};
+use crate::storage::breaker::BreakerState;
+use crate::storage::{ddl, Backend, ColType, Sql, Value};
+use crate::topology::{Cluster, DatastoreRuntime, Topology};
+
+/// Where a read may be served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Consistency {
+    /// The master (read-your-writes); a replica only when the master's
+    /// breaker is open.
+    #[default]
+    Master,
+    /// Any healthy replica within the lag limit; the master when none is.
+    Replica,
+}
+
+/// What a write created, per touched shard the highest `added_id`: a read
+/// given it is served only by a node that has applied all of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadToken {
+    pub datastore: String,
+    /// `shard → added_id`.
+    pub positions: BTreeMap<u32, i64>,
+}
+
+const TOKEN_PREFIX: &str = "rt1.";
+
+impl ReadToken {
+    /// The opaque text form given to clients.
+    pub fn encode(&self) -> String {
+        let mut text = self.datastore.clone();
+        for (shard, added_id) in &self.positions {
+            text.push_str(&format!(" {shard}:{added_id}"));
+        }
+        format!(
+            "{TOKEN_PREFIX}{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
+        )
+    }
+
+    /// Parses [`ReadToken::encode`]'s form; `BAD_USER_INPUT` otherwise.
+    pub fn decode(token: &str) -> Result<ReadToken> {
+        let bad = || Error::BadInput("readAfter is not a read token of this gateway".into());
+        let body = token.strip_prefix(TOKEN_PREFIX).ok_or_else(bad)?;
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(body)
+            .map_err(|_| bad())?;
+        let text = String::from_utf8(bytes).map_err(|_| bad())?;
+        let mut parts = text.split(' ');
+        let datastore = parts.next().filter(|d| !d.is_empty()).ok_or_else(bad)?;
+        let mut positions = BTreeMap::new();
+        for part in parts {
+            let (shard, added_id) = part.split_once(':').ok_or_else(bad)?;
+            positions.insert(
+                shard.parse().map_err(|_| bad())?,
+                added_id.parse().map_err(|_| bad())?,
+            );
+        }
+        Ok(ReadToken {
+            datastore: datastore.to_string(),
+            positions,
+        })
+    }
+
+    /// Adds a write's shard heads.
+    pub(crate) fn extend(&mut self, heads: impl IntoIterator<Item = (u32, i64)>) {
+        for (shard, added_id) in heads {
+            let entry = self.positions.entry(shard).or_insert(added_id);
+            *entry = (*entry).max(added_id);
+        }
+    }
+}
+
+/// How one read may be served, and (filled in by the store) which nodes
+/// served it.
+#[derive(Debug, Clone, Default)]
+pub struct ReadOptions {
+    pub consistency: Consistency,
+    /// A token from an earlier write: the read may go to a replica that
+    /// has applied it (and to the master otherwise).
+    pub after: Option<ReadToken>,
+    /// The replicas that served parts of the read, as `cluster/replica<i>`,
+    /// each with whether it may be stale (no token vouched for it).
+    pub served: Arc<Mutex<BTreeMap<String, bool>>>,
+}
+
+impl ReadOptions {
+    /// Reads that may go to a replica.
+    fn wants_replica(&self) -> bool {
+        self.consistency == Consistency::Replica || self.after.is_some()
+    }
+
+    fn record(&self, cluster: &Cluster, replica: usize, stale: bool) {
+        self.served
+            .lock()
+            .expect("served")
+            .insert(format!("{}/replica{replica}", cluster.name), stale);
+    }
+
+    /// The replicas that served this read (empty: masters only).
+    pub fn served_by(&self) -> BTreeMap<String, bool> {
+        self.served.lock().expect("served").clone()
+    }
+}
+
+/// The latest lag measurement of one replica.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaLag {
+    pub cluster: String,
+    /// `replica<i>`.
+    pub node: String,
+    /// Cells the master has that the replica has not applied yet, summed
+    /// over the datastores.
+    pub cells_behind: i64,
+    /// How long ago the master had no more cells than the replica has now.
+    pub lag_ms: u64,
+}
+
+/// Lag state of every replica, written by [`monitor`].
+#[derive(Default)]
+pub(crate) struct LagBoard {
+    /// `(cluster, replica) →` the latest measurement and when it was taken.
+    latest: Mutex<HashMap<(usize, usize), (ReplicaLag, Instant)>>,
+}
+
+/// A measurement older than this does not vouch for a replica.
+const FRESH: Duration = Duration::from_secs(5);
+/// How often lag is measured.
+const MEASURE_EVERY: Duration = Duration::from_millis(500);
+/// How much history of the master's counters is kept to judge lag in time.
+const HISTORY: Duration = Duration::from_secs(120);
+
+impl LagBoard {
+    /// Every replica's latest lag.
+    pub(crate) fn all(&self) -> Vec<ReplicaLag> {
+        let mut all: Vec<ReplicaLag> = self
+            .latest
+            .lock()
+            .expect("lag")
+            .values()
+            .map(|(lag, _)| lag.clone())
+            .collect();
+        all.sort_by(|a, b| (&a.cluster, &a.node).cmp(&(&b.cluster, &b.node)));
+        all
+    }
+
+    /// Whether `replica` of `cluster` was measured recently within `limit`.
+    fn within(&self, cluster: usize, replica: usize, limit: Duration) -> bool {
+        self.latest
+            .lock()
+            .expect("lag")
+            .get(&(cluster, replica))
+            .is_some_and(|(lag, at)| {
+                at.elapsed() < FRESH && Duration::from_millis(lag.lag_ms) <= limit
+            })
+    }
+}
+
+fn healthy(backend: &Arc<dyn Backend>) -> bool {
+    backend
+        .breaker()
+        .is_none_or(|b| b.state != BreakerState::Open)
+}
+
+/// Runs `op` on the node `read` allows for `shards` of `cluster` (see
+/// [`route`]); a replica that fails transiently is replaced by the master
+/// (whose breaker, if open, fails it at once).
+pub(crate) async fn read_on<T, F, Fut>(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    cluster: usize,
+    shards: &BTreeSet<u32>,
+    read: &ReadOptions,
+    op: F,
+) -> Result<T>
+where
+    F: Fn(Arc<dyn Backend>) -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let node = &topology.clusters[cluster];
+    let master = node.master()?;
+    let Some((replica, stale)) = route(topology, ds, cluster, shards, read).await? else {
+        return op(master.clone()).await;
+    };
+    match op(node.replicas[replica].clone()).await {
+        Ok(found) => {
+            read.record(node, replica, stale);
+            Ok(found)
+        }
+        Err(err) if err.is_transient() => {
+            tracing::debug!(cluster = %node.name, replica, error = %err, "replica read failed; reading the master");
+            op(master.clone()).await
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// The replica to read `ds` on `cluster` from, for a read touching
+/// `shards` of that cluster, with whether it may be stale; `None` for the
+/// master.
+async fn route(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    cluster: usize,
+    shards: &BTreeSet<u32>,
+    read: &ReadOptions,
+) -> Result<Option<(usize, bool)>> {
+    let node = &topology.clusters[cluster];
+    let master = node.master()?;
+    let master_healthy = healthy(master);
+    if node.replicas.is_empty() || (master_healthy && !read.wants_replica()) {
+        return Ok(None);
+    }
+    let mut candidates: Vec<usize> = (0..node.replicas.len())
+        .filter(|r| healthy(&node.replicas[*r]))
+        .collect();
+    candidates.shuffle(&mut rand::thread_rng());
+    if !master_healthy && !read.wants_replica() {
+        // Failover: any replica that answers, stale or not; one whose own
+        // breaker is open is tried last (its breaker lets a probe through
+        // once its cool-down has passed, else fails at once).
+        let first = candidates
+            .first()
+            .copied()
+            .or_else(|| (0..node.replicas.len()).min_by_key(|_| rand::random::<u32>()));
+        return Ok(first.map(|replica| (replica, true)));
+    }
+    let wanted: Vec<(u32, i64)> = read
+        .after
+        .iter()
+        .filter(|token| token.datastore == ds.name())
+        .flat_map(|token| token.positions.iter())
+        .filter(|(shard, _)| shards.contains(shard))
+        .map(|(shard, added_id)| (*shard, *added_id))
+        .collect();
+    let limit = topology.max_replica_lag;
+    for replica in candidates {
+        let backend = &node.replicas[replica];
+        if !wanted.is_empty() {
+            match applied(backend.as_ref(), ds.name(), &wanted).await {
+                Ok(true) => return Ok(Some((replica, false))),
+                Ok(false) => continue,
+                Err(err) => {
+                    tracing::debug!(cluster = %node.name, replica, error = %err, "replica cannot check a read token");
+                    continue;
+                }
+            }
+        }
+        if topology.lags.within(cluster, replica, limit) {
+            return Ok(Some((replica, true)));
+        }
+    }
+    Ok(None)
+}
+
+/// Whether `replica` has applied every `(shard, added_id)` of `wanted`:
+/// its shard counters are past them.
+async fn applied(replica: &dyn Backend, datastore: &str, wanted: &[(u32, i64)]) -> Result<bool> {
+    let mut sql = Sql::new(replica.dialect());
+    sql.push("SELECT ")
+        .idents(["shard", "next_added_id"])
+        .push(" FROM ")
+        .ident(&ddl::shards_table(datastore))
+        .push(" WHERE ")
+        .ident("shard")
+        .push(" IN ")
+        .bind_list(wanted.iter().map(|(s, _)| Value::Int(i64::from(*s))));
+    let next: HashMap<i64, i64> = replica
+        .fetch(&sql, &[ColType::Int, ColType::Int])
+        .await?
+        .into_iter()
+        .filter_map(|row| Some((row[0].as_int()?, row[1].as_int()?)))
+        .collect();
+    Ok(wanted.iter().all(|(shard, added_id)| {
+        next.get(&i64::from(*shard))
+            .is_some_and(|next| next > added_id)
+    }))
+}
+
+/// The sum of `datastore`'s shard counters on one node.
+async fn counters(backend: &dyn Backend, datastore: &str) -> Result<i64> {
+    let dialect = backend.dialect();
+    let integer = match dialect {
+        crate::storage::Dialect::MySql => "SIGNED",
+        _ => "BIGINT",
+    };
+    let mut sql = Sql::new(dialect);
+    // SUM of a BIGINT is a NUMERIC (DECIMAL) on PostgreSQL and MySQL.
+    sql.push("SELECT CAST(COALESCE(SUM(")
+        .ident("next_added_id")
+        .push(&format!("), 0) AS {integer}) FROM "))
+        .ident(&ddl::shards_table(datastore));
+    let rows = backend.fetch(&sql, &[ColType::Int]).await?;
+    Ok(rows.first().and_then(|r| r[0].as_int()).unwrap_or(0))
+}
+
+/// Measures replica lag until `stopped` (see the module doc).
+pub(crate) async fn monitor(
+    topology: Arc<Topology>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    // `(cluster, datastore) →` the master's counter sums over time.
+    let mut history: HashMap<(usize, String), VecDeque<(Instant, i64)>> = HashMap::new();
+    while !*stopped.borrow() {
+        for (c, cluster) in topology.clusters.iter().enumerate() {
+            if cluster.replicas.is_empty() {
+                continue;
+            }
+            let Ok(master) = cluster.master() else {
+                continue;
+            };
+            let mut behind = vec![(0i64, 0u64, true); cluster.replicas.len()];
+            for ds in topology.datastores.values() {
+                let head = match counters(master.as_ref(), ds.name()).await {
+                    Ok(head) => head,
+                    Err(err) => {
+                        tracing::debug!(cluster = %cluster.name, error = %err, "cannot read the master's shard counters");
+                        // Still ask the replicas: that probes their
+                        // breakers, so a replica that is back is found
+                        // while the master is down.
+                        for replica in &cluster.replicas {
+                            let _ = counters(replica.as_ref(), ds.name()).await;
+                        }
+                        behind.iter_mut().for_each(|b| b.2 = false);
+                        continue;
+                    }
+                };
+                let now = Instant::now();
+                let past = history.entry((c, ds.name().to_string())).or_default();
+                past.push_back((now, head));
+                while past.front().is_some_and(|(t, _)| now - *t > HISTORY) {
+                    past.pop_front();
+                }
+                for (r, replica) in cluster.replicas.iter().enumerate() {
+                    let applied = match counters(replica.as_ref(), ds.name()).await {
+                        Ok(applied) => applied,
+                        Err(err) => {
+                            tracing::debug!(cluster = %cluster.name, replica = r, error = %err, "cannot measure a replica's lag");
+                            behind[r].2 = false;
+                            continue;
+                        }
+                    };
+                    let cells = (head - applied).max(0);
+                    // The replica has what the master had at the latest
+                    // sample whose sum it reaches.
+                    let lag = if cells == 0 {
+                        Duration::ZERO
+                    } else {
+                        past.iter()
+                            .rev()
+                            .find(|(_, sum)| *sum <= applied)
+                            .map_or(HISTORY, |(t, _)| now - *t)
+                    };
+                    behind[r].0 += cells;
+                    behind[r].1 = behind[r].1.max(lag.as_millis() as u64);
+                }
+            }
+            let mut latest = topology.lags.latest.lock().expect("lag");
+            for (r, (cells, lag_ms, measured)) in behind.into_iter().enumerate() {
+                if !measured {
+                    latest.remove(&(c, r));
+                    continue;
+                }
+                latest.insert(
+                    (c, r),
+                    (
+                        ReplicaLag {
+                            cluster: cluster.name.clone(),
+                            node: format!("replica{r}"),
+                            cells_behind: cells,
+                            lag_ms,
+                        },
+                        Instant::now(),
+                    ),
+                );
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(MEASURE_EVERY) => {}
+            // A shutdown, or the store dropped.
+            _ = stopped.changed() => break,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_tokens_round_trip_and_refuse_other_text() {
+        let mut token = ReadToken {
+            datastore: "trips".into(),
+            ..ReadToken::default()
+        };
+        token.extend([(7, 3), (4095, 12), (7, 9), (7, 5)]);
+        assert_eq!(token.positions, BTreeMap::from([(7, 9), (4095, 12)]));
+        let text = token.encode();
+        assert!(text.starts_with("rt1."), "{text}");
+        assert_eq!(ReadToken::decode(&text).unwrap(), token);
+        for bad in ["", "rt1.", "rt1.!!", "xx.dHJpcHM", &text[..text.len() - 2]] {
+            let err = ReadToken::decode(bad).expect_err(bad);
+            assert_eq!(err.code(), "BAD_USER_INPUT", "{bad}");
+        }
+    }
+}
