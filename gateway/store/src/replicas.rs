@@ -3,7 +3,7 @@
 //!
 //! A read is served by its cluster's master unless it allows a replica
 //! ([`ReadOptions`]): with [`Consistency::Replica`], or with a
-//! [`ReadToken`] from an earlier write. Then [`route`] picks a replica
+//! [`ReadToken`] from an earlier write. Then `read_on` picks a replica
 //! whose circuit breaker is closed and whose lag is within
 //! `storage.max_replica_lag_ms`; with a token it also checks, in one
 //! statement, that the replica has applied every `added_id` the token
@@ -14,7 +14,7 @@
 //! healthy replica at once (possibly stale; the read says so through
 //! [`ReadOptions::served`]).
 //!
-//! **Lag** ([`monitor`]): every half second, per datastore, the sum of the
+//! **Lag** (`monitor`): every half second, per datastore, the sum of the
 //! shard counters on the master and on each replica: the difference is the
 //! cells a replica is behind, and the time since the master last had no
 //! more than the replica has now is its lag in time.
