@@ -40,8 +40,6 @@ mod server;
 mod servers;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::ffi::OsString;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -51,7 +49,7 @@ use mariadb::Mariadb;
 use postgres::Postgres;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use server::Server;
+use server::{client, Server};
 use uuid::Uuid;
 
 /// The datastore's shard count: the default, as in a real deployment.
@@ -231,35 +229,12 @@ fn cities() -> Vec<&'static str> {
     a.into_iter().chain(b).collect()
 }
 
-/// The datastore `items` (column `DATA`, default shard count) with the
-/// index `by_city`: entries sharded by the string `city`, with `n`.
-fn write_definitions(dir: &Path) -> PathBuf {
-    let datastores = dir.join("datastores");
-    std::fs::create_dir_all(datastores.join("items/indexes")).unwrap();
-    std::fs::write(
-        datastores.join("items/datastore.yaml"),
-        "name: items\ncolumns:\n  - name: DATA\n",
-    )
-    .unwrap();
-    std::fs::write(
-        datastores.join("items/indexes/by_city.yaml"),
-        "table: by_city\ndatastore: items\nshard_field: city\ncolumn_defs:\n  - column_key: DATA\n    fields:\n      - { field: city, type: string }\n      - { field: n, type: int }\n",
-    )
-    .unwrap();
-    datastores
-}
-
 /// Starts `cellgate serve` on clusters `a` and `b` with one buffer copy
 /// per write and no admission limits (the writers would hit the rate
 /// limit, and a refusal there is not what this test is about).
 fn serve(a: &str, b: &str) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let datastores = write_definitions(dir.path());
-    let config_file = dir.path().join("cellgate.yaml");
-    std::fs::write(
-        &config_file,
-        format!(
-            "storage:
+    let config = format!(
+        "storage:
   buffer_count: 1
   clusters:
     - name: a
@@ -273,46 +248,21 @@ limits:
   max_concurrent_requests: 0
   max_connections_per_client: 0
 "
-        ),
+    );
+    Server::start_with(
+        &[
+            (
+                "items/datastore.yaml",
+                "name: items\ncolumns:\n  - name: DATA\n",
+            ),
+            (
+                "items/indexes/by_city.yaml",
+                "table: by_city\ndatastore: items\nshard_field: city\ncolumn_defs:\n  - column_key: DATA\n    fields:\n      - { field: city, type: string }\n      - { field: n, type: int }\n",
+            ),
+        ],
+        &config,
+        &[],
     )
-    .unwrap();
-    let args: Vec<OsString> = vec![
-        "--data".into(),
-        dir.path().join("data").into(),
-        "--datastores".into(),
-        datastores.into(),
-        "--config".into(),
-        config_file.into(),
-    ];
-    Server::start_in(dir, args)
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
-
-/// Polls `/readyz` until it answers `status`.
-async fn wait_ready(server: &Server, status: StatusCode) {
-    let client = client();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let got = client
-            .get(server.url("/readyz"))
-            .send()
-            .await
-            .map(|r| r.status());
-        if got.as_ref().ok() == Some(&status) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz did not answer {status} within 120 s (last: {got:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Where the outage stands when a write is sent.
@@ -885,7 +835,9 @@ async fn failover<D: Database>(test: &str) {
     b.start().await;
     let cities = cities();
     let server = serve(&a.url(), &b.url());
-    wait_ready(&server, StatusCode::OK).await;
+    server
+        .wait_ready(StatusCode::OK, Duration::from_secs(120))
+        .await;
     let url = server.graphql();
 
     let load = Load::start(&server, &cities);

@@ -30,44 +30,19 @@ use std::time::{Duration, Instant};
 use postgres::Postgres;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use server::Server;
-
-/// One small datastore, so the test does not wait for shard tables.
-fn write_definitions(dir: &Path) -> PathBuf {
-    let datastores = dir.join("datastores");
-    std::fs::create_dir_all(datastores.join("items")).unwrap();
-    std::fs::write(
-        datastores.join("items/datastore.yaml"),
-        "name: items\nshards: 4\ncolumns:\n  - name: DATA\n",
-    )
-    .unwrap();
-    datastores
-}
+use server::{client, Server};
 
 /// Starts `cellgate serve` on `database` with `config` as its
 /// `cellgate.yaml`.
 fn serve(database: &str, config: &str) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let datastores = write_definitions(dir.path());
-    let config_file = dir.path().join("cellgate.yaml");
-    std::fs::write(&config_file, config).unwrap();
-    let args: Vec<OsString> = vec![
-        "--datastores".into(),
-        datastores.into(),
-        "--database".into(),
-        database.into(),
-        "--config".into(),
-        config_file.into(),
-    ];
-    Server::start_in(dir, args)
+    Server::start_with(&[ITEMS], config, &["--database", database])
 }
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
+/// One small datastore, so the test does not wait for shard tables.
+const ITEMS: (&str, &str) = (
+    "items/datastore.yaml",
+    "name: items\nshards: 4\ncolumns:\n  - name: DATA\n",
+);
 
 const PUT: &str = "mutation($cells: [ItemsCellInput!]!) {
   itemsPutCells(cells: $cells) { status error { code message retryable } }
@@ -229,27 +204,6 @@ impl Load {
     }
 }
 
-/// Polls `/readyz` until it answers `status`.
-async fn wait_ready(server: &Server, status: StatusCode) {
-    let client = client();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let got = client
-            .get(server.url("/readyz"))
-            .send()
-            .await
-            .map(|r| r.status());
-        if got.as_ref().ok() == Some(&status) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz did not answer {status} within 120 s (last: {got:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// A TCP proxy in front of a database that can be cut off like a network
 /// partition: while frozen it accepts connections but passes no bytes in
 /// either direction, so statements in flight get no answer.
@@ -334,7 +288,9 @@ async fn writes_while_postgres_dies_and_restarts_are_storage_unavailable() {
         &format!("postgres://postgres@127.0.0.1:{}/postgres", partition.port),
         "storage:\n  timeout_ms: 2000\n  readiness_timeout_ms: 1000\n",
     );
-    wait_ready(&server, StatusCode::OK).await;
+    server
+        .wait_ready(StatusCode::OK, Duration::from_secs(120))
+        .await;
     let load = Load::start(&server, 16);
     load.wait_for("writes before the outage", |stored, _| stored >= 20)
         .await;
@@ -377,13 +333,17 @@ async fn writes_while_postgres_dies_and_restarts_are_storage_unavailable() {
             .all(|(now, before)| *now >= before + 2)
     })
     .await;
-    wait_ready(&server, StatusCode::SERVICE_UNAVAILABLE).await;
+    server
+        .wait_ready(StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(120))
+        .await;
     partition.freeze(false);
     load.wait_for("writes after the partition", |stored, _| {
         stored >= stored_before + 20
     })
     .await;
-    wait_ready(&server, StatusCode::OK).await;
+    server
+        .wait_ready(StatusCode::OK, Duration::from_secs(120))
+        .await;
 
     // SIGKILL: the postmaster vanishes and its sessions end on their own;
     // QUIT: an immediate shutdown, which terminates every session.
@@ -394,7 +354,9 @@ async fn writes_while_postgres_dies_and_restarts_are_storage_unavailable() {
             refused >= failed_before + 10
         })
         .await;
-        wait_ready(&server, StatusCode::SERVICE_UNAVAILABLE).await;
+        server
+            .wait_ready(StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(120))
+            .await;
 
         postgres.start().await;
         let (stored_at_restart, _) = load.counts();
@@ -402,7 +364,9 @@ async fn writes_while_postgres_dies_and_restarts_are_storage_unavailable() {
             stored >= stored_at_restart + 20
         })
         .await;
-        wait_ready(&server, StatusCode::OK).await;
+        server
+            .wait_ready(StatusCode::OK, Duration::from_secs(120))
+            .await;
     }
     let tally = load.finish().await;
     // What the server saw, for the test log: driver errors by kind.
@@ -573,7 +537,9 @@ async fn requests_after_a_postgres_restart_find_no_stale_connection() {
         &postgres.url(),
         "storage:\n  timeout_ms: 2000\n  readiness_timeout_ms: 1000\nindexes:\n  maintain: false\n",
     );
-    wait_ready(&server, StatusCode::OK).await;
+    server
+        .wait_ready(StatusCode::OK, Duration::from_secs(120))
+        .await;
     let client = client();
     let graphql = server.url("/graphql");
     // Many requests at once leave the pool full of idle connections.
@@ -635,8 +601,9 @@ async fn requests_after_a_postgres_restart_find_no_stale_connection() {
 
 /// One datastore with an index, for reads the gateway compiles.
 fn write_indexed_definitions(dir: &Path) -> PathBuf {
-    let datastores = write_definitions(dir);
+    let datastores = dir.join("datastores");
     std::fs::create_dir_all(datastores.join("items/indexes")).unwrap();
+    std::fs::write(datastores.join(ITEMS.0), ITEMS.1).unwrap();
     std::fs::write(
         datastores.join("items/indexes/by_owner.yaml"),
         "table: by_owner\ndatastore: items\ncolumn_defs:\n  - column_key: DATA\n    fields:\n      - { field: owner, type: UUID }\n      - { field: n, type: int }\n",
@@ -701,7 +668,9 @@ async fn a_stopped_database_is_storage_unavailable_on_plain_routes_and_compiled_
         config_file.into(),
     ];
     let server = Server::start_in(dir, args);
-    wait_ready(&server, StatusCode::OK).await;
+    server
+        .wait_ready(StatusCode::OK, Duration::from_secs(120))
+        .await;
     let client = client();
     let post = |body: Value| {
         let request = client
@@ -795,7 +764,9 @@ async fn a_stopped_database_is_storage_unavailable_on_plain_routes_and_compiled_
     assert_eq!(direct, executor);
 
     postgres.start().await;
-    wait_ready(&server, StatusCode::OK).await;
+    server
+        .wait_ready(StatusCode::OK, Duration::from_secs(120))
+        .await;
     assert_eq!(
         direct_answers().await,
         before + 1.0,

@@ -33,14 +33,12 @@ mod server;
 mod servers;
 
 use std::collections::BTreeSet;
-use std::ffi::OsString;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use replication::{MariaDbPair, PostgresPair};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use server::Server;
+use server::{client, Server};
 use sqlx::Connection as _;
 use uuid::Uuid;
 
@@ -192,27 +190,10 @@ async fn the_gateway_runs_on_a_postgres_primary_with_a_streaming_replica() {
         .await;
 }
 
-/// The datastore `items` (column `DATA`, default shard count), no index.
-fn write_definitions(dir: &Path) -> PathBuf {
-    let datastores = dir.join("datastores");
-    std::fs::create_dir_all(datastores.join("items")).unwrap();
-    std::fs::write(
-        datastores.join("items/datastore.yaml"),
-        "name: items\ncolumns:\n  - name: DATA\n",
-    )
-    .unwrap();
-    datastores
-}
-
 /// Starts `cellgate serve` on one cluster: `master` with `replica`.
 fn serve(master: &str, replica: &str) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let datastores = write_definitions(dir.path());
-    let config_file = dir.path().join("cellgate.yaml");
-    std::fs::write(
-        &config_file,
-        format!(
-            "storage:
+    let config = format!(
+        "storage:
   clusters:
     - name: a
       master: {master}
@@ -220,46 +201,15 @@ fn serve(master: &str, replica: &str) -> Server {
   timeout_ms: 2000
   readiness_timeout_ms: 1000
 "
-        ),
+    );
+    Server::start_with(
+        &[(
+            "items/datastore.yaml",
+            "name: items\ncolumns:\n  - name: DATA\n",
+        )],
+        &config,
+        &[],
     )
-    .unwrap();
-    let args: Vec<OsString> = vec![
-        "--data".into(),
-        dir.path().join("data").into(),
-        "--datastores".into(),
-        datastores.into(),
-        "--config".into(),
-        config_file.into(),
-    ];
-    Server::start_in(dir, args)
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
-
-/// Polls `/readyz` until it answers 200.
-async fn wait_ready(server: &Server) {
-    let client = client();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = client
-            .get(server.url("/readyz"))
-            .send()
-            .await
-            .map(|r| r.status());
-        if got.as_ref().ok() == Some(&StatusCode::OK) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz did not answer 200 within {WAIT:?} (last: {got:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Posts a GraphQL request; its `data`, or the answer that has errors.
@@ -360,7 +310,7 @@ async fn replicated<P: Pair>(test: &str) {
     };
     took(kind, "pair started, database replicated", started);
     let server = serve(&pair.master_url(), &pair.replica_url());
-    wait_ready(&server).await;
+    server.wait_ready(StatusCode::OK, WAIT).await;
 
     // The gateway creates its tables on the master; they and the cells
     // replicate.

@@ -129,6 +129,54 @@ impl Server {
         server
     }
 
+    /// Starts `cellgate serve` in a fresh temp directory on the
+    /// definitions `files` (paths under `datastores/` and their text), with
+    /// `config` as its `cellgate.yaml`, `--data` in the directory, and
+    /// `extra` arguments.
+    pub fn start_with(files: &[(&str, &str)], config: &str, extra: &[&str]) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let datastores = dir.path().join("datastores");
+        for (path, text) in files {
+            let path = datastores.join(path);
+            std::fs::create_dir_all(path.parent().expect("a file in a directory"))
+                .expect("definitions directory");
+            std::fs::write(path, text).expect("definition file");
+        }
+        let config_file = dir.path().join("cellgate.yaml");
+        std::fs::write(&config_file, config).expect("cellgate.yaml");
+        let mut args: Vec<OsString> = vec![
+            "--data".into(),
+            dir.path().join("data").into(),
+            "--datastores".into(),
+            datastores.into(),
+            "--config".into(),
+            config_file.into(),
+        ];
+        args.extend(extra.iter().map(OsString::from));
+        Server::start_in(dir, args)
+    }
+
+    /// Polls `/readyz` until it answers `status`, for at most `within`.
+    pub async fn wait_ready(&self, status: reqwest::StatusCode, within: Duration) {
+        let client = client();
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let got = client
+                .get(self.url("/readyz"))
+                .send()
+                .await
+                .map(|r| r.status());
+            if got.as_ref().ok() == Some(&status) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "/readyz did not answer {status} within {within:?} (last: {got:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
@@ -140,6 +188,15 @@ impl Server {
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
     }
+}
+
+/// An HTTP client whose requests give up after a minute, so a hung
+/// gateway fails a test instead of stalling it.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("HTTP client")
 }
 
 impl Drop for Server {
