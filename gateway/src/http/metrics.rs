@@ -277,7 +277,7 @@ impl Collector for StoreCollector {
         for (name, help, oldest) in [
             (
                 "cellgate_buffered_cells",
-                "Writes kept in a cluster's buffer until their primary takes them, per datastore and holding cluster, from the latest count",
+                "Writes kept in a cluster's buffer until their primary takes them (copies under half a second old, of writes still committing, not counted), per datastore and holding cluster, from the latest count",
                 false,
             ),
             (

@@ -247,10 +247,10 @@ async fn route(
         // Failover: any replica that answers, stale or not; one whose own
         // breaker is open is tried last (its breaker lets a probe through
         // once its cool-down has passed, else fails at once).
-        let first = candidates
-            .first()
-            .copied()
-            .or_else(|| (0..node.replicas.len()).min_by_key(|_| rand::random::<u32>()));
+        let first = candidates.first().copied().or_else(|| {
+            let all: Vec<usize> = (0..node.replicas.len()).collect();
+            all.choose(&mut rand::thread_rng()).copied()
+        });
         return Ok(first.map(|replica| (replica, true)));
     }
     let wanted: Vec<(u32, i64)> = read

@@ -266,13 +266,19 @@ async fn hold(
 }
 
 /// The number of buffered cells of `datastore` on a cluster, and when the
-/// oldest was buffered.
+/// oldest was buffered. Copies younger than [`MIN_AGE`] belong to writes
+/// still committing normally and do not count: they would make every
+/// gateway under write load take and give up the lease all the time.
 async fn count(backend: &dyn Backend, datastore: &str) -> Result<(i64, Option<DateTime<Utc>>)> {
     let mut sql = Sql::new(backend.dialect());
     sql.push("SELECT COUNT(*), MIN(")
         .ident("created_at")
         .push(") FROM ")
-        .ident(&ddl::buffer_table(datastore));
+        .ident(&ddl::buffer_table(datastore))
+        .push(" WHERE ")
+        .ident("created_at")
+        .push(" < ")
+        .bind(Value::DateTime(young_from()));
     let rows = backend
         .fetch(&sql, &[ColType::Int, ColType::DateTime])
         .await?;
@@ -281,6 +287,11 @@ async fn count(backend: &dyn Backend, datastore: &str) -> Result<(i64, Option<Da
         row.and_then(|r| r[0].as_int()).unwrap_or(0),
         row.and_then(|r| r[1].as_datetime()),
     ))
+}
+
+/// Buffered copies from this time on are [`MIN_AGE`] young.
+fn young_from() -> DateTime<Utc> {
+    truncate_to_micros(Utc::now()) - chrono::Duration::from_std(MIN_AGE).expect("a small duration")
 }
 
 /// One buffered write as read back.
@@ -310,8 +321,7 @@ async fn replay(
         let Some(last) = page.last() else { break };
         after = last.buffer_id;
         let full = page.len() == PAGE;
-        let young = truncate_to_micros(Utc::now())
-            - chrono::Duration::from_std(MIN_AGE).expect("a small duration");
+        let young = young_from();
         let mut groups: BTreeMap<usize, Vec<Buffered>> = BTreeMap::new();
         for cell in page {
             if cell.created_at > young {
@@ -532,17 +542,7 @@ async fn record_conflicts(
     buffered_on: &str,
     origin: &HashMap<usize, (i64, DateTime<Utc>)>,
 ) -> Result<()> {
-    let owned: Vec<Prepared> = lost
-        .iter()
-        .map(|cell| Prepared {
-            index: cell.index,
-            shard: cell.shard,
-            key: cell.key.clone(),
-            body: serde_json::Value::Null,
-            encoded: Vec::new(),
-        })
-        .collect();
-    let stored = existing_bodies(master, &ddl::cells_table(ds.name()), &owned).await?;
+    let stored = existing_bodies(master, &ddl::cells_table(ds.name()), lost, |c| &c.key).await?;
     let now = Value::DateTime(truncate_to_micros(Utc::now()));
     let dialect = master.dialect();
     for chunk in lost.chunks(MAX_PARAMS / 9) {

@@ -417,7 +417,7 @@ pub(super) async fn commit_primary(
 ) -> Result<(Vec<PutResult>, Vec<(u32, i64)>)> {
     let dialect = master.dialect();
     let cells_table = ddl::cells_table(datastore);
-    let existing = existing_bodies(master, &cells_table, group).await?;
+    let existing = existing_bodies(master, &cells_table, group, |c| &c.key).await?;
     let mut statuses: Vec<Option<PutResult>> = Vec::with_capacity(group.len());
     let mut new_cells: Vec<&Prepared> = Vec::new();
     for cell in group {
@@ -712,11 +712,13 @@ fn push_advance(sql: &mut Sql, datastore: &str, next: &[(u32, i64)]) {
         .bind_list(next.iter().map(|(s, _)| Value::Int(i64::from(*s))));
 }
 
-/// The stored bodies of those cells of `group` that already exist.
-pub(super) async fn existing_bodies(
+/// The stored bodies of those cells of `group` (their keys by `key`) that
+/// already exist.
+pub(super) async fn existing_bodies<T>(
     master: &dyn Backend,
     table: &str,
-    group: &[Prepared],
+    group: &[T],
+    key: impl Fn(&T) -> &CellKey,
 ) -> Result<HashMap<CellKey, Vec<u8>>> {
     let dialect = master.dialect();
     let mut found = HashMap::new();
@@ -729,15 +731,15 @@ pub(super) async fn existing_bodies(
             .push(" WHERE ")
             .ident("row_key")
             .push(" IN ")
-            .bind_list(uuid_list(chunk.iter().map(|c| c.key.row_key)))
+            .bind_list(uuid_list(chunk.iter().map(|c| key(c).row_key)))
             .push(" AND ")
             .ident("column_name")
             .push(" IN ")
-            .bind_list(text_list(chunk.iter().map(|c| c.key.column.as_str())))
+            .bind_list(text_list(chunk.iter().map(|c| key(c).column.as_str())))
             .push(" AND ")
             .ident("ref_key")
             .push(" IN ")
-            .bind_list(int_list(chunk.iter().map(|c| c.key.ref_key)));
+            .bind_list(int_list(chunk.iter().map(|c| key(c).ref_key)));
         let cols = [ColType::Uuid, ColType::Text, ColType::Int, ColType::Bytes];
         for row in master.fetch(&sql, &cols).await? {
             let mut row = row.into_iter();
@@ -760,7 +762,7 @@ pub(super) async fn existing_bodies(
             );
         }
     }
-    let wanted: HashSet<&CellKey> = group.iter().map(|c| &c.key).collect();
+    let wanted: HashSet<&CellKey> = group.iter().map(key).collect();
     found.retain(|key, _| wanted.contains(key));
     Ok(found)
 }
