@@ -9,6 +9,7 @@ use std::sync::Arc;
 use async_graphql::dynamic::{Field, FieldFuture, FieldValue, InputValue, Object, TypeRef};
 use async_graphql::Value;
 use cellgate_store::cells::{Backlog, Conflict};
+use cellgate_store::replicas::ReplicaLag;
 use cellgate_store::storage::breaker::BreakerStatus;
 use cellgate_store::{ClusterMetrics, DatastoreMetrics, Store};
 
@@ -93,6 +94,37 @@ pub(super) fn types() -> Vec<Object> {
                     })
                 })
                 .description("the circuit breaker of each database server, the master first; empty for SQLite files"),
+            )
+            .field(
+                Field::new("replicas", TypeRef::named_nn_list_nn("ReplicaLag"), |ctx| {
+                    FieldFuture::new(async move {
+                        let cluster = parent::<ClusterMetrics>(&ctx)?;
+                        Ok(Some(FieldValue::list(
+                            cluster.replicas.iter().cloned().map(FieldValue::owned_any),
+                        )))
+                    })
+                })
+                .description("how far each replica is behind its master, measured twice a second; empty without replicas"),
+            ),
+        Object::new("ReplicaLag")
+            .description("How far one replica is behind its master.")
+            .field(
+                from_parent::<ReplicaLag, _>("node", TypeRef::named_nn(TypeRef::STRING), |r| {
+                    Value::String(r.node.clone())
+                })
+                .description("`replica<i>` for the i-th replica (from 0)"),
+            )
+            .field(
+                from_parent::<ReplicaLag, _>("cellsBehind", TypeRef::named_nn(INT64), |r| {
+                    int64_value(r.cells_behind)
+                })
+                .description("cells the master has that the replica has not applied yet"),
+            )
+            .field(
+                from_parent::<ReplicaLag, _>("lagMs", TypeRef::named_nn(INT64), |r| {
+                    int64_value(r.lag_ms as i64)
+                })
+                .description("how long ago the master had no more cells than the replica has now"),
             ),
         Object::new("NodeBreaker")
             .description("The circuit breaker in front of one database server.")
@@ -220,17 +252,26 @@ pub(super) fn query_fields(ds: &Arc<str>) -> Vec<Field> {
             let ds = d.clone();
             FieldFuture::new(async move {
                 let store = ctx.data::<Store>()?;
-                let holding: std::collections::BTreeSet<String> =
-                    store.topology(&ds).into_iter().map(|(_, _, c)| c).collect();
-                let clusters = store
-                    .metrics()
-                    .clusters
-                    .into_iter()
-                    .filter(|c| holding.contains(&c.name));
-                Ok(Some(FieldValue::list(clusters.map(FieldValue::owned_any))))
+                let clusters = clusters_of(store, &ds);
+                Ok(Some(FieldValue::list(clusters.into_iter().map(FieldValue::owned_any))))
             })
         },
     )
     .description("The clusters holding this datastore's shards, with the circuit breaker of each database server.");
     vec![buffer, conflicts, storage]
+}
+
+/// The clusters holding `datastore`'s shards, as measured now.
+pub(crate) fn clusters_of(store: &Store, datastore: &str) -> Vec<ClusterMetrics> {
+    let holding: std::collections::BTreeSet<String> = store
+        .topology(datastore)
+        .into_iter()
+        .map(|(_, _, c)| c)
+        .collect();
+    store
+        .metrics()
+        .clusters
+        .into_iter()
+        .filter(|c| holding.contains(&c.name))
+        .collect()
 }

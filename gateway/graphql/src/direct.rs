@@ -35,6 +35,7 @@ use index_dsl::{Definitions, Index};
 use uuid::Uuid;
 
 use super::scalars;
+use crate::consistency::{ReadSpec, Served};
 use crate::limits::GraphqlLimits;
 use crate::names::camel;
 use crate::schema::{
@@ -42,6 +43,7 @@ use crate::schema::{
 };
 use cellgate_store::cells::Cell;
 use cellgate_store::indexes::{IndexEntry, IndexPage, IndexQuery};
+use cellgate_store::replicas::ReadOptions;
 use cellgate_store::Store;
 
 /// The latest cells of a page's rows, bodies as JSON text, by (row,
@@ -190,6 +192,8 @@ impl Direct {
             "orderBy",
             "first",
             "after",
+            crate::consistency::ARGUMENTS[0],
+            crate::consistency::ARGUMENTS[1],
         ];
         let mut arguments = Vec::new();
         for (name, value) in &field.arguments {
@@ -241,16 +245,30 @@ impl Direct {
         variables: &Variables,
         limits: GraphqlLimits,
     ) -> Option<Answer> {
-        let query = self.query(variables, limits)?;
-        match self.read(store, &query).await {
-            Ok(body) => body.map(Answer::Body),
+        let (query, spec) = self.query(variables, limits)?;
+        let served = Served::default();
+        match self.read(store, &query, &spec.options(&served)).await {
+            Ok(body) => body.map(|mut body| {
+                if let Some(served) = served.extension() {
+                    // `{"data":{…}}` becomes `{"data":{…},"extensions":{"servedBy":…}}`.
+                    body.pop();
+                    body.extend_from_slice(b",\"extensions\":{\"servedBy\":");
+                    serde_json::to_writer(&mut body, &served).unwrap_or_default();
+                    body.extend_from_slice(b"}}");
+                }
+                Answer::Body(body)
+            }),
             Err(error) => Some(Answer::Failed(self.failed(&error))),
         }
     }
 
-    /// The index query of a request, or `None` when its variables or
-    /// arguments are for async-graphql to report.
-    fn query(&self, variables: &Variables, limits: GraphqlLimits) -> Option<IndexQuery> {
+    /// The index query of a request and where it may be read, or `None`
+    /// when its variables or arguments are for async-graphql to report.
+    fn query(
+        &self,
+        variables: &Variables,
+        limits: GraphqlLimits,
+    ) -> Option<(IndexQuery, ReadSpec)> {
         for variable in &self.variables {
             // A nullable variable that is not given is null.
             let valid = match variables.get(&variable.name).unwrap_or(&Value::Null) {
@@ -273,7 +291,7 @@ impl Direct {
             arguments.insert(name.clone(), value);
         }
         let (shard_arg, list_arg) = &self.shard_arguments;
-        index_query(
+        let query = index_query(
             &arguments,
             limits,
             &|field| self.selected.contains(field),
@@ -281,7 +299,9 @@ impl Direct {
             shard_arg,
             list_arg,
         )
-        .ok()
+        .ok()?;
+        let spec = ReadSpec::of(&arguments, &self.datastore).ok()?;
+        Some((query, spec))
     }
 
     /// The response body of `query`; `Ok(None)` for cells the selection
@@ -290,11 +310,12 @@ impl Direct {
         &self,
         store: &Store,
         query: &IndexQuery,
+        read: &ReadOptions,
     ) -> cellgate_store::Result<Option<Vec<u8>>> {
         if !self.columns.is_empty() {
             let columns: Vec<&str> = self.columns.iter().map(|c| &**c).collect();
             let joined = store
-                .query_index_with_cells_json(&self.datastore, query, &columns)
+                .query_index_with_cells_json(&self.datastore, query, &columns, read)
                 .await?;
             if let Some((page, cells)) = joined {
                 let Some(cells) = self.by_row_and_column(cells) else {
@@ -303,8 +324,8 @@ impl Direct {
                 return Ok(Some(self.write(&page, &cells)));
             }
         }
-        let page = store.query_index(&self.datastore, query).await?;
-        let Some(cells) = self.latest_cells(store, &page).await? else {
+        let page = store.query_index_with(&self.datastore, query, read).await?;
+        let Some(cells) = self.latest_cells(store, &page, read).await? else {
             return Ok(None);
         };
         Ok(Some(self.write(&page, &cells)))
@@ -351,6 +372,7 @@ impl Direct {
         &self,
         store: &Store,
         page: &IndexPage,
+        read: &ReadOptions,
     ) -> cellgate_store::Result<Option<Cells>> {
         if self.columns.is_empty() || page.entries.is_empty() {
             return Ok(Some(Cells::new()));
@@ -361,7 +383,7 @@ impl Direct {
             .flat_map(|e| self.columns.iter().map(move |c| (e.row_key, c.to_string())))
             .collect();
         let cells = store
-            .get_cells_latest_json(&self.datastore, &wanted)
+            .get_cells_latest_json(&self.datastore, &wanted, read)
             .await?;
         Ok(self.by_row_and_column(cells.into_iter().flatten().collect()))
     }

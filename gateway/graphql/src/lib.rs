@@ -11,12 +11,14 @@
 //! that batches cell reads per cluster. `scalars.rs` holds the custom scalars,
 //! `ids.rs` the ID fields, `errors.rs` the mapping of store errors to stable codes, and `limits.rs`
 //! the depth and complexity limits (introspection counted apart),
-//! `documents.rs` the cache of parsed documents, and `direct.rs` the
+//! `documents.rs` the cache of parsed documents, `consistency.rs` where
+//! reads may be served (master, replica, read tokens), and `direct.rs` the
 //! compiled form of index reads, which answers them without the executor.
 
 mod access;
 pub mod auth;
 mod buffer;
+mod consistency;
 mod direct;
 mod documents;
 mod errors;
@@ -49,14 +51,23 @@ pub async fn execute(
     principal: crate::auth::Principal,
     request: async_graphql::Request,
 ) -> async_graphql::Response {
+    let served = consistency::Served::default();
     let loader: loaders::Cells = DataLoader::with_cache(
         loaders::CellLoader {
             store: store.clone(),
+            served: served.clone(),
         },
         tokio::spawn,
         async_graphql::dataloader::HashMapCache::default(),
     );
-    schema
-        .execute(request.data(store.clone()).data(loader).data(principal))
-        .await
+    let request = request
+        .data(store.clone())
+        .data(loader)
+        .data(principal)
+        .data(served.clone());
+    let mut response = schema.execute(request).await;
+    if let Some(served) = served.extension() {
+        response.extensions.insert("servedBy".to_string(), served);
+    }
+    response
 }

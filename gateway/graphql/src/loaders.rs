@@ -2,6 +2,8 @@
 //! collected by a per-request DataLoader and fetched with one query per
 //! storage cluster (`Store::get_cells_latest` / `Store::get_cells`), so a
 //! page of index entries never costs one query per row or per shard.
+//! Requests carry the [`ReadSpec`] of the field they come from; reads of
+//! one spec are batched together.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,6 +11,7 @@ use std::sync::Arc;
 use async_graphql::dataloader::{DataLoader, HashMapCache, Loader};
 use uuid::Uuid;
 
+use crate::consistency::{ReadSpec, Served};
 use cellgate_store::cells::{Cell, CellKey};
 use cellgate_store::Store;
 
@@ -20,9 +23,14 @@ pub enum CellRequest {
         datastore: Arc<str>,
         row_key: Uuid,
         column: Arc<str>,
+        read: ReadSpec,
     },
     /// One exact version.
-    Exact { datastore: Arc<str>, key: CellKey },
+    Exact {
+        datastore: Arc<str>,
+        key: CellKey,
+        read: ReadSpec,
+    },
 }
 
 /// The per-request loader of cells. It caches what it loaded (and what
@@ -33,6 +41,8 @@ pub type Cells = DataLoader<CellLoader, HashMapCache>;
 
 pub struct CellLoader {
     pub store: Store,
+    /// The request's record of the replicas that served it.
+    pub served: Served,
 }
 
 impl Loader<CellRequest> for CellLoader {
@@ -45,29 +55,35 @@ impl Loader<CellRequest> for CellLoader {
         &self,
         keys: &[CellRequest],
     ) -> Result<HashMap<CellRequest, Arc<Cell>>, Self::Error> {
-        let mut latest: HashMap<Arc<str>, Vec<(Uuid, String)>> = HashMap::new();
-        let mut exact: HashMap<Arc<str>, Vec<CellKey>> = HashMap::new();
+        type Group = (Arc<str>, ReadSpec);
+        let mut latest: HashMap<Group, Vec<(Uuid, String)>> = HashMap::new();
+        let mut exact: HashMap<Group, Vec<CellKey>> = HashMap::new();
         for key in keys {
             match key {
                 CellRequest::Latest {
                     datastore,
                     row_key,
                     column,
+                    read,
                 } => latest
-                    .entry(datastore.clone())
+                    .entry((datastore.clone(), read.clone()))
                     .or_default()
                     .push((*row_key, column.to_string())),
-                CellRequest::Exact { datastore, key } => exact
-                    .entry(datastore.clone())
+                CellRequest::Exact {
+                    datastore,
+                    key,
+                    read,
+                } => exact
+                    .entry((datastore.clone(), read.clone()))
                     .or_default()
                     .push(key.clone()),
             }
         }
         let mut found = HashMap::new();
-        for (datastore, wanted) in latest {
+        for ((datastore, read), wanted) in latest {
             let cells = self
                 .store
-                .get_cells_latest(&datastore, &wanted)
+                .get_cells_latest_with(&datastore, &wanted, &read.options(&self.served))
                 .await
                 .map_err(Arc::new)?;
             for ((row_key, column), cell) in wanted.into_iter().zip(cells) {
@@ -76,15 +92,16 @@ impl Loader<CellRequest> for CellLoader {
                         datastore: datastore.clone(),
                         row_key,
                         column: column.into(),
+                        read: read.clone(),
                     };
                     found.insert(request, Arc::new(cell));
                 }
             }
         }
-        for (datastore, wanted) in exact {
+        for ((datastore, read), wanted) in exact {
             let cells = self
                 .store
-                .get_cells(&datastore, &wanted)
+                .get_cells_with(&datastore, &wanted, &read.options(&self.served))
                 .await
                 .map_err(Arc::new)?;
             for (key, cell) in wanted.into_iter().zip(cells) {
@@ -93,6 +110,7 @@ impl Loader<CellRequest> for CellLoader {
                         CellRequest::Exact {
                             datastore: datastore.clone(),
                             key,
+                            read: read.clone(),
                         },
                         Arc::new(cell),
                     );

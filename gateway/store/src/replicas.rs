@@ -32,7 +32,7 @@ use crate::storage::{ddl, Backend, ColType, Sql, Value};
 use crate::topology::{Cluster, DatastoreRuntime, Topology};
 
 /// Where a read may be served.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Consistency {
     /// The master (read-your-writes); a replica only when the master's
     /// breaker is open.
@@ -44,7 +44,7 @@ pub enum Consistency {
 
 /// What a write created, per touched shard the highest `added_id`: a read
 /// given it is served only by a node that has applied all of them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct ReadToken {
     pub datastore: String,
     /// `shard → added_id`.
@@ -128,6 +128,18 @@ impl ReadOptions {
     /// The replicas that served this read (empty: masters only).
     pub fn served_by(&self) -> BTreeMap<String, bool> {
         self.served.lock().expect("served").clone()
+    }
+
+    /// These options for a read of index entries: the token is left out,
+    /// since entries follow their cells after the commit and a token
+    /// cannot vouch for them on a replica (on the master they are as fresh
+    /// as they get). `Replica` still allows a replica within the lag limit.
+    pub(crate) fn for_index(&self) -> ReadOptions {
+        ReadOptions {
+            consistency: self.consistency,
+            after: None,
+            served: self.served.clone(),
+        }
     }
 }
 

@@ -139,7 +139,7 @@ pub struct StoreMetrics {
 }
 
 /// One storage cluster, for monitoring.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ClusterMetrics {
     pub name: String,
     /// Prepared and serving.
@@ -151,6 +151,8 @@ pub struct ClusterMetrics {
     /// replicas in configuration order; empty on SQLite or with
     /// `storage.breaker.enabled: false`.
     pub breakers: Vec<BreakerStatus>,
+    /// The latest lag of each replica, in configuration order.
+    pub replicas: Vec<crate::replicas::ReplicaLag>,
 }
 
 impl Store {
@@ -459,10 +461,10 @@ impl Store {
                 maintenance: self.inner.maintainer.metrics(&ds),
             })
             .collect();
+        let replica_lag = topology.lags.all();
         StoreMetrics {
             datastores,
             index_delay_us: self.inner.maintainer.delay_quantiles(),
-            replica_lag: topology.lags.all(),
             clusters: topology
                 .clusters
                 .iter()
@@ -474,8 +476,14 @@ impl Store {
                         .chain(&c.replicas)
                         .filter_map(|b| b.breaker())
                         .collect(),
+                    replicas: replica_lag
+                        .iter()
+                        .filter(|lag| lag.cluster == c.name)
+                        .cloned()
+                        .collect(),
                 })
                 .collect(),
+            replica_lag,
         }
     }
 
@@ -651,17 +659,19 @@ impl Store {
 
     /// [`Store::get_cells_latest`] with each body as its JSON text,
     /// transcoded from storage without building a JSON value.
+    /// Served as `read` allows.
     pub async fn get_cells_latest_json(
         &self,
         datastore: &str,
         wanted: &[(Uuid, String)],
+        read: &ReadOptions,
     ) -> Result<Vec<Option<Cell<Vec<u8>>>>> {
         cells::get_cells_latest(
             self.topology_ref(),
             datastore,
             wanted,
             &codec::decode_json,
-            &ReadOptions::default(),
+            read,
         )
         .await
     }
@@ -674,12 +684,39 @@ impl Store {
         location: Location,
         limit: u32,
     ) -> Result<LogPage> {
-        cells::cells_for_shard(self.topology_ref(), datastore, shard, location, limit).await
+        self.cells_for_shard_with(datastore, shard, location, limit, &ReadOptions::default())
+            .await
+    }
+
+    /// [`Store::cells_for_shard`], served as `read` allows.
+    pub async fn cells_for_shard_with(
+        &self,
+        datastore: &str,
+        shard: u32,
+        location: Location,
+        limit: u32,
+        read: &ReadOptions,
+    ) -> Result<LogPage> {
+        cells::cells_for_shard(self.topology_ref(), datastore, shard, location, limit, read).await
     }
 
     /// Answers an index query.
     pub async fn query_index(&self, datastore: &str, query: &IndexQuery) -> Result<IndexPage> {
-        query::query_index(self.topology_ref(), datastore, query).await
+        self.query_index_with(datastore, query, &ReadOptions::default())
+            .await
+    }
+
+    /// [`Store::query_index`], served as `read` allows: a replica with
+    /// [`Consistency::Replica`](crate::replicas::Consistency::Replica);
+    /// a read token alone does not send index reads to a replica, since
+    /// index entries follow their cells after the commit.
+    pub async fn query_index_with(
+        &self,
+        datastore: &str,
+        query: &IndexQuery,
+        read: &ReadOptions,
+    ) -> Result<IndexPage> {
+        query::query_index(self.topology_ref(), datastore, query, read).await
     }
 
     /// Answers an index query together with the latest cells of `columns`
@@ -692,15 +729,16 @@ impl Store {
         datastore: &str,
         query: &IndexQuery,
         columns: &[&str],
+        read: &ReadOptions,
     ) -> Result<Option<(IndexPage, Vec<Cell<Vec<u8>>>)>> {
         let topology = self.topology_ref();
         let plan = QueryPlan::build(&topology.datastore(datastore)?.def, query)?;
-        query::run_plan_with_cells(topology, &plan, columns, &codec::decode_json).await
+        query::run_plan_with_cells(topology, &plan, columns, &codec::decode_json, read).await
     }
 
     /// Runs a plan built by [`QueryPlan::build`].
     pub async fn run_plan(&self, plan: &QueryPlan) -> Result<IndexPage> {
-        query::run_plan(self.topology_ref(), plan).await
+        query::run_plan(self.topology_ref(), plan, &ReadOptions::default()).await
     }
 
     /// The table an index query reads (its current version), for tools

@@ -305,11 +305,6 @@ impl Topology {
         all
     }
 
-    /// The cluster holding `shard` of `ds`.
-    pub(crate) fn cluster_of(&self, ds: &DatastoreRuntime, shard: u32) -> &Cluster {
-        &self.clusters[ds.map.cluster_of(shard)]
-    }
-
     /// Groups items by the cluster of their shard, clusters in order.
     pub(crate) fn by_cluster<T>(
         &self,

@@ -12,6 +12,7 @@ use async_graphql::Value;
 use index_dsl::Datastore;
 use uuid::Uuid;
 
+use crate::consistency::{self, ReadSpec};
 use crate::errors::{bad_input, coded, from_store};
 use crate::loaders::{CellRequest, Cells};
 use crate::scalars::{self, datetime, int64, DATETIME, INT64, JSON, UUID};
@@ -25,6 +26,8 @@ pub(super) const MAX_ROWS: usize = 1000;
 /// Parent value of a row object.
 pub(super) struct RowRef {
     pub(super) row_key: Uuid,
+    /// Where its cells may be read: the spec of the field that led here.
+    pub(super) read: ReadSpec,
 }
 /// Type names generated for one datastore.
 pub(super) struct DatastoreTypes {
@@ -95,11 +98,13 @@ impl DatastoreTypes {
                                 column: column.to_string(),
                                 ref_key: int64(&v, "refKey")?,
                             },
+                            read: row.read.clone(),
                         },
                         None => CellRequest::Latest {
                             datastore: ds,
                             row_key: row.row_key,
                             column,
+                            read: row.read.clone(),
                         },
                     };
                     let cell = loader.load_one(request).await.map_err(|e| from_store(&e))?;
@@ -137,34 +142,49 @@ impl DatastoreTypes {
     ) -> cellgate_store::Result<Object> {
         let mut object = Object::new(&self.query)
             .description(format!("Reads of the `{}` datastore.", datastore.name));
+        let d = ds.clone();
         object = object.field(
-            Field::new("row", TypeRef::named_nn(&self.row), |ctx| {
-                FieldFuture::new(async move {
-                    let row_key = scalars::uuid(&ctx.args.try_get("rowKey")?, "rowKey")?;
-                    Ok(Some(FieldValue::owned_any(RowRef { row_key })))
-                })
-            })
+            read_field(Field::new(
+                "row",
+                TypeRef::named_nn(&self.row),
+                move |ctx| {
+                    let ds = d.clone();
+                    FieldFuture::new(async move {
+                        let read = ReadSpec::of(ctx.args.as_index_map(), &ds)?;
+                        let row_key = scalars::uuid(&ctx.args.try_get("rowKey")?, "rowKey")?;
+                        Ok(Some(FieldValue::owned_any(RowRef { row_key, read })))
+                    })
+                },
+            ))
             .argument(InputValue::new("rowKey", TypeRef::named_nn(UUID)))
             .description("One row; its column fields are null where the row has no cell."),
         );
+        let d = ds.clone();
         object = object.field(
-            Field::new("rows", TypeRef::named_nn_list_nn(&self.row), |ctx| {
-                FieldFuture::new(async move {
-                    let keys = ctx.args.try_get("rowKeys")?.list()?;
-                    if keys.len() > MAX_ROWS {
-                        return Err(coded(
-                            "LIMIT_EXCEEDED",
-                            format!("at most {MAX_ROWS} row keys per call"),
-                        ));
-                    }
-                    let mut rows = Vec::with_capacity(keys.len());
-                    for key in keys.iter() {
-                        let row_key = scalars::uuid(&key, "rowKeys")?;
-                        rows.push(FieldValue::owned_any(RowRef { row_key }));
-                    }
-                    Ok(Some(FieldValue::list(rows)))
-                })
-            })
+            read_field(Field::new(
+                "rows",
+                TypeRef::named_nn_list_nn(&self.row),
+                move |ctx| {
+                    let ds = d.clone();
+                    FieldFuture::new(async move {
+                        let read = ReadSpec::of(ctx.args.as_index_map(), &ds)?;
+                        let keys = ctx.args.try_get("rowKeys")?.list()?;
+                        if keys.len() > MAX_ROWS {
+                            return Err(coded(
+                                "LIMIT_EXCEEDED",
+                                format!("at most {MAX_ROWS} row keys per call"),
+                            ));
+                        }
+                        let mut rows = Vec::with_capacity(keys.len());
+                        for key in keys.iter() {
+                            let row_key = scalars::uuid(&key, "rowKeys")?;
+                            let read = read.clone();
+                            rows.push(FieldValue::owned_any(RowRef { row_key, read }));
+                        }
+                        Ok(Some(FieldValue::list(rows)))
+                    })
+                },
+            ))
             .argument(InputValue::new("rowKeys", TypeRef::named_nn_list_nn(UUID)))
             .description(
                 "Several rows, in the order asked; cells are fetched in one query per cluster.",
@@ -172,22 +192,23 @@ impl DatastoreTypes {
         );
         let d = ds.clone();
         object = object.field(
-            Field::new("cell", TypeRef::named("Cell"), move |ctx| {
+            read_field(Field::new("cell", TypeRef::named("Cell"), move |ctx| {
                 let ds = d.clone();
                 FieldFuture::new(async move {
                     let store = ctx.data::<Store>()?;
+                    let read = read_options(&ctx, &ds)?;
                     let key = CellKey {
                         row_key: scalars::uuid(&ctx.args.try_get("rowKey")?, "rowKey")?,
                         column: ctx.args.try_get("column")?.enum_name()?.to_string(),
                         ref_key: int64(&ctx.args.try_get("refKey")?, "refKey")?,
                     };
                     let cell = store
-                        .get_cell(&ds, &key)
+                        .get_cell_with(&ds, &key, &read)
                         .await
                         .map_err(|e| from_store(&e))?;
                     Ok(cell.map(cell_value))
                 })
-            })
+            }))
             .argument(InputValue::new("rowKey", TypeRef::named_nn(UUID)))
             .argument(InputValue::new("column", TypeRef::named_nn(&self.column)))
             .argument(InputValue::new("refKey", TypeRef::named_nn(INT64)))
@@ -195,43 +216,54 @@ impl DatastoreTypes {
         );
         let d = ds.clone();
         object = object.field(
-            Field::new("latestCell", TypeRef::named("Cell"), move |ctx| {
-                let ds = d.clone();
-                FieldFuture::new(async move {
-                    let store = ctx.data::<Store>()?;
-                    let row_key = scalars::uuid(&ctx.args.try_get("rowKey")?, "rowKey")?;
-                    let column = ctx.args.try_get("column")?.enum_name()?.to_string();
-                    let cell = store
-                        .get_cell_latest(&ds, row_key, &column)
-                        .await
-                        .map_err(|e| from_store(&e))?;
-                    Ok(cell.map(cell_value))
-                })
-            })
+            read_field(Field::new(
+                "latestCell",
+                TypeRef::named("Cell"),
+                move |ctx| {
+                    let ds = d.clone();
+                    FieldFuture::new(async move {
+                        let store = ctx.data::<Store>()?;
+                        let read = read_options(&ctx, &ds)?;
+                        let row_key = scalars::uuid(&ctx.args.try_get("rowKey")?, "rowKey")?;
+                        let column = ctx.args.try_get("column")?.enum_name()?.to_string();
+                        let cell = store
+                            .history_with(&ds, row_key, &column, 1, None, &read)
+                            .await
+                            .map_err(|e| from_store(&e))?
+                            .pop();
+                        Ok(cell.map(cell_value))
+                    })
+                },
+            ))
             .argument(InputValue::new("rowKey", TypeRef::named_nn(UUID)))
             .argument(InputValue::new("column", TypeRef::named_nn(&self.column)))
             .description("The version of a cell with the highest ref key."),
         );
         let d = ds.clone();
         object = object.field(
-            Field::new("history", TypeRef::named_nn_list_nn("Cell"), move |ctx| {
-                let ds = d.clone();
-                FieldFuture::new(async move {
-                    let store = ctx.data::<Store>()?;
-                    let row_key = scalars::uuid(&ctx.args.try_get("rowKey")?, "rowKey")?;
-                    let column = ctx.args.try_get("column")?.enum_name()?.to_string();
-                    let first = page_size(&ctx, "first", 20, 1000)?;
-                    let before = match ctx.args.get("before").filter(|v| !v.is_null()) {
-                        Some(v) => Some(int64(&v, "before")?),
-                        None => None,
-                    };
-                    let cells = store
-                        .history(&ds, row_key, &column, first, before)
-                        .await
-                        .map_err(|e| from_store(&e))?;
-                    Ok(Some(FieldValue::list(cells.into_iter().map(cell_value))))
-                })
-            })
+            read_field(Field::new(
+                "history",
+                TypeRef::named_nn_list_nn("Cell"),
+                move |ctx| {
+                    let ds = d.clone();
+                    FieldFuture::new(async move {
+                        let store = ctx.data::<Store>()?;
+                        let read = read_options(&ctx, &ds)?;
+                        let row_key = scalars::uuid(&ctx.args.try_get("rowKey")?, "rowKey")?;
+                        let column = ctx.args.try_get("column")?.enum_name()?.to_string();
+                        let first = page_size(&ctx, "first", 20, 1000)?;
+                        let before = match ctx.args.get("before").filter(|v| !v.is_null()) {
+                            Some(v) => Some(int64(&v, "before")?),
+                            None => None,
+                        };
+                        let cells = store
+                            .history_with(&ds, row_key, &column, first, before, &read)
+                            .await
+                            .map_err(|e| from_store(&e))?;
+                        Ok(Some(FieldValue::list(cells.into_iter().map(cell_value))))
+                    })
+                },
+            ))
             .argument(InputValue::new("rowKey", TypeRef::named_nn(UUID)))
             .argument(InputValue::new("column", TypeRef::named_nn(&self.column)))
             .argument(
@@ -247,13 +279,14 @@ impl DatastoreTypes {
         );
         let d = ds.clone();
         object = object.field(
-            Field::new(
+            read_field(Field::new(
                 "cellsForShard",
                 TypeRef::named_nn("CellLogPage"),
                 move |ctx| {
                     let ds = d.clone();
                     FieldFuture::new(async move {
                         let store = ctx.data::<Store>()?;
+                        let read = read_options(&ctx, &ds)?;
                         let shard = ctx.args.try_get("shard")?.i64()?;
                         let shard = u32::try_from(shard)
                             .map_err(|_| bad_input(format!("shard {shard} does not exist")))?;
@@ -270,7 +303,7 @@ impl DatastoreTypes {
                         let limit =
                             page_size(&ctx, "limit", 100, cellgate_store::cells::MAX_LOG_PAGE)?;
                         let page = store
-                            .cells_for_shard(&ds, shard, location, limit)
+                            .cells_for_shard_with(&ds, shard, location, limit, &read)
                             .await
                             .map_err(|e| from_store(&e))?;
                         Ok(Some(FieldValue::owned_any(ShardPage {
@@ -279,7 +312,7 @@ impl DatastoreTypes {
                         })))
                     })
                 },
-            )
+            ))
             .argument(InputValue::new("shard", TypeRef::named_nn(TypeRef::INT)))
             .argument(
                 InputValue::new("after", TypeRef::named(INT64))
@@ -320,4 +353,30 @@ impl DatastoreTypes {
         }
         Ok(object)
     }
+}
+
+/// `field` with the `consistency` and `readAfter` arguments.
+pub(super) fn read_field(field: Field) -> Field {
+    consistency::arguments()
+        .into_iter()
+        .fold(field, |field, argument| field.argument(argument))
+}
+
+/// The store's read options of a field's `consistency` and `readAfter`,
+/// recording into the request's [`Served`](crate::consistency::Served).
+pub(super) fn read_options(
+    ctx: &async_graphql::dynamic::ResolverContext<'_>,
+    datastore: &str,
+) -> async_graphql::Result<cellgate_store::replicas::ReadOptions> {
+    let spec = ReadSpec::of(ctx.args.as_index_map(), datastore)?;
+    Ok(spec.options(&served(ctx)))
+}
+
+/// The request's record of the replicas that served it.
+pub(super) fn served(
+    ctx: &async_graphql::dynamic::ResolverContext<'_>,
+) -> crate::consistency::Served {
+    ctx.data::<crate::consistency::Served>()
+        .cloned()
+        .unwrap_or_default()
 }

@@ -12,6 +12,7 @@ use async_graphql::Value;
 use index_dsl::{Datastore, FieldType, Index, Literal};
 use uuid::Uuid;
 
+use crate::consistency::ReadSpec;
 use crate::errors::{bad_input, from_store};
 use crate::loaders::{CellRequest, Cells};
 use crate::scalars::{sql_value, DATETIME, INT64, UUID};
@@ -31,18 +32,33 @@ pub(crate) const PAGE_INFO_FIELDS: [(&str, FieldOf<IndexPage>); 2] = [
     }),
 ];
 
+/// Parent value of an index connection (and of its `pageInfo`): the
+/// page and where its rows' cells may be read.
+#[derive(Clone)]
+pub(super) struct PageRef {
+    page: Arc<IndexPage>,
+    read: ReadSpec,
+}
+
+/// Parent value of an edge and of its node.
+#[derive(Clone)]
+pub(super) struct EntryRef {
+    entry: IndexEntry,
+    read: ReadSpec,
+}
+
 pub(super) fn page_info_type() -> Object {
     let [(has_next, has_next_value), (end_cursor, end_cursor_value)] = PAGE_INFO_FIELDS;
     Object::new("PageInfo")
-        .field(from_parent::<IndexPage, _>(
+        .field(from_parent::<PageRef, _>(
             has_next,
             TypeRef::named_nn(TypeRef::BOOLEAN),
-            has_next_value,
+            move |p| has_next_value(&p.page),
         ))
-        .field(from_parent::<IndexPage, _>(
+        .field(from_parent::<PageRef, _>(
             end_cursor,
             TypeRef::named(TypeRef::STRING),
-            end_cursor_value,
+            move |p| end_cursor_value(&p.page),
         ))
 }
 pub(super) fn scalar_of(ty: FieldType) -> &'static str {
@@ -144,10 +160,10 @@ pub(super) fn index_types(
     let row_type = DatastoreTypes::new(datastore).row;
     let mut entry = Object::new(&names.entry)
         .description(format!("An entry of the `{}` index.", index.name))
-        .field(from_parent::<IndexEntry, _>(
+        .field(from_parent::<EntryRef, _>(
             "rowKey",
             TypeRef::named_nn(UUID),
-            |e| Value::String(e.row_key.to_string()),
+            |e| Value::String(e.entry.row_key.to_string()),
         ));
     let mut seen = std::collections::HashSet::from(["rowKey".to_string(), "row".to_string()]);
     for field in &index.fields {
@@ -157,8 +173,8 @@ pub(super) fn index_types(
         }
         let name = field.name.clone();
         entry = entry.field(
-            from_parent::<IndexEntry, _>(&gql, TypeRef::named(scalar_of(field.ty)), move |e| {
-                entry_value(e, &name)
+            from_parent::<EntryRef, _>(&gql, TypeRef::named(scalar_of(field.ty)), move |e| {
+                entry_value(&e.entry, &name)
             })
             .description(format!(
                 "`{}` of the latest `{}` cell",
@@ -169,21 +185,24 @@ pub(super) fn index_types(
     entry = entry.field(
         Field::new("row", TypeRef::named_nn(&row_type), |ctx| {
             FieldFuture::new(async move {
-                let e = parent::<IndexEntry>(&ctx)?;
-                Ok(Some(FieldValue::owned_any(RowRef { row_key: e.row_key })))
+                let e = parent::<EntryRef>(&ctx)?;
+                Ok(Some(FieldValue::owned_any(RowRef {
+                    row_key: e.entry.row_key,
+                    read: e.read.clone(),
+                })))
             })
         })
         .description("The row's cells, fetched in batches per shard."),
     );
     let edge = Object::new(&names.edge)
-        .field(from_parent::<IndexEntry, _>(
+        .field(from_parent::<EntryRef, _>(
             "cursor",
             TypeRef::named_nn(TypeRef::STRING),
-            |e| Value::String(e.cursor()),
+            |e| Value::String(e.entry.cursor()),
         ))
         .field(Field::new("node", TypeRef::named_nn(&names.entry), |ctx| {
             FieldFuture::new(async move {
-                let e = parent::<IndexEntry>(&ctx)?;
+                let e = parent::<EntryRef>(&ctx)?;
                 Ok(Some(FieldValue::owned_any(e.clone())))
             })
         }));
@@ -193,10 +212,15 @@ pub(super) fn index_types(
             TypeRef::named_nn_list_nn(&names.edge),
             |ctx| {
                 FieldFuture::new(async move {
-                    let page = parent::<IndexPage>(&ctx)?;
-                    Ok(Some(FieldValue::list(
-                        page.entries.iter().cloned().map(FieldValue::owned_any),
-                    )))
+                    let page = parent::<PageRef>(&ctx)?;
+                    Ok(Some(FieldValue::list(page.page.entries.iter().map(
+                        |entry| {
+                            FieldValue::owned_any(EntryRef {
+                                entry: entry.clone(),
+                                read: page.read.clone(),
+                            })
+                        },
+                    ))))
                 })
             },
         ))
@@ -205,7 +229,7 @@ pub(super) fn index_types(
             TypeRef::named_nn("PageInfo"),
             |ctx| {
                 FieldFuture::new(async move {
-                    let page = parent::<IndexPage>(&ctx)?;
+                    let page = parent::<PageRef>(&ctx)?;
                     Ok(Some(FieldValue::owned_any(page.clone())))
                 })
             },
@@ -274,13 +298,15 @@ pub(super) fn index_field(datastore: &Datastore, index: &Index, ds: &Arc<str>) -
     let ds = ds.clone();
     let (arg, list_arg) = (shard_arg.clone(), shard_list_arg.clone());
     let resolver_index = index.clone();
-    Field::new(camel(&index.name), TypeRef::named_nn(&names.connection), move |ctx| {
+    let field = Field::new(camel(&index.name), TypeRef::named_nn(&names.connection), move |ctx| {
         let index = resolver_index.clone();
         let ds = ds.clone();
         let columns = columns.clone();
         let (arg, list_arg) = (arg.clone(), list_arg.clone());
         FieldFuture::new(async move {
             let store = ctx.data::<Store>()?;
+            let read = ReadSpec::of(ctx.args.as_index_map(), &ds)?;
+            let options = read.options(&served(&ctx));
             let node = ctx.look_ahead().field("edges").field("node");
             let query = index_query(
                 ctx.args.as_index_map(),
@@ -290,9 +316,15 @@ pub(super) fn index_field(datastore: &Datastore, index: &Index, ds: &Arc<str>) -
                 &arg,
                 &list_arg,
             )?;
-            let page = store.query_index(&ds, &query).await.map_err(|e| from_store(&e))?;
-            prefetch_rows(&ctx, store, &ds, &columns, &page).await?;
-            Ok(Some(FieldValue::owned_any(page)))
+            let page = store
+                .query_index_with(&ds, &query, &options)
+                .await
+                .map_err(|e| from_store(&e))?;
+            prefetch_rows(&ctx, store, &ds, &columns, &page, &read).await?;
+            Ok(Some(FieldValue::owned_any(PageRef {
+                page: Arc::new(page),
+                read,
+            })))
         })
     })
     .description(index.description.clone().unwrap_or_else(|| {
@@ -324,7 +356,8 @@ pub(super) fn index_field(datastore: &Datastore, index: &Index, ds: &Arc<str>) -
     .argument(
         InputValue::new("after", TypeRef::named(TypeRef::STRING))
             .description("the `endCursor` of the previous page"),
-    )
+    );
+    read_field(field)
 }
 
 /// Reads the latest cells the page's `edges.node.row` selects, for all its
@@ -338,6 +371,7 @@ async fn prefetch_rows(
     ds: &Arc<str>,
     columns: &[(String, Arc<str>)],
     page: &cellgate_store::indexes::IndexPage,
+    read: &ReadSpec,
 ) -> async_graphql::Result<()> {
     let row = ctx.look_ahead().field("edges").field("node").field("row");
     if page.entries.is_empty() || !row.exists() {
@@ -357,7 +391,7 @@ async fn prefetch_rows(
         .flat_map(|e| selected.iter().map(move |c| (e.row_key, c.to_string())))
         .collect();
     let cells = store
-        .get_cells_latest(ds, &wanted)
+        .get_cells_latest_with(ds, &wanted, &read.options(&served(ctx)))
         .await
         .map_err(|e| from_store(&e))?;
     let found = wanted
@@ -368,6 +402,7 @@ async fn prefetch_rows(
                 datastore: ds.clone(),
                 row_key,
                 column: column.into(),
+                read: read.clone(),
             };
             cell.map(|cell| (request, Arc::new(cell)))
         });

@@ -31,7 +31,8 @@ pub(super) fn metadata_types() -> Vec<Object> {
             .field(meta_field(
                 "topology",
                 TypeRef::named_nn_list_nn("ShardRangeInfo"),
-            )),
+            ))
+            .field(clusters_field()),
         Object::new("ColumnInfo")
             .field(meta_field("name", TypeRef::named_nn(TypeRef::STRING)))
             .field(meta_field("description", TypeRef::named(TypeRef::STRING)))
@@ -69,6 +70,37 @@ pub(super) fn metadata_types() -> Vec<Object> {
             .field(meta_field("last", TypeRef::named_nn(TypeRef::INT)))
             .field(meta_field("cluster", TypeRef::named_nn(TypeRef::STRING))),
     ]
+}
+
+/// `DatastoreInfo.clusters`: the clusters holding the datastore's shards,
+/// with their nodes' circuit breakers and replica lag, as measured now.
+fn clusters_field() -> Field {
+    Field::new(
+        "clusters",
+        TypeRef::named_nn_list_nn("StorageCluster"),
+        |ctx| {
+            FieldFuture::new(async move {
+                let store = ctx.data::<cellgate_store::Store>()?;
+                let name = match ctx.parent_value.as_value() {
+                    Some(Value::Object(map)) => match map.get("name") {
+                        Some(Value::String(name)) => name.clone(),
+                        _ => String::new(),
+                    },
+                    _ => String::new(),
+                };
+                let clusters = crate::buffer::clusters_of(store, &name);
+                Ok(Some(async_graphql::dynamic::FieldValue::list(
+                    clusters
+                        .into_iter()
+                        .map(async_graphql::dynamic::FieldValue::owned_any),
+                )))
+            })
+        },
+    )
+    .description(
+        "The clusters holding the shards: readiness, each server's circuit breaker and each \
+         replica's lag, as measured now.",
+    )
 }
 
 pub(super) fn obj(entries: Vec<(&str, Value)>) -> Value {

@@ -97,6 +97,7 @@ pub(super) fn schema_for(
         .register(page_info_type())
         .register(put_result_type())
         .register(put_error_type())
+        .register(crate::consistency::consistency_enum())
         .register(
             Enum::new("PutStatus")
                 .description("What happened to a written cell.")

@@ -22,6 +22,8 @@ pub(super) struct PutOutcome {
     pub(super) ref_key: i64,
     /// The status, or why the cell was refused.
     pub(super) result: Result<PutStatus, PutRefusal>,
+    /// The read token of the whole call.
+    pub(super) token: Arc<str>,
 }
 
 /// Why a cell was refused, as `PutCellError` shows it.
@@ -66,6 +68,21 @@ pub(super) fn put_result_type() -> Object {
                 Value::Boolean(p.result.as_ref().is_ok_and(|s| s.readable()))
             })
             .description("whether the cell can be read back now"),
+        )
+        .field(
+            from_parent::<PutOutcome, _>(
+                "readToken",
+                TypeRef::named(TypeRef::STRING),
+                |p| match &p.result {
+                    Ok(status) if status.readable() => Value::String(p.token.to_string()),
+                    _ => Value::Null,
+                },
+            )
+            .description(
+                "pass as `readAfter` to a read that must see this call's writes: it may then be \
+                 served by a replica that has applied them. The same for every cell of the call; \
+                 null for a refused or buffered cell",
+            ),
         )
         .field(
             from_parent::<PutOutcome, _>("error", TypeRef::named("PutCellError"), |p| {
@@ -128,7 +145,11 @@ pub(super) fn put_cells_field(
                     .iter()
                     .map(|c| (c.row_key, c.column.clone(), c.ref_key))
                     .collect();
-                let results = store.put_cells(&ds, cells).await.map_err(|e| from_store(&e))?;
+                let (results, token) = store
+                    .put_cells_with_token(&ds, cells)
+                    .await
+                    .map_err(|e| from_store(&e))?;
+                let token: Arc<str> = Arc::from(token.encode());
                 let response_key = ctx.item.node.response_key().node.to_string();
                 let mut items = Vec::with_capacity(results.len());
                 for (i, ((row_key, column, ref_key), result)) in keys.into_iter().zip(results).enumerate() {
@@ -151,6 +172,7 @@ pub(super) fn put_cells_field(
                         column,
                         ref_key,
                         result,
+                        token: token.clone(),
                     }));
                 }
                 Ok(Some(FieldValue::list(items)))

@@ -7,11 +7,14 @@
 //! either an `added_id` (cells strictly after it) or a timestamp (cells
 //! from the first one inserted at or after it).
 
+use std::collections::BTreeSet;
+
 use chrono::{DateTime, Utc};
 
 use super::read::{cell_from_row, select_cells, CELL_TYPES};
 use super::Cell;
 use crate::error::{Error, Result};
+use crate::replicas::{read_on, ReadOptions};
 use crate::storage::{ddl, Backend, ColType, Dialect, Sql, Value, MAX_PARAMS};
 use crate::topology::{DatastoreRuntime, Topology};
 
@@ -53,6 +56,7 @@ pub(crate) async fn cells_for_shard(
     shard: u32,
     location: Location,
     limit: u32,
+    read: &ReadOptions,
 ) -> Result<LogPage> {
     let ds = topology.datastore(datastore)?;
     if shard >= ds.def.shards {
@@ -62,32 +66,39 @@ pub(crate) async fn cells_for_shard(
             ds.def.shards - 1
         )));
     }
-    let master = topology.cluster_of(&ds, shard).master()?;
-    let after = match location {
-        Location::AddedId(id) => id,
-        Location::Timestamp(at) => added_id_before(master.as_ref(), &ds, shard, at).await?,
-    };
-    let mut sql = Sql::new(master.dialect());
-    select_cells(&mut sql, &ddl::cells_table(ds.name()), None);
-    sql.push(" WHERE ")
-        .ident("shard")
-        .push(" = ")
-        .bind(Value::Int(i64::from(shard)))
-        .push(" AND ")
-        .ident("added_id")
-        .push(" > ")
-        .bind(Value::Int(after))
-        .push(" ORDER BY ")
-        .ident("added_id")
-        .push(&format!(" LIMIT {}", limit.clamp(1, MAX_LOG_PAGE)));
-    let cells = master
-        .fetch(&sql, &CELL_TYPES)
-        .await?
-        .into_iter()
-        .map(cell_from_row)
-        .collect::<Result<Vec<_>>>()?;
-    let next = Location::AddedId(cells.last().map_or(after, |c| c.added_id));
-    Ok(LogPage { cells, next })
+    let cluster = ds.map.cluster_of(shard);
+    let shards = BTreeSet::from([shard]);
+    read_on(topology, &ds, cluster, &shards, read, |node| {
+        let ds = &ds;
+        async move {
+            let after = match location {
+                Location::AddedId(id) => id,
+                Location::Timestamp(at) => added_id_before(node.as_ref(), ds, shard, at).await?,
+            };
+            let mut sql = Sql::new(node.dialect());
+            select_cells(&mut sql, &ddl::cells_table(ds.name()), None);
+            sql.push(" WHERE ")
+                .ident("shard")
+                .push(" = ")
+                .bind(Value::Int(i64::from(shard)))
+                .push(" AND ")
+                .ident("added_id")
+                .push(" > ")
+                .bind(Value::Int(after))
+                .push(" ORDER BY ")
+                .ident("added_id")
+                .push(&format!(" LIMIT {}", limit.clamp(1, MAX_LOG_PAGE)));
+            let cells = node
+                .fetch(&sql, &CELL_TYPES)
+                .await?
+                .into_iter()
+                .map(cell_from_row)
+                .collect::<Result<Vec<_>>>()?;
+            let next = Location::AddedId(cells.last().map_or(after, |c| c.added_id));
+            Ok(LogPage { cells, next })
+        }
+    })
+    .await
 }
 
 /// The `added_id` just before the first cell of `shard` created at or

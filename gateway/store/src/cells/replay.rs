@@ -555,7 +555,7 @@ async fn record_conflicts(
             .values(chunk.iter().map(|cell| {
                 let stored_hash = stored
                     .get(&cell.key)
-                    .and_then(|bytes| codec::decode(bytes).ok())
+                    .and_then(|stored| codec::decode(&stored.body).ok())
                     .map(|body| body_hash(&body))
                     .unwrap_or_default();
                 vec![

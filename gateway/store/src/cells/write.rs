@@ -36,7 +36,7 @@
 //! announce the new shard heads, which is how index maintenance learns
 //! about them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::Utc;
@@ -230,11 +230,12 @@ async fn write_cluster(
                     .filter(|s| matches!(s, Ok(st) if *st == wanted))
                     .count() as u64
             };
-            ds.cells_written
-                .fetch_add(count(PutStatus::Written), Relaxed);
+            let written = count(PutStatus::Written);
+            ds.cells_written.fetch_add(written, Relaxed);
             ds.cells_duplicate
                 .fetch_add(count(PutStatus::Duplicate), Relaxed);
-            if !heads.is_empty() {
+            // Duplicates' heads are in the read token, but wake nobody.
+            if written > 0 {
                 topology.events.written(Written {
                     datastore: ds.name().to_string(),
                     cluster,
@@ -420,8 +421,15 @@ pub(super) async fn commit_primary(
     let existing = existing_bodies(master, &cells_table, group, |c| &c.key).await?;
     let mut statuses: Vec<Option<PutResult>> = Vec::with_capacity(group.len());
     let mut new_cells: Vec<&Prepared> = Vec::new();
+    // A duplicate's stored cell counts as written by this call for its read
+    // token: a retried write must read back like the first attempt.
+    let mut duplicates: BTreeMap<u32, i64> = BTreeMap::new();
     for cell in group {
-        statuses.push(match existing.get(&cell.key) {
+        if let Some(stored) = existing.get(&cell.key) {
+            let head = duplicates.entry(stored.shard).or_insert(stored.added_id);
+            *head = (*head).max(stored.added_id);
+        }
+        statuses.push(match existing.get(&cell.key).map(|s| &s.body) {
             Some(stored) if *stored == cell.encoded => Some(Ok(PutStatus::Duplicate)),
             Some(stored) => Some(match codec::decode(stored) {
                 Ok(body) if body == cell.body => Ok(PutStatus::Duplicate),
@@ -444,17 +452,18 @@ pub(super) async fn commit_primary(
             .collect()
     };
     if new_cells.is_empty() {
-        return Ok((written(statuses), Vec::new()));
+        return Ok((written(statuses), duplicates.into_iter().collect()));
     }
 
     let created_at = Value::DateTime(truncate_to_micros(Utc::now()));
     if let Some(sql) = one_statement(dialect, datastore, &new_cells, &created_at) {
-        let heads = master
+        let mut heads: Vec<(u32, i64)> = master
             .fetch(&sql, &[ColType::Int, ColType::Int])
             .await?
             .iter()
             .filter_map(|row| Some((row[0].as_int()? as u32, row[1].as_int()? - 1)))
             .collect();
+        heads.extend(duplicates);
         return Ok((written(statuses), heads));
     }
     let mut tx = master.begin().await?;
@@ -474,7 +483,8 @@ pub(super) async fn commit_primary(
     }
     // `shards` is sorted: the group is.
     let advanced: Vec<(u32, i64)> = shards.iter().map(|s| (*s, next_ids[s])).collect();
-    let heads = advanced.iter().map(|(s, next)| (*s, next - 1)).collect();
+    let mut heads: Vec<(u32, i64)> = advanced.iter().map(|(s, next)| (*s, next - 1)).collect();
+    heads.extend(duplicates);
     for chunk in advanced.chunks(MAX_PARAMS / 3) {
         let mut sql = Sql::new(dialect);
         push_advance(&mut sql, datastore, chunk);
@@ -714,18 +724,32 @@ fn push_advance(sql: &mut Sql, datastore: &str, next: &[(u32, i64)]) {
 
 /// The stored bodies of those cells of `group` (their keys by `key`) that
 /// already exist.
+/// A stored cell as the duplicate check reads it.
+pub(super) struct Stored {
+    pub(super) body: Vec<u8>,
+    pub(super) shard: u32,
+    pub(super) added_id: i64,
+}
+
 pub(super) async fn existing_bodies<T>(
     master: &dyn Backend,
     table: &str,
     group: &[T],
     key: impl Fn(&T) -> &CellKey,
-) -> Result<HashMap<CellKey, Vec<u8>>> {
+) -> Result<HashMap<CellKey, Stored>> {
     let dialect = master.dialect();
     let mut found = HashMap::new();
     for chunk in group.chunks(LOOKUP_CHUNK) {
         let mut sql = Sql::new(dialect);
         sql.push("SELECT ")
-            .idents(["row_key", "column_name", "ref_key", "body"])
+            .idents([
+                "row_key",
+                "column_name",
+                "ref_key",
+                "body",
+                "shard",
+                "added_id",
+            ])
             .push(" FROM ")
             .ident(table)
             .push(" WHERE ")
@@ -740,7 +764,14 @@ pub(super) async fn existing_bodies<T>(
             .ident("ref_key")
             .push(" IN ")
             .bind_list(int_list(chunk.iter().map(|c| key(c).ref_key)));
-        let cols = [ColType::Uuid, ColType::Text, ColType::Int, ColType::Bytes];
+        let cols = [
+            ColType::Uuid,
+            ColType::Text,
+            ColType::Int,
+            ColType::Bytes,
+            ColType::Int,
+            ColType::Int,
+        ];
         for row in master.fetch(&sql, &cols).await? {
             let mut row = row.into_iter();
             let (
@@ -748,7 +779,16 @@ pub(super) async fn existing_bodies<T>(
                 Some(Value::Text(column)),
                 Some(Value::Int(ref_key)),
                 Some(Value::Bytes(body)),
-            ) = (row.next(), row.next(), row.next(), row.next())
+                Some(Value::Int(shard)),
+                Some(Value::Int(added_id)),
+            ) = (
+                row.next(),
+                row.next(),
+                row.next(),
+                row.next(),
+                row.next(),
+                row.next(),
+            )
             else {
                 continue;
             };
@@ -758,7 +798,11 @@ pub(super) async fn existing_bodies<T>(
                     column,
                     ref_key,
                 },
-                body,
+                Stored {
+                    body,
+                    shard: shard as u32,
+                    added_id,
+                },
             );
         }
     }

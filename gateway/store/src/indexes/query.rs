@@ -9,7 +9,7 @@
 //! order in Rust.
 
 use std::cmp::Ordering;
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 
 use index_dsl::CompareOp;
 use uuid::Uuid;
@@ -20,6 +20,7 @@ use super::plan::{IndexQuery, QueryPlan};
 use crate::cells::Cell;
 use crate::cells::{decoded_cell, with_latest_cells, Decode, CELL_TYPES};
 use crate::error::Result;
+use crate::replicas::{read_on, ReadOptions};
 use crate::storage::{ddl, ColType, Dialect, Sql, Value};
 use crate::topology::Topology;
 
@@ -243,14 +244,20 @@ pub(crate) async fn query_index(
     topology: &Topology,
     datastore: &str,
     query: &IndexQuery,
+    read: &ReadOptions,
 ) -> Result<IndexPage> {
     let ds = topology.datastore(datastore)?;
     let plan = QueryPlan::build(&ds.def, query)?;
-    run_plan(topology, &plan).await
+    run_plan(topology, &plan, read).await
 }
 
-/// Runs a plan built by [`QueryPlan::build`].
-pub(crate) async fn run_plan(topology: &Topology, plan: &QueryPlan) -> Result<IndexPage> {
+/// Runs a plan built by [`QueryPlan::build`], on the nodes `read` allows
+/// ([`ReadOptions::for_index`]).
+pub(crate) async fn run_plan(
+    topology: &Topology,
+    plan: &QueryPlan,
+    read: &ReadOptions,
+) -> Result<IndexPage> {
     let ds = topology.datastore(&plan.datastore)?;
     let runtime = ds.index(&plan.index.name)?;
     runtime.check_ready()?;
@@ -265,14 +272,18 @@ pub(crate) async fn run_plan(topology: &Topology, plan: &QueryPlan) -> Result<In
             .flat_map(|(shard, values)| values.iter().map(move |v| (*shard, v.clone()))),
     );
     let clusters = groups.len();
+    let read = read.for_index();
+    let no_shards = BTreeSet::new();
     let reads = groups.into_iter().map(|(cluster, values)| {
         let types = &types;
         let table = &runtime.table;
+        let (ds, read, no_shards) = (&ds, &read, &no_shards);
         async move {
-            let master = topology.clusters[cluster].master()?;
-            master
-                .fetch(&plan.sql(master.dialect(), table, &values), types)
-                .await
+            read_on(topology, ds, cluster, no_shards, read, |node| {
+                let sql = plan.sql(node.dialect(), table, &values);
+                async move { node.fetch(&sql, types).await }
+            })
+            .await
         }
     });
     let mut rows: Vec<Vec<Value>> = futures::future::try_join_all(reads)
@@ -296,6 +307,7 @@ pub(crate) async fn run_plan_with_cells<B>(
     plan: &QueryPlan,
     columns: &[&str],
     decode: Decode<'_, B>,
+    read: &ReadOptions,
 ) -> Result<Option<(IndexPage, Vec<Cell<B>>)>> {
     let ds = topology.datastore(&plan.datastore)?;
     let (Some(cluster), false) = (ds.map.sole_cluster(), columns.is_empty()) else {
@@ -311,16 +323,28 @@ pub(crate) async fn run_plan_with_cells<B>(
         .values()
         .flat_map(|values| values.iter().cloned())
         .collect();
-    let master = topology.clusters[cluster].master()?;
-    let rows = plan.sql(master.dialect(), &runtime.table, &values);
-    let sql = with_latest_cells(&rows, &ddl::cells_table(ds.name()), columns);
     let mut types = plan.types();
     let width = types.len();
     types.extend(CELL_TYPES);
+    let cells_table = ddl::cells_table(ds.name());
+    let found = read_on(
+        topology,
+        &ds,
+        cluster,
+        &BTreeSet::new(),
+        &read.for_index(),
+        |node| {
+            let rows = plan.sql(node.dialect(), &runtime.table, &values);
+            let sql = with_latest_cells(&rows, &cells_table, columns);
+            let types = &types;
+            async move { node.fetch(&sql, types).await }
+        },
+    )
+    .await?;
     let mut entries: Vec<Vec<Value>> = Vec::new();
     let mut seen = HashSet::new();
     let mut cells = Vec::new();
-    for mut row in master.fetch(&sql, &types).await? {
+    for mut row in found {
         let cell = row.split_off(width);
         if !cell[0].is_null() {
             cells.push(decoded_cell(cell, decode)?);

@@ -158,7 +158,12 @@ pub async fn shards_moved_between_clusters_are_refused(env: Arc<Env>) {
     assert_eq!(page.entries.len(), 50, "entries from both clusters");
     // Cells spread over two clusters are not joined to the index page.
     let joined = store
-        .query_index_with_cells_json("trips", &by("by_driver", driver.to_string()), &["BASE"])
+        .query_index_with_cells_json(
+            "trips",
+            &by("by_driver", driver.to_string()),
+            &["BASE"],
+            &Default::default(),
+        )
         .await
         .unwrap();
     assert!(joined.is_none(), "a page joined across clusters");

@@ -1608,7 +1608,7 @@ async fn an_index_page_reads_its_rows_latest_cells_in_one_statement(env: Arc<Env
         };
         let before = statements(&store);
         let (page, cells) = store
-            .query_index_with_cells_json("trips", &query, &columns)
+            .query_index_with_cells_json("trips", &query, &columns, &Default::default())
             .await
             .unwrap()
             .expect("one cluster holds every shard");
@@ -1621,7 +1621,7 @@ async fn an_index_page_reads_its_rows_latest_cells_in_one_statement(env: Arc<Env
             .flat_map(|e| columns.iter().map(|c| (e.row_key, c.to_string())))
             .collect();
         let separate: BTreeMap<(Uuid, String), (i64, Vec<u8>)> = store
-            .get_cells_latest_json("trips", &wanted)
+            .get_cells_latest_json("trips", &wanted, &Default::default())
             .await
             .unwrap()
             .into_iter()
