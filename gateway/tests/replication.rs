@@ -35,7 +35,7 @@ mod servers;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use replication::{MariaDbPair, PostgresPair};
+use replication::{MariaDbPair, Pair, PostgresPair};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use server::{client, Server};
@@ -52,65 +52,13 @@ const DELAY_SECS: u32 = 60;
 /// How long a query on a stopped master is given to (not) answer.
 const NO_ANSWER: Duration = Duration::from_secs(2);
 
-/// A replicated pair of one kind, as the test uses it.
-trait Pair: Sized {
-    const KIND: &'static str;
-    async fn start() -> Result<Self, String>;
-    fn master_url(&self) -> String;
-    fn replica_url(&self) -> String;
-    fn kill_master(&mut self);
-    async fn restart_master(&mut self);
-    fn kill_replica(&mut self);
-    async fn restart_replica(&mut self);
-    fn stop_master_answering(&mut self);
-    fn resume_master(&mut self);
-    async fn set_replica_delay(&self, secs: u32);
-    async fn wait_replica_received(&self);
-    async fn wait_replica_caught_up(&self);
+/// Reads the rows a test wrote, with SQL, on either server of a pair.
+trait Rows: Pair {
     /// The row keys of `items_cells` in the database at `url`.
     async fn rows(url: &str) -> Result<BTreeSet<Uuid>, String>;
 }
 
-impl Pair for MariaDbPair {
-    const KIND: &'static str = "MariaDB";
-
-    async fn start() -> Result<Self, String> {
-        MariaDbPair::start().await
-    }
-    fn master_url(&self) -> String {
-        MariaDbPair::master_url(self)
-    }
-    fn replica_url(&self) -> String {
-        MariaDbPair::replica_url(self)
-    }
-    fn kill_master(&mut self) {
-        MariaDbPair::kill_master(self)
-    }
-    async fn restart_master(&mut self) {
-        MariaDbPair::restart_master(self).await
-    }
-    fn kill_replica(&mut self) {
-        MariaDbPair::kill_replica(self)
-    }
-    async fn restart_replica(&mut self) {
-        MariaDbPair::restart_replica(self).await
-    }
-    fn stop_master_answering(&mut self) {
-        MariaDbPair::stop_master_answering(self)
-    }
-    fn resume_master(&mut self) {
-        MariaDbPair::resume_master(self)
-    }
-    async fn set_replica_delay(&self, secs: u32) {
-        MariaDbPair::set_replica_delay(self, secs).await
-    }
-    async fn wait_replica_received(&self) {
-        MariaDbPair::wait_replica_received(self).await
-    }
-    async fn wait_replica_caught_up(&self) {
-        MariaDbPair::wait_replica_caught_up(self).await
-    }
-
+impl Rows for MariaDbPair {
     async fn rows(url: &str) -> Result<BTreeSet<Uuid>, String> {
         let mut conn = sqlx::MySqlConnection::connect(url)
             .await
@@ -126,46 +74,7 @@ impl Pair for MariaDbPair {
     }
 }
 
-impl Pair for PostgresPair {
-    const KIND: &'static str = "PostgreSQL";
-
-    async fn start() -> Result<Self, String> {
-        PostgresPair::start().await
-    }
-    fn master_url(&self) -> String {
-        PostgresPair::master_url(self)
-    }
-    fn replica_url(&self) -> String {
-        PostgresPair::replica_url(self)
-    }
-    fn kill_master(&mut self) {
-        PostgresPair::kill_master(self)
-    }
-    async fn restart_master(&mut self) {
-        PostgresPair::restart_master(self).await
-    }
-    fn kill_replica(&mut self) {
-        PostgresPair::kill_replica(self)
-    }
-    async fn restart_replica(&mut self) {
-        PostgresPair::restart_replica(self).await
-    }
-    fn stop_master_answering(&mut self) {
-        PostgresPair::stop_master_answering(self)
-    }
-    fn resume_master(&mut self) {
-        PostgresPair::resume_master(self)
-    }
-    async fn set_replica_delay(&self, secs: u32) {
-        PostgresPair::set_replica_delay(self, secs).await
-    }
-    async fn wait_replica_received(&self) {
-        PostgresPair::wait_replica_received(self).await
-    }
-    async fn wait_replica_caught_up(&self) {
-        PostgresPair::wait_replica_caught_up(self).await
-    }
-
+impl Rows for PostgresPair {
     async fn rows(url: &str) -> Result<BTreeSet<Uuid>, String> {
         let mut conn = sqlx::PgConnection::connect(url)
             .await
@@ -285,7 +194,7 @@ fn new_rows(n: usize) -> Vec<Uuid> {
 }
 
 /// Fails unless every row of `rows` is in `items_cells` at `url`.
-async fn assert_stored<P: Pair>(url: &str, rows: &[Uuid], where_: &str) {
+async fn assert_stored<P: Rows>(url: &str, rows: &[Uuid], where_: &str) {
     let stored = P::rows(url)
         .await
         .unwrap_or_else(|e| panic!("read items_cells on the {where_}: {e}"));
@@ -301,7 +210,7 @@ fn took(kind: &str, step: &str, since: Instant) {
     eprintln!("{kind}: {step} in {:?}", since.elapsed());
 }
 
-async fn replicated<P: Pair>(test: &str) {
+async fn replicated<P: Rows>(test: &str) {
     let kind = P::KIND;
     let started = Instant::now();
     let mut pair = match P::start().await {

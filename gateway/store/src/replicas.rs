@@ -12,7 +12,10 @@
 //! given the token of a write never misses that write, however far behind
 //! a replica is. A master whose breaker is open fails reads over to a
 //! healthy replica at once (possibly stale; the read says so through
-//! [`ReadOptions::served`]).
+//! [`ReadOptions::served`]), and a read the master fails (refused, timed
+//! out) is tried once on a replica before its error is returned; a read
+//! with a token goes to a replica only if it has applied the token, even
+//! then. Index entries are judged by lag only ([`ReadOptions::for_index`]).
 //!
 //! **Lag** (`monitor`): every half second, per datastore, the sum of the
 //! shard counters on the master and on each replica: the difference is the
@@ -219,8 +222,28 @@ where
 {
     let node = &topology.clusters[cluster];
     let master = node.master()?;
-    let Some((replica, stale)) = route(topology, ds, cluster, shards, read).await? else {
-        return op(master.clone()).await;
+    let Some((replica, stale)) =
+        route(topology, ds, cluster, shards, read, healthy(master)).await?
+    else {
+        let err = match op(master.clone()).await {
+            Err(err) if err.is_transient() && !node.replicas.is_empty() => err,
+            done => return done,
+        };
+        // A read is idempotent: one the master failed is tried once on a
+        // replica, as if the master's breaker were open already (a token
+        // still has to be applied there).
+        let Ok(Some((replica, stale))) = route(topology, ds, cluster, shards, read, false).await
+        else {
+            return Err(err);
+        };
+        tracing::debug!(cluster = %node.name, replica, error = %err, "master read failed; reading a replica");
+        return match op(node.replicas[replica].clone()).await {
+            Ok(found) => {
+                read.record(node, replica, stale);
+                Ok(found)
+            }
+            Err(_) => Err(err),
+        };
     };
     match op(node.replicas[replica].clone()).await {
         Ok(found) => {
@@ -244,10 +267,9 @@ async fn route(
     cluster: usize,
     shards: &BTreeSet<u32>,
     read: &ReadOptions,
+    master_healthy: bool,
 ) -> Result<Option<(usize, bool)>> {
     let node = &topology.clusters[cluster];
-    let master = node.master()?;
-    let master_healthy = healthy(master);
     if node.replicas.is_empty() || (master_healthy && !read.wants_replica()) {
         return Ok(None);
     }

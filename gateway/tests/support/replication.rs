@@ -857,3 +857,67 @@ impl Drop for PostgresPair {
         self.master.kill();
     }
 }
+
+/// A replicated pair of either kind, for tests that run on both.
+pub trait Pair: Sized {
+    /// `MariaDB` or `PostgreSQL`.
+    const KIND: &'static str;
+    async fn start() -> Result<Self, String>;
+    fn master_url(&self) -> String;
+    fn replica_url(&self) -> String;
+    fn kill_master(&mut self);
+    async fn restart_master(&mut self);
+    fn kill_replica(&mut self);
+    async fn restart_replica(&mut self);
+    fn stop_master_answering(&mut self);
+    fn resume_master(&mut self);
+    async fn set_replica_delay(&self, secs: u32);
+    async fn wait_replica_received(&self);
+    async fn wait_replica_caught_up(&self);
+}
+
+macro_rules! pair {
+    ($ty:ty, $kind:literal) => {
+        impl Pair for $ty {
+            const KIND: &'static str = $kind;
+            async fn start() -> Result<Self, String> {
+                <$ty>::start().await
+            }
+            fn master_url(&self) -> String {
+                <$ty>::master_url(self)
+            }
+            fn replica_url(&self) -> String {
+                <$ty>::replica_url(self)
+            }
+            fn kill_master(&mut self) {
+                <$ty>::kill_master(self)
+            }
+            async fn restart_master(&mut self) {
+                <$ty>::restart_master(self).await
+            }
+            fn kill_replica(&mut self) {
+                <$ty>::kill_replica(self)
+            }
+            async fn restart_replica(&mut self) {
+                <$ty>::restart_replica(self).await
+            }
+            fn stop_master_answering(&mut self) {
+                <$ty>::stop_master_answering(self)
+            }
+            fn resume_master(&mut self) {
+                <$ty>::resume_master(self)
+            }
+            async fn set_replica_delay(&self, secs: u32) {
+                <$ty>::set_replica_delay(self, secs).await
+            }
+            async fn wait_replica_received(&self) {
+                <$ty>::wait_replica_received(self).await
+            }
+            async fn wait_replica_caught_up(&self) {
+                <$ty>::wait_replica_caught_up(self).await
+            }
+        }
+    };
+}
+pair!(MariaDbPair, "MariaDB");
+pair!(PostgresPair, "PostgreSQL");
