@@ -250,7 +250,10 @@ where
             read.record(node, replica, stale);
             Ok(found)
         }
-        Err(err) if err.is_transient() => {
+        // Whatever the replica's trouble (unreachable, a query cancelled by
+        // a conflict with recovery, a table it has not replayed yet), the
+        // master answers for it.
+        Err(err) if err.is_transient() || matches!(err, Error::Storage(_)) => {
             tracing::debug!(cluster = %node.name, replica, error = %err, "replica read failed; reading the master");
             op(master.clone()).await
         }
