@@ -288,7 +288,8 @@ struct Rows {
 
 impl Rows {
     /// Writes the next version of row `n`; records it if acknowledged.
-    async fn write_next(&self, http: &reqwest::Client, url: &str, n: usize) -> Option<Ack> {
+    /// The answer's status or error code.
+    async fn write_next(&self, http: &reqwest::Client, url: &str, n: usize) -> Result<Ack, String> {
         let version = {
             let mut next = self.next[n].lock().unwrap();
             *next += 1;
@@ -297,9 +298,10 @@ impl Rows {
         match write(http, url, self.keys[n], n, version).await {
             Ok(ack) if ["WRITTEN", "DUPLICATE", "BUFFERED"].contains(&ack.status.as_str()) => {
                 self.acked[n].lock().unwrap().insert(version, ack.clone());
-                Some(ack)
+                Ok(ack)
             }
-            _ => None,
+            Ok(refused) => Err(refused.status),
+            Err(failed) => Err(failed),
         }
     }
 }
@@ -320,8 +322,8 @@ fn writers(
                 while !stop.load(Ordering::Relaxed) {
                     let n = rand::thread_rng().gen_range(0..rows.keys.len());
                     let status = match rows.write_next(&http, &url, n).await {
-                        Some(ack) => ack.status,
-                        None => "failed".into(),
+                        Ok(ack) => ack.status,
+                        Err(code) => code,
                     };
                     *statuses.entry(status).or_default() += 1;
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -332,6 +334,10 @@ fn writers(
         .collect()
 }
 
+/// The writers' answers by status or error code. A write whose buffer
+/// copy would go to the failing cluster is refused with
+/// `STORAGE_UNAVAILABLE` (`buffer_shortfall: fail`); any other refusal
+/// fails the test.
 async fn statuses(
     handles: Vec<tokio::task::JoinHandle<HashMap<String, usize>>>,
 ) -> BTreeMap<String, usize> {
@@ -341,6 +347,11 @@ async fn statuses(
             *all.entry(status).or_default() += n;
         }
     }
+    let clean = ["WRITTEN", "DUPLICATE", "BUFFERED", "STORAGE_UNAVAILABLE"];
+    assert!(
+        all.keys().all(|status| clean.contains(&status.as_str())),
+        "writes answered other than {clean:?}: {all:?}"
+    );
     all
 }
 
@@ -707,7 +718,7 @@ async fn under_load<P: Pair, O: Other>(test: &str) {
         "a read after the breaker opened was served by the stopped master"
     );
     assert!(
-        written.get("BUFFERED").is_some(),
+        written.contains_key("BUFFERED"),
         "no write was buffered: {written:?}"
     );
     wait_for("the master's breaker closes after SIGCONT", async || {
@@ -750,7 +761,7 @@ async fn under_load<P: Pair, O: Other>(test: &str) {
         after.len()
     );
     assert!(
-        written.get("BUFFERED").is_some(),
+        written.contains_key("BUFFERED"),
         "no write was buffered: {written:?}"
     );
     let restarted = Instant::now();

@@ -894,6 +894,22 @@ pub async fn direct_answers_equal_the_executors(env: Arc<Env>) {
         pageInfo { hasNextPage } edges { node { row { base { body } } } }
       } }
     }"#;
+    let tokened = "query($driver: UUID!, $token: String) {
+      trips { driverPartnerIndex(driverPartnerUuid: $driver, first: 3, consistency: REPLICA, readAfter: $token) {
+        edges { node { rowKey row { base { refKey } } } }
+      } }
+    }";
+    let token = server
+        .data(
+            "mutation($c: [TripsCellInput!]!) { tripsPutCells(cells: $c) { readToken } }",
+            json!({ "c": [cell(trips[0], "STATUS", 9, json!({"status": "rated"}))] }),
+        )
+        .await["tripsPutCells"][0]["readToken"]
+        .clone();
+    assert!(
+        token.as_str().is_some_and(|t| t.starts_with("rt1.")),
+        "{token}"
+    );
     let mut second_page = None;
     let mut run = 0;
     // (document, variables, whether the direct form answers it)
@@ -920,6 +936,13 @@ pub async fn direct_answers_equal_the_executors(env: Arc<Env>) {
         ),
         (rows, json!({"driver": driver}), true),
         (filtered, json!({"driver": driver}), true),
+        (tokened, json!({"driver": driver, "token": token}), true),
+        (tokened, json!({"driver": driver, "token": null}), true),
+        (
+            tokened,
+            json!({"driver": driver, "token": "rt1.bm9wZQ"}),
+            false,
+        ),
         // Refused by validation, by the field, or missing: the executor's
         // answer, from the executor.
         (

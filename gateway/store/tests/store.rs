@@ -40,6 +40,66 @@ async fn sqlite(dir: &Path) -> sqlx::SqliteConnection {
 }
 
 #[tokio::test]
+async fn a_read_token_names_what_a_write_stored_duplicates_included() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), false).await;
+    let a = Uuid::new_v4();
+    let b = std::iter::repeat_with(Uuid::new_v4)
+        .find(|b| store.row_shard("trips", b).unwrap() != store.row_shard("trips", &a).unwrap())
+        .unwrap();
+    let first = vec![cell(a, "BASE", 1, json!({"n": 1}))];
+    let (results, token) = store
+        .put_cells_with_token("trips", first.clone())
+        .await
+        .unwrap();
+    assert_eq!(results[0].as_ref().unwrap(), &PutStatus::Written);
+    let stored = store
+        .get_cell(
+            "trips",
+            &cellgate_store::cells::CellKey {
+                row_key: a,
+                column: "BASE".into(),
+                ref_key: 1,
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(token.datastore, "trips");
+    assert_eq!(
+        token.positions,
+        BTreeMap::from([(stored.shard, stored.added_id)])
+    );
+    let decoded = cellgate_store::replicas::ReadToken::decode(&token.encode()).unwrap();
+    assert_eq!(decoded, token);
+
+    // A retry of the same write is a duplicate, and its token still names
+    // the stored cell: a read given it must see what the first attempt wrote.
+    let mut again = first;
+    again.push(cell(b, "BASE", 1, json!({"n": 2})));
+    let (results, token) = store.put_cells_with_token("trips", again).await.unwrap();
+    assert_eq!(results[0].as_ref().unwrap(), &PutStatus::Duplicate);
+    assert_eq!(results[1].as_ref().unwrap(), &PutStatus::Written);
+    assert!(
+        token.positions.get(&stored.shard) >= Some(&stored.added_id),
+        "{token:?} misses the duplicate's cell {} at {}",
+        stored.shard,
+        stored.added_id
+    );
+    assert_eq!(token.positions.len(), 2, "{token:?}");
+    for text in ["", "rt1.", "rt1.!!!", "rt2.dHJpcHM", "rt1.dHJpcHMgeDox"] {
+        assert_eq!(
+            cellgate_store::replicas::ReadToken::decode(text)
+                .unwrap_err()
+                .code(),
+            "BAD_USER_INPUT",
+            "{text}"
+        );
+    }
+    store.shutdown(std::time::Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
 async fn corrupt_body_is_an_error_naming_the_cell() {
     let dir = tempfile::tempdir().unwrap();
     // Maintenance off: the corrupt cell is still unindexed when sync runs.
