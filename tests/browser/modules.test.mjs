@@ -16,7 +16,7 @@ import {
   splitList,
   valueAtPath,
 } from '../../web/explorer/queries.js';
-import { parseMetrics, sample, datastoreHealth, bufferHealth, breakers } from '../../web/explorer/metrics.js';
+import { parseMetrics, sample, datastoreHealth, bufferHealth, breakers, replicaLag } from '../../web/explorer/metrics.js';
 import { parseHeaderLines, formatHeaderLines } from '../../web/explorer/settings.js';
 
 let server;
@@ -209,6 +209,18 @@ test('the metrics parser reads the gateway’s /metrics', async () => {
     { node: 'replica0', state: 'closed' },
   ]);
   assert.deepEqual(breakers(nodes, 'b'), [{ node: 'master', state: 'half-open' }]);
+  assert.deepEqual(replicaLag(samples, 'main'), [], 'no replicas');
+  const lagging = parseMetrics(
+    '# TYPE cellgate_replica_lag_cells gauge\ncellgate_replica_lag_cells{cluster="a",node="replica0"} 12\n' +
+      'cellgate_replica_lag_cells{cluster="a",node="replica1"} 0\n' +
+      '# TYPE cellgate_replica_lag_seconds gauge\ncellgate_replica_lag_seconds{cluster="a",node="replica0"} 1.5\n' +
+      'cellgate_replica_lag_seconds{cluster="a",node="replica1"} 0\n',
+  );
+  assert.deepEqual(replicaLag(lagging, 'a'), [
+    { node: 'replica0', cells: 12, seconds: 1.5 },
+    { node: 'replica1', cells: 0, seconds: 0 },
+  ]);
+  assert.deepEqual(replicaLag(lagging, 'b'), []);
   const escaped = parseMetrics('# TYPE x gauge\nx{a="q\\"uote",b="back\\\\slash"} 2.5\nx{a="other"} 1\n# EOF\n');
   assert.equal(sample(escaped, 'x', { a: 'q"uote' }), 2.5);
   assert.equal(sample(escaped, 'x', { b: 'back\\slash' }), 2.5);

@@ -79,6 +79,22 @@ export function bufferHealth(samples, names) {
 const BREAKER_STATES = ['closed', 'half-open', 'open'];
 
 /**
+ * The lag of each replica of `cluster`: `{ node, cells, seconds }`, the
+ * cells it has not applied yet and how long ago the master had no more.
+ * Empty without replicas.
+ */
+export function replicaLag(samples, cluster) {
+  const seconds = samples.get('cellgate_replica_lag_seconds') || [];
+  return (samples.get('cellgate_replica_lag_cells') || [])
+    .filter((s) => s.labels.cluster === cluster)
+    .map((s) => ({
+      node: s.labels.node,
+      cells: s.value,
+      seconds: (seconds.find((t) => t.labels.cluster === cluster && t.labels.node === s.labels.node) || { value: null }).value,
+    }));
+}
+
+/**
  * The circuit breaker of each database server of `cluster`: `{ node,
  * state }` with state `closed`, `half-open` or `open`. Empty for SQLite
  * files, which have none.

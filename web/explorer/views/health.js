@@ -5,7 +5,7 @@
 
 import { h, replace, tableWrap, uid, errorBox } from '../dom.js';
 import { loadCatalog, getText } from '../api.js';
-import { parseMetrics, datastoreHealth, bufferHealth, breakers, sample } from '../metrics.js';
+import { parseMetrics, datastoreHealth, bufferHealth, breakers, replicaLag, sample } from '../metrics.js';
 import { clock, plural } from '../format.js';
 
 const REFRESH_MS = 5000;
@@ -115,7 +115,7 @@ function clusterTable(catalog, ready, samples) {
     h(
       'table',
       {},
-      h('thead', {}, h('tr', {}, ['Cluster', 'Shards', 'Reachable', 'Circuit breakers'].map((t) => h('th', { scope: 'col' }, t)))),
+      h('thead', {}, h('tr', {}, ['Cluster', 'Shards', 'Reachable', 'Circuit breakers', 'Replica lag'].map((t) => h('th', { scope: 'col' }, t)))),
       h(
         'tbody',
         {},
@@ -127,6 +127,7 @@ function clusterTable(catalog, ready, samples) {
             h('td', {}, ranges.join(', ')),
             h('td', {}, ready ? 'yes' : byCluster.size === 1 ? 'no' : 'not all clusters (see the gateway’s log)'),
             h('td', {}, breakerText(samples, cluster)),
+            h('td', {}, lagText(samples, cluster)),
           ),
         ),
       ),
@@ -139,6 +140,15 @@ function breakerText(samples, cluster) {
   const nodes = breakers(samples, cluster);
   if (nodes.length === 0) return 'none (a file database)';
   return nodes.map((n) => `${n.node}: ${n.state}`).join(', ');
+}
+
+function lagText(samples, cluster) {
+  if (samples === null) return '–';
+  const replicas = replicaLag(samples, cluster);
+  if (replicas.length === 0) return 'no replicas';
+  return replicas
+    .map((r) => `${r.node}: ${plural(r.cells, 'cell', 'cells')} behind, ${r.seconds === null ? '?' : `${r.seconds.toFixed(1)} s`}`)
+    .join(', ');
 }
 
 function lagTable(catalog, samples) {
