@@ -74,11 +74,13 @@ pub mod leases;
 mod options;
 pub mod replicas;
 mod retry;
+mod shard_leases;
 pub mod shards;
 pub mod storage;
 mod store;
 pub mod tokens;
 mod topology;
+pub mod triggers;
 pub mod upgrade;
 
 pub use error::{Error, Result};

@@ -11,7 +11,7 @@
 //! shards and [`apply::PAGE`] cells in a handful of statements.
 //!
 //! **Leases.** The shards of a datastore on a cluster are split into up to
-//! [`BUCKETS`] contiguous buckets, each a lease (`leases.rs`) on that
+//! `shard_leases::BUCKETS` contiguous buckets, each a lease (`leases.rs`) on that
 //! cluster. Gateways announce themselves with member leases and each takes
 //! a fair share of the buckets; a gateway that stops renewing loses its
 //! buckets when they expire and the others take them over. Every pass
@@ -43,15 +43,11 @@ use super::apply::{self};
 use super::lag::ClusterLag;
 use crate::topology::{DatastoreRuntime, Topology, Written};
 
-use self::buckets::*;
 use self::readiness::*;
 use self::worker::*;
 
 pub(crate) use self::admin::apply_all;
 pub(crate) use self::readiness::{check_ready, measure};
-
-/// Most lease buckets per datastore and cluster.
-pub(crate) const BUCKETS: usize = 64;
 
 /// Most shards one pass reads from.
 pub(crate) const PASS_SHARDS: usize = 1024;

@@ -21,7 +21,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
@@ -30,6 +29,7 @@ use crate::error::{Error, Result};
 use crate::indexes::apply::{self, Consumer, Fence, Pass};
 use crate::indexes::lag::{self};
 use crate::leases::Lease;
+use crate::shard_leases::{Held, ShardLeases};
 use crate::topology::{DatastoreRuntime, Topology};
 
 use super::*;
@@ -63,9 +63,7 @@ pub(super) struct Worker {
     pub(super) datastore: String,
     pub(super) cluster: usize,
     pub(super) consumers: Vec<Consumer>,
-    pub(super) buckets: Vec<Bucket>,
-    pub(super) bucket_of: HashMap<u32, usize>,
-    pub(super) held: BTreeMap<usize, Held>,
+    pub(super) leases: ShardLeases,
     /// Offsets per consumer of the shards of held buckets.
     pub(super) offsets: BTreeMap<u32, Vec<i64>>,
     /// Latest known log head per held shard.
@@ -96,12 +94,13 @@ impl Worker {
         cluster: usize,
         full: &Topology,
     ) -> Worker {
-        let buckets = buckets(ds, cluster);
-        let bucket_of = buckets
-            .iter()
-            .enumerate()
-            .flat_map(|(i, b)| b.shards.iter().map(move |s| (*s, i)))
-            .collect();
+        let leases = ShardLeases::new(
+            ds,
+            cluster,
+            format!("maint:{}:", ds.name()),
+            shared.holder.clone(),
+            shared.options.lease_time,
+        );
         Worker {
             maintain: true,
             topology,
@@ -110,9 +109,7 @@ impl Worker {
             datastore: ds.name().to_string(),
             cluster,
             consumers: apply::consumers(full, ds),
-            buckets,
-            bucket_of,
-            held: BTreeMap::new(),
+            leases,
             offsets: BTreeMap::new(),
             heads: HashMap::new(),
             dirty: BTreeSet::new(),
@@ -406,10 +403,10 @@ impl Worker {
             .collect();
         let held: Vec<&Held> = batch
             .iter()
-            .filter_map(|s| self.bucket_of.get(s))
+            .filter_map(|s| self.leases.bucket_of.get(s))
             .collect::<BTreeSet<_>>()
             .into_iter()
-            .filter_map(|b| self.held.get(b))
+            .filter_map(|b| self.leases.held.get(b))
             .collect();
         let leases: Vec<Lease> = held.iter().map(|h| h.lease.clone()).collect();
         let deadline = held
@@ -456,18 +453,24 @@ impl Worker {
         if self.building.is_empty() {
             return None;
         }
-        let valid = self.valid_buckets();
+        let valid = self.leases.valid();
         let mut by_bucket: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
         for shard in self
             .building
             .range(self.building_cursor..)
             .chain(self.building.range(..self.building_cursor))
         {
-            if let Some(bucket) = self.bucket_of.get(shard).filter(|b| valid.contains(b)) {
+            if let Some(bucket) = self
+                .leases
+                .bucket_of
+                .get(shard)
+                .filter(|b| valid.contains(b))
+            {
                 by_bucket.entry(*bucket).or_default().push(*shard);
             }
         }
         let start = self
+            .leases
             .bucket_of
             .get(&self.building_cursor)
             .copied()
@@ -477,51 +480,52 @@ impl Worker {
         let (mut batches, last_bucket) =
             group_buckets(&order, &by_bucket, 1, |s| self.pending(s, group));
         if let Some(bucket) = last_bucket {
-            self.building_cursor = self.buckets[bucket].shards.last().map_or(0, |s| s + 1);
+            self.building_cursor = self.leases.buckets[bucket]
+                .shards
+                .last()
+                .map_or(0, |s| s + 1);
         }
         let mut batch = batches.pop()?;
         batch.sort_unstable();
         Some(batch)
     }
 
-    /// The held buckets whose leases are comfortably valid: a quarter of
-    /// the lease time left, by the clock of the expiry written and by the
-    /// monotonic clock since the lease was last taken or renewed.
-    fn valid_buckets(&self) -> BTreeSet<usize> {
-        let quarter = self.shared.options.lease_time / 4;
-        let margin = chrono::Duration::from_std(quarter).unwrap_or(chrono::Duration::seconds(2));
-        let now = Utc::now();
-        let soon = Instant::now() + quarter;
-        self.held
-            .iter()
-            .filter(|(_, h)| h.lease.expires_at - margin > now && h.until > soon)
-            .map(|(b, _)| *b)
-            .collect()
-    }
-
     /// Picks the batches of the next round: whole buckets of dirty shards
     /// under comfortably valid leases, from the rotating cursor on.
     fn batches(&mut self, topology: &Topology, group: &[bool]) -> Vec<Vec<u32>> {
-        let valid = self.valid_buckets();
+        let valid = self.leases.valid();
         let mut by_bucket: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
         for shard in self
             .dirty
             .range(self.cursor..)
             .chain(self.dirty.range(..self.cursor))
         {
-            if let Some(bucket) = self.bucket_of.get(shard).filter(|b| valid.contains(b)) {
+            if let Some(bucket) = self
+                .leases
+                .bucket_of
+                .get(shard)
+                .filter(|b| valid.contains(b))
+            {
                 by_bucket.entry(*bucket).or_default().push(*shard);
             }
         }
         // Buckets in rotation order from the cursor.
-        let start = self.bucket_of.get(&self.cursor).copied().unwrap_or(0);
+        let start = self
+            .leases
+            .bucket_of
+            .get(&self.cursor)
+            .copied()
+            .unwrap_or(0);
         let mut order: Vec<usize> = by_bucket.keys().copied().collect();
         order.sort_by_key(|b| (*b < start, *b));
         let passes = self.passes(topology);
         let (mut batches, last_bucket) =
             group_buckets(&order, &by_bucket, passes, |s| self.pending(s, group));
         if let Some(bucket) = last_bucket {
-            self.cursor = self.buckets[bucket].shards.last().map_or(0, |s| s + 1);
+            self.cursor = self.leases.buckets[bucket]
+                .shards
+                .last()
+                .map_or(0, |s| s + 1);
         }
         for batch in &mut batches {
             batch.sort_unstable();
@@ -632,9 +636,8 @@ impl Worker {
             }
             Err(Error::LeaseLost(name)) => {
                 tracing::warn!(datastore = %self.datastore, lease = %name, "lease lost; leaving its shards to their new holder");
-                if let Some((bucket, _)) = self.held.iter().find(|(_, h)| h.lease.name == name) {
-                    let bucket = *bucket;
-                    self.drop_bucket(bucket);
+                if let Some(bucket) = self.leases.forget(&name) {
+                    self.forget_shards(bucket);
                 }
             }
             Err(err) => {
@@ -651,9 +654,8 @@ impl Worker {
     }
 
     /// Forgets a bucket's shards (another process holds it now).
-    pub(super) fn drop_bucket(&mut self, bucket: usize) {
-        self.held.remove(&bucket);
-        for shard in &self.buckets[bucket].shards {
+    pub(super) fn forget_shards(&mut self, bucket: usize) {
+        for shard in &self.leases.buckets[bucket].shards {
             self.offsets.remove(shard);
             self.dirty.remove(shard);
             self.building.remove(shard);
