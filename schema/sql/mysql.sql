@@ -107,6 +107,20 @@ CREATE TABLE IF NOT EXISTS `payments_quarantine` (
   PRIMARY KEY (`index_name`, `row_key`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
+CREATE TABLE IF NOT EXISTS `payments_trigger_quarantine` (
+  `consumer` VARBINARY(512) NOT NULL,
+  `shard` BIGINT NOT NULL,
+  `added_id` BIGINT NOT NULL,
+  `row_key` BINARY(16) NOT NULL,
+  `column_name` VARBINARY(512) NOT NULL,
+  `ref_key` BIGINT NOT NULL,
+  `attempts` BIGINT NOT NULL,
+  `message` LONGTEXT NOT NULL,
+  `retry` BIGINT NOT NULL,
+  `quarantined_at` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`consumer`, `shard`, `added_id`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
 CREATE TABLE IF NOT EXISTS `payments_ix_merchant_payments_index` (
   `row_key` BINARY(16) NOT NULL,
   `_shard` BIGINT,
@@ -213,6 +227,20 @@ CREATE TABLE IF NOT EXISTS `trips_quarantine` (
   `first_seen` DATETIME(6) NOT NULL,
   `last_seen` DATETIME(6) NOT NULL,
   PRIMARY KEY (`index_name`, `row_key`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+CREATE TABLE IF NOT EXISTS `trips_trigger_quarantine` (
+  `consumer` VARBINARY(512) NOT NULL,
+  `shard` BIGINT NOT NULL,
+  `added_id` BIGINT NOT NULL,
+  `row_key` BINARY(16) NOT NULL,
+  `column_name` VARBINARY(512) NOT NULL,
+  `ref_key` BIGINT NOT NULL,
+  `attempts` BIGINT NOT NULL,
+  `message` LONGTEXT NOT NULL,
+  `retry` BIGINT NOT NULL,
+  `quarantined_at` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`consumer`, `shard`, `added_id`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS `trips_ix_city_trips_index` (

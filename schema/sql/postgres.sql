@@ -112,6 +112,20 @@ CREATE TABLE IF NOT EXISTS "payments_quarantine" (
   PRIMARY KEY ("index_name", "row_key")
 );
 
+CREATE TABLE IF NOT EXISTS "payments_trigger_quarantine" (
+  "consumer" TEXT COLLATE "C" NOT NULL,
+  "shard" BIGINT NOT NULL,
+  "added_id" BIGINT NOT NULL,
+  "row_key" UUID NOT NULL,
+  "column_name" TEXT COLLATE "C" NOT NULL,
+  "ref_key" BIGINT NOT NULL,
+  "attempts" BIGINT NOT NULL,
+  "message" TEXT NOT NULL,
+  "retry" BIGINT NOT NULL,
+  "quarantined_at" TIMESTAMPTZ NOT NULL,
+  PRIMARY KEY ("consumer", "shard", "added_id")
+);
+
 CREATE TABLE IF NOT EXISTS "payments_ix_merchant_payments_index" (
   "row_key" UUID NOT NULL,
   "_shard" BIGINT,
@@ -233,6 +247,20 @@ CREATE TABLE IF NOT EXISTS "trips_quarantine" (
   "first_seen" TIMESTAMPTZ NOT NULL,
   "last_seen" TIMESTAMPTZ NOT NULL,
   PRIMARY KEY ("index_name", "row_key")
+);
+
+CREATE TABLE IF NOT EXISTS "trips_trigger_quarantine" (
+  "consumer" TEXT COLLATE "C" NOT NULL,
+  "shard" BIGINT NOT NULL,
+  "added_id" BIGINT NOT NULL,
+  "row_key" UUID NOT NULL,
+  "column_name" TEXT COLLATE "C" NOT NULL,
+  "ref_key" BIGINT NOT NULL,
+  "attempts" BIGINT NOT NULL,
+  "message" TEXT NOT NULL,
+  "retry" BIGINT NOT NULL,
+  "quarantined_at" TIMESTAMPTZ NOT NULL,
+  PRIMARY KEY ("consumer", "shard", "added_id")
 );
 
 CREATE TABLE IF NOT EXISTS "trips_ix_city_trips_index" (

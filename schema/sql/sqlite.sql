@@ -112,6 +112,20 @@ CREATE TABLE IF NOT EXISTS "payments_quarantine" (
   PRIMARY KEY ("index_name", "row_key")
 );
 
+CREATE TABLE IF NOT EXISTS "payments_trigger_quarantine" (
+  "consumer" TEXT NOT NULL,
+  "shard" INTEGER NOT NULL,
+  "added_id" INTEGER NOT NULL,
+  "row_key" BLOB NOT NULL,
+  "column_name" TEXT NOT NULL,
+  "ref_key" INTEGER NOT NULL,
+  "attempts" INTEGER NOT NULL,
+  "message" TEXT NOT NULL,
+  "retry" INTEGER NOT NULL,
+  "quarantined_at" INTEGER NOT NULL,
+  PRIMARY KEY ("consumer", "shard", "added_id")
+);
+
 CREATE TABLE IF NOT EXISTS "payments_ix_merchant_payments_index" (
   "row_key" BLOB NOT NULL,
   "_shard" INTEGER,
@@ -233,6 +247,20 @@ CREATE TABLE IF NOT EXISTS "trips_quarantine" (
   "first_seen" INTEGER NOT NULL,
   "last_seen" INTEGER NOT NULL,
   PRIMARY KEY ("index_name", "row_key")
+);
+
+CREATE TABLE IF NOT EXISTS "trips_trigger_quarantine" (
+  "consumer" TEXT NOT NULL,
+  "shard" INTEGER NOT NULL,
+  "added_id" INTEGER NOT NULL,
+  "row_key" BLOB NOT NULL,
+  "column_name" TEXT NOT NULL,
+  "ref_key" INTEGER NOT NULL,
+  "attempts" INTEGER NOT NULL,
+  "message" TEXT NOT NULL,
+  "retry" INTEGER NOT NULL,
+  "quarantined_at" INTEGER NOT NULL,
+  PRIMARY KEY ("consumer", "shard", "added_id")
 );
 
 CREATE TABLE IF NOT EXISTS "trips_ix_city_trips_index" (

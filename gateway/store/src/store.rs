@@ -28,6 +28,7 @@ use crate::shards::ShardMap;
 use crate::storage::breaker::BreakerStatus;
 use crate::storage::{self, ConnectOptions};
 use crate::topology::{ClusterState, DatastoreRuntime, Events, IndexRuntime, Topology};
+use crate::triggers;
 use crate::StorageConfig;
 
 /// How a store is opened.
@@ -92,6 +93,8 @@ struct Inner {
     /// Set (or dropped with the store) to stop the maintenance workers.
     shutdown: tokio::sync::watch::Sender<bool>,
     ids: crate::ids::Ids,
+    /// The trigger consumers started on this store.
+    consumers: std::sync::Mutex<Vec<Arc<triggers::ConsumerState>>>,
 }
 
 /// Counters of one datastore.
@@ -338,6 +341,7 @@ impl Store {
                 warnings,
                 shutdown,
                 ids,
+                consumers: std::sync::Mutex::new(Vec::new()),
             }),
         })
     }
@@ -432,6 +436,9 @@ impl Store {
     /// afterwards.
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.ids.shutdown().await;
+        let consumers: Vec<Arc<triggers::ConsumerState>> =
+            std::mem::take(&mut *self.inner.consumers.lock().expect("consumers"));
+        futures::future::join_all(consumers.iter().map(|c| c.join(grace))).await;
         let _ = self.inner.shutdown.send(true);
         self.inner.maintainer.join(grace).await;
         self.inner.replayer.join(grace).await;
@@ -838,6 +845,74 @@ impl Store {
 
     /// Buffered writes of `datastore` that lost to another body of their
     /// key when they were replayed, newest first, at most `limit`.
+    /// Starts a trigger consumer (see [`crate::triggers`]): from now on
+    /// this gateway delivers its fair share of the datastore's shards to
+    /// `handler`, until [`triggers::Consumer::stop`] or the store's
+    /// shutdown.
+    pub fn start_consumer(
+        &self,
+        options: triggers::ConsumerOptions,
+        handler: triggers::Handler,
+    ) -> Result<triggers::Consumer> {
+        let mut consumers = self.inner.consumers.lock().expect("consumers");
+        consumers.retain(|c| !c.is_finished());
+        if consumers.iter().any(|c| {
+            c.options.name == options.name
+                && c.options.datastore == options.datastore
+                && !c.is_finished()
+        }) {
+            return Err(Error::BadInput(format!(
+                "consumer `{}` of `{}` already runs in this gateway",
+                options.name, options.datastore
+            )));
+        }
+        let (consumer, state) = triggers::start(
+            &self.inner.topology,
+            &self.inner.maintainer.holder,
+            options,
+            handler,
+            self.inner.shutdown.subscribe(),
+        )?;
+        consumers.push(state);
+        Ok(consumer)
+    }
+
+    /// The status of every trigger consumer running in this gateway.
+    pub fn consumers(&self) -> Vec<triggers::ConsumerStatus> {
+        self.inner
+            .consumers
+            .lock()
+            .expect("consumers")
+            .iter()
+            .map(|c| c.status())
+            .collect()
+    }
+
+    /// The cells consumer `name` of `datastore` quarantined, on every
+    /// cluster, in shard and `added_id` order.
+    pub async fn trigger_quarantine(
+        &self,
+        datastore: &str,
+        name: &str,
+    ) -> Result<Vec<triggers::QuarantinedCell>> {
+        triggers::list_quarantine(self.topology_ref(), datastore, name).await
+    }
+
+    /// Asks for every quarantined cell of consumer `name` to be delivered
+    /// again by the gateway holding its shard (at its next sweep); a cell
+    /// its handler takes leaves the quarantine. Returns how many were asked.
+    pub async fn retry_trigger_quarantine(&self, datastore: &str, name: &str) -> Result<u64> {
+        triggers::retry_quarantine(self.topology_ref(), datastore, name).await
+    }
+
+    /// Moves every offset of consumer `name` of `datastore` to `to`: the
+    /// cells after an `added_id`, or from a time on, are delivered again
+    /// (running workers take the new offsets at their next write or sweep).
+    /// Returns the shards moved.
+    pub async fn rewind_consumer(&self, datastore: &str, name: &str, to: Location) -> Result<u64> {
+        triggers::rewind(self.topology_ref(), datastore, name, to).await
+    }
+
     pub async fn buffer_conflicts(
         &self,
         datastore: &str,

@@ -272,21 +272,36 @@ pub(crate) struct Written {
     pub(crate) heads: Vec<(u32, i64)>,
 }
 
-/// The write notifications of a store. Sending never blocks and never
-/// fails a write: with no subscriber (maintenance off), events are dropped.
+/// The write notifications of a store: to index maintenance through a
+/// channel, and to trigger consumers through a broadcast (a consumer that
+/// falls behind it learns so and sweeps instead). Sending never blocks and
+/// never fails a write: with no subscriber, events are dropped.
 pub(crate) struct Events {
     sender: mpsc::UnboundedSender<Written>,
+    broadcast: tokio::sync::broadcast::Sender<Arc<Written>>,
 }
+
+/// Write events a broadcast holds for slow receivers.
+const BROADCAST_EVENTS: usize = 4096;
 
 impl Events {
     pub(crate) fn new() -> (Events, mpsc::UnboundedReceiver<Written>) {
         let (sender, receiver) = mpsc::unbounded_channel();
-        (Events { sender }, receiver)
+        let (broadcast, _) = tokio::sync::broadcast::channel(BROADCAST_EVENTS);
+        (Events { sender, broadcast }, receiver)
     }
 
     pub(crate) fn written(&self, event: Written) {
+        if self.broadcast.receiver_count() > 0 {
+            let _ = self.broadcast.send(Arc::new(event.clone()));
+        }
         // The receiver is gone only when maintenance is off or stopping.
         let _ = self.sender.send(event);
+    }
+
+    /// The write events from now on.
+    pub(crate) fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<Written>> {
+        self.broadcast.subscribe()
     }
 }
 

@@ -186,14 +186,41 @@ pub(crate) async fn log_keys(
     Ok(keys)
 }
 
+/// Up to `limit` whole cells of `columns` (all when empty) after
+/// `positions`, in `(shard, added_id)` order: what trigger consumers read.
+/// Like [`log_keys`], only the last shard of a full page may be cut short.
+pub(crate) async fn log_cells(
+    backend: &dyn Backend,
+    ds: &DatastoreRuntime,
+    positions: &[(u32, i64)],
+    columns: &[String],
+    limit: usize,
+) -> Result<Vec<Cell>> {
+    let mut cells = Vec::new();
+    let terms = backend
+        .dialect()
+        .max_or_terms()
+        .min((MAX_PARAMS - columns.len()) / 2);
+    for chunk in positions.chunks(terms) {
+        if cells.len() >= limit {
+            break;
+        }
+        let sql = log_sql(
+            backend.dialect(),
+            ds,
+            chunk,
+            &super::read::CELL_COLUMNS,
+            columns,
+            limit - cells.len(),
+        );
+        for row in backend.fetch(&sql, &CELL_TYPES).await? {
+            cells.push(cell_from_row(row)?);
+        }
+    }
+    Ok(cells)
+}
+
 /// The statement of [`log_keys`] for one chunk of positions.
-///
-/// PostgreSQL gets a join of the positions with the log, one index range
-/// scan per position: given the `OR` form, it either scans the whole
-/// primary key in order (seconds on a few hundred thousand cells) or
-/// rechecks every term on every row found. MySQL's range optimizer and
-/// SQLite's multi-index `OR` turn the `OR` form into one range per
-/// position themselves.
 fn log_keys_sql(
     dialect: Dialect,
     ds: &DatastoreRuntime,
@@ -201,11 +228,39 @@ fn log_keys_sql(
     limit: usize,
 ) -> Sql {
     const COLUMNS: [&str; 5] = ["shard", "added_id", "row_key", "column_name", "created_at"];
+    log_sql(dialect, ds, positions, &COLUMNS, &[], limit)
+}
+
+/// Selects `select` of the log cells after `positions` (of the `columns`
+/// given, all when empty), in `(shard, added_id)` order, at most `limit`.
+///
+/// PostgreSQL gets a join of the positions with the log, one index range
+/// scan per position: given the `OR` form, it either scans the whole
+/// primary key in order (seconds on a few hundred thousand cells) or
+/// rechecks every term on every row found. MySQL's range optimizer and
+/// SQLite's multi-index `OR` turn the `OR` form into one range per
+/// position themselves.
+fn log_sql(
+    dialect: Dialect,
+    ds: &DatastoreRuntime,
+    positions: &[(u32, i64)],
+    select: &[&str],
+    columns: &[String],
+    limit: usize,
+) -> Sql {
     let table = ddl::cells_table(ds.name());
+    let only = |sql: &mut Sql| {
+        if !columns.is_empty() {
+            sql.push(" AND ")
+                .ident("column_name")
+                .push(" IN ")
+                .bind_list(columns.iter().map(|c| Value::Text(c.clone())));
+        }
+    };
     let mut sql = Sql::new(dialect);
     if dialect == Dialect::Postgres {
         sql.push("SELECT ");
-        for (i, column) in COLUMNS.iter().enumerate() {
+        for (i, column) in select.iter().enumerate() {
             if i > 0 {
                 sql.push(", ");
             }
@@ -223,14 +278,16 @@ fn log_keys_sql(
                 .push(")");
         }
         sql.push(") AS p(s, a) CROSS JOIN LATERAL (SELECT ")
-            .idents(COLUMNS)
+            .idents(select.iter().copied())
             .push(" FROM ")
             .ident(&table)
             .push(" WHERE ")
             .ident("shard")
             .push(" = p.s AND ")
             .ident("added_id")
-            .push(" > p.a ORDER BY ")
+            .push(" > p.a");
+        only(&mut sql);
+        sql.push(" ORDER BY ")
             .ident("added_id")
             .push(&format!(" LIMIT {limit}) AS c ORDER BY c."))
             .ident("shard")
@@ -238,11 +295,13 @@ fn log_keys_sql(
             .ident("added_id");
     } else {
         sql.push("SELECT ")
-            .idents(COLUMNS)
+            .idents(select.iter().copied())
             .push(" FROM ")
             .ident(&table)
-            .push(" WHERE ");
+            .push(" WHERE (");
         positions_condition(&mut sql, positions, " > ");
+        sql.push(")");
+        only(&mut sql);
         sql.push(" ORDER BY ").idents(["shard", "added_id"]);
     }
     sql.push(&format!(" LIMIT {limit}"));

@@ -26,10 +26,10 @@ pub use replay::{Backlog, Conflict};
 // What the rest of the store uses of reading cells: `Store` delegates its
 // reads here, and index maintenance and index queries build on the log and
 // latest-cell reads. `read.rs` and `log.rs` stay private to `cells`.
-pub(crate) use log::{cells_for_shard, heads, log_keys, positions_condition};
+pub(crate) use log::{cells_for_shard, heads, log_cells, log_keys, positions_condition};
 pub(crate) use read::{
-    decoded_cell, get_cell, get_cells, get_cells_latest, has_cells, history, latest_cells_with,
-    with_latest_cells, Decode, CELL_TYPES,
+    cell_from_row, decoded_cell, get_cell, get_cells, get_cells_latest, has_cells, history,
+    latest_cells_with, select_cells, with_latest_cells, Decode, CELL_TYPES,
 };
 
 /// The full address of a cell.

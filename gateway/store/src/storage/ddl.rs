@@ -5,10 +5,11 @@
 //! |---|---|---|
 //! | `<ds>_cells` | every cell ever written to the cluster's shards | `(shard, added_id)`, unique `(row_key, column_name, ref_key)` |
 //! | `<ds>_shards` | one row per owned logical shard: the next `added_id` | `shard` |
-//! | `<ds>_offsets` | progress of each log consumer (index maintenance) per shard | `(shard, consumer)` |
+//! | `<ds>_offsets` | progress of each log consumer (index maintenance, triggers) per shard | `(shard, consumer)` |
 //! | `<ds>_buffer` | buffered writes destined for another cluster's primary | `buffer_id` |
 //! | `<ds>_conflicts` | buffered writes that lost to another body of their key on replay | `(row_key, column_name, ref_key, body_hash)` |
 //! | `<ds>_quarantine` | index entries that could not be applied | `(index_name, row_key)` |
+//! | `<ds>_trigger_quarantine` | cells a trigger consumer's handler kept failing on | `(consumer, shard, added_id)` |
 //! | `<ds>_ix_<index>[_v<N>]` | one entry per row key of one index version | `row_key` |
 //!
 //! and per cluster `cellgate_catalog` (what the tables were built from),
@@ -96,6 +97,10 @@ pub fn conflicts_table(datastore: &str) -> String {
 
 pub fn quarantine_table(datastore: &str) -> String {
     format!("{}_quarantine", prefix(datastore))
+}
+
+pub fn trigger_quarantine_table(datastore: &str) -> String {
+    format!("{}_trigger_quarantine", prefix(datastore))
 }
 
 /// The table of `version` of an index; version 1 has the plain name.
@@ -442,6 +447,22 @@ pub fn datastore_ddl(dialect: Dialect, datastore: &str) -> Vec<String> {
             .col("first_seen", Col::DateTime, true)
             .col("last_seen", Col::DateTime, true)
             .primary_key(&["index_name", "row_key"])
+            .build(),
+    );
+    let trigger_quarantine = trigger_quarantine_table(datastore);
+    out.extend(
+        TableDef::new(dialect, &trigger_quarantine)
+            .col("consumer", Col::Name, true)
+            .col("shard", Col::BigInt, true)
+            .col("added_id", Col::BigInt, true)
+            .col("row_key", Col::Uuid, true)
+            .col("column_name", Col::Name, true)
+            .col("ref_key", Col::BigInt, true)
+            .col("attempts", Col::BigInt, true)
+            .col("message", Col::Text, true)
+            .col("retry", Col::BigInt, true)
+            .col("quarantined_at", Col::DateTime, true)
+            .primary_key(&["consumer", "shard", "added_id"])
             .build(),
     );
     out

@@ -9,12 +9,14 @@ mod harness;
 mod ids;
 mod maintenance;
 mod moving_leases;
+mod triggers;
 
 use catalog::*;
 use concurrency::*;
 use ids::*;
 use maintenance::*;
 use moving_leases::*;
+use triggers::*;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -112,6 +114,11 @@ contract_suite!(
     two_allocators_on_one_cache_path_lease_distinct_workers,
     a_renewed_lease_cannot_be_taken_over_from_a_stale_read,
     tagged_ids_name_the_shard_of_their_row,
+    a_consumer_gets_every_cell_of_its_columns_in_shard_order,
+    a_consumer_resumes_from_its_offsets_and_can_be_rewound,
+    a_refused_cell_is_quarantined_and_its_shard_moves_on,
+    a_consumer_stops_past_its_quarantine_limit,
+    two_gateways_share_a_consumer_and_one_takes_over_when_the_other_goes,
 );
 
 // The index contract again with cells and index entries spread over two
@@ -134,6 +141,8 @@ contract_suite_on_two_clusters!(
     a_failed_quarantine_retry_keeps_the_records,
     a_building_index_version_does_not_hold_back_live_indexes,
     moving_entries_between_clusters_takes_no_statement_per_row,
+    a_consumer_gets_every_cell_of_its_columns_in_shard_order,
+    two_gateways_share_a_consumer_and_one_takes_over_when_the_other_goes,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {
