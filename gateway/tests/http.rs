@@ -578,6 +578,110 @@ async fn a_client_that_half_closes_after_its_request_gets_the_answer() {
     assert_eq!(first_code(&body), "BAD_REQUEST", "{body}");
 }
 
+/// Writes a request on a fresh connection, `body` one piece every `pause`,
+/// while reading the answer; the sending stops when the server stops
+/// reading. Returns the status and the JSON body of the answer. The request
+/// asks for `Connection: close` so the answer ends at end of stream.
+async fn send_paced(
+    server: &Server,
+    head: &str,
+    body: Vec<Vec<u8>>,
+    pause: Duration,
+) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let address = server.base.trim_start_matches("http://").to_string();
+    let stream = tokio::net::TcpStream::connect(&address)
+        .await
+        .expect("connect");
+    let (mut reader, mut writer) = stream.into_split();
+    let head = format!("{head}\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    // The writer is handed back rather than dropped: dropping it would
+    // half-close the connection.
+    let sender = tokio::spawn(async move {
+        writer.write_all(head.as_bytes()).await.expect("send head");
+        for piece in body {
+            if writer.write_all(&piece).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+        }
+        writer
+    });
+    let mut answer = Vec::new();
+    // The server may reset the connection after its answer, as it stops
+    // reading a refused body: what arrived before the reset is the answer.
+    let read = tokio::time::timeout(Duration::from_secs(60), reader.read_to_end(&mut answer))
+        .await
+        .expect("no answer within 60 s");
+    let _writer = sender.await.expect("sender");
+    if answer.is_empty() {
+        panic!("no answer: {read:?}");
+    }
+    parse_answer(&answer)
+}
+
+// A chunked body over the limit that arrived slowly, 64 KiB at a time, was
+// answered 408 BODY_TIMEOUT instead of 413 PAYLOAD_TOO_LARGE: the rest of
+// the refused body was read and dropped under the body deadline, and the
+// deadline won.
+#[tokio::test]
+async fn a_slow_oversized_body_is_refused_with_413() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cellgate.yaml");
+    std::fs::write(
+        &config,
+        "limits:\n  max_body_bytes: 262144\n  body_timeout_ms: 2000\n",
+    )
+    .unwrap();
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    // The limit is passed after 5 pieces, a quarter of a second; the whole
+    // body would take over 3 seconds, past the body deadline.
+    let pause = Duration::from_millis(50);
+    let head =
+        "POST /graphql HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked";
+    let chunks = chunked(padded_body(4 * 1024 * 1024));
+    let (status, body) = send_paced(&server, head, chunks, pause).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(
+        body,
+        json!({"errors": [{
+            "message": "request body exceeds 262144 bytes",
+            "extensions": {"code": "PAYLOAD_TOO_LARGE"}
+        }]})
+    );
+
+    // The same with a Content-Length over the limit.
+    let sized = padded_body(4 * 1024 * 1024);
+    let length: usize = sized.iter().map(Vec::len).sum();
+    let head = format!(
+        "POST /graphql HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {length}"
+    );
+    let (status, body) = send_paced(&server, &head, sized, pause).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(first_code(&body), "PAYLOAD_TOO_LARGE", "{body}");
+
+    // A slow body within the limit still times out.
+    let small = padded_body(128 * 1024);
+    let head =
+        "POST /graphql HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked";
+    let (status, body) = send_paced(&server, head, chunked(small), Duration::from_secs(1)).await;
+    assert_eq!(status, 408, "{body}");
+    assert_eq!(first_code(&body), "BODY_TIMEOUT", "{body}");
+
+    // A malformed chunk within the limit is a broken body.
+    let mut broken = chunked(padded_body(128 * 1024));
+    broken[1][0] = b'z';
+    let (status, body) = send_paced(&server, head, broken, Duration::ZERO).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        body,
+        json!({"errors": [{
+            "message": "cannot read the request body",
+            "extensions": {"code": "BAD_REQUEST"}
+        }]})
+    );
+}
+
 #[tokio::test]
 async fn graphql_response_json_status_codes() {
     let server = Server::start(&[]);
