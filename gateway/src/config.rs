@@ -642,8 +642,10 @@ pub struct LimitsConfig {
     /// ```
     pub header_timeout_ms: u64,
     /// Longest time, in milliseconds, a client may take to send a request
-    /// body; then it is answered 408 `BODY_TIMEOUT`. Bodies are read
-    /// before a request takes one of `max_concurrent_requests`.
+    /// body; then it is answered 408 `BODY_TIMEOUT`, or 413
+    /// `PAYLOAD_TOO_LARGE` if what arrived is already over
+    /// `max_body_bytes`. Bodies are read before a request takes one of
+    /// `max_concurrent_requests`.
     ///
     /// ```yaml
     /// body_timeout_ms: 10000

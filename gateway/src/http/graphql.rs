@@ -12,7 +12,8 @@
 //!    whose `query` is a string and whose `operationName`, `variables` and
 //!    `extensions` are absent, null or of the right type (400); a GET takes
 //!    the same from its URL, `variables` and `extensions` as JSON text; the
-//!    whole body must arrive within `limits.body_timeout_ms` (408);
+//!    whole body must arrive within `limits.body_timeout_ms` (408), unless
+//!    it is already known to be too large (413 whenever the rest arrives);
 //! 3. the **rate per client address** (429), **authentication**
 //!    (`Authorization: Bearer`, `auth/`: 401 `UNAUTHENTICATED`), then
 //!    **admission** (rate per token, concurrency: `admission.rs`, 429,
@@ -198,20 +199,7 @@ async fn respond(
     let params = match body {
         None => get_params(request)?,
         Some(body) => {
-            let read = post_params(request, body, gateway.max_body_bytes);
-            match tokio::time::timeout(gateway.body_timeout, read).await {
-                Ok(params) => params?,
-                Err(_) => {
-                    return Err(Failure::new(
-                        StatusCode::REQUEST_TIMEOUT,
-                        "BODY_TIMEOUT",
-                        format!(
-                            "the request body did not arrive within {} ms",
-                            gateway.body_timeout.as_millis()
-                        ),
-                    ))
-                }
-            }
+            post_params(request, body, gateway.max_body_bytes, gateway.body_timeout).await?
         }
     };
     let address = request.remote_addr().as_socket_addr().map(|a| a.ip());
@@ -517,8 +505,20 @@ fn get_params(request: &Request) -> Result<Params, Failure> {
     checked_params(raw)
 }
 
-/// The parameters of a POST from its JSON body.
-async fn post_params(request: &Request, body: Body, limit: usize) -> Result<Params, Failure> {
+/// The parameters of a POST from its JSON body, which must arrive within
+/// `timeout` and hold at most `limit` bytes.
+///
+/// A body known to be over the limit is answered 413 however the rest of
+/// it arrives: declared too long, counted past the limit as it arrives
+/// (chunked), then too slow or cut off. Only a body that fails before it
+/// is known to be too large is answered 408 (too slow) or 400 (broken).
+async fn post_params(
+    request: &Request,
+    body: Body,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Params, Failure> {
+    let deadline = tokio::time::Instant::now() + timeout;
     let content_type = request.header(header::CONTENT_TYPE).unwrap_or("");
     if !is_json_utf8(content_type) {
         return Err(Failure::new(
@@ -540,17 +540,31 @@ async fn post_params(request: &Request, body: Body, limit: usize) -> Result<Para
     let mut frames = body.into_bytes_stream();
     if declared.is_some_and(|n| n > limit as u64) {
         if declared.is_some_and(|n| n <= DISCARD_BYTES) {
-            discard(frames).await;
+            discard(frames, deadline).await;
         }
         return Err(too_large());
     }
     // Chunked bodies have no declared length: the limit is checked as the
     // frames arrive.
     let mut bytes = Vec::new();
-    while let Some(frame) = frames.next().await {
-        let frame = frame.map_err(|_| Failure::bad_request("cannot read the request body"))?;
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, frames.next()).await {
+            Err(_) => {
+                return Err(Failure::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "BODY_TIMEOUT",
+                    format!(
+                        "the request body did not arrive within {} ms",
+                        timeout.as_millis()
+                    ),
+                ))
+            }
+            Ok(None) => break,
+            Ok(Some(Err(_))) => return Err(Failure::bad_request("cannot read the request body")),
+            Ok(Some(Ok(frame))) => frame,
+        };
         if bytes.len() + frame.len() > limit {
-            discard(frames).await;
+            discard(frames, deadline).await;
             return Err(too_large());
         }
         bytes.extend_from_slice(&frame);
@@ -589,10 +603,13 @@ const DISCARD_TIME: Duration = Duration::from_secs(10);
 /// sent. Most clients send the whole body before they read the answer;
 /// closing a connection with unread data in it makes the kernel reset it,
 /// and the reset destroys the 413 on its way, so such a client saw a broken
-/// connection (or a proxy's 400) instead. Bounded by [`DISCARD_BYTES`] and
-/// [`DISCARD_TIME`]: past either, the connection is closed after all.
+/// connection (or a proxy's 400) instead. Bounded by [`DISCARD_BYTES`],
+/// [`DISCARD_TIME`] and the body's `deadline`: past any, the connection is
+/// closed after all. How the rest ends (in time or not, whole or broken)
+/// does not change the answer, which is 413.
 async fn discard<F: AsRef<[u8]>>(
     mut frames: impl futures::Stream<Item = std::io::Result<F>> + Unpin,
+    deadline: tokio::time::Instant,
 ) {
     let drain = async {
         let mut left = DISCARD_BYTES;
@@ -603,7 +620,8 @@ async fn discard<F: AsRef<[u8]>>(
             }
         }
     };
-    let _ = tokio::time::timeout(DISCARD_TIME, drain).await;
+    let until = deadline.min(tokio::time::Instant::now() + DISCARD_TIME);
+    let _ = tokio::time::timeout_at(until, drain).await;
 }
 
 /// `application/json`, with no charset or UTF-8.

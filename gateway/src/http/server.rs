@@ -9,6 +9,9 @@
 //! - each connection's request headers must arrive within
 //!   `limits.header_timeout_ms` (hyper's `header_read_timeout`), else the
 //!   connection is closed;
+//! - a client that half-closes the connection after its request (shuts
+//!   down its sending side) still gets the answer: the end of its stream
+//!   ends the connection only once the answer is out;
 //! - at most `limits.max_connections_per_client` connections per peer IP
 //!   address (an IPv6 one cut to `limits.client_ipv6_prefix` bits); one more is closed as soon as it is accepted, before any of
 //!   its bytes are read;
@@ -181,10 +184,18 @@ async fn serve_connection(
             }
         });
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // A client may shut down its sending side once its request is out
+    // (`nc -N`, some proxies and scripts) and still wait for the answer.
+    // Without `half_close`, hyper takes the end of the stream that arrives
+    // while the request runs for an abandoned connection and closes it,
+    // answer and all. TCP cannot tell that from a client that went away, so
+    // such a request now runs to its end or to its deadline; the answer then
+    // finds the connection closed.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(options.header_timeout);
+        .header_read_timeout(options.header_timeout)
+        .half_close(true);
     builder
         .http2()
         .timer(TokioTimer::new())
