@@ -458,7 +458,7 @@ pub fn command_line() -> String {
         .enumerate()
         .map(|(i, arg)| {
             let arg = if i == 0 {
-                "cellgate".to_string()
+                "cellgate-bench".to_string()
             } else if arg.contains("://") {
                 redact(&arg)
             } else {
