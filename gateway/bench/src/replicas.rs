@@ -782,6 +782,94 @@ mod tests {
         assert!(second.iter().all(|p| p.0 == 2));
     }
 
+    fn phase(round: u32, workload: Workload, consistency: Consistency, rate: f64) -> PhaseReport {
+        let served = if consistency == Consistency::Replica {
+            100
+        } else {
+            0
+        };
+        PhaseReport {
+            round,
+            consistency: consistency_name(consistency),
+            served_by_replica: served,
+            served_by_replica_percent: served as f64,
+            run: RunReport {
+                workload: workload.name(),
+                path: consistency_name(consistency),
+                requests: 100,
+                errors: 0,
+                seconds: 1.0,
+                requests_per_second: rate,
+                p50_ms: 1.0,
+                p99_ms: 2.0,
+                cells_written: 0,
+                statements_per_request: None,
+                first_error: None,
+            },
+        }
+    }
+
+    fn report(phases: Vec<PhaseReport>) -> ReplicasReport {
+        ReplicasReport {
+            version: "0",
+            build: "test",
+            command: String::new(),
+            environment: Vec::new(),
+            backend: "mysql",
+            master: String::new(),
+            replica: String::new(),
+            shards: 4096,
+            trips: 1,
+            cells: 2,
+            drivers: 1,
+            seed: 1,
+            duration_seconds: 1,
+            concurrency: 1,
+            rounds: ROUNDS,
+            load: None,
+            replica_catch_up_seconds: None,
+            phases,
+            medians: Vec::new(),
+            ratios: Vec::new(),
+            problems: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn ratios_come_from_the_medians_and_an_unserved_replica_phase_fails() {
+        let phases = schedule()
+            .into_iter()
+            .map(|(round, w, c)| {
+                let rate = match (w, c, round) {
+                    (Workload::Query, Consistency::Master, 1) => 100.0,
+                    (Workload::Query, Consistency::Master, _) => 300.0,
+                    (Workload::Query, Consistency::Replica, _) => 100.0,
+                    (_, Consistency::Master, _) => 50.0,
+                    (_, Consistency::Replica, _) => 75.0,
+                };
+                phase(round, w, c, rate)
+            })
+            .collect();
+        let mut run = report(phases);
+        run.summarize();
+        assert!(!run.failed(), "{:?}", run.problems);
+        assert_eq!(run.medians.len(), 4);
+        assert_eq!(run.medians[0].requests_per_second, 200.0);
+        assert_eq!(run.ratios[0].workload, "query");
+        assert_eq!(run.ratios[0].throughput, 0.5);
+        assert_eq!(run.ratios[1].throughput, 1.5);
+
+        let mut unserved = report(run.phases.clone());
+        unserved.phases[1].served_by_replica = 0;
+        unserved.summarize();
+        assert!(unserved.failed());
+        assert_eq!(unserved.problems.len(), 1, "{:?}", unserved.problems);
+        let mut failing = report(run.phases.clone());
+        failing.phases[0].run.errors = 1;
+        failing.summarize();
+        assert!(failing.failed());
+    }
+
     #[test]
     fn medians_and_served_by() {
         assert_eq!(median(vec![]), 0.0);
