@@ -39,16 +39,49 @@ const WRITE_DRIVERS: usize = 200;
 const EPOCH: &str = "2024-01-01T00:00:00Z";
 const TRIP_EVERY_MINUTES: i64 = 30;
 
+/// A document reading an index page: `driverPartnerIndex` of a driver,
+/// trips since a time, first 20, `rowKey` and `tripCreatedAt`; `$arguments`
+/// is appended to the field's arguments and `$row` to each entry's
+/// selection. One macro, so that every variant has the same shape.
+macro_rules! index_page {
+    ($operation:literal, $arguments:literal, $row:literal) => {
+        concat!(
+            "query ",
+            $operation,
+            "($driver: UUID!, $since: DateTime!) { trips { \
+            driverPartnerIndex(driverPartnerUuid: $driver, where: {tripCreatedAt: {gte: $since}}, first: 20",
+            $arguments,
+            ") { edges { node { rowKey tripCreatedAt",
+            $row,
+            " } } } } }"
+        )
+    };
+}
+
 /// The index query (`query` workload).
-pub const QUERY: &str = "query BenchIndex($driver: UUID!, $since: DateTime!) { trips { \
-    driverPartnerIndex(driverPartnerUuid: $driver, where: {tripCreatedAt: {gte: $since}}, first: 20) \
-    { edges { node { rowKey tripCreatedAt } } } } }";
+pub const QUERY: &str = index_page!("BenchIndex", "", "");
 
 /// The same page with each row's BASE body (`rows` workload), read by the
 /// gateway's DataLoader.
-pub const ROWS: &str = "query BenchRows($driver: UUID!, $since: DateTime!) { trips { \
-    driverPartnerIndex(driverPartnerUuid: $driver, where: {tripCreatedAt: {gte: $since}}, first: 20) \
-    { edges { node { rowKey tripCreatedAt row { base { body } } } } } } }";
+pub const ROWS: &str = index_page!("BenchRows", "", " row { base { body } }");
+
+/// [`QUERY`] and [`ROWS`] read from the master and from a replica
+/// (`cellgate-bench replicas`). The consistency is a literal, not a
+/// variable: a variable of an enum type would take the request off the
+/// gateway's direct path for index pages, and the two would no longer
+/// compare like with like.
+pub const QUERY_MASTER: &str = index_page!("BenchIndexMaster", ", consistency: MASTER", "");
+pub const QUERY_REPLICA: &str = index_page!("BenchIndexReplica", ", consistency: REPLICA", "");
+pub const ROWS_MASTER: &str = index_page!(
+    "BenchRowsMaster",
+    ", consistency: MASTER",
+    " row { base { body } }"
+);
+pub const ROWS_REPLICA: &str = index_page!(
+    "BenchRowsReplica",
+    ", consistency: REPLICA",
+    " row { base { body } }"
+);
 
 /// A batch of new cells (`write` workload).
 pub const WRITE: &str = "mutation BenchWrite($cells: [TripsCellInput!]!) { \
@@ -311,6 +344,34 @@ mod tests {
         assert_eq!(rows.len(), 1001, "one row key per trip");
         let again = Dataset::new(1001, 7, true, 42, 50).load_batch(1);
         assert_eq!(again[0].row_key, data.load_batch(1)[0].row_key);
+    }
+
+    #[test]
+    fn index_page_documents_differ_only_in_name_and_consistency() {
+        assert_eq!(
+            QUERY,
+            "query BenchIndex($driver: UUID!, $since: DateTime!) { trips { \
+             driverPartnerIndex(driverPartnerUuid: $driver, where: {tripCreatedAt: {gte: $since}}, \
+             first: 20) { edges { node { rowKey tripCreatedAt } } } } }"
+        );
+        let same = |document: &str, name: &str, consistency: &str| {
+            document
+                .replacen(name, "", 1)
+                .replacen(&format!(", consistency: {consistency}"), "", 1)
+        };
+        for (document, name, consistency) in [
+            (QUERY_MASTER, "Master", "MASTER"),
+            (QUERY_REPLICA, "Replica", "REPLICA"),
+        ] {
+            assert_eq!(same(document, name, consistency), QUERY);
+        }
+        for (document, name, consistency) in [
+            (ROWS_MASTER, "Master", "MASTER"),
+            (ROWS_REPLICA, "Replica", "REPLICA"),
+        ] {
+            assert_eq!(same(document, name, consistency), ROWS);
+        }
+        assert!(ROWS.ends_with("rowKey tripCreatedAt row { base { body } } } } } } }"));
     }
 
     #[test]

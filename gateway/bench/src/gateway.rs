@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 use clap::{ArgAction, Args, ValueEnum};
 use index_dsl::Definitions;
 use serde_json::{json, Value};
+use uuid::Uuid;
 
 use crate::database::Database;
 use crate::dataset::{cell_input, Dataset, BASE, DATASTORE, LOAD_BATCH, QUERY, ROWS, WRITE};
@@ -72,7 +73,7 @@ pub enum Workload {
 }
 
 impl Workload {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Workload::Query => "query",
             Workload::Rows => "rows",
@@ -437,7 +438,17 @@ async fn external(
         Err(e) => anyhow::bail!("cannot reach the gateway at {}: {e}", gateway.base),
     }
     let source = Arc::new(Source::Http(gateway.clone()));
-    report.load = Some(load_via_graphql(args, data, &gateway, &source).await?);
+    report.load = Some(
+        load_via_graphql(
+            data,
+            &gateway,
+            &source,
+            args.concurrency,
+            args.request_timeout(),
+            args.drain_timeout(),
+        )
+        .await?,
+    );
     run_workloads(&mut report, args, "HTTP", &source, workloads, |w| {
         http_op(w, gateway.clone(), data.clone())
     })
@@ -514,7 +525,15 @@ async fn local(
             )
             .await?;
             let source = Arc::new(Source::Http(server.gateway.clone()));
-            let loaded = load_via_graphql(args, data, &server.gateway, &source).await;
+            let loaded = load_via_graphql(
+                data,
+                &server.gateway,
+                &source,
+                args.concurrency,
+                args.request_timeout(),
+                args.drain_timeout(),
+            )
+            .await;
             drop(source);
             server.stop().await?;
             loaded?
@@ -717,28 +736,25 @@ fn load_figures(
     }
 }
 
-/// Loads through `tripsPutCells` and waits for the gateway's indexes.
-async fn load_via_graphql(
-    args: &BenchArgs,
+/// Loads through `tripsPutCells` of `gateway`, `concurrency` requests at a
+/// time, and waits at most `drain_timeout` for its indexes.
+pub async fn load_via_graphql(
     data: &Arc<Dataset>,
     gateway: &Arc<Gateway>,
     source: &Source,
+    concurrency: u32,
+    request_timeout: Duration,
+    drain_timeout: Duration,
 ) -> anyhow::Result<LoadReport> {
     let before = source.snapshot().await.unwrap_or_default();
-    let elapsed =
-        crate::load::via_graphql(gateway, data, args.concurrency, args.request_timeout()).await?;
-    let drained = crate::maintenance::drain(
-        source,
-        &before,
-        data.cells(),
-        Instant::now(),
-        args.drain_timeout(),
-    )
-    .await?;
+    let elapsed = crate::load::via_graphql(gateway, data, concurrency, request_timeout).await?;
+    let drained =
+        crate::maintenance::drain(source, &before, data.cells(), Instant::now(), drain_timeout)
+            .await?;
     if drained.measured && !drained.done {
         anyhow::bail!(
             "the indexes had not caught up {} s after loading (--drain-timeout); pending cells: {}",
-            args.drain_timeout,
+            drain_timeout.as_secs(),
             drained.last.describe_pending()
         );
     }
@@ -747,7 +763,7 @@ async fn load_via_graphql(
         // until every queried driver has a page, so that the workloads do
         // not count index maintenance still running as errors.
         eprintln!("the gateway reports no index progress; waiting for every driver's page");
-        wait_for_pages(gateway, data, args.drain_timeout()).await?;
+        wait_for_pages(gateway, data, drain_timeout).await?;
     }
     Ok(load_report(
         LoadVia::Graphql,
@@ -876,23 +892,7 @@ fn http_op(workload: Workload, gateway: Arc<Gateway>, data: Arc<Dataset>) -> Op 
                     let answer = gateway
                         .graphql(document, data.query_variables(driver))
                         .await?;
-                    let edges = answer
-                        .pointer("/trips/driverPartnerIndex/edges")
-                        .and_then(Value::as_array)
-                        .ok_or_else(|| {
-                            format!("no edges in {}", truncate(&answer.to_string(), 200))
-                        })?;
-                    if edges.is_empty() {
-                        return Err(format!("no index entries for driver {driver}"));
-                    }
-                    if workload == Workload::Rows
-                        && !edges.iter().all(|e| {
-                            e.pointer("/node/row/base/body")
-                                .is_some_and(Value::is_object)
-                        })
-                    {
-                        return Err(format!("a row of driver {driver} has no BASE body"));
-                    }
+                    check_page(workload, driver, &answer)?;
                     Ok(0)
                 }
                 Workload::Write => {
@@ -916,6 +916,27 @@ fn http_op(workload: Workload, gateway: Arc<Gateway>, data: Arc<Dataset>) -> Op 
             }
         })
     })
+}
+
+/// Checks the `data` of a `query` or `rows` request for `driver`: a page
+/// with entries, and with `rows` a BASE body in every entry's row.
+pub fn check_page(workload: Workload, driver: Uuid, answer: &Value) -> Result<(), String> {
+    let edges = answer
+        .pointer("/trips/driverPartnerIndex/edges")
+        .and_then(Value::as_array)
+        .ok_or_else(|| format!("no edges in {}", truncate(&answer.to_string(), 200)))?;
+    if edges.is_empty() {
+        return Err(format!("no index entries for driver {driver}"));
+    }
+    if workload == Workload::Rows
+        && !edges.iter().all(|e| {
+            e.pointer("/node/row/base/body")
+                .is_some_and(Value::is_object)
+        })
+    {
+        return Err(format!("a row of driver {driver} has no BASE body"));
+    }
+    Ok(())
 }
 
 fn rust_op(workload: Workload, store: Store, data: Arc<Dataset>) -> Op {

@@ -21,6 +21,13 @@ pub const PENDING: &str = "cellgate_index_pending_cells";
 pub const LAG_MAX_MS: &str = "cellgate_index_lag_max_ms";
 pub const APPLIED: &str = "cellgate_index_applied_cells_total";
 
+/// A GraphQL answer without errors.
+pub struct Answer {
+    pub data: Value,
+    /// `extensions` (e.g. `servedBy`); `Null` when the answer has none.
+    pub extensions: Value,
+}
+
 /// One gateway's endpoints and a client for them.
 pub struct Gateway {
     client: reqwest::Client,
@@ -92,6 +99,13 @@ impl Gateway {
     /// Sends one GraphQL request; `Ok` holds `data` of an answer without
     /// errors.
     pub async fn graphql(&self, query: &str, variables: Value) -> Result<Value, String> {
+        self.graphql_answer(query, variables)
+            .await
+            .map(|answer| answer.data)
+    }
+
+    /// Like [`Gateway::graphql`], with the answer's `extensions` too.
+    pub async fn graphql_answer(&self, query: &str, variables: Value) -> Result<Answer, String> {
         let response = self
             .client
             .post(&*self.graphql)
@@ -117,10 +131,11 @@ impl Gateway {
                 truncate(&errors.to_string(), 300)
             ));
         }
-        Ok(answer
-            .get_mut("data")
-            .map(Value::take)
-            .unwrap_or(Value::Null))
+        let mut part = |name: &str| answer.get_mut(name).map(Value::take).unwrap_or(Value::Null);
+        Ok(Answer {
+            data: part("data"),
+            extensions: part("extensions"),
+        })
     }
 
     /// The status code of `GET /readyz`, or why there was none.

@@ -6,7 +6,9 @@
 //! cold start, index queries and batched writes over HTTP beside the same
 //! work through the Rust API, index maintenance under writes, statements
 //! per request. `cellgate-bench ids` measures the ID allocator (`ids.rs`),
-//! `cellgate-bench buffer` buffered writes and their replay (`buffer.rs`).
+//! `cellgate-bench buffer` buffered writes and their replay (`buffer.rs`),
+//! `cellgate-bench replicas` reads from the master against reads from a
+//! replica (`replicas.rs`).
 //! It lives apart from the server so that a deployment carries none of its
 //! code or dependencies (an HTTP client, progress bars, histograms).
 //!
@@ -25,6 +27,7 @@ mod load;
 mod maintenance;
 mod phase;
 mod probe;
+mod replicas;
 mod report;
 mod server;
 
@@ -103,6 +106,32 @@ enum Command {
     /// `buffer_count` 0 and 1, and the time from a primary's return until
     /// every cell buffered while it was down is delivered to it.
     Buffer(buffer::BufferBenchArgs),
+    /// Measure index queries and pages of rows read with `consistency:
+    /// MASTER` against the same with `consistency: REPLICA`, over HTTP.
+    ///
+    /// Starts `cellgate serve` on one cluster: `--master`, an empty
+    /// MySQL/MariaDB or PostgreSQL database, and `--replica`, the same
+    /// database on a server replicating it. Loads `--trips` trips through
+    /// `tripsPutCells` (to the master), waits until the master's indexes and
+    /// then the replica have caught up (`cellsBehind` 0 in
+    /// `Query.datastores`, and each queried page read from the replica equal
+    /// to the master's), then runs query MASTER, query REPLICA, rows MASTER,
+    /// rows REPLICA and the same in reverse order, `--duration` seconds each
+    /// at `--concurrency`. Reports req/s, p50/p99 latency, errors and the
+    /// share of answers whose `extensions.servedBy` names a replica per
+    /// phase, the medians of the two rounds, and the REPLICA/MASTER ratios.
+    /// Exits 1 if a request failed or a REPLICA phase had no answer served
+    /// by the replica.
+    ///
+    /// A master and replica pair on this machine, on free loopback ports,
+    /// each with its own data directory:
+    ///
+    ///   eval "$(gateway/bench/replica-pair.sh start mariadb)"   # or postgres
+    ///
+    ///   cellgate-bench replicas --master "$master" --replica "$replica"
+    ///
+    ///   gateway/bench/replica-pair.sh stop "$dir"
+    Replicas(replicas::ReplicasBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -129,6 +158,7 @@ fn main() -> ExitCode {
         match cli.command {
             Some(Command::Ids(args)) => ids::run(args).await,
             Some(Command::Buffer(args)) => buffer::run(args).await,
+            Some(Command::Replicas(args)) => replicas::run(args).await,
             None => gateway::run(cli.gateway).await,
         }
     };

@@ -112,11 +112,7 @@ impl Report {
     pub fn new(parameters: Parameters) -> Report {
         Report {
             version: env!("CARGO_PKG_VERSION"),
-            build: if cfg!(debug_assertions) {
-                "debug"
-            } else {
-                "release"
-            },
+            build: build_profile(),
             command: command_line(),
             environment: environment(),
             parameters,
@@ -420,8 +416,17 @@ impl Report {
     }
 }
 
+/// `release` or `debug`.
+pub fn build_profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
 /// `value` with `decimals`, or `—` when not measured.
-fn opt(value: Option<f64>, decimals: usize) -> String {
+pub fn opt(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "—".to_string(), |v| format!("{v:.decimals$}"))
 }
 
@@ -448,12 +453,12 @@ fn bytes(n: u64) -> String {
 
 /// The command line as typed, with URL passwords hidden and arguments
 /// quoted where a shell would need it.
-fn command_line() -> String {
+pub fn command_line() -> String {
     std::env::args()
         .enumerate()
         .map(|(i, arg)| {
             let arg = if i == 0 {
-                "cellgate".to_string()
+                "cellgate-bench".to_string()
             } else if arg.contains("://") {
                 redact(&arg)
             } else {
@@ -466,7 +471,7 @@ fn command_line() -> String {
 }
 
 /// The `CELLGATE_*` variables the bench command reads, as `NAME=value`.
-fn environment() -> Vec<String> {
+pub fn environment() -> Vec<String> {
     let mut variables: Vec<String> = std::env::vars()
         .filter(|(name, _)| {
             name.starts_with("CELLGATE_BENCH_")

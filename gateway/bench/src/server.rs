@@ -1,5 +1,9 @@
 //! The `cellgate serve` child process and its cold start.
 //!
+//! The server runs on one database (the embedded store, or a URL given as
+//! `--database`), or on the `storage:` section a benchmark writes into its
+//! configuration file, e.g. a cluster with replicas.
+//!
 //! The server is the `cellgate` binary (beside this one, or `--cellgate`), started on a port of 127.0.0.1 chosen
 //! before the spawn, so that `/readyz` can be polled from the moment the
 //! process exists: the cold start is the time from the spawn to the first
@@ -61,16 +65,51 @@ impl Server {
         timeout: Duration,
         maintain_indexes: bool,
     ) -> anyhow::Result<Server> {
-        // No rate or concurrency limit: the benchmark is the only client.
-        let config = work_dir.join("serve.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "limits:\n  rate_limit_per_second: 0\n  max_concurrent_requests: 0\n  \
-                 max_connections_per_client: 0\nindexes:\n  maintain: {maintain_indexes}\n"
-            ),
+        let indexes = format!("indexes:\n  maintain: {maintain_indexes}\n");
+        Server::spawn(
+            Some(database),
+            &indexes,
+            datastores,
+            work_dir,
+            concurrency,
+            timeout,
         )
-        .with_context(|| format!("cannot write `{}`", config.display()))?;
+        .await
+    }
+
+    /// Starts `serve` on the storage that `storage`, the `storage:` section
+    /// of the configuration file (e.g. clusters with replicas), describes,
+    /// and waits until `/readyz` answers 200. The file is written to
+    /// `work_dir`, so URLs with passwords stay in the caller's temporary
+    /// directory.
+    pub async fn start_with_storage(
+        storage: &str,
+        datastores: &Path,
+        work_dir: &Path,
+        concurrency: u32,
+        timeout: Duration,
+    ) -> anyhow::Result<Server> {
+        Server::spawn(None, storage, datastores, work_dir, concurrency, timeout).await
+    }
+
+    /// Starts `serve` on `database`, or on the storage of `config` without
+    /// one, with `config` added to the configuration file.
+    async fn spawn(
+        database: Option<&Database>,
+        config: &str,
+        datastores: &Path,
+        work_dir: &Path,
+        concurrency: u32,
+        timeout: Duration,
+    ) -> anyhow::Result<Server> {
+        // No rate or concurrency limit: the benchmark is the only client.
+        let config_text = format!(
+            "limits:\n  rate_limit_per_second: 0\n  max_concurrent_requests: 0\n  \
+             max_connections_per_client: 0\n{config}"
+        );
+        let config = work_dir.join("serve.yaml");
+        std::fs::write(&config, config_text)
+            .with_context(|| format!("cannot write `{}`", config.display()))?;
         let log = work_dir.join("serve.log");
         let log_file = std::fs::File::create(&log)
             .with_context(|| format!("cannot create `{}`", log.display()))?;
@@ -97,14 +136,19 @@ impl Server {
             .arg(datastores)
             .arg("--config")
             .arg(&config);
-        match &database.embedded_dir {
-            Some(dir) => {
+        match database.map(|d| (&d.embedded_dir, &d.url)) {
+            Some((Some(dir), _)) => {
                 command.arg("--data").arg(dir);
             }
             // `--database` through its environment twin, so that a password
             // in the URL does not show in the process list.
+            Some((None, url)) => {
+                command.env("CELLGATE_DATABASE_URL", url);
+            }
+            // The data directory holds only files of the gateway itself
+            // then (e.g. a snowflake worker's cache): never the caller's.
             None => {
-                command.env("CELLGATE_DATABASE_URL", &database.url);
+                command.arg("--data").arg(work_dir.join("data"));
             }
         }
         command
