@@ -85,6 +85,38 @@ pub(super) async fn read_offsets(
     Ok(offsets)
 }
 
+/// `UPDATE <ds>_offsets SET added_id = <per shard>, updated_at = now
+/// WHERE consumer = key`, for the caller to narrow.
+fn update_offsets(
+    dialect: crate::storage::Dialect,
+    ds: &DatastoreRuntime,
+    key: &str,
+    offsets: &[(u32, i64)],
+) -> Sql {
+    let mut sql = Sql::new(dialect);
+    sql.push("UPDATE ")
+        .ident(&ddl::offsets_table(ds.name()))
+        .push(" SET ")
+        .ident("added_id")
+        .push(" = CASE ")
+        .ident("shard");
+    for (shard, added_id) in offsets {
+        sql.push(" WHEN ")
+            .bind(Value::Int(i64::from(*shard)))
+            .push(" THEN ")
+            .bind(Value::Int(*added_id));
+    }
+    sql.push(" END, ")
+        .ident("updated_at")
+        .push(" = ")
+        .bind(now())
+        .push(" WHERE ")
+        .ident("consumer")
+        .push(" = ")
+        .bind(Value::Text(key.to_string()));
+    sql
+}
+
 /// A cell to quarantine, with its attempts and the handler's last error.
 pub(super) struct Quarantine<'a> {
     pub(super) cell: &'a Cell,
@@ -110,28 +142,9 @@ pub(super) async fn commit(
     let mut tx = backend.begin().await?;
     leases::fence(tx.as_mut(), dialect, holder, held).await?;
     for chunk in moves.chunks((MAX_PARAMS - 2) / 5) {
-        let mut sql = Sql::new(dialect);
-        sql.push("UPDATE ")
-            .ident(&ddl::offsets_table(ds.name()))
-            .push(" SET ")
-            .ident("added_id")
-            .push(" = CASE ")
-            .ident("shard");
-        for (shard, _, new) in chunk {
-            sql.push(" WHEN ")
-                .bind(Value::Int(i64::from(*shard)))
-                .push(" THEN ")
-                .bind(Value::Int(*new));
-        }
-        sql.push(" END, ")
-            .ident("updated_at")
-            .push(" = ")
-            .bind(now.clone())
-            .push(" WHERE ")
-            .ident("consumer")
-            .push(" = ")
-            .bind(Value::Text(key.to_string()))
-            .push(" AND (");
+        let new: Vec<(u32, i64)> = chunk.iter().map(|(s, _, new)| (*s, *new)).collect();
+        let mut sql = update_offsets(dialect, ds, key, &new);
+        sql.push(" AND (");
         let old: Vec<(u32, i64)> = chunk.iter().map(|(s, old, _)| (*s, *old)).collect();
         crate::cells::positions_condition(&mut sql, &old, " = ");
         sql.push(")");
@@ -408,28 +421,8 @@ pub(crate) async fn rewind(
         };
         ensure_offsets(backend.as_ref(), &ds, &key, &targets).await?;
         for chunk in targets.chunks((MAX_PARAMS - 3) / 2) {
-            let mut sql = Sql::new(dialect);
-            sql.push("UPDATE ")
-                .ident(&ddl::offsets_table(ds.name()))
-                .push(" SET ")
-                .ident("added_id")
-                .push(" = CASE ")
-                .ident("shard");
-            for (shard, id) in chunk {
-                sql.push(" WHEN ")
-                    .bind(Value::Int(i64::from(*shard)))
-                    .push(" THEN ")
-                    .bind(Value::Int(*id));
-            }
-            sql.push(" END, ")
-                .ident("updated_at")
-                .push(" = ")
-                .bind(now())
-                .push(" WHERE ")
-                .ident("consumer")
-                .push(" = ")
-                .bind(Value::Text(key.clone()))
-                .push(" AND ")
+            let mut sql = update_offsets(dialect, &ds, &key, chunk);
+            sql.push(" AND ")
                 .ident("shard")
                 .push(" IN ")
                 .bind_list(chunk.iter().map(|(s, _)| Value::Int(i64::from(*s))));
