@@ -566,3 +566,71 @@ async fn webhook_triggers_survive_a_killed_gateway_a_failing_receiver_and_a_pois
     drop(b);
     drop(a);
 }
+
+#[test]
+fn a_missing_environment_variable_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let datastores = dir.path().join("datastores");
+    std::fs::create_dir_all(datastores.join("t/triggers")).unwrap();
+    std::fs::write(
+        datastores.join("t/datastore.yaml"),
+        "name: t\ncolumns:\n  - name: A\n",
+    )
+    .unwrap();
+    std::fs::write(
+        datastores.join("t/triggers/h.yaml"),
+        "name: h\ndatastore: t\ncolumns: [A]\nwebhook:\n  url: http://127.0.0.1:9/x\n  headers: { X-Token: \"${CELLGATE_TEST_UNSET_TOKEN}\" }\n",
+    )
+    .unwrap();
+    let output = server::cellgate(dir.path())
+        .args(["serve", "--listen", "127.0.0.1:0", "--datastores"])
+        .arg(&datastores)
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "error: trigger `h` of datastore `t`: header `X-Token` names environment variable `CELLGATE_TEST_UNSET_TOKEN`, which is not set"
+        ),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("listening"));
+}
+
+#[tokio::test]
+async fn an_unreachable_webhook_does_not_stop_the_start() {
+    let files = [
+        ("t/datastore.yaml", "name: t\ncolumns:\n  - name: A\n"),
+        (
+            "t/triggers/h.yaml",
+            "name: h\ndatastore: t\ncolumns: [A]\nwebhook:\n  url: http://127.0.0.1:9/nobody\n",
+        ),
+    ];
+    let server = Server::start_with(&files, "", &[]);
+    server
+        .wait_ready(StatusCode::OK, Duration::from_secs(60))
+        .await;
+    assert!(
+        server
+            .preamble
+            .iter()
+            .any(|l| l == "delivering 1 webhook trigger"),
+        "{:?}",
+        server.preamble
+    );
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("cellgate_trigger_stopped{datastore=\"t\",trigger=\"h\"} 0"),
+        "{metrics}"
+    );
+}
