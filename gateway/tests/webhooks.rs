@@ -1,4 +1,5 @@
-//! Webhook triggers end to end: a private MariaDB server holds the store,
+//! Webhook triggers end to end: a private MariaDB or PostgreSQL server (one
+//! test each) holds the store,
 //! two real `cellgate serve` processes (`a` and `b`) run the same trigger
 //! definitions on it, and the test runs the receiving HTTP server, which
 //! records every POST, checks its `X-Cellgate-Signature` and notes which
@@ -19,11 +20,13 @@
 //!    quarantined (seen through `cellgate trigger quarantine`) and the
 //!    later cells of its row, so of its shard, still arrive.
 //!
-//! Needs MariaDB's programs; without them the test prints why it is
+//! Needs the database's programs; without them the test prints why it is
 //! skipped, or fails with `CELLGATE_TEST_SERVERS=required`.
 
 #[path = "support/mariadb.rs"]
 mod mariadb;
+#[path = "support/postgres.rs"]
+mod postgres;
 #[path = "support/server.rs"]
 mod server;
 #[path = "support/servers.rs"]
@@ -37,6 +40,7 @@ use std::time::{Duration, Instant};
 use hmac::{Hmac, Mac as _};
 use http_body_util::BodyExt as _;
 use mariadb::Mariadb;
+use postgres::Postgres;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use server::{client, Server};
@@ -423,14 +427,63 @@ fn check_order(receiver: &Receiver) -> usize {
     duplicates
 }
 
+/// The database server holding the store.
+trait Database: Sized {
+    const KIND: &'static str;
+    fn init() -> Result<Self, String>;
+    async fn start(&mut self);
+    fn url(&self) -> String;
+}
+
+impl Database for Mariadb {
+    const KIND: &'static str = "MariaDB";
+    fn init() -> Result<Self, String> {
+        Mariadb::init()
+    }
+    async fn start(&mut self) {
+        Mariadb::start(self).await
+    }
+    fn url(&self) -> String {
+        Mariadb::url(self)
+    }
+}
+
+impl Database for Postgres {
+    const KIND: &'static str = "PostgreSQL";
+    fn init() -> Result<Self, String> {
+        Postgres::init()
+    }
+    async fn start(&mut self) {
+        Postgres::start(self).await
+    }
+    fn url(&self) -> String {
+        Postgres::url(self)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn webhook_triggers_survive_a_killed_gateway_a_failing_receiver_and_a_poison_cell() {
-    let test = "webhook_triggers_survive_a_killed_gateway_a_failing_receiver_and_a_poison_cell";
-    let mut database = match Mariadb::init() {
+async fn on_mariadb_webhooks_survive_a_killed_gateway_a_failing_receiver_and_a_poison_cell() {
+    scenario::<Mariadb>(
+        "on_mariadb_webhooks_survive_a_killed_gateway_a_failing_receiver_and_a_poison_cell",
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_postgres_webhooks_survive_a_killed_gateway_a_failing_receiver_and_a_poison_cell() {
+    scenario::<Postgres>(
+        "on_postgres_webhooks_survive_a_killed_gateway_a_failing_receiver_and_a_poison_cell",
+    )
+    .await
+}
+
+async fn scenario<D: Database>(test: &str) {
+    let mut database = match D::init() {
         Ok(database) => database,
         Err(why) => return servers::skip(test, &why),
     };
     database.start().await;
+    let kind = D::KIND;
     let receiver = Arc::new(Receiver::default());
     let base = serve_receiver(receiver.clone()).await;
     let files = definitions(&base);
@@ -480,7 +533,7 @@ async fn webhook_triggers_survive_a_killed_gateway_a_failing_receiver_and_a_pois
     );
     let by_gateway = |g: &str| cells.iter().filter(|c| c.gateway == g).count();
     println!(
-        "takeover: {} cells written ({} filtered out), b killed after {before_kill:?} having \
+        "{kind} takeover: {} cells written ({} filtered out), b killed after {before_kill:?} having \
          delivered {} cells of {} shards; a delivered b's shards {takeover:?} after the kill \
          (lease {LEASE:?}); a delivered {} cells; all received {caught_up:?} after the load stopped",
         written.len(),
@@ -511,7 +564,7 @@ async fn webhook_triggers_survive_a_killed_gateway_a_failing_receiver_and_a_pois
         .copied()
         .unwrap_or(0);
     println!(
-        "failing receiver: {} cells written while it answered 500 for {outage:?} ({refused_500} \
+        "{kind} failing receiver: {} cells written while it answered 500 for {outage:?} ({refused_500} \
          POSTs refused); all received {after:?} after it recovered",
         during.len()
     );
@@ -544,7 +597,7 @@ async fn webhook_triggers_survive_a_killed_gateway_a_failing_receiver_and_a_pois
         .unwrap();
     let listed = String::from_utf8_lossy(&output.stdout).to_string();
     println!(
-        "poison: the 4 good cells of shard {shard} received {poison_took:?} after the writes; \
+        "{kind} poison: the 4 good cells of shard {shard} received {poison_took:?} after the writes; \
          `cellgate trigger quarantine` says:\n{listed}{}",
         String::from_utf8_lossy(&output.stderr)
     );
@@ -559,7 +612,7 @@ async fn webhook_triggers_survive_a_killed_gateway_a_failing_receiver_and_a_pois
     let bad = receiver.bad_signatures.lock().unwrap().clone();
     assert!(bad.is_empty(), "POSTs with a bad signature: {bad:?}");
     println!(
-        "order: per gateway and shard increasing; {duplicates} cells delivered again; answers \
+        "{kind} order: per gateway and shard increasing; {duplicates} cells delivered again; answers \
          refused by status: {:?}",
         receiver.refused.lock().unwrap()
     );
