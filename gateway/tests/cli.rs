@@ -272,6 +272,7 @@ async fn migrate_creates_one_table_set_whatever_the_shard_count() {
             "t_offsets",
             "t_quarantine",
             "t_shards",
+            "t_trigger_quarantine",
         ]
     "#]]
     .assert_debug_eq(&tables);
