@@ -376,6 +376,36 @@ mod tests {
     }
 
     #[test]
+    fn the_body_names_cells_as_the_graphql_api_with_64_bit_integers_as_strings() {
+        let cell = Cell {
+            row_key: uuid::Uuid::nil(),
+            column: "BASE".into(),
+            ref_key: i64::MAX,
+            body: serde_json::json!({ "a": 1 }),
+            created_at: chrono::DateTime::from_timestamp(1_700_000_000, 5_000).unwrap(),
+            shard: 7,
+            added_id: 42,
+        };
+        let body: Value = serde_json::from_slice(&payload("t", "trips", &[&cell])).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "trigger": "t",
+                "datastore": "trips",
+                "cells": [{
+                    "rowKey": "00000000-0000-0000-0000-000000000000",
+                    "column": "BASE",
+                    "refKey": "9223372036854775807",
+                    "body": { "a": 1 },
+                    "shard": 7,
+                    "addedId": "42",
+                    "createdAt": "2023-11-14T22:13:20.000005Z",
+                }],
+            })
+        );
+    }
+
+    #[test]
     fn the_signature_is_the_hex_hmac_of_the_body() {
         // RFC 4231 test case 2.
         assert_eq!(
