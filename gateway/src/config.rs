@@ -126,6 +126,85 @@ pub struct Config {
     ///   tags: [{ name: order, step: 1000 }]
     /// ```
     pub ids: IdsConfig,
+    /// How webhook triggers (`datastores/<ds>/triggers/*.yaml`) run; see
+    /// [`TriggersConfig`].
+    ///
+    /// ```yaml
+    /// triggers:
+    ///   lease_time_ms: 10000
+    /// ```
+    pub triggers: TriggersConfig,
+}
+
+/// How this gateway runs the webhook triggers of the definitions. Several
+/// gateways on one store share each trigger's shards through leases held in
+/// the database.
+///
+/// ```yaml
+/// triggers:
+///   run: true
+///   lease_time_ms: 10000
+///   sweep_interval_ms: 1000
+///   min_backoff_ms: 100
+///   max_backoff_ms: 10000
+///   quarantine_limit: 100
+/// ```
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TriggersConfig {
+    /// Whether this gateway delivers webhook triggers.
+    ///
+    /// ```yaml
+    /// run: true
+    /// ```
+    pub run: bool,
+    /// How long a gateway holds a trigger's shards without renewing them;
+    /// when one dies, the others take its shards over within this time.
+    ///
+    /// ```yaml
+    /// lease_time_ms: 10000
+    /// ```
+    pub lease_time_ms: u64,
+    /// How often the log heads are read to find cells other gateways wrote
+    /// (and rewinds and quarantine retries).
+    ///
+    /// ```yaml
+    /// sweep_interval_ms: 1000
+    /// ```
+    pub sweep_interval_ms: u64,
+    /// First delay before a failed POST is retried; doubles per attempt up
+    /// to `max_backoff_ms`.
+    ///
+    /// ```yaml
+    /// min_backoff_ms: 100
+    /// ```
+    pub min_backoff_ms: u64,
+    /// Longest delay between retries of a failed POST.
+    ///
+    /// ```yaml
+    /// max_backoff_ms: 10000
+    /// ```
+    pub max_backoff_ms: u64,
+    /// Quarantined cells of one trigger past which it stops and says so in
+    /// `/metrics` and the logs.
+    ///
+    /// ```yaml
+    /// quarantine_limit: 100
+    /// ```
+    pub quarantine_limit: u64,
+}
+
+impl Default for TriggersConfig {
+    fn default() -> Self {
+        TriggersConfig {
+            run: true,
+            lease_time_ms: 10_000,
+            sweep_interval_ms: 1000,
+            min_backoff_ms: 100,
+            max_backoff_ms: 10_000,
+            quarantine_limit: 100,
+        }
+    }
 }
 
 /// ID allocation. Segment mode hands out IDs of a biz tag from segments
@@ -546,6 +625,7 @@ impl Default for Config {
             cors: CorsConfig::default(),
             http: HttpConfig::default(),
             ids: IdsConfig::default(),
+            triggers: TriggersConfig::default(),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The `cellgate` binary: the HTTP gateway (`http`), the command line
-//! (`cli`) and the `cellgate.yaml` model (`config`) that composes the
+//! (`cli`), the webhook triggers (`triggers`) and the `cellgate.yaml` model (`config`) that composes the
 //! options of the store (`cellgate-store`) and of the GraphQL API
 //! (`cellgate-graphql`). `main` parses the command line and runs it on a
 //! tokio runtime; errors are printed here, once, with their causes on one
@@ -9,6 +9,7 @@ mod cli;
 mod config;
 mod demo;
 mod http;
+mod triggers;
 
 use std::process::ExitCode;
 

@@ -1,9 +1,10 @@
 //! [`Datastore`] and [`Column`]: a named set of cells with fixed columns and shard count.
 //!
-//! A datastore comes from `datastores/<name>/datastore.yaml` plus its index files. The shard count
+//! A datastore comes from `datastores/<name>/datastore.yaml` plus its index and trigger files. The shard count
 //! is part of the definition because it is fixed at creation: changing it would move every cell.
 
 use crate::index::Index;
+use crate::trigger::Trigger;
 
 /// A validated datastore.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,6 +19,8 @@ pub struct Datastore {
     pub columns: Vec<Column>,
     /// The secondary indexes, sorted by name.
     pub indexes: Vec<Index>,
+    /// The webhook triggers, sorted by name.
+    pub triggers: Vec<Trigger>,
 }
 
 impl Datastore {
@@ -29,6 +32,11 @@ impl Datastore {
     /// The index called `name` (its `table`), if any.
     pub fn index(&self, name: &str) -> Option<&Index> {
         self.indexes.iter().find(|i| i.name == name)
+    }
+
+    /// The trigger called `name`, if any.
+    pub fn trigger(&self, name: &str) -> Option<&Trigger> {
+        self.triggers.iter().find(|t| t.name == name)
     }
 }
 

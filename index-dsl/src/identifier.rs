@@ -15,6 +15,8 @@ pub(crate) enum NameKind {
     Index,
     /// An index field name (a column of the index table).
     Field,
+    /// A trigger name (part of its consumer's name).
+    Trigger,
 }
 
 impl NameKind {
@@ -24,6 +26,7 @@ impl NameKind {
             NameKind::Column => "column name",
             NameKind::Index => "index name",
             NameKind::Field => "field name",
+            NameKind::Trigger => "trigger name",
         }
     }
 
@@ -31,7 +34,7 @@ impl NameKind {
         match self {
             NameKind::Datastore => 20,
             NameKind::Index => 32,
-            NameKind::Column | NameKind::Field => 48,
+            NameKind::Column | NameKind::Field | NameKind::Trigger => 48,
         }
     }
 }

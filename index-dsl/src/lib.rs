@@ -1,6 +1,7 @@
 //! cellgate definitions: datastores and their secondary indexes, declared in YAML.
 //!
-//! This crate owns the definitions model ([`Definitions`], [`Datastore`], [`Index`]), loading it
+//! This crate owns the definitions model ([`Definitions`], [`Datastore`], [`Index`],
+//! [`Trigger`]), loading it
 //! from a `datastores/` directory ([`load_dir`]), the pest grammar of the expression
 //! sub-language (field paths, type names, filter expressions) and all validation. It is pure: the
 //! only I/O is reading definition files, it knows no SQL dialect and nothing async, so the
@@ -26,6 +27,7 @@ mod index;
 mod load;
 mod raw;
 mod source;
+mod trigger;
 mod validate;
 
 pub use datastore::{Column, Datastore};
@@ -39,6 +41,7 @@ pub use filter_error::FilterError;
 pub use identifier::is_identifier;
 pub use index::{Index, IndexField};
 pub use load::{load_dir, load_files};
+pub use trigger::{is_env_name, Template, TemplatePart, Trigger, Webhook};
 
 /// Shard count of a datastore whose definition gives none.
 pub const DEFAULT_SHARDS: u32 = 4096;

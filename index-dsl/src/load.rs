@@ -1,7 +1,8 @@
 //! Loading a definitions directory: find the files, parse them, validate, assemble.
 //!
 //! The directory layout is `<dir>/<datastore>/datastore.yaml` plus
-//! `<dir>/<datastore>/indexes/<index>.yaml` (`.yml` works too). Reading files is the only I/O of
+//! `<dir>/<datastore>/indexes/<index>.yaml` and `<dir>/<datastore>/triggers/<trigger>.yaml`
+//! (`.yml` works too). Reading files is the only I/O of
 //! the crate and happens in [`load_dir`]; everything after it works on in-memory text through
 //! [`load_files`], which tests and fuzzers call directly. Files that are not YAML (a README) are
 //! ignored; YAML files anywhere else are reported, since they were surely meant to be loaded.
@@ -12,15 +13,16 @@ use std::path::{Component, Path, PathBuf};
 
 use crate::definitions::Definitions;
 use crate::diagnostic::{Diagnostic, Diagnostics};
-use crate::raw::{RawDatastore, RawIndex};
+use crate::raw::{RawDatastore, RawIndex, RawTrigger};
 use crate::source::SourceFile;
-use crate::validate::{self, IndexContext};
+use crate::validate::{self, IndexContext, TriggerContext};
 
 /// The definition files of one datastore directory.
 #[derive(Default)]
 struct DatastoreDir {
     datastore_files: Vec<SourceFile>,
     index_files: Vec<(String, SourceFile)>,
+    trigger_files: Vec<(String, SourceFile)>,
 }
 
 /// Loads and validates every datastore under `dir`, reporting all problems together.
@@ -187,6 +189,16 @@ fn check(
                     .datastore_files
                     .push(file);
             }
+            [ds, triggers, name] if triggers == "triggers" => {
+                let stem = Path::new(name)
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                tree.entry(ds.clone())
+                    .or_default()
+                    .trigger_files
+                    .push((stem, file));
+            }
             [ds, indexes, name] if indexes == "indexes" => {
                 let stem = Path::new(name)
                     .file_stem()
@@ -205,7 +217,7 @@ fn check(
                 }
                 diagnostics.push(Diagnostic::file(
                     &file.path,
-                    "unexpected definition file (expected <datastore>/datastore.yaml or <datastore>/indexes/<index>.yaml)",
+                    "unexpected definition file (expected <datastore>/datastore.yaml, <datastore>/indexes/<index>.yaml or <datastore>/triggers/<trigger>.yaml)",
                 ));
             }
         }
@@ -216,6 +228,7 @@ fn check(
     for (dir_name, mut dir) in tree {
         dir.datastore_files.sort_by(|a, b| a.path.cmp(&b.path));
         dir.index_files.sort_by(|a, b| a.1.path.cmp(&b.1.path));
+        dir.trigger_files.sort_by(|a, b| a.1.path.cmp(&b.1.path));
         if let Some(ds) = check_datastore(root, &dir_name, &dir, &all_datastores, &mut diagnostics)
         {
             datastores.push(ds);
@@ -294,8 +307,39 @@ fn check_datastore(
         }
     }
 
+    let mut triggers = Vec::new();
+    let mut seen: HashMap<String, &Path> = HashMap::new();
+    for (stem, file) in &dir.trigger_files {
+        let Some(raw) = file.parse::<RawTrigger>(out) else {
+            continue;
+        };
+        let folded = raw.name.value.to_ascii_lowercase();
+        if let Some(first) = seen.get(&folded) {
+            out.push(file.at(
+                &raw.name,
+                format!(
+                    "duplicate trigger `{}` in datastore `{dir_name}` (already defined in {}; trigger names are case-insensitive)",
+                    raw.name.value,
+                    first.display()
+                ),
+            ));
+            continue;
+        }
+        seen.insert(folded, &file.path);
+        let ctx = TriggerContext {
+            file_stem: stem,
+            datastore: dir_name,
+            columns: columns.as_deref(),
+        };
+        if let Some(trigger) = validate::trigger(file, &ctx, raw, out) {
+            triggers.push(trigger);
+        }
+    }
+
     let mut datastore = datastore?;
     indexes.sort_by(|a, b| a.name.cmp(&b.name));
     datastore.indexes = indexes;
+    triggers.sort_by(|a, b| a.name.cmp(&b.name));
+    datastore.triggers = triggers;
     Some(datastore)
 }

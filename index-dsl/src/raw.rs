@@ -151,3 +151,90 @@ pub(crate) struct RawField {
     #[serde(rename = "type")]
     pub ty: Spanned<String>,
 }
+
+/// `datastores/<datastore>/triggers/<name>.yaml`: a webhook trigger.
+///
+/// ```yaml
+/// name: trip_events
+/// datastore: trips
+/// columns: [BASE, STATUS]
+/// filter: status = "completed" and fare.total > 0
+/// webhook:
+///   url: http://127.0.0.1:9000/hooks/trips
+///   headers: { X-Team: dispatch, Authorization: "Bearer ${TRIP_HOOK_TOKEN}" }
+///   secret_env: TRIP_HOOK_SECRET
+///   timeout_ms: 5000
+/// batch_size: 100
+/// max_attempts: 5
+/// ```
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTrigger {
+    /// The trigger name, unique per datastore; must equal the file name without `.yaml`.
+    ///
+    /// ```yaml
+    /// name: trip_events
+    /// ```
+    pub name: Spanned<String>,
+    /// The datastore followed; must be the datastore whose directory holds the file.
+    ///
+    /// ```yaml
+    /// datastore: trips
+    /// ```
+    pub datastore: Spanned<String>,
+    /// The columns whose cells are delivered; at least one.
+    ///
+    /// ```yaml
+    /// columns: [BASE, STATUS]
+    /// ```
+    pub columns: Spanned<Vec<Spanned<String>>>,
+    /// Only cells whose body matches are posted, in the filter syntax of index queries with
+    /// field names that are paths into the body. Cells that do not match are acknowledged.
+    ///
+    /// ```yaml
+    /// filter: status = "completed" and fare.total > 0
+    /// ```
+    #[serde(default)]
+    pub filter: Option<Spanned<String>>,
+    /// Where and how cells are posted.
+    pub webhook: RawWebhook,
+    /// Most cells per POST, `1..=10000`; default 100.
+    ///
+    /// ```yaml
+    /// batch_size: 100
+    /// ```
+    #[serde(default)]
+    pub batch_size: Option<Spanned<i64>>,
+    /// Failed attempts after which a cell is quarantined, `1..=1000`; default 5.
+    ///
+    /// ```yaml
+    /// max_attempts: 5
+    /// ```
+    #[serde(default)]
+    pub max_attempts: Option<Spanned<i64>>,
+}
+
+/// The `webhook:` of a trigger.
+///
+/// ```yaml
+/// url: http://127.0.0.1:9000/hooks/trips
+/// headers: { X-Team: dispatch }
+/// secret_env: TRIP_HOOK_SECRET
+/// timeout_ms: 5000
+/// ```
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawWebhook {
+    /// An `http://` or `https://` URL.
+    pub url: Spanned<String>,
+    /// Extra request headers; `${NAME}` in a value is replaced by environment variable `NAME`.
+    #[serde(default)]
+    pub headers: Option<std::collections::BTreeMap<String, Spanned<String>>>,
+    /// The environment variable holding the HMAC-SHA256 secret; without it requests are not
+    /// signed.
+    #[serde(default)]
+    pub secret_env: Option<Spanned<String>>,
+    /// Request timeout, `1..=600000`; default 5000.
+    #[serde(default)]
+    pub timeout_ms: Option<Spanned<i64>>,
+}

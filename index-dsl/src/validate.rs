@@ -15,8 +15,9 @@ use crate::field_path::{parse_path, FieldPath};
 use crate::field_type::{parse_type, FieldType};
 use crate::identifier::{check_name, NameKind};
 use crate::index::{Index, IndexField};
-use crate::raw::{RawDatastore, RawIndex};
+use crate::raw::{RawDatastore, RawIndex, RawTrigger};
 use crate::source::SourceFile;
+use crate::trigger::{is_env_name, Template, Trigger, Webhook};
 use crate::{DEFAULT_SHARDS, MAX_SHARDS};
 
 /// Checks a parsed `datastore.yaml` found in directory `dir_name`. Returns the datastore (without
@@ -96,6 +97,7 @@ pub(crate) fn datastore(
         description: raw.description,
         columns,
         indexes: Vec::new(),
+        triggers: Vec::new(),
     })
 }
 
@@ -366,4 +368,232 @@ fn shard_field(
 
 fn line_of<T>(value: &Spanned<T>) -> usize {
     usize::try_from(value.referenced.line()).unwrap_or(0)
+}
+
+/// What a trigger check needs to know about its surroundings.
+pub(crate) struct TriggerContext<'a> {
+    /// The file name without extension, which must equal `name`.
+    pub file_stem: &'a str,
+    /// The directory name of the enclosing datastore.
+    pub datastore: &'a str,
+    /// Column names of the enclosing datastore, or `None` when its definition did not parse.
+    pub columns: Option<&'a [String]>,
+}
+
+/// `value` of `key` as an integer in `range`, or `default` when absent.
+fn bounded(
+    file: &SourceFile,
+    key: &str,
+    value: &Option<Spanned<i64>>,
+    range: std::ops::RangeInclusive<i64>,
+    default: i64,
+    out: &mut Vec<Diagnostic>,
+) -> i64 {
+    match value {
+        None => default,
+        Some(v) if range.contains(&v.value) => v.value,
+        Some(v) => {
+            out.push(file.at(
+                v,
+                format!(
+                    "{key} {} is out of range (expected {} to {})",
+                    v.value,
+                    range.start(),
+                    range.end()
+                ),
+            ));
+            default
+        }
+    }
+}
+
+/// Checks a parsed trigger file. Returns the trigger when the file has no problems.
+pub(crate) fn trigger(
+    file: &SourceFile,
+    ctx: &TriggerContext<'_>,
+    raw: RawTrigger,
+    out: &mut Vec<Diagnostic>,
+) -> Option<Trigger> {
+    let errors_before = out.len();
+    let name = &raw.name;
+    if let Err(message) = check_name(NameKind::Trigger, &name.value) {
+        out.push(file.at(name, message));
+    } else if name.value != ctx.file_stem {
+        out.push(file.at(
+            name,
+            format!(
+                "trigger `{}` is defined in file `{}` (expected the file to be named `{}.yaml`)",
+                name.value, ctx.file_stem, name.value
+            ),
+        ));
+    }
+    if raw.datastore.value != ctx.datastore {
+        out.push(file.at(
+            &raw.datastore,
+            format!(
+                "trigger for datastore `{}` is under datastore `{}` (expected `{}`, the datastore whose directory holds this file)",
+                raw.datastore.value.escape_debug(),
+                ctx.datastore,
+                ctx.datastore
+            ),
+        ));
+    }
+
+    if raw.columns.value.is_empty() {
+        out.push(file.at(
+            &raw.columns,
+            "trigger follows no columns (expected at least one column, e.g. `columns: [BASE]`)",
+        ));
+    }
+    let mut columns: Vec<String> = Vec::new();
+    for column in &raw.columns.value {
+        if let Some(known) = ctx.columns.filter(|c| !c.is_empty()) {
+            if !known.contains(&column.value) {
+                out.push(file.at(
+                    column,
+                    format!(
+                        "unknown column `{}` in datastore `{}` (expected one of {})",
+                        column.value.escape_debug(),
+                        ctx.datastore,
+                        known.join(", ")
+                    ),
+                ));
+                continue;
+            }
+        }
+        if columns.contains(&column.value) {
+            out.push(file.at(
+                column,
+                format!(
+                    "column `{}` is listed twice (expected each column once)",
+                    column.value
+                ),
+            ));
+            continue;
+        }
+        columns.push(column.value.clone());
+    }
+
+    let filter = match &raw.filter {
+        None => None,
+        Some(text) => match crate::filter::parse_filter(&text.value) {
+            Ok(filter) => {
+                for condition in &filter.conditions {
+                    if let Err(e) = parse_path(&condition.field) {
+                        out.push(file.inside(
+                            text,
+                            condition.column - 1 + e.column - 1,
+                            1,
+                            format!(
+                                "malformed field path `{}` in filter: {}",
+                                condition.field.escape_debug(),
+                                e.message
+                            ),
+                        ));
+                    }
+                }
+                Some(filter)
+            }
+            Err(e) => {
+                let offset = text
+                    .value
+                    .lines()
+                    .take(e.line - 1)
+                    .map(|l| l.chars().count() + 1)
+                    .sum::<usize>()
+                    + e.column
+                    - 1;
+                out.push(file.inside(text, offset, 1, format!("invalid filter: {}", e.message)));
+                None
+            }
+        },
+    };
+
+    let webhook = &raw.webhook;
+    let url = &webhook.url.value;
+    let scheme_ok = ["http://", "https://"]
+        .iter()
+        .any(|s| url.len() > s.len() && url[..s.len()].eq_ignore_ascii_case(s));
+    if !scheme_ok || url.chars().any(char::is_whitespace) {
+        out.push(file.at(
+            &webhook.url,
+            format!(
+                "invalid webhook url `{}` (expected an http:// or https:// URL)",
+                url.escape_debug()
+            ),
+        ));
+    }
+    let mut headers = Vec::new();
+    for (header, value) in webhook.headers.iter().flatten() {
+        let token = !header.is_empty()
+            && header
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c));
+        if !token {
+            out.push(file.at(
+                value,
+                format!(
+                    "invalid header name `{}` (expected letters, digits and `-`)",
+                    header.escape_debug()
+                ),
+            ));
+            continue;
+        }
+        let reserved = [
+            "content-type",
+            "content-length",
+            "host",
+            "x-cellgate-signature",
+        ];
+        if reserved.contains(&header.to_ascii_lowercase().as_str()) {
+            out.push(file.at(
+                value,
+                format!("header `{header}` is set by the gateway (expected another header)"),
+            ));
+            continue;
+        }
+        match Template::parse(&value.value) {
+            Ok(template) => headers.push((header.clone(), template)),
+            Err((offset, message)) => {
+                out.push(file.inside(value, offset, 1, format!("header `{header}`: {message}")))
+            }
+        }
+    }
+    if let Some(env) = &webhook.secret_env {
+        if !is_env_name(&env.value) {
+            out.push(file.at(
+                env,
+                format!(
+                    "invalid environment variable name `{}` (expected letters, digits and `_`, not starting with a digit)",
+                    env.value.escape_debug()
+                ),
+            ));
+        }
+    }
+    let timeout_ms = bounded(
+        file,
+        "timeout_ms",
+        &webhook.timeout_ms,
+        1..=600_000,
+        5000,
+        out,
+    );
+    let batch_size = bounded(file, "batch_size", &raw.batch_size, 1..=10_000, 100, out);
+    let max_attempts = bounded(file, "max_attempts", &raw.max_attempts, 1..=1000, 5, out);
+
+    (out.len() == errors_before).then(|| Trigger {
+        name: raw.name.value,
+        datastore: raw.datastore.value,
+        columns,
+        filter,
+        filter_text: raw.filter.map(|f| f.value),
+        webhook: Webhook {
+            url: webhook.url.value.clone(),
+            headers,
+            secret_env: webhook.secret_env.as_ref().map(|e| e.value.clone()),
+            timeout_ms: timeout_ms as u64,
+        },
+        batch_size: batch_size as u32,
+        max_attempts: max_attempts as u32,
+    })
 }

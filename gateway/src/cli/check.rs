@@ -66,6 +66,20 @@ fn write_datastore(out: &mut String, datastore: &Datastore) {
     for index in &datastore.indexes {
         write_index(out, index);
     }
+    for trigger in &datastore.triggers {
+        let filter = trigger
+            .filter_text
+            .as_deref()
+            .map(|f| format!(", filter {f}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  trigger {}: {} -> POST {}{filter}",
+            trigger.name,
+            trigger.columns.join(", "),
+            trigger.webhook.url
+        );
+    }
 }
 
 /// One header line per index, then one aligned line per field:

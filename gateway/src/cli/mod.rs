@@ -23,6 +23,7 @@ mod schema;
 mod serve;
 mod store_args;
 mod token;
+mod trigger;
 mod upgrade;
 
 use std::io::IsTerminal as _;
@@ -42,6 +43,7 @@ pub use migrate::MigrateArgs;
 pub use schema::SchemaArgs;
 pub use serve::ServeArgs;
 pub use token::TokenArgs;
+pub use trigger::TriggerArgs;
 
 /// Default directory of the datastore and index definitions.
 pub const DEFAULT_DATASTORES: &str = "./datastores";
@@ -66,10 +68,11 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Validate the datastore and index definitions and summarize them.
+    /// Validate the datastore, index and trigger definitions and summarize
+    /// them.
     ///
-    /// Loads every `<datastore>/datastore.yaml` and
-    /// `<datastore>/indexes/*.yaml` under DIR, reports all problems at once
+    /// Loads every `<datastore>/datastore.yaml`,
+    /// `<datastore>/indexes/*.yaml` and `<datastore>/triggers/*.yaml` under DIR, reports all problems at once
     /// (rustc-style, with file, line and column) and exits 1 if there are
     /// any; otherwise prints what is defined and exits 0.
     Check(CheckArgs),
@@ -116,6 +119,9 @@ pub enum Command {
     /// per datastore: `<datastore>:read|write|admin`, `*` for every one.
     /// Only a hash of each token is stored, in the first cluster.
     Token(TokenArgs),
+    /// Webhook triggers: `list` the defined ones, `status` of their
+    /// quarantines, `rewind` to deliver again, `quarantine [--retry]`.
+    Trigger(TriggerArgs),
 }
 
 /// Runs a parsed command line; errors are for `main` to print.
@@ -131,6 +137,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ids(args) => ids::run(args).await,
         Command::Serve(args) => serve::run(args).await,
         Command::Token(args) => token::run(args).await,
+        Command::Trigger(args) => trigger::run(args).await,
     }
 }
 

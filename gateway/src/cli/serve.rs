@@ -144,7 +144,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     options.maintain_indexes = config.indexes.maintain;
     options.maintenance = config.indexes.maintainer();
     options.ids = config.ids.options(Some(&config.data));
-    let store = Store::open(defs, options)
+    let store = Store::open(defs.clone(), options)
         .await
         .map_err(|e| anyhow::anyhow!("cannot open storage (clusters {clusters}): {e}"))?;
 
@@ -169,6 +169,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         if let Err(error) = store.ids().wait_for_worker(Duration::from_secs(3)).await {
             tracing::warn!(%error, "serving without a snowflake worker id for now");
         }
+    }
+
+    // Started before the port is bound, so that a trigger whose header or
+    // secret names a missing environment variable stops the start.
+    // `store.shutdown` stops them and gives their shards up.
+    let webhooks = if config.triggers.run {
+        crate::triggers::start(&store, &defs, &config.triggers)?
+    } else {
+        Vec::new()
+    };
+    if !webhooks.is_empty() {
+        println!(
+            "delivering {}",
+            plural(webhooks.len(), "webhook trigger", "webhook triggers")
+        );
     }
 
     let schema = cellgate_graphql::build_schema(&store, config.limits.graphql())

@@ -2,7 +2,8 @@
 //!
 //! The gateway's own metrics (requests by operation and outcome, request
 //! latency) are kept in `prometheus-client` metrics; the store's counters
-//! and index lag are read from [`Store::metrics`] at each scrape by a
+//! and index lag (and the trigger consumers' figures, from
+//! [`Store::consumers`]) are read from [`Store::metrics`] at each scrape by a
 //! collector, so there is one source of truth for them. `prometheus-client`
 //! rather than a hand-written encoder: histograms, label escaping and the
 //! `_total` suffixes are easy to get subtly wrong, and the crate is the
@@ -403,6 +404,56 @@ impl Collector for StoreCollector {
             for (index, pending) in &ds.maintenance.building {
                 let labels = [("datastore", ds.name.as_str()), ("index", index.as_str())];
                 ConstGauge::new(*pending).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let consumers = self.0.consumers();
+        type ConsumerFigure = fn(&cellgate_store::triggers::ConsumerStatus) -> i64;
+        let per_consumer: [(&str, &str, _, ConsumerFigure); 5] = [
+            (
+                "cellgate_trigger_delivered_cells",
+                "Cells this process handed to a trigger (POSTed, or skipped by its filter) and had acknowledged, per datastore and trigger",
+                CounterType,
+                |c| c.delivered as i64,
+            ),
+            (
+                "cellgate_trigger_quarantined_cells",
+                "Cells of a trigger in the quarantine, on every cluster (list and retry them with `cellgate trigger quarantine`)",
+                GaugeType,
+                |c| c.quarantined as i64,
+            ),
+            (
+                "cellgate_trigger_pending_cells",
+                "Cells of the shards this process holds for a trigger not yet delivered, from the latest known log heads",
+                GaugeType,
+                |c| c.pending_cells,
+            ),
+            (
+                "cellgate_trigger_buckets_held",
+                "Lease buckets of shards this process delivers for a trigger",
+                GaugeType,
+                |c| c.held_buckets as i64,
+            ),
+            (
+                "cellgate_trigger_stopped",
+                "Whether a trigger stopped (1), past its quarantine limit, until the gateway restarts",
+                GaugeType,
+                |c| i64::from(c.stopped.is_some()),
+            ),
+        ];
+        for (name, help, kind, value) in per_consumer {
+            let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+            for consumer in &consumers {
+                let labels = [
+                    ("datastore", consumer.datastore.as_str()),
+                    ("trigger", consumer.name.as_str()),
+                ];
+                let v = value(consumer).max(0);
+                match kind {
+                    CounterType => {
+                        ConstCounter::new(v as u64).encode(family.encode_family(&labels)?)?
+                    }
+                    _ => ConstGauge::new(v).encode(family.encode_family(&labels)?)?,
+                }
             }
         }
         let mut family = encoder.encode_descriptor(

@@ -78,8 +78,18 @@ impl Server {
     /// Starts `cellgate serve --listen 127.0.0.1:0 ARGS` in `dir`, which the
     /// server keeps (and removes when it is dropped).
     pub fn start_in(dir: tempfile::TempDir, args: Vec<OsString>) -> Server {
+        Server::start_in_env(dir, args, &[])
+    }
+
+    /// Like [`Server::start_in`], with the environment variables `env` set.
+    pub fn start_in_env(
+        dir: tempfile::TempDir,
+        args: Vec<OsString>,
+        env: &[(&str, &str)],
+    ) -> Server {
         let stderr = std::fs::File::create(dir.path().join("stderr.log")).expect("stderr log");
         let mut child = cellgate(dir.path())
+            .envs(env.iter().copied())
             .arg("serve")
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
@@ -134,6 +144,17 @@ impl Server {
     /// `config` as its `cellgate.yaml`, `--data` in the directory, and
     /// `extra` arguments.
     pub fn start_with(files: &[(&str, &str)], config: &str, extra: &[&str]) -> Server {
+        Server::start_with_env(files, config, extra, &[])
+    }
+
+    /// Like [`Server::start_with`], with the environment variables `env`
+    /// set for the server.
+    pub fn start_with_env(
+        files: &[(&str, &str)],
+        config: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let datastores = dir.path().join("datastores");
         for (path, text) in files {
@@ -153,7 +174,7 @@ impl Server {
             config_file.into(),
         ];
         args.extend(extra.iter().map(OsString::from));
-        Server::start_in(dir, args)
+        Server::start_in_env(dir, args, env)
     }
 
     /// Polls `/readyz` until it answers `status`, for at most `within`.

@@ -38,6 +38,33 @@ pub fn summary(defs: &Definitions) -> String {
                 .unwrap();
             }
         }
+        for t in &ds.triggers {
+            let headers: Vec<String> = t
+                .webhook
+                .headers
+                .iter()
+                .map(|(name, value)| format!("{name}: {value}"))
+                .collect();
+            writeln!(
+                out,
+                "  trigger {} columns=[{}] batch_size={} max_attempts={} filter={:?}",
+                t.name,
+                t.columns.join(", "),
+                t.batch_size,
+                t.max_attempts,
+                t.filter_text
+            )
+            .unwrap();
+            writeln!(
+                out,
+                "    POST {} timeout_ms={} secret_env={:?} headers=[{}]",
+                t.webhook.url,
+                t.webhook.timeout_ms,
+                t.webhook.secret_env,
+                headers.join(", ")
+            )
+            .unwrap();
+        }
     }
     out
 }

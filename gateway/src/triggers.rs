@@ -1,0 +1,416 @@
+//! Webhook triggers: the trigger definitions of `datastores/<ds>/triggers/`
+//! run as log consumers of the store that POST their cells to a URL.
+//!
+//! The store owns delivery (per-shard order, offsets in the datastore,
+//! leases shared between gateways, retries and quarantine); this module only
+//! turns a [`Trigger`] into [`ConsumerOptions`] and a handler. The handler
+//! drops the cells whose body does not match the trigger's filter (they are
+//! acknowledged with the batch), POSTs the others as one JSON document and
+//! acknowledges on any 2xx answer. Everything a delivery needs is resolved
+//! at start-up — header values naming environment variables, the signing
+//! secret, the URL — so a missing variable stops `cellgate serve` instead
+//! of failing every delivery later.
+//!
+//! The body is SPEC §7's `{"trigger", "datastore", "cells": [...]}` with
+//! the cell fields named as in the GraphQL API. 64-bit integers (`refKey`,
+//! `addedId`) are decimal strings as the GraphQL `Int64` scalar returns
+//! them, so JavaScript receivers keep them exact; `shard` is a number,
+//! `createdAt` an RFC 3339 UTC time. The signature header is
+//! `X-Cellgate-Signature: sha256=<hex HMAC-SHA256 of the exact body bytes>`.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use chrono::SecondsFormat;
+use hmac::{Hmac, Mac as _};
+use index_dsl::{CompareOp, Condition, Definitions, FieldPath, Filter, Literal, Trigger};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use serde_json::Value;
+use sha2::Sha256;
+
+use crate::config::TriggersConfig;
+use cellgate_store::cells::Cell;
+use cellgate_store::triggers::{Consumer, ConsumerOptions, Delivery, Handler, HandlerFuture};
+use cellgate_store::Store;
+
+/// The header carrying the body's signature.
+pub const SIGNATURE_HEADER: &str = "x-cellgate-signature";
+
+/// Starts one consumer per trigger of `defs`. Fails, before any is started,
+/// when a header or secret names an environment variable that is not set.
+pub fn start(
+    store: &Store,
+    defs: &Definitions,
+    config: &TriggersConfig,
+) -> anyhow::Result<Vec<Consumer>> {
+    let client = reqwest::Client::builder()
+        .build()
+        .context("cannot create the webhook HTTP client")?;
+    let triggers: Vec<&Trigger> = defs
+        .datastores
+        .iter()
+        .flat_map(|d| d.triggers.iter())
+        .collect();
+    let mut hooks = Vec::new();
+    for trigger in &triggers {
+        let hook = Webhook::new(trigger, client.clone(), |name| std::env::var(name).ok())
+            .with_context(|| {
+                format!(
+                    "trigger `{}` of datastore `{}`",
+                    trigger.name, trigger.datastore
+                )
+            })?;
+        hooks.push((options(trigger, config), Arc::new(hook)));
+    }
+    let mut consumers = Vec::new();
+    for (options, hook) in hooks {
+        let name = format!("{} of datastore {}", options.name, options.datastore);
+        let handler: Handler = Arc::new(move |delivery: Delivery| -> HandlerFuture {
+            let hook = hook.clone();
+            Box::pin(async move { hook.deliver(&delivery).await })
+        });
+        let consumer = store
+            .start_consumer(options, handler)
+            .map_err(|e| anyhow::anyhow!("cannot start trigger {name}: {e}"))?;
+        tracing::info!(trigger = %name, "webhook trigger started");
+        consumers.push(consumer);
+    }
+    Ok(consumers)
+}
+
+/// The consumer of `trigger`, with the timing of `config`.
+fn options(trigger: &Trigger, config: &TriggersConfig) -> ConsumerOptions {
+    let mut options = ConsumerOptions::new(&trigger.name, &trigger.datastore);
+    options.columns = trigger.columns.clone();
+    options.batch_size = trigger.batch_size as usize;
+    options.max_attempts = trigger.max_attempts;
+    options.quarantine_limit = config.quarantine_limit;
+    options.min_backoff = Duration::from_millis(config.min_backoff_ms.max(1));
+    options.max_backoff = Duration::from_millis(config.max_backoff_ms.max(config.min_backoff_ms));
+    options.lease_time = Duration::from_millis(config.lease_time_ms.max(100));
+    options.sweep_every = Duration::from_millis(config.sweep_interval_ms.max(10));
+    options
+}
+
+/// A trigger ready to post: everything from the environment resolved.
+struct Webhook {
+    name: String,
+    datastore: String,
+    url: String,
+    headers: HeaderMap,
+    secret: Option<Vec<u8>>,
+    timeout: Duration,
+    filter: Option<Vec<(FieldPath, Condition)>>,
+    client: reqwest::Client,
+}
+
+impl Webhook {
+    fn new(
+        trigger: &Trigger,
+        client: reqwest::Client,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<Webhook> {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        for (name, template) in &trigger.webhook.headers {
+            let value = template.render(&env).map_err(|var| {
+                anyhow::anyhow!(
+                    "header `{name}` names environment variable `{var}`, which is not set"
+                )
+            })?;
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .with_context(|| format!("invalid header name `{name}`"))?;
+            let value = HeaderValue::from_str(&value).with_context(|| {
+                format!("header `{name}` has a value that is not valid in HTTP")
+            })?;
+            headers.insert(name, value);
+        }
+        let secret = match &trigger.webhook.secret_env {
+            None => None,
+            Some(var) => Some(
+                env(var)
+                    .filter(|s| !s.is_empty())
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "secret_env names environment variable `{var}`, which is not set or empty"
+                        )
+                    })?
+                    .into_bytes(),
+            ),
+        };
+        let filter = trigger.filter.as_ref().map(|f: &Filter| {
+            f.conditions
+                .iter()
+                .filter_map(|c| Some((index_dsl::parse_path(&c.field).ok()?, c.clone())))
+                .collect()
+        });
+        Ok(Webhook {
+            name: trigger.name.clone(),
+            datastore: trigger.datastore.clone(),
+            url: trigger.webhook.url.clone(),
+            headers,
+            secret,
+            timeout: Duration::from_millis(trigger.webhook.timeout_ms),
+            filter,
+            client,
+        })
+    }
+
+    /// POSTs the matching cells of `delivery`; `Err` has the store retry.
+    async fn deliver(&self, delivery: &Delivery) -> Result<(), String> {
+        let cells: Vec<&Cell> = delivery
+            .cells
+            .iter()
+            .map(|c| c.as_ref())
+            .filter(|c| self.matches(&c.body))
+            .collect();
+        if cells.is_empty() {
+            return Ok(());
+        }
+        let body = payload(&self.name, &self.datastore, &cells);
+        let mut request = self
+            .client
+            .post(&self.url)
+            .headers(self.headers.clone())
+            .timeout(self.timeout);
+        if let Some(secret) = &self.secret {
+            request = request.header(SIGNATURE_HEADER, signature(secret, &body));
+        }
+        let response = request
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| format!("POST {}: {}", self.url, error_chain(&e)))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let text = response.text().await.unwrap_or_default();
+        let text: String = text.chars().take(200).collect();
+        Err(format!("POST {} answered {status}: {text}", self.url))
+    }
+
+    fn matches(&self, body: &Value) -> bool {
+        self.filter.as_ref().is_none_or(|conditions| {
+            conditions
+                .iter()
+                .all(|(path, condition)| holds(condition, lookup(body, path)))
+        })
+    }
+}
+
+/// `err` with its causes, on one line.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The POST body of `cells`.
+fn payload(trigger: &str, datastore: &str, cells: &[&Cell]) -> Vec<u8> {
+    let cells: Vec<Value> = cells
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "rowKey": c.row_key.to_string(),
+                "column": c.column,
+                "refKey": c.ref_key.to_string(),
+                "body": c.body,
+                "shard": c.shard,
+                "addedId": c.added_id.to_string(),
+                "createdAt": c.created_at.to_rfc3339_opts(SecondsFormat::AutoSi, true),
+            })
+        })
+        .collect();
+    serde_json::to_vec(&serde_json::json!({
+        "trigger": trigger,
+        "datastore": datastore,
+        "cells": cells,
+    }))
+    .expect("JSON values serialize")
+}
+
+/// `sha256=<hex HMAC-SHA256 of body>`.
+pub fn signature(secret: &[u8], body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// The value at `path` in `body`, if there is one.
+fn lookup<'a>(body: &'a Value, path: &FieldPath) -> Option<&'a Value> {
+    path.segments()
+        .iter()
+        .try_fold(body, |value, segment| value.as_object()?.get(segment))
+}
+
+/// Whether `value` (absent: `None`) satisfies `condition`. An absent field
+/// and JSON `null` equal `null`; values of different kinds are unequal and
+/// never ordered, so a range condition on them does not hold.
+fn holds(condition: &Condition, value: Option<&Value>) -> bool {
+    let value = value.unwrap_or(&Value::Null);
+    let compare = |literal: &Literal| compare(value, literal);
+    match condition.op {
+        CompareOp::Eq => compare(&condition.values[0]) == Some(Ordering::Equal),
+        CompareOp::Ne => compare(&condition.values[0]) != Some(Ordering::Equal),
+        CompareOp::Lt => compare(&condition.values[0]) == Some(Ordering::Less),
+        CompareOp::Le => matches!(
+            compare(&condition.values[0]),
+            Some(Ordering::Less | Ordering::Equal)
+        ),
+        CompareOp::Gt => compare(&condition.values[0]) == Some(Ordering::Greater),
+        CompareOp::Ge => matches!(
+            compare(&condition.values[0]),
+            Some(Ordering::Greater | Ordering::Equal)
+        ),
+        CompareOp::In => condition
+            .values
+            .iter()
+            .any(|l| compare(l) == Some(Ordering::Equal)),
+    }
+}
+
+/// How a JSON value orders against a literal, if they are of one kind.
+fn compare(value: &Value, literal: &Literal) -> Option<Ordering> {
+    match (value, literal) {
+        (Value::Null, Literal::Null) => Some(Ordering::Equal),
+        (Value::String(s), Literal::String(l)) => Some(s.as_str().cmp(l.as_str())),
+        (Value::Bool(b), Literal::Bool(l)) => Some(b.cmp(l)),
+        (Value::Number(n), Literal::Int(l)) => match n.as_i64() {
+            Some(i) => Some(i.cmp(l)),
+            None => n.as_f64()?.partial_cmp(&(*l as f64)),
+        },
+        (Value::Number(n), Literal::Float(l)) => n.as_f64()?.partial_cmp(l),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hook(yaml_filter: Option<&str>) -> Webhook {
+        let mut text = String::from(
+            "name: t\ndatastore: trips\ncolumns: [BASE]\nwebhook:\n  url: http://127.0.0.1:1/\n  headers: { X-Token: \"Bearer ${TOKEN}\" }\n  secret_env: SECRET\n",
+        );
+        if let Some(filter) = yaml_filter {
+            text.push_str(&format!("filter: '{filter}'\n"));
+        }
+        let defs = index_dsl::load_files(
+            std::path::Path::new("datastores"),
+            [
+                (
+                    "trips/datastore.yaml",
+                    "name: trips\ncolumns: [{ name: BASE }]\n".to_owned(),
+                ),
+                ("trips/triggers/t.yaml", text),
+            ],
+        )
+        .unwrap();
+        let env = |name: &str| match name {
+            "TOKEN" => Some("abc".to_owned()),
+            "SECRET" => Some("s3cret".to_owned()),
+            _ => None,
+        };
+        Webhook::new(&defs.datastores[0].triggers[0], reqwest::Client::new(), env).unwrap()
+    }
+
+    #[test]
+    fn filters_read_paths_of_the_body() {
+        let hook = hook(Some(r#"status = "completed" and fare.total > 0"#));
+        let yes = serde_json::json!({"status": "completed", "fare": {"total": 12.5}});
+        let zero = serde_json::json!({"status": "completed", "fare": {"total": 0}});
+        let missing = serde_json::json!({"status": "completed"});
+        let other = serde_json::json!({"status": "open", "fare": {"total": 3}});
+        assert!(hook.matches(&yes));
+        assert!(!hook.matches(&zero));
+        assert!(!hook.matches(&missing));
+        assert!(!hook.matches(&other));
+
+        let hook = self::hook(Some(r#"city in ("a", "b") and note = null and n != 3"#));
+        assert!(hook.matches(&serde_json::json!({"city": "b", "n": 4})));
+        assert!(!hook.matches(&serde_json::json!({"city": "c"})));
+        assert!(!hook.matches(&serde_json::json!({"city": "a", "note": "x"})));
+        assert!(!hook.matches(&serde_json::json!({"city": "a", "n": 3})));
+    }
+
+    #[test]
+    fn headers_and_secret_come_from_the_environment() {
+        let hook = hook(None);
+        assert_eq!(hook.headers["x-token"], "Bearer abc");
+        assert_eq!(hook.secret.as_deref(), Some(&b"s3cret"[..]));
+        assert!(hook.matches(&serde_json::json!({})));
+    }
+
+    #[test]
+    fn a_missing_variable_is_an_error_at_start() {
+        let defs = index_dsl::load_files(
+            std::path::Path::new("datastores"),
+            [
+                (
+                    "trips/datastore.yaml",
+                    "name: trips\ncolumns: [{ name: BASE }]\n",
+                ),
+                (
+                    "trips/triggers/t.yaml",
+                    "name: t\ndatastore: trips\ncolumns: [BASE]\nwebhook:\n  url: http://127.0.0.1:1/\n  secret_env: SECRET\n",
+                ),
+            ],
+        )
+        .unwrap();
+        let error = Webhook::new(
+            &defs.datastores[0].triggers[0],
+            reqwest::Client::new(),
+            |_| None,
+        )
+        .err()
+        .unwrap();
+        assert!(error.to_string().contains("`SECRET`"), "{error}");
+    }
+
+    #[test]
+    fn the_body_names_cells_as_the_graphql_api_with_64_bit_integers_as_strings() {
+        let cell = Cell {
+            row_key: uuid::Uuid::nil(),
+            column: "BASE".into(),
+            ref_key: i64::MAX,
+            body: serde_json::json!({ "a": 1 }),
+            created_at: chrono::DateTime::from_timestamp(1_700_000_000, 5_000).unwrap(),
+            shard: 7,
+            added_id: 42,
+        };
+        let body: Value = serde_json::from_slice(&payload("t", "trips", &[&cell])).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "trigger": "t",
+                "datastore": "trips",
+                "cells": [{
+                    "rowKey": "00000000-0000-0000-0000-000000000000",
+                    "column": "BASE",
+                    "refKey": "9223372036854775807",
+                    "body": { "a": 1 },
+                    "shard": 7,
+                    "addedId": "42",
+                    "createdAt": "2023-11-14T22:13:20.000005Z",
+                }],
+            })
+        );
+    }
+
+    #[test]
+    fn the_signature_is_the_hex_hmac_of_the_body() {
+        // RFC 4231 test case 2.
+        assert_eq!(
+            signature(b"Jefe", b"what do ya want for nothing?"),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+}
