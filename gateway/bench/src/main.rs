@@ -30,6 +30,7 @@ mod probe;
 mod replicas;
 mod report;
 mod server;
+mod triggers;
 
 use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
@@ -106,6 +107,10 @@ enum Command {
     /// `buffer_count` 0 and 1, and the time from a primary's return until
     /// every cell buffered while it was down is delivered to it.
     Buffer(buffer::BufferBenchArgs),
+    /// Measure a trigger consumer (Rust API) on one cluster: one worker's
+    /// delivery throughput over a stored backlog, and the time from a
+    /// cell's commit to its handler call at steady write rates.
+    Triggers(triggers::TriggersBenchArgs),
     /// Measure index queries and pages of rows read with `consistency:
     /// MASTER` against the same with `consistency: REPLICA`, over HTTP.
     ///
@@ -158,6 +163,7 @@ fn main() -> ExitCode {
         match cli.command {
             Some(Command::Ids(args)) => ids::run(args).await,
             Some(Command::Buffer(args)) => buffer::run(args).await,
+            Some(Command::Triggers(args)) => triggers::run(args).await,
             Some(Command::Replicas(args)) => replicas::run(args).await,
             None => gateway::run(cli.gateway).await,
         }

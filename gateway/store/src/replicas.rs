@@ -15,7 +15,7 @@
 //! [`ReadOptions::served`]), and a read the master fails (refused, timed
 //! out) is tried once on a replica before its error is returned; a read
 //! with a token goes to a replica only if it has applied the token, even
-//! then. Index entries are judged by lag only ([`ReadOptions::for_index`]).
+//! then. Index entries are judged by lag only (`ReadOptions::for_index`).
 //!
 //! **Lag** (`monitor`): every half second, per datastore, the sum of the
 //! shard counters on the master and on each replica: the difference is the
