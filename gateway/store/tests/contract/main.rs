@@ -124,6 +124,7 @@ contract_suite!(
     many_followers_cost_one_log_read_per_commit,
     a_follower_resuming_from_a_cursor_gets_everything_after_it,
     a_follower_that_lags_the_broadcast_catches_up_from_the_log,
+    followers_see_commits_quickly_at_a_thousand_cells_per_second,
 );
 
 // The index contract again with cells and index entries spread over two
