@@ -593,7 +593,7 @@ pub fn encode_cursor(positions: &BTreeMap<u32, i64>) -> String {
 pub fn decode_cursor(cursor: &str) -> Result<BTreeMap<u32, i64>> {
     use base64::Engine as _;
     use std::io::Read as _;
-    let bad = || Error::BadInput("the cursor is not one this gateway made".into());
+    let bad = || Error::InvalidCursor("not a subscription cursor of this gateway".into());
     if cursor.len() > 1 << 20 {
         return Err(bad());
     }
