@@ -785,6 +785,29 @@ pub struct LimitsConfig {
     /// document_cache_bytes: 16777216
     /// ```
     pub document_cache_bytes: u64,
+    /// Subscriptions one `/graphql/ws` connection may run at once; one
+    /// more is answered with an `error` message `SUBSCRIPTION_LIMIT`.
+    ///
+    /// ```yaml
+    /// max_subscriptions_per_connection: 100
+    /// ```
+    pub max_subscriptions_per_connection: usize,
+    /// Subscriptions one client (API token, or IP address with auth off)
+    /// may run at once over all its connections; more are answered like
+    /// the per-connection limit.
+    ///
+    /// ```yaml
+    /// max_subscriptions_per_client: 1000
+    /// ```
+    pub max_subscriptions_per_client: usize,
+    /// How often, in milliseconds, the shard counters of a datastore with
+    /// subscribers are read to find cells committed by other gateways
+    /// (commits of this gateway are pushed at once).
+    ///
+    /// ```yaml
+    /// subscription_sweep_ms: 300
+    /// ```
+    pub subscription_sweep_ms: u64,
 }
 
 impl Default for LimitsConfig {
@@ -809,6 +832,9 @@ impl Default for LimitsConfig {
             client_ipv6_prefix: 64,
             rate_limit_per_token_per_second: 1000,
             document_cache_bytes: 16 * 1024 * 1024,
+            max_subscriptions_per_connection: 100,
+            max_subscriptions_per_client: 1000,
+            subscription_sweep_ms: 300,
         }
     }
 }

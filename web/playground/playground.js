@@ -22,6 +22,71 @@
     return;
   }
 
+  // Subscriptions go over `/graphql/ws` (graphql-transport-ws), spoken here
+  // with the browser's WebSocket: GraphiQL shows each event of the async
+  // iterable it is given. The Authorization header from the headers editor
+  // goes in the connection_init payload.
+  function isSubscription(params) {
+    var text = (params.query || '').replace(/#[^\n]*/g, '');
+    if (params.operationName) {
+      var named = new RegExp('subscription\\s+' + params.operationName + '\\b');
+      return named.test(text);
+    }
+    return /^\s*subscription\b/.test(text);
+  }
+
+  function subscribe(params, headers) {
+    var url = new URL('graphql/ws', window.location.href);
+    url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
+    var queue = [];
+    var waiting = null;
+    var done = false;
+    var socket = new WebSocket(url.href, 'graphql-transport-ws');
+    function push(item) {
+      if (waiting) { var w = waiting; waiting = null; w(item); } else queue.push(item);
+    }
+    function finish(value) { done = true; push({ done: true, value: value }); }
+    socket.onopen = function () {
+      var auth = headers && (headers.Authorization || headers.authorization);
+      socket.send(JSON.stringify({ type: 'connection_init', payload: auth ? { Authorization: auth } : {} }));
+    };
+    socket.onmessage = function (event) {
+      var message = JSON.parse(event.data);
+      if (message.type === 'connection_ack') {
+        socket.send(JSON.stringify({ id: '1', type: 'subscribe', payload: params }));
+      } else if (message.type === 'ping') {
+        socket.send(JSON.stringify({ type: 'pong' }));
+      } else if (message.type === 'next') {
+        push({ done: false, value: message.payload });
+      } else if (message.type === 'error') {
+        push({ done: false, value: { errors: message.payload } });
+        finish();
+      } else if (message.type === 'complete') {
+        finish();
+      }
+    };
+    socket.onclose = function (event) {
+      if (!done) {
+        push({ done: false, value: { errors: [{ message: 'connection closed: ' + event.code + ' ' + event.reason }] } });
+        finish();
+      }
+    };
+    var iterator = {
+      next: function () {
+        if (queue.length) return Promise.resolve(queue.shift());
+        if (done) return Promise.resolve({ done: true, value: undefined });
+        return new Promise(function (resolve) { waiting = resolve; });
+      },
+      return: function () {
+        done = true;
+        socket.close(1000);
+        return Promise.resolve({ done: true, value: undefined });
+      },
+    };
+    iterator[Symbol.asyncIterator] = function () { return iterator; };
+    return iterator;
+  }
+
   fetch('playground/examples.json')
     .then(function (response) {
       if (!response.ok) throw new Error('examples.json: HTTP ' + response.status);
@@ -29,8 +94,12 @@
     })
     .then(function (examples) {
       var params = new URLSearchParams(window.location.search);
+      var http = GraphiQL.createFetcher({ url: new URL('graphql', window.location.href).href });
       var props = {
-        fetcher: GraphiQL.createFetcher({ url: new URL('graphql', window.location.href).href }),
+        fetcher: function (params, options) {
+          var headers = (options && options.headers) || {};
+          return isSubscription(params) ? subscribe(params, headers) : http(params, options);
+        },
         defaultTabs: examples.map(function (example) {
           return { query: example.query, variables: example.variables };
         }),

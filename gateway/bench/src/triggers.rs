@@ -158,25 +158,26 @@ pub async fn run(args: TriggersBenchArgs) -> anyhow::Result<ExitCode> {
     let mut failed = false;
     for (i, rate) in args.rates.iter().copied().enumerate() {
         *seen.lag_us.lock().expect("lag") = Some(hdrhistogram::Histogram::new(3)?);
-        let data = Dataset::new(rate * args.duration, 1000, true, 22 + i as u64, 10);
+        // Batches of 5 trips: 10 cells (BASE and STATUS), one every
+        // 10 / rate seconds.
+        let data = Dataset::new(rate * args.duration / 2, 1000, true, 22 + i as u64, 5);
         let every = Duration::from_secs_f64(10.0 / rate.max(1) as f64);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let before = seen.cells.load(Ordering::Relaxed);
         let mut sent = 0u64;
-        let mut writes = futures::stream::FuturesUnordered::new();
+        let mut writes = Vec::new();
         for n in 0..data.load_batches() {
             tick.tick().await;
             let store = store.clone();
             let cells = data.load_batch(n);
             sent += cells.len() as u64;
-            writes.push(async move { store.put_cells(DATASTORE, cells).await });
-            while let Some(done) = futures::FutureExt::now_or_never(writes.next()).flatten() {
-                done?;
-            }
+            writes.push(tokio::spawn(async move {
+                store.put_cells(DATASTORE, cells).await
+            }));
         }
-        while let Some(done) = writes.next().await {
-            done?;
+        for write in writes {
+            write.await??;
         }
         let deadline = Instant::now() + Duration::from_secs(60);
         while seen.cells.load(Ordering::Relaxed) < before + sent && Instant::now() < deadline {

@@ -5,7 +5,8 @@
 //! `read`; its `indexStatus`, `maintenance`, `quarantine`, `buffer`,
 //! `bufferConflicts` and `storage` need `admin`)
 //! and two of `Mutation` (`<ds>PutCells`: `write`;
-//! `<ds>RetryQuarantine`: `admin`). The check walks the root fields of the
+//! `<ds>RetryQuarantine`: `admin`), and one of `Subscription`
+//! (`<ds>Cells`: `read`). The check walks the root fields of the
 //! operation (through fragments, each fragment once per level, so the walk
 //! is linear in the document) and refuses the whole request with
 //! `FORBIDDEN` when any field needs what the caller lacks. It runs before
@@ -31,6 +32,7 @@ use crate::auth::{Access, Principal};
 pub struct AccessMap {
     query: HashMap<String, String>,
     mutation: HashMap<String, (String, Access)>,
+    subscription: HashMap<String, String>,
 }
 
 /// What the root fields of no particular datastore are checked against:
@@ -54,6 +56,8 @@ impl AccessMap {
                 format!("{field}RetryQuarantine"),
                 (datastore.name.clone(), Access::Admin),
             );
+            map.subscription
+                .insert(format!("{field}Cells"), datastore.name.clone());
             map.query.insert(field, datastore.name.clone());
         }
         // IDs belong to no datastore: they need a scope on every datastore
@@ -212,7 +216,10 @@ impl<'d> Check<'d> {
                     self.need(datastore, Access::Write)
                 }
             },
-            OperationType::Subscription => self.need(name, Access::Read),
+            OperationType::Subscription => {
+                let datastore = self.map.subscription.get(name).map_or(name, String::as_str);
+                self.need(datastore, Access::Read)
+            }
         }
     }
 

@@ -45,6 +45,18 @@ use cellgate_store::Store;
 /// Runs one GraphQL request against the schema for `principal` (whose
 /// access `authorize` has checked; resolvers use it to list only the
 /// datastores it may read).
+/// Runs a subscription of `request` for `principal` (already
+/// authorized): a stream of responses, one per event.
+pub fn execute_stream(
+    schema: &async_graphql::dynamic::Schema,
+    store: &Store,
+    principal: crate::auth::Principal,
+    request: async_graphql::Request,
+) -> impl async_graphql::futures_util::Stream<Item = async_graphql::Response> + Send + 'static {
+    let request = request.data(store.clone()).data(principal);
+    schema.execute_stream(request)
+}
+
 pub async fn execute(
     schema: &async_graphql::dynamic::Schema,
     store: &Store,

@@ -144,6 +144,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     options.maintain_indexes = config.indexes.maintain;
     options.maintenance = config.indexes.maintainer();
     options.ids = config.ids.options(Some(&config.data));
+    options.tail.sweep_every =
+        std::time::Duration::from_millis(config.limits.subscription_sweep_ms.clamp(10, 60_000));
     let store = Store::open(defs.clone(), options)
         .await
         .map_err(|e| anyhow::anyhow!("cannot open storage (clusters {clusters}): {e}"))?;

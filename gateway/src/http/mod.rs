@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `POST /graphql`, `GET /graphql` | GraphQL over HTTP (`graphql.rs`) |
 //! | `OPTIONS /graphql` | CORS preflight (`cors.rs`, which wraps the route) |
+//! | `GET /graphql/ws` | GraphQL over WebSocket, `graphql-transport-ws`, for subscriptions (`ws.rs`) |
 //! | `GET /`, `GET /playground/*` | the GraphiQL playground (`assets.rs`; `auth.playground`) |
 //! | `GET /ui/` | the web explorer (`assets.rs`; `auth.playground`) |
 //! | `GET /healthz`, `GET /readyz` | liveness and readiness (`health.rs`) |
@@ -32,6 +33,7 @@ mod hosts;
 mod ids;
 mod metrics;
 mod server;
+mod ws;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -74,6 +76,11 @@ pub struct Gateway {
     request_timeout: Duration,
     /// How long `/readyz` waits for the storage masters.
     readiness_timeout: Duration,
+    /// Subscription limits of `/graphql/ws`, and the running counts.
+    max_subscriptions_per_connection: usize,
+    max_subscriptions_per_client: usize,
+    subscriptions: ws::SubscriptionCounts,
+    client_ipv6_prefix: u8,
 }
 
 impl Gateway {
@@ -178,6 +185,10 @@ impl Gateway {
             body_timeout: Duration::from_millis(config.limits.body_timeout_ms.max(1)),
             request_timeout: Duration::from_millis(config.limits.request_timeout_ms.max(1)),
             readiness_timeout: config.storage.readiness_timeout(),
+            max_subscriptions_per_connection: config.limits.max_subscriptions_per_connection,
+            max_subscriptions_per_client: config.limits.max_subscriptions_per_client,
+            subscriptions: ws::SubscriptionCounts::default(),
+            client_ipv6_prefix: config.limits.client_ipv6_prefix,
         })
     }
 
@@ -214,13 +225,15 @@ const VISIBLE_SCHEMAS: u64 = 64;
 /// The routes of the gateway. The pages are left out when
 /// `auth.playground` is off.
 pub fn routes(gateway: Arc<Gateway>) -> impl IntoEndpoint {
-    let mut route = Route::new().at(
-        "/graphql",
-        get(graphql::graphql_get)
-            .post(graphql::graphql_post)
-            .options(graphql::graphql_options)
-            .around(|endpoint, request| async move { cors::cors(endpoint, request).await }),
-    );
+    let mut route = Route::new()
+        .at(
+            "/graphql",
+            get(graphql::graphql_get)
+                .post(graphql::graphql_post)
+                .options(graphql::graphql_options)
+                .around(|endpoint, request| async move { cors::cors(endpoint, request).await }),
+        )
+        .at("/graphql/ws", get(ws::graphql_ws));
     if gateway.playground {
         route = route
             .at("/", get(assets::playground))

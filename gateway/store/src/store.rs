@@ -57,6 +57,8 @@ pub struct StoreOptions {
     pub converting_v1: bool,
     /// ID allocation (segments, snowflake worker lease).
     pub ids: crate::ids::IdsOptions,
+    /// The shared log tails of followers (GraphQL subscriptions).
+    pub tail: triggers::tail::TailOptions,
 }
 
 impl StoreOptions {
@@ -73,6 +75,7 @@ impl StoreOptions {
                 snowflake: false,
                 ..crate::ids::IdsOptions::default()
             },
+            tail: triggers::tail::TailOptions::default(),
         }
     }
 }
@@ -95,6 +98,8 @@ struct Inner {
     ids: crate::ids::Ids,
     /// The trigger consumers started on this store.
     consumers: std::sync::Mutex<Vec<Arc<triggers::ConsumerState>>>,
+    /// The shared log tails of followers.
+    tails: Arc<triggers::tail::Tails>,
 }
 
 /// Counters of one datastore.
@@ -332,6 +337,11 @@ impl Store {
                 })?,
         };
         let ids = crate::ids::Ids::open(ids_cluster.master.clone(), options.ids.clone()).await?;
+        let tails = Arc::new(triggers::tail::Tails::new(
+            &topology,
+            options.tail.clone(),
+            shutdown.subscribe(),
+        ));
         Ok(Store {
             inner: Arc::new(Inner {
                 topology,
@@ -342,6 +352,7 @@ impl Store {
                 shutdown,
                 ids,
                 consumers: std::sync::Mutex::new(Vec::new()),
+                tails,
             }),
         })
     }
@@ -875,6 +886,22 @@ impl Store {
         )?;
         consumers.push(state);
         Ok(consumer)
+    }
+
+    /// A follower of `datastore`'s log (see [`triggers::tail`]): the cells
+    /// of its columns and shards after its positions, or from now, read
+    /// once per commit for all followers of the datastore.
+    pub fn follow(
+        &self,
+        datastore: &str,
+        options: triggers::tail::FollowOptions,
+    ) -> Result<triggers::tail::Follower> {
+        self.inner.tails.follow(datastore, options)
+    }
+
+    /// Log reads and followers of the shared tails.
+    pub fn tail_metrics(&self) -> triggers::tail::TailMetrics {
+        self.inner.tails.metrics()
     }
 
     /// The status of every trigger consumer running in this gateway.

@@ -36,6 +36,7 @@ mod datastore;
 mod index;
 mod metadata;
 mod put;
+mod subscription;
 
 use self::arguments::*;
 use self::cell::*;
@@ -43,6 +44,7 @@ use self::datastore::*;
 use self::index::*;
 use self::metadata::*;
 use self::put::*;
+use self::subscription::*;
 use crate::fields::*;
 use crate::limits::GraphqlLimits;
 use crate::names::*;
@@ -87,7 +89,12 @@ pub(super) fn schema_for(
     limits: GraphqlLimits,
 ) -> cellgate_store::Result<Schema> {
     let defs = defs.clone();
-    let mut builder = Schema::build("Query", Some("Mutation"), None);
+    let subscribed = !defs.datastores.is_empty();
+    let mut builder = Schema::build(
+        "Query",
+        Some("Mutation"),
+        subscribed.then_some("Subscription"),
+    );
     for scalar in scalars::scalars() {
         builder = builder.register(scalar);
     }
@@ -138,6 +145,8 @@ pub(super) fn schema_for(
     let mut mutation =
         Object::new("Mutation").description("Writes of every datastore, and ID tags.");
     mutation = mutation.field(crate::ids::create_tag_field());
+    let mut subscription = async_graphql::dynamic::Subscription::new("Subscription")
+        .description("Cells of every datastore as they are committed (over `/graphql/ws`).");
     let mut seen = std::collections::HashSet::from(["datastores".to_string()]);
     seen.extend(crate::ids::QUERY_FIELDS.iter().map(|f| f.to_string()));
     for datastore in &defs.datastores {
@@ -171,6 +180,11 @@ pub(super) fn schema_for(
         );
         mutation = mutation.field(put_cells_field(datastore, &types, &ds));
         mutation = mutation.field(crate::maintenance::retry_field(&ds));
+        builder = builder.register(event_type(datastore));
+        subscription = subscription.field(cells_subscription(datastore, &types, &ds));
+    }
+    if subscribed {
+        builder = builder.register(subscription);
     }
     builder = builder.register(query);
     builder = builder.register(mutation);

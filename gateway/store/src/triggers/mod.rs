@@ -31,9 +31,12 @@
 //!   compares the offsets it read) or sweep.
 //!
 //! `worker.rs` runs one consumer on one cluster; `state.rs` holds the SQL of
-//! offsets, quarantine and rewind.
+//! offsets, quarantine and rewind. `tail.rs` is the other form of consumer:
+//! followers without stored progress (GraphQL subscriptions) that share one
+//! reader of the log per datastore.
 
 mod state;
+pub mod tail;
 mod worker;
 
 use std::future::Future;

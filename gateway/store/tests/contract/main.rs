@@ -9,6 +9,7 @@ mod harness;
 mod ids;
 mod maintenance;
 mod moving_leases;
+mod subscriptions;
 mod triggers;
 
 use catalog::*;
@@ -16,6 +17,7 @@ use concurrency::*;
 use ids::*;
 use maintenance::*;
 use moving_leases::*;
+use subscriptions::*;
 use triggers::*;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -119,6 +121,10 @@ contract_suite!(
     a_refused_cell_is_quarantined_and_its_shard_moves_on,
     a_consumer_stops_past_its_quarantine_limit,
     two_gateways_share_a_consumer_and_one_takes_over_when_the_other_goes,
+    many_followers_cost_one_log_read_per_commit,
+    a_follower_resuming_from_a_cursor_gets_everything_after_it,
+    a_follower_that_lags_the_broadcast_catches_up_from_the_log,
+    followers_see_commits_quickly_at_a_thousand_cells_per_second,
 );
 
 // The index contract again with cells and index entries spread over two
