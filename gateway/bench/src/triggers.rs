@@ -158,22 +158,25 @@ pub async fn run(args: TriggersBenchArgs) -> anyhow::Result<ExitCode> {
     let mut failed = false;
     for (i, rate) in args.rates.iter().copied().enumerate() {
         *seen.lag_us.lock().expect("lag") = Some(hdrhistogram::Histogram::new(3)?);
-        // Batches of 5 trips: 10 cells (BASE and STATUS), one every
+        // Writes of 10 cells (BASE and STATUS of 5 trips), one every
         // 10 / rate seconds.
         let data = Dataset::new(rate * args.duration / 2, 1000, true, 22 + i as u64, 5);
+        let cells: Vec<_> = (0..data.load_batches())
+            .flat_map(|n| data.load_batch(n))
+            .collect();
         let every = Duration::from_secs_f64(10.0 / rate.max(1) as f64);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let before = seen.cells.load(Ordering::Relaxed);
         let mut sent = 0u64;
         let mut writes = Vec::new();
-        for n in 0..data.load_batches() {
+        for chunk in cells.chunks(10) {
             tick.tick().await;
             let store = store.clone();
-            let cells = data.load_batch(n);
-            sent += cells.len() as u64;
+            let chunk = chunk.to_vec();
+            sent += chunk.len() as u64;
             writes.push(tokio::spawn(async move {
-                store.put_cells(DATASTORE, cells).await
+                store.put_cells(DATASTORE, chunk).await
             }));
         }
         for write in writes {
