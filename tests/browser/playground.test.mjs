@@ -21,7 +21,7 @@ after(async () => {
 /** The operation names of the README's graphql examples, in order. */
 async function readmeOperations() {
   const readme = await readFile(join(root, 'README.md'), 'utf8');
-  return [...readme.matchAll(/```graphql\n(?:query|mutation) (\w+)/g)].map((m) => m[1]);
+  return [...readme.matchAll(/```graphql\n(?:query|mutation|subscription) (\w+)/g)].map((m) => m[1]);
 }
 
 test('the playground renders offline, with the README examples as tabs, and runs a query with edited headers', async () => {
@@ -35,7 +35,7 @@ test('the playground renders offline, with the README examples as tabs, and runs
     await page.goto(`${server.url}/`);
 
     const operations = await readmeOperations();
-    assert.deepEqual(operations, ['DriverTrips', 'WriteNote', 'ReadNote']);
+    assert.deepEqual(operations, ['DriverTrips', 'WriteNote', 'ReadNote', 'FollowTrips']);
     for (const name of operations) {
       await page.getByRole('tab', { name }).waitFor();
     }
