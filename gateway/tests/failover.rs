@@ -34,6 +34,8 @@
 mod mariadb;
 #[path = "support/postgres.rs"]
 mod postgres;
+#[path = "support/private.rs"]
+mod private;
 #[path = "support/server.rs"]
 mod server;
 #[path = "support/servers.rs"]
@@ -47,6 +49,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt as _;
 use mariadb::Mariadb;
 use postgres::Postgres;
+use private::PrivateServer;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use server::{client, Server};
@@ -70,14 +73,8 @@ const CONVERGE: Duration = Duration::from_secs(120);
 /// `(row_key, column, ref_key)`: a cell's key.
 type CellKey = (Uuid, String, i64);
 
-/// A private database server of one kind, as the tests use it.
-trait Database: Sized {
-    const KIND: &'static str;
-    fn init() -> Result<Self, String>;
-    fn url(&self) -> String;
-    async fn start(&mut self);
-    /// `kill -9` of the server process.
-    fn kill(&mut self);
+/// A private database server, with what this test reads from it.
+trait Database: PrivateServer {
     /// The key of every row of `table` (`items_cells` or `items_buffer`).
     async fn keys(&self, table: &str) -> Result<Vec<CellKey>, String>;
     /// Rows of `items_buffer` buffered before `before`.
@@ -85,24 +82,6 @@ trait Database: Sized {
 }
 
 impl Database for Mariadb {
-    const KIND: &'static str = "MariaDB";
-
-    fn init() -> Result<Self, String> {
-        Mariadb::init()
-    }
-
-    fn url(&self) -> String {
-        Mariadb::url(self)
-    }
-
-    async fn start(&mut self) {
-        Mariadb::start(self).await
-    }
-
-    fn kill(&mut self) {
-        self.stop("KILL")
-    }
-
     async fn keys(&self, table: &str) -> Result<Vec<CellKey>, String> {
         use sqlx::Connection as _;
         let mut conn = sqlx::MySqlConnection::connect(&self.url())
@@ -136,24 +115,6 @@ impl Database for Mariadb {
 }
 
 impl Database for Postgres {
-    const KIND: &'static str = "PostgreSQL";
-
-    fn init() -> Result<Self, String> {
-        Postgres::init()
-    }
-
-    fn url(&self) -> String {
-        Postgres::url(self)
-    }
-
-    async fn start(&mut self) {
-        Postgres::start(self).await
-    }
-
-    fn kill(&mut self) {
-        self.stop("KILL")
-    }
-
     async fn keys(&self, table: &str) -> Result<Vec<CellKey>, String> {
         use sqlx::Connection as _;
         let mut conn = sqlx::PgConnection::connect(&self.url())

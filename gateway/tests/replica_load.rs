@@ -36,6 +36,8 @@
 mod mariadb;
 #[path = "support/postgres.rs"]
 mod postgres;
+#[path = "support/private.rs"]
+mod private;
 #[path = "support/replication.rs"]
 mod replication;
 #[path = "support/server.rs"]
@@ -48,6 +50,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use private::PrivateServer;
 use rand::Rng as _;
 use replication::{MariaDbPair, Pair, PostgresPair};
 use reqwest::StatusCode;
@@ -64,37 +67,6 @@ const TIMEOUT_MS: u64 = 2000;
 /// The longest wait for a convergence: generous, so only a store that
 /// never gets there exceeds it.
 const WAIT: Duration = Duration::from_secs(120);
-
-/// A private server for cluster `b`, of the pair's kind.
-trait Other: Sized {
-    fn init() -> Result<Self, String>;
-    fn url(&self) -> String;
-    async fn start(&mut self);
-}
-
-impl Other for mariadb::Mariadb {
-    fn init() -> Result<Self, String> {
-        mariadb::Mariadb::init()
-    }
-    fn url(&self) -> String {
-        mariadb::Mariadb::url(self)
-    }
-    async fn start(&mut self) {
-        mariadb::Mariadb::start(self).await
-    }
-}
-
-impl Other for postgres::Postgres {
-    fn init() -> Result<Self, String> {
-        postgres::Postgres::init()
-    }
-    fn url(&self) -> String {
-        postgres::Postgres::url(self)
-    }
-    async fn start(&mut self) {
-        postgres::Postgres::start(self).await
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replica_reads_and_breakers_hold_under_load_on_mariadb() {
@@ -443,7 +415,7 @@ fn percentile(mut values: Vec<Duration>, p: f64) -> Duration {
     values[((values.len() - 1) as f64 * p) as usize]
 }
 
-async fn under_load<P: Pair, O: Other>(test: &str) {
+async fn under_load<P: Pair, O: PrivateServer>(test: &str) {
     let kind = P::KIND;
     let mut pair = match P::start().await {
         Ok(pair) => pair,
