@@ -4,11 +4,19 @@
 //! older version of an index whose fields changed (the gateway keeps such
 //! tables and warns about them rather than dropping data on its own).
 //! `quarantine list` shows the entries set aside after failing to apply,
-//! `quarantine retry` applies them again.
+//! `quarantine retry` applies them again. `verify` compares the indexes
+//! with the entries their rows' latest cells give and reports every
+//! mismatching key (exit status 2 on drift); `repair` (or `verify
+//! --repair`) also fixes them, safely while gateways run.
 
+use std::io::{IsTerminal as _, Write as _};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
+use cellgate_store::indexes::{Drift, VerifyOptions, VerifyProgress, VerifyReport};
 use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::store_args::StoreArgs;
 
@@ -25,6 +33,59 @@ pub enum IndexCommand {
     Drop(DropArgs),
     /// List or retry the index entries set aside in the quarantine.
     Quarantine(QuarantineArgs),
+    /// Compare index entries with the cells they come from, both ways
+    /// (missing, stale and extra entries); exit status 2 on drift.
+    Verify(VerifyArgs),
+    /// Verify, and fix exactly the drift found (as `verify --repair`).
+    Repair(VerifyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Only this datastore (default: all).
+    #[arg(long, value_name = "DATASTORE")]
+    pub datastore: Option<String>,
+    /// Only this index (its `table` name); repeatable.
+    #[arg(long, value_name = "INDEX")]
+    pub index: Vec<String>,
+    /// Only the rows of these shards: `N` or `FIRST-LAST`.
+    #[arg(long, value_name = "RANGE", value_parser = parse_range)]
+    pub shards: Option<(u32, u32)>,
+    /// Only N shards picked at random (a quick check; not resumable, and
+    /// entries of rows without cells are not looked for).
+    #[arg(long, value_name = "N")]
+    pub sample: Option<u32>,
+    /// Fix the drift found, through the maintainer's guarded writes.
+    #[arg(long)]
+    pub repair: bool,
+    /// Write every mismatching entry as a JSON line to FILE (appended to
+    /// when a run resumes), then a summary line.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    /// Share of the time the run works (0 < F <= 1); it pauses after each
+    /// chunk so foreground requests keep the databases.
+    #[arg(long, value_name = "F", default_value_t = 0.5)]
+    pub duty: f64,
+    /// Start over instead of resuming an unfinished run of the same scope.
+    #[arg(long)]
+    pub restart: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+fn parse_range(text: &str) -> Result<(u32, u32), String> {
+    let number = |t: &str| {
+        t.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("`{text}` is not a shard range (N or FIRST-LAST)"))
+    };
+    match text.split_once('-') {
+        Some((a, b)) => Ok((number(a)?, number(b)?)),
+        None => {
+            let n = number(text)?;
+            Ok((n, n))
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -69,6 +130,11 @@ pub struct DropArgs {
 pub async fn run(args: IndexArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         IndexCommand::Drop(args) => drop(args).await,
+        IndexCommand::Verify(args) => verify(args).await,
+        IndexCommand::Repair(mut args) => {
+            args.repair = true;
+            verify(args).await
+        }
         IndexCommand::Quarantine(QuarantineArgs {
             command: QuarantineCommand::List(target),
         }) => list(target).await,
@@ -141,4 +207,144 @@ async fn drop(args: DropArgs) -> anyhow::Result<ExitCode> {
         println!("dropped {table}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
+    if !(args.duty > 0.0 && args.duty <= 1.0) {
+        anyhow::bail!("--duty must be within (0, 1], not {}", args.duty);
+    }
+    let Some(store) = args.store.open().await? else {
+        return Ok(ExitCode::FAILURE);
+    };
+    let datastores: Vec<String> = match &args.datastore {
+        Some(name) => vec![name.clone()],
+        None => store
+            .definitions()
+            .datastores
+            .iter()
+            .filter(|ds| !ds.indexes.is_empty())
+            .map(|ds| ds.name.clone())
+            .collect(),
+    };
+    let mut report = match &args.report {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
+    let options = VerifyOptions {
+        indexes: args.index.clone(),
+        shards: args.shards,
+        sample: args.sample,
+        repair: args.repair,
+        duty: args.duty,
+        restart: args.restart,
+    };
+    let mut drift_total = 0u64;
+    let mut unrepaired = 0u64;
+    for datastore in &datastores {
+        let bar = progress_bar(datastore);
+        let started = Instant::now();
+        let mut shown = 0usize;
+        let mut write_error = None;
+        let mut on_progress = |p: &VerifyProgress| {
+            bar.set_length(u64::from(p.shards_total));
+            bar.set_position(u64::from(p.shards_done));
+            let rate = p.rows as f64 / started.elapsed().as_secs_f64().max(0.001);
+            bar.set_message(format!("{rate:.0} rows/s, {} drift", p.drift()));
+        };
+        let mut on_drift = |d: &Drift| {
+            if let Some(file) = report.as_mut() {
+                let line = serde_json::to_string(d).expect("a drift serializes");
+                if let Err(err) = writeln!(file, "{line}") {
+                    write_error.get_or_insert(err);
+                }
+            }
+            if shown < 20 {
+                bar.suspend(|| println!("{}", drift_line(datastore, d)));
+            }
+            shown += 1;
+        };
+        let result = store
+            .verify_indexes(datastore, &options, &mut on_progress, &mut on_drift)
+            .await;
+        bar.finish_and_clear();
+        if let Some(err) = write_error {
+            anyhow::bail!("cannot write the report: {err}");
+        }
+        let summary = result.map_err(|e| {
+            anyhow::anyhow!("verify of `{datastore}` stopped: {e}; run it again to resume")
+        })?;
+        if shown > 20 {
+            println!("… and {} more mismatching entries", shown - 20);
+        }
+        println!("{}", summary_line(&summary));
+        if let Some(file) = report.as_mut() {
+            let line = serde_json::json!({ "summary": summary });
+            writeln!(file, "{line}")
+                .map_err(|e| anyhow::anyhow!("cannot write the report: {e}"))?;
+        }
+        drift_total += summary.progress.drift();
+        unrepaired += summary.progress.drift() - summary.progress.repaired;
+    }
+    Ok(if unrepaired > 0 || (drift_total > 0 && !args.repair) {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn progress_bar(datastore: &str) -> ProgressBar {
+    let bar = if std::io::stderr().is_terminal() {
+        ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{prefix} {bar:40} {pos}/{len} shards, {msg} ({eta})")
+            .expect("static progress template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(format!("verifying {datastore}"));
+    bar
+}
+
+fn drift_line(datastore: &str, d: &Drift) -> String {
+    format!(
+        "{} {datastore}/{} row {} (shard {}) on cluster {}{}",
+        d.kind.as_str(),
+        d.index,
+        d.row_key,
+        d.shard,
+        d.cluster,
+        if d.repaired { ": repaired" } else { "" }
+    )
+}
+
+fn summary_line(r: &VerifyReport) -> String {
+    let p = &r.progress;
+    let resumed = r
+        .resumed_from
+        .map(|s| format!(" (resumed at shard {s})"))
+        .unwrap_or_default();
+    format!(
+        "{}: {} of {} shards{resumed}, {} rows compared, {} cells read, {} missing, {} stale, \
+         {} extra, {} repaired, {} pending (not yet applied), {} unreadable, in {:.1} s",
+        r.datastore,
+        p.shards_done,
+        p.shards_total,
+        p.rows,
+        p.cells,
+        p.missing,
+        p.stale,
+        p.extra,
+        p.repaired,
+        p.pending,
+        p.unreadable,
+        r.elapsed_ms as f64 / 1000.0
+    )
 }

@@ -965,6 +965,32 @@ impl Store {
         crate::indexes::quarantine::retry(self.topology_ref(), &ds, index).await
     }
 
+    /// Compares the indexes of `datastore` with the entries their rows'
+    /// latest cells give, both ways, and with `options.repair` fixes the
+    /// drift found through the maintainer's guarded writes (safe while
+    /// gateways run). `on_progress` is called after every chunk of shards,
+    /// `on_drift` for every mismatching entry. A full run resumes where an
+    /// unfinished run of the same scope stopped.
+    pub async fn verify_indexes(
+        &self,
+        datastore: &str,
+        options: &crate::indexes::VerifyOptions,
+        on_progress: &mut (dyn FnMut(&crate::indexes::VerifyProgress) + Send),
+        on_drift: &mut (dyn FnMut(&crate::indexes::Drift) + Send),
+    ) -> Result<crate::indexes::VerifyReport> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        crate::indexes::verify::run(self.topology_ref(), &ds, options, on_progress, on_drift).await
+    }
+
+    /// The recorded state of the latest full verify of `datastore`.
+    pub async fn last_verify(
+        &self,
+        datastore: &str,
+    ) -> Result<Option<crate::indexes::VerifyCheckpoint>> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        crate::indexes::verify::last_run(self.topology_ref(), &ds).await
+    }
+
     /// Drops the table of an index that is no longer defined (or of an
     /// older `version` of a defined one) on every cluster, with its
     /// progress; returns what was dropped as `cluster: table`.

@@ -84,11 +84,11 @@ pub(crate) fn consumers(topology: &Topology, ds: &DatastoreRuntime) -> Vec<Consu
 
 /// The entry of one row in one index.
 #[derive(Debug, Clone, PartialEq)]
-struct Entry {
-    fields: Vec<Value>,
-    refs: Vec<Option<i64>>,
+pub(crate) struct Entry {
+    pub(crate) fields: Vec<Value>,
+    pub(crate) refs: Vec<Option<i64>>,
     /// The index shard; `None` when the shard field is NULL.
-    shard: Option<u32>,
+    pub(crate) shard: Option<u32>,
 }
 
 /// Entries to recompute: (index position, row key) → the row's shard and
@@ -744,7 +744,7 @@ impl Pass<'_> {
 }
 
 /// The entry of `row_key` in `index` from the latest cells.
-fn compute_entry(
+pub(crate) fn compute_entry(
     runtime: &IndexRuntime,
     shards: u32,
     row_key: Uuid,

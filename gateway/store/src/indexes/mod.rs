@@ -5,7 +5,8 @@
 //! scheduling), `apply.rs` one batched pass over the log, `lag.rs` measures
 //! how far behind the offsets are. Queries: `plan.rs` turns a typed query
 //! or a filter string into a plan, `query.rs` runs it with one statement
-//! per cluster, `cursor.rs` encodes keyset positions. `entry.rs` extracts
+//! per cluster, `cursor.rs` encodes keyset positions. `verify.rs` compares indexes
+//! with their cells and repairs the drift. `entry.rs` extracts
 //! typed field values from cell bodies.
 
 pub(crate) mod apply;
@@ -16,6 +17,7 @@ pub(crate) mod maintainer;
 pub mod plan;
 pub(crate) mod quarantine;
 pub(crate) mod query;
+pub(crate) mod verify;
 
 pub use maintainer::{MaintainerOptions, MaintenanceMetrics};
 #[doc(hidden)]
@@ -23,6 +25,7 @@ pub use maintainer::{PassHook, PassPoint, PassStage};
 pub use plan::{IndexQuery, OrderBy, QueryPlan};
 pub use quarantine::QuarantinedEntry;
 pub use query::{IndexEntry, IndexPage};
+pub use verify::{Drift, DriftKind, VerifyCheckpoint, VerifyOptions, VerifyProgress, VerifyReport};
 
 /// How far one shard's indexes are behind its log.
 #[derive(Debug, Clone, PartialEq, Eq)]

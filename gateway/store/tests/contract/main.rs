@@ -11,6 +11,7 @@ mod maintenance;
 mod moving_leases;
 mod subscriptions;
 mod triggers;
+mod verify;
 
 use catalog::*;
 use concurrency::*;
@@ -19,6 +20,7 @@ use maintenance::*;
 use moving_leases::*;
 use subscriptions::*;
 use triggers::*;
+use verify::*;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -130,6 +132,8 @@ contract_suite!(
 // The index contract again with cells and index entries spread over two
 // clusters, and what only two clusters can show.
 contract_suite_on_two_clusters!(
+    injected_drift_is_found_key_by_key_and_repaired,
+    an_interrupted_verify_resumes_where_it_stopped,
     index_follows_latest_cells,
     shard_field_change_moves_the_entry,
     older_versions_never_overwrite_newer,

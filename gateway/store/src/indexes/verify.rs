@@ -1,0 +1,1077 @@
+//! Verify and repair: compares every index entry with the entry its row's
+//! latest cells give, both ways, and fixes exactly the drift found.
+//!
+//! **What is compared.** Shard by shard (in chunks sized to about half a
+//! second of work), a run reads the cells of the index columns of the
+//! chunk's shards on their cell cluster, computes each row's entry with the
+//! maintainer's own function (`apply::compute_entry`), and reads the
+//! stored rows of those row keys from the index table on every cluster.
+//! A row is then *missing* (no live entry where the entry belongs), *stale*
+//! (a live entry with other fields or source ref keys) or *extra* (a live
+//! entry on a cluster where none belongs). A last phase of a full run
+//! scans the index tables for live entries of rows that have no cells in
+//! the index's columns at all (extra, too).
+//!
+//! **Live traffic.** Index entries follow their cells after the commit, so
+//! a row whose cells the maintainer has not applied yet is not drift: the
+//! run reads the maintainer's offsets before the cells and skips (counts as
+//! *pending*) every row with a cell past them. A mismatch is read again,
+//! offsets, cells and entry, before it is reported, so a write that lands
+//! between the reads is not reported either.
+//!
+//! **Repair** goes through the maintainer's guarded writes: a wrong live
+//! entry is first deleted by compare-and-delete (only if it is still the
+//! row read, by its `_updated_at`), then the row's entry (or tombstone) is
+//! recomputed and written with the guarded upsert on every cluster
+//! (`Pass::reapply`), so a repair racing live maintenance can never put an
+//! older entry over a newer one. It is safe while gateways run.
+//!
+//! **Resuming and throttling.** A full run records its progress in the
+//! catalog of the datastore's first cluster (item `verify`) after every
+//! chunk; a run with the same scope resumes after the last chunk done. Each
+//! chunk is followed by a pause in proportion to its duration (`duty`), so
+//! a run leaves the databases to the foreground most of the time.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::apply::{
+    compute_entry, consumers, read_offsets, Consumer, Entry, Pass, PassResult, Touched,
+};
+use super::entry::col_type;
+use crate::cells::{codec, decoded_cell, select_cells, Cell};
+use crate::error::{Error, Result};
+use crate::shards::row_shard;
+use crate::storage::{ddl, Backend, ColType, Sql, Value, MAX_PARAMS};
+use crate::topology::{DatastoreRuntime, IndexRuntime, Topology};
+
+/// Catalog item of a datastore's verify progress.
+const CHECKPOINT_ITEM: &str = "verify";
+/// Row keys per statement reading stored entries or checking cells.
+const KEYS_PER_STATEMENT: usize = 1000;
+/// Shards of the first chunk; later chunks are sized by [`CHUNK_TIME`].
+const FIRST_CHUNK: usize = 8;
+const MAX_CHUNK: usize = 256;
+/// The work a chunk aims at, as pt-table-checksum does.
+const CHUNK_TIME: Duration = Duration::from_millis(500);
+
+/// What to verify, and how.
+#[derive(Debug, Clone)]
+pub struct VerifyOptions {
+    /// Only these indexes (by name); empty: every index of the datastore.
+    pub indexes: Vec<String>,
+    /// Only the row shards in this range (inclusive).
+    pub shards: Option<(u32, u32)>,
+    /// Only this many shards picked at random from the selection; a sampled
+    /// run does not look for entries of rows without cells, and is not
+    /// resumed.
+    pub sample: Option<u32>,
+    /// Fix the drift found.
+    pub repair: bool,
+    /// The share of the time the run works: after a chunk of `t` it pauses
+    /// `t × (1 − duty) / duty`. 1 runs flat out.
+    pub duty: f64,
+    /// Start over even if an unfinished run of the same scope was recorded.
+    pub restart: bool,
+}
+
+impl Default for VerifyOptions {
+    fn default() -> Self {
+        VerifyOptions {
+            indexes: Vec::new(),
+            shards: None,
+            sample: None,
+            repair: false,
+            duty: 0.5,
+            restart: false,
+        }
+    }
+}
+
+/// How an entry differs from what its row's cells give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriftKind {
+    /// No live entry where the row's entry belongs.
+    Missing,
+    /// A live entry with other field values or source ref keys.
+    Stale,
+    /// A live entry where none belongs.
+    Extra,
+}
+
+impl DriftKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriftKind::Missing => "missing",
+            DriftKind::Stale => "stale",
+            DriftKind::Extra => "extra",
+        }
+    }
+}
+
+/// One mismatching entry.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Drift {
+    pub index: String,
+    pub row_key: Uuid,
+    /// The row's shard.
+    pub shard: u32,
+    pub kind: DriftKind,
+    /// The cluster whose index table is wrong.
+    pub cluster: String,
+    /// The entry the cells give (fields by name, and `_shard`), if it
+    /// belongs on `cluster`.
+    pub expected: Option<serde_json::Value>,
+    /// The live entry stored on `cluster`, if any.
+    pub stored: Option<serde_json::Value>,
+    /// Fixed by this run.
+    pub repaired: bool,
+}
+
+/// Where a run is.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VerifyProgress {
+    /// Shards of the selection done (including those of a resumed run).
+    pub shards_done: u32,
+    pub shards_total: u32,
+    /// Rows compared (per index).
+    pub rows: u64,
+    /// Cells read.
+    pub cells: u64,
+    /// Rows skipped because the maintainer had not applied their cells.
+    pub pending: u64,
+    /// Rows whose latest cells cannot be decoded (see the quarantine).
+    pub unreadable: u64,
+    pub missing: u64,
+    pub stale: u64,
+    pub extra: u64,
+    pub repaired: u64,
+}
+
+impl VerifyProgress {
+    /// Mismatching entries found.
+    pub fn drift(&self) -> u64 {
+        self.missing + self.stale + self.extra
+    }
+
+    fn count(&mut self, kind: DriftKind) {
+        match kind {
+            DriftKind::Missing => self.missing += 1,
+            DriftKind::Stale => self.stale += 1,
+            DriftKind::Extra => self.extra += 1,
+        }
+    }
+}
+
+/// The outcome of a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VerifyReport {
+    pub datastore: String,
+    pub indexes: Vec<String>,
+    pub progress: VerifyProgress,
+    /// The shard a resumed run started from.
+    pub resumed_from: Option<u32>,
+    pub elapsed_ms: u64,
+}
+
+/// A run's record in the catalog: its scope and where it is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VerifyCheckpoint {
+    /// The indexes (name:version) and shard range verified.
+    pub scope: String,
+    pub repair: bool,
+    /// The next shard to verify; `None` once the run completed.
+    pub next_shard: Option<u32>,
+    pub progress: VerifyProgress,
+    pub started_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A stored index row: its `_shard` (NULL for a tombstone), fields, ref
+/// keys and `_updated_at`.
+#[derive(Debug, Clone)]
+struct Stored {
+    shard: Option<u32>,
+    fields: Vec<Value>,
+    refs: Vec<Option<i64>>,
+    updated_at: Value,
+}
+
+/// The cells of one chunk: each (row, column)'s latest cell, and each
+/// row's highest `added_id` per column (to tell pending rows).
+#[derive(Default)]
+struct Source {
+    latest: HashMap<(Uuid, String), Cell>,
+    newest_added: HashMap<(Uuid, String), i64>,
+    /// Row → shard.
+    rows: BTreeMap<Uuid, u32>,
+    unreadable: HashSet<(Uuid, String)>,
+    cells: u64,
+}
+
+/// A candidate mismatch before it is confirmed.
+struct Found {
+    index: usize,
+    row_key: Uuid,
+    shard: u32,
+    kind: DriftKind,
+    target: usize,
+    expected: Option<Entry>,
+    stored: Option<Stored>,
+}
+
+/// Runs a verify (and repair) of `ds`, calling `on_progress` after every
+/// chunk and `on_drift` for every confirmed mismatch.
+pub(crate) async fn run(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    options: &VerifyOptions,
+    on_progress: &mut (dyn FnMut(&VerifyProgress) + Send),
+    on_drift: &mut (dyn FnMut(&Drift) + Send),
+) -> Result<VerifyReport> {
+    let started = Instant::now();
+    let indexes = selected_indexes(ds, &options.indexes)?;
+    let names: Vec<String> = indexes
+        .iter()
+        .map(|&i| ds.indexes[i].def.name.clone())
+        .collect();
+    let shards = selected_shards(ds, options)?;
+    let scope = scope_text(ds, &indexes, options);
+    let home = ds.map.cluster_of(0);
+    let mut progress = VerifyProgress {
+        shards_total: shards.len() as u32,
+        ..VerifyProgress::default()
+    };
+    let mut resumed_from = None;
+    let mut todo: &[u32] = &shards;
+    let checkpointed = options.sample.is_none();
+    let started_at = Utc::now();
+    let mut checkpoint = VerifyCheckpoint {
+        scope: scope.clone(),
+        repair: options.repair,
+        next_shard: shards.first().copied(),
+        progress: progress.clone(),
+        started_at,
+        updated_at: started_at,
+    };
+    if checkpointed && !options.restart {
+        if let Some(previous) = read_checkpoint(topology, ds, home).await? {
+            if previous.scope == scope && previous.repair == options.repair {
+                if let Some(next) = previous.next_shard {
+                    let at = shards.partition_point(|s| *s < next);
+                    todo = &shards[at..];
+                    progress = VerifyProgress {
+                        shards_done: at as u32,
+                        shards_total: shards.len() as u32,
+                        ..previous.progress.clone()
+                    };
+                    resumed_from = Some(next);
+                    checkpoint.started_at = previous.started_at;
+                }
+            }
+        }
+    }
+    let consumers = consumers(topology, ds);
+    let mut chunk = FIRST_CHUNK;
+    while !todo.is_empty() {
+        // A chunk is a run of shards on one cell cluster.
+        let cluster = ds.map.cluster_of(todo[0]);
+        let len = todo
+            .iter()
+            .take(chunk)
+            .take_while(|s| ds.map.cluster_of(**s) == cluster)
+            .count();
+        let (now, rest) = todo.split_at(len);
+        let began = Instant::now();
+        let mut verify = Chunk {
+            topology,
+            ds,
+            consumers: &consumers,
+            indexes: &indexes,
+            cluster,
+        };
+        let found = verify.shards(now, &mut progress).await?;
+        verify
+            .settle(found, options.repair, &mut progress, on_drift)
+            .await?;
+        progress.shards_done += len as u32;
+        todo = rest;
+        if checkpointed {
+            checkpoint.next_shard = todo.first().copied();
+            checkpoint.progress = progress.clone();
+            checkpoint.updated_at = Utc::now();
+            write_checkpoint(topology, ds, home, &checkpoint).await?;
+        }
+        on_progress(&progress);
+        let took = began.elapsed();
+        chunk = next_chunk(chunk, len, took);
+        pause(took, options.duty).await;
+    }
+    if options.sample.is_none() {
+        for &index in &indexes {
+            let mut verify = Chunk {
+                topology,
+                ds,
+                consumers: &consumers,
+                indexes: &indexes,
+                cluster: home,
+            };
+            verify
+                .orphans(index, &shards, options, &mut progress, on_drift)
+                .await?;
+        }
+        on_progress(&progress);
+    }
+    if checkpointed {
+        checkpoint.next_shard = None;
+        checkpoint.progress = progress.clone();
+        checkpoint.updated_at = Utc::now();
+        write_checkpoint(topology, ds, home, &checkpoint).await?;
+    }
+    Ok(VerifyReport {
+        datastore: ds.name().to_string(),
+        indexes: names,
+        progress,
+        resumed_from,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// The recorded progress of the latest full run on `ds`, if any.
+pub(crate) async fn last_run(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+) -> Result<Option<VerifyCheckpoint>> {
+    read_checkpoint(topology, ds, ds.map.cluster_of(0)).await
+}
+
+fn selected_indexes(ds: &DatastoreRuntime, names: &[String]) -> Result<Vec<usize>> {
+    if names.is_empty() {
+        return Ok((0..ds.indexes.len()).collect());
+    }
+    names
+        .iter()
+        .map(|name| {
+            ds.indexes
+                .iter()
+                .position(|i| &i.def.name == name)
+                .ok_or_else(|| Error::UnknownIndex {
+                    datastore: ds.name().to_string(),
+                    index: name.clone(),
+                })
+        })
+        .collect()
+}
+
+fn selected_shards(ds: &DatastoreRuntime, options: &VerifyOptions) -> Result<Vec<u32>> {
+    let count = ds.def.shards;
+    let (first, last) = options.shards.unwrap_or((0, count - 1));
+    if first > last || last >= count {
+        return Err(Error::BadInput(format!(
+            "shards {first}-{last} are not within 0-{} of datastore `{}`",
+            count - 1,
+            ds.name()
+        )));
+    }
+    let mut shards: Vec<u32> = (first..=last).collect();
+    if let Some(sample) = options.sample {
+        use rand::seq::SliceRandom;
+        shards.shuffle(&mut rand::thread_rng());
+        shards.truncate(sample.max(1) as usize);
+        shards.sort_unstable();
+    }
+    Ok(shards)
+}
+
+fn scope_text(ds: &DatastoreRuntime, indexes: &[usize], options: &VerifyOptions) -> String {
+    let names: Vec<String> = indexes
+        .iter()
+        .map(|&i| format!("{}:{}", ds.indexes[i].def.name, ds.indexes[i].version))
+        .collect();
+    let (first, last) = options.shards.unwrap_or((0, ds.def.shards - 1));
+    format!("{} shards {first}-{last}", names.join(","))
+}
+
+/// The next chunk size: aims at [`CHUNK_TIME`], at most doubling.
+fn next_chunk(chunk: usize, len: usize, took: Duration) -> usize {
+    if len < chunk {
+        return chunk;
+    }
+    let per_shard = took.as_secs_f64() / len.max(1) as f64;
+    let aim = if per_shard > 0.0 {
+        (CHUNK_TIME.as_secs_f64() / per_shard) as usize
+    } else {
+        MAX_CHUNK
+    };
+    aim.clamp(1, (chunk * 2).min(MAX_CHUNK))
+}
+
+async fn pause(took: Duration, duty: f64) {
+    if duty > 0.0 && duty < 1.0 {
+        let rest = took.mul_f64((1.0 - duty) / duty);
+        tokio::time::sleep(rest.min(Duration::from_secs(10))).await;
+    }
+}
+
+struct Chunk<'a> {
+    topology: &'a Topology,
+    ds: &'a DatastoreRuntime,
+    consumers: &'a [Consumer],
+    indexes: &'a [usize],
+    /// The cell cluster of the rows.
+    cluster: usize,
+}
+
+impl Chunk<'_> {
+    fn cell_backend(&self, cluster: usize) -> Result<&std::sync::Arc<dyn Backend>> {
+        self.topology.clusters[cluster].maintenance()
+    }
+
+    fn columns(&self) -> Vec<String> {
+        self.indexes
+            .iter()
+            .flat_map(|&i| self.ds.indexes[i].def.columns.iter().cloned())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    }
+
+    /// Compares the entries of every row of `shards`; returns the
+    /// mismatches (not yet confirmed).
+    async fn shards(
+        &mut self,
+        shards: &[u32],
+        progress: &mut VerifyProgress,
+    ) -> Result<Vec<Found>> {
+        let backend = self.cell_backend(self.cluster)?.clone();
+        let offsets = read_offsets(backend.as_ref(), self.ds, self.consumers, shards).await?;
+        let source = self
+            .read_source(backend.as_ref(), Selection::Shards(shards))
+            .await?;
+        progress.cells += source.cells;
+        self.compare(&offsets, &source, None, progress).await
+    }
+
+    /// Reads the cells of the index columns of the selected rows.
+    async fn read_source(&self, backend: &dyn Backend, selection: Selection<'_>) -> Result<Source> {
+        let columns = self.columns();
+        let table = ddl::cells_table(self.ds.name());
+        let mut source = Source::default();
+        let keys: Vec<Value> = match selection {
+            Selection::Shards(shards) => shards.iter().map(|s| Value::Int(i64::from(*s))).collect(),
+            Selection::Rows(rows) => rows.iter().map(|r| Value::Uuid(*r)).collect(),
+        };
+        let by = match selection {
+            Selection::Shards(_) => "shard",
+            Selection::Rows(_) => "row_key",
+        };
+        let mut raw: HashMap<(Uuid, String), Cell<Vec<u8>>> = HashMap::new();
+        for part in keys.chunks(MAX_PARAMS / 2) {
+            let mut sql = Sql::new(backend.dialect());
+            select_cells(&mut sql, &table, None);
+            sql.push(" WHERE ")
+                .ident(by)
+                .push(" IN ")
+                .bind_list(part.iter().cloned())
+                .push(" AND ")
+                .ident("column_name")
+                .push(" IN ")
+                .bind_list(columns.iter().map(|c| Value::Text(c.clone())));
+            for row in backend.fetch(&sql, &crate::cells::CELL_TYPES).await? {
+                let cell = decoded_cell(row, &|b: &[u8]| Ok(b.to_vec()))?;
+                source.cells += 1;
+                source.rows.insert(cell.row_key, cell.shard);
+                let key = (cell.row_key, cell.column.clone());
+                let newest = source
+                    .newest_added
+                    .entry(key.clone())
+                    .or_insert(cell.added_id);
+                *newest = (*newest).max(cell.added_id);
+                match raw.get(&key) {
+                    Some(kept) if kept.ref_key >= cell.ref_key => {}
+                    _ => {
+                        raw.insert(key, cell);
+                    }
+                }
+            }
+        }
+        for (key, cell) in raw {
+            match codec::decode(&cell.body) {
+                Ok(body) => {
+                    source.latest.insert(
+                        key,
+                        Cell {
+                            row_key: cell.row_key,
+                            column: cell.column,
+                            ref_key: cell.ref_key,
+                            body,
+                            created_at: cell.created_at,
+                            shard: cell.shard,
+                            added_id: cell.added_id,
+                        },
+                    );
+                }
+                Err(_) => {
+                    source.unreadable.insert(key);
+                }
+            }
+        }
+        Ok(source)
+    }
+
+    /// Compares the source's rows (or only `only`) with the stored entries.
+    async fn compare(
+        &self,
+        offsets: &BTreeMap<u32, Vec<i64>>,
+        source: &Source,
+        only: Option<&BTreeSet<(usize, Uuid)>>,
+        progress: &mut VerifyProgress,
+    ) -> Result<Vec<Found>> {
+        let mut found = Vec::new();
+        let targets = self.ds.map.clusters();
+        for &index in self.indexes {
+            let runtime = &self.ds.indexes[index];
+            let rows: Vec<Uuid> = source
+                .rows
+                .keys()
+                .copied()
+                .filter(|r| only.is_none_or(|o| o.contains(&(index, *r))))
+                .collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let stored = read_stored(self.topology, runtime, &targets, &rows).await?;
+            // The lowest offset among the index's consumers, per shard.
+            let applied = |shard: u32| -> i64 {
+                offsets.get(&shard).map_or(0, |per| {
+                    self.consumers
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, c)| c.index == index)
+                        .map(|(i, _)| per[i])
+                        .min()
+                        .unwrap_or(0)
+                })
+            };
+            for row_key in rows {
+                let shard = source.rows[&row_key];
+                let columns = &runtime.def.columns;
+                let newest = columns
+                    .iter()
+                    .filter_map(|c| source.newest_added.get(&(row_key, c.clone())))
+                    .max()
+                    .copied()
+                    .unwrap_or(0);
+                if newest > applied(shard) {
+                    progress.pending += 1;
+                    continue;
+                }
+                if columns
+                    .iter()
+                    .any(|c| source.unreadable.contains(&(row_key, c.clone())))
+                {
+                    progress.unreadable += 1;
+                    continue;
+                }
+                progress.rows += 1;
+                let mut scratch = PassResult::default();
+                let expected = compute_entry(
+                    runtime,
+                    self.ds.def.shards,
+                    row_key,
+                    &source.latest,
+                    &mut scratch,
+                );
+                let home = expected.shard.map(|s| self.ds.map.cluster_of(s));
+                for &target in &targets {
+                    let live = stored.get(&(target, row_key)).filter(|s| s.shard.is_some());
+                    let kind = match (home == Some(target), live) {
+                        (true, None) => Some(DriftKind::Missing),
+                        (true, Some(s)) if !same(&expected, s) => Some(DriftKind::Stale),
+                        (false, Some(_)) => Some(DriftKind::Extra),
+                        _ => None,
+                    };
+                    if let Some(kind) = kind {
+                        found.push(Found {
+                            index,
+                            row_key,
+                            shard,
+                            kind,
+                            target,
+                            expected: (home == Some(target)).then(|| expected.clone()),
+                            stored: live.cloned(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Reads the mismatches again and reports (and repairs) those that
+    /// remain.
+    async fn settle(
+        &mut self,
+        found: Vec<Found>,
+        repair: bool,
+        progress: &mut VerifyProgress,
+        on_drift: &mut (dyn FnMut(&Drift) + Send),
+    ) -> Result<()> {
+        if found.is_empty() {
+            return Ok(());
+        }
+        let only: BTreeSet<(usize, Uuid)> = found.iter().map(|f| (f.index, f.row_key)).collect();
+        let rows: Vec<Uuid> = only
+            .iter()
+            .map(|(_, r)| *r)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let backend = self.cell_backend(self.cluster)?.clone();
+        let shards: Vec<u32> = found
+            .iter()
+            .map(|f| f.shard)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let offsets = read_offsets(backend.as_ref(), self.ds, self.consumers, &shards).await?;
+        let source = self
+            .read_source(backend.as_ref(), Selection::Rows(&rows))
+            .await?;
+        // The second look counts nothing but the drift it confirms.
+        let mut again = VerifyProgress::default();
+        let mut confirmed = self
+            .compare(&offsets, &source, Some(&only), &mut again)
+            .await?;
+        progress.pending += again.pending;
+        // Rows with no cells left in the index columns: whatever is live is extra.
+        let first: HashMap<(usize, Uuid, usize), &Found> = found
+            .iter()
+            .map(|f| ((f.index, f.row_key, f.target), f))
+            .collect();
+        confirmed.retain(|f| first.contains_key(&(f.index, f.row_key, f.target)));
+        let missing_rows: Vec<&Found> = found
+            .iter()
+            .filter(|f| !source.rows.contains_key(&f.row_key) && f.kind == DriftKind::Extra)
+            .collect();
+        for f in missing_rows {
+            let runtime = &self.ds.indexes[f.index];
+            let stored = read_stored(self.topology, runtime, &[f.target], &[f.row_key]).await?;
+            if let Some(live) = stored
+                .get(&(f.target, f.row_key))
+                .filter(|s| s.shard.is_some())
+            {
+                confirmed.push(Found {
+                    stored: Some(live.clone()),
+                    expected: None,
+                    ..*f
+                });
+            }
+        }
+        self.report(confirmed, repair, progress, on_drift).await
+    }
+
+    async fn report(
+        &mut self,
+        confirmed: Vec<Found>,
+        repair: bool,
+        progress: &mut VerifyProgress,
+        on_drift: &mut (dyn FnMut(&Drift) + Send),
+    ) -> Result<()> {
+        if confirmed.is_empty() {
+            return Ok(());
+        }
+        let repaired = if repair {
+            self.repair(&confirmed).await?
+        } else {
+            HashSet::new()
+        };
+        for f in &confirmed {
+            progress.count(f.kind);
+            let runtime = &self.ds.indexes[f.index];
+            let fixed = repaired.contains(&(f.index, f.row_key));
+            if fixed {
+                progress.repaired += 1;
+            }
+            on_drift(&Drift {
+                index: runtime.def.name.clone(),
+                row_key: f.row_key,
+                shard: f.shard,
+                kind: f.kind,
+                cluster: self.topology.clusters[f.target].name.clone(),
+                expected: f
+                    .expected
+                    .as_ref()
+                    .map(|e| entry_json(runtime, e.shard, &e.fields, &e.refs)),
+                stored: f
+                    .stored
+                    .as_ref()
+                    .map(|s| entry_json(runtime, s.shard, &s.fields, &s.refs)),
+                repaired: fixed,
+            });
+        }
+        Ok(())
+    }
+
+    /// Deletes the wrong live entries that are still as read, then writes
+    /// every drifting row's entry with the maintainer's guarded upsert.
+    /// Returns the (index, row) pairs written.
+    async fn repair(&mut self, confirmed: &[Found]) -> Result<HashSet<(usize, Uuid)>> {
+        for f in confirmed {
+            if let Some(stored) = &f.stored {
+                let runtime = &self.ds.indexes[f.index];
+                let backend = self.topology.clusters[f.target].maintenance()?;
+                let mut sql = Sql::new(backend.dialect());
+                sql.push("DELETE FROM ")
+                    .ident(&runtime.table)
+                    .push(" WHERE ")
+                    .ident("row_key")
+                    .push(" = ")
+                    .bind(Value::Uuid(f.row_key))
+                    .push(" AND ")
+                    .ident(ddl::INDEX_SHARD_COLUMN)
+                    .push(" = ")
+                    .bind(Value::Int(i64::from(stored.shard.unwrap_or(0))))
+                    .push(" AND ")
+                    .ident("_updated_at")
+                    .push(" = ")
+                    .bind(stored.updated_at.clone());
+                backend.execute(&sql).await?;
+            }
+        }
+        let mut by_cluster: BTreeMap<usize, Touched> = BTreeMap::new();
+        for f in confirmed {
+            by_cluster
+                .entry(self.ds.map.cluster_of(f.shard))
+                .or_default()
+                .insert((f.index, f.row_key), (f.shard, 0));
+        }
+        let mut written = HashSet::new();
+        let mut attempts = HashMap::new();
+        for (cluster, touched) in by_cluster {
+            let mut pass = Pass {
+                topology: self.topology,
+                ds: self.ds,
+                cluster,
+                consumers: self.consumers,
+                fence: None,
+                attempts: &mut attempts,
+                quarantine_after: 1,
+                hook: None,
+            };
+            pass.reapply(&touched, &[]).await?;
+            written.extend(touched.keys().copied());
+        }
+        Ok(written)
+    }
+
+    /// Finds live entries of `index` whose rows have no cells in the
+    /// index's columns (so the shard scan never met them).
+    async fn orphans(
+        &mut self,
+        index: usize,
+        shards: &[u32],
+        options: &VerifyOptions,
+        progress: &mut VerifyProgress,
+        on_drift: &mut (dyn FnMut(&Drift) + Send),
+    ) -> Result<()> {
+        let runtime = &self.ds.indexes[index];
+        let selected: HashSet<u32> = shards.iter().copied().collect();
+        for target in self.ds.map.clusters() {
+            let backend = self.topology.clusters[target].maintenance()?.clone();
+            let mut after: Option<Uuid> = None;
+            loop {
+                let mut sql = Sql::new(backend.dialect());
+                sql.push("SELECT ")
+                    .ident("row_key")
+                    .push(" FROM ")
+                    .ident(&runtime.table)
+                    .push(" WHERE ")
+                    .ident(ddl::INDEX_SHARD_COLUMN)
+                    .push(" IS NOT NULL");
+                if let Some(after) = after {
+                    sql.push(" AND ")
+                        .ident("row_key")
+                        .push(" > ")
+                        .bind(Value::Uuid(after));
+                }
+                sql.push(" ORDER BY ")
+                    .ident("row_key")
+                    .push(&format!(" LIMIT {KEYS_PER_STATEMENT}"));
+                let page: Vec<Uuid> = backend
+                    .fetch(&sql, &[ColType::Uuid])
+                    .await?
+                    .into_iter()
+                    .filter_map(|row| match row.into_iter().next() {
+                        Some(Value::Uuid(u)) => Some(u),
+                        _ => None,
+                    })
+                    .collect();
+                let Some(last) = page.last().copied() else {
+                    break;
+                };
+                after = Some(last);
+                let mut by_cluster: BTreeMap<usize, Vec<Uuid>> = BTreeMap::new();
+                for row_key in &page {
+                    let shard = row_shard(row_key, self.ds.def.shards);
+                    if selected.contains(&shard) {
+                        by_cluster
+                            .entry(self.ds.map.cluster_of(shard))
+                            .or_default()
+                            .push(*row_key);
+                    }
+                }
+                for (cell_cluster, rows) in by_cluster {
+                    let have = self.rows_with_cells(cell_cluster, runtime, &rows).await?;
+                    let lonely: Vec<Found> = rows
+                        .iter()
+                        .filter(|r| !have.contains(r))
+                        .map(|r| Found {
+                            index,
+                            row_key: *r,
+                            shard: row_shard(r, self.ds.def.shards),
+                            kind: DriftKind::Extra,
+                            target,
+                            expected: None,
+                            stored: None,
+                        })
+                        .collect();
+                    if !lonely.is_empty() {
+                        self.cluster = cell_cluster;
+                        self.settle(lonely, options.repair, progress, on_drift)
+                            .await?;
+                    }
+                }
+                if page.len() < KEYS_PER_STATEMENT {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Which of `rows` have a cell in one of the index's columns.
+    async fn rows_with_cells(
+        &self,
+        cluster: usize,
+        runtime: &IndexRuntime,
+        rows: &[Uuid],
+    ) -> Result<HashSet<Uuid>> {
+        let backend = self.cell_backend(cluster)?;
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("SELECT DISTINCT ")
+            .ident("row_key")
+            .push(" FROM ")
+            .ident(&ddl::cells_table(self.ds.name()))
+            .push(" WHERE ")
+            .ident("row_key")
+            .push(" IN ")
+            .bind_list(rows.iter().map(|r| Value::Uuid(*r)))
+            .push(" AND ")
+            .ident("column_name")
+            .push(" IN ")
+            .bind_list(runtime.def.columns.iter().map(|c| Value::Text(c.clone())));
+        Ok(backend
+            .fetch(&sql, &[ColType::Uuid])
+            .await?
+            .into_iter()
+            .filter_map(|row| match row.into_iter().next() {
+                Some(Value::Uuid(u)) => Some(u),
+                _ => None,
+            })
+            .collect())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Selection<'a> {
+    Shards(&'a [u32]),
+    Rows(&'a [Uuid]),
+}
+
+/// The stored rows of `rows` in `runtime`'s table on each of `targets`.
+async fn read_stored(
+    topology: &Topology,
+    runtime: &IndexRuntime,
+    targets: &[usize],
+    rows: &[Uuid],
+) -> Result<HashMap<(usize, Uuid), Stored>> {
+    let index = &runtime.def;
+    let mut names: Vec<String> = vec!["row_key".into(), ddl::INDEX_SHARD_COLUMN.into()];
+    names.extend(index.fields.iter().map(|f| f.name.clone()));
+    names.extend(index.columns.iter().map(|c| ddl::ref_column(c)));
+    names.push("_updated_at".into());
+    let mut types = vec![ColType::Uuid, ColType::Int];
+    types.extend(index.fields.iter().map(|f| col_type(f.ty)));
+    types.extend(index.columns.iter().map(|_| ColType::Int));
+    types.push(ColType::DateTime);
+    let mut stored = HashMap::new();
+    for &target in targets {
+        let backend = topology.clusters[target].maintenance()?;
+        for part in rows.chunks(KEYS_PER_STATEMENT) {
+            let mut sql = Sql::new(backend.dialect());
+            sql.push("SELECT ")
+                .idents(names.iter().map(String::as_str))
+                .push(" FROM ")
+                .ident(&runtime.table)
+                .push(" WHERE ")
+                .ident("row_key")
+                .push(" IN ")
+                .bind_list(part.iter().map(|r| Value::Uuid(*r)));
+            for row in backend.fetch(&sql, &types).await? {
+                let mut row = row.into_iter();
+                let Some(Value::Uuid(row_key)) = row.next() else {
+                    continue;
+                };
+                let shard = row.next().and_then(|v| v.as_int()).map(|s| s as u32);
+                let fields: Vec<Value> = row.by_ref().take(index.fields.len()).collect();
+                let refs: Vec<Option<i64>> = row
+                    .by_ref()
+                    .take(index.columns.len())
+                    .map(|v| v.as_int())
+                    .collect();
+                let updated_at = row.next().unwrap_or(Value::Null(ColType::DateTime));
+                stored.insert(
+                    (target, row_key),
+                    Stored {
+                        shard,
+                        fields,
+                        refs,
+                        updated_at,
+                    },
+                );
+            }
+        }
+    }
+    Ok(stored)
+}
+
+/// Whether a live stored row is the expected entry.
+fn same(expected: &Entry, stored: &Stored) -> bool {
+    expected.shard == stored.shard
+        && expected.refs == stored.refs
+        && expected.fields.len() == stored.fields.len()
+        && expected
+            .fields
+            .iter()
+            .zip(&stored.fields)
+            .all(|(a, b)| same_value(a, b))
+}
+
+fn same_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Null(_), Value::Null(_)) => true,
+        _ => a == b,
+    }
+}
+
+/// An entry as JSON for the report: its fields by name, `_shard` and the
+/// source ref keys as `_ref_<column>`.
+fn entry_json(
+    runtime: &IndexRuntime,
+    shard: Option<u32>,
+    fields: &[Value],
+    refs: &[Option<i64>],
+) -> serde_json::Value {
+    let mut object = serde_json::Map::new();
+    object.insert("_shard".into(), shard.into());
+    for (field, value) in runtime.def.fields.iter().zip(fields) {
+        object.insert(field.name.clone(), value_json(value));
+    }
+    for (column, r) in runtime.def.columns.iter().zip(refs) {
+        object.insert(ddl::ref_column(column), r.map(|r| r.to_string()).into());
+    }
+    serde_json::Value::Object(object)
+}
+
+fn value_json(value: &Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    match value {
+        Value::Null(_) => J::Null,
+        Value::Bool(b) => J::Bool(*b),
+        Value::Int(i) => J::String(i.to_string()),
+        Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
+        Value::Text(s) => J::String(s.clone()),
+        Value::Bytes(b) => J::String(hex_text(b)),
+        Value::Uuid(u) => J::String(u.to_string()),
+        Value::DateTime(t) => J::String(t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
+    }
+}
+
+fn hex_text(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn read_checkpoint(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    cluster: usize,
+) -> Result<Option<VerifyCheckpoint>> {
+    let backend = topology.clusters[cluster].maintenance()?;
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("SELECT ")
+        .ident("value")
+        .push(" FROM ")
+        .ident(ddl::CATALOG_TABLE)
+        .push(" WHERE ")
+        .ident("datastore")
+        .push(" = ")
+        .bind(Value::Text(ds.name().to_string()))
+        .push(" AND ")
+        .ident("item")
+        .push(" = ")
+        .bind(Value::Text(CHECKPOINT_ITEM.to_string()));
+    let rows = backend.fetch(&sql, &[ColType::Text]).await?;
+    Ok(rows
+        .into_iter()
+        .next()
+        .and_then(|row| row.into_iter().next())
+        .and_then(|v| v.as_text().and_then(|t| serde_json::from_str(t).ok())))
+}
+
+async fn write_checkpoint(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    cluster: usize,
+    checkpoint: &VerifyCheckpoint,
+) -> Result<()> {
+    let backend = topology.clusters[cluster].maintenance()?;
+    let dialect = backend.dialect();
+    let mut sql = Sql::new(dialect);
+    sql.push("INSERT INTO ")
+        .ident(ddl::CATALOG_TABLE)
+        .push(" (")
+        .idents(["datastore", "item", "value", "updated_at"])
+        .push(") VALUES ");
+    sql.values([vec![
+        Value::Text(ds.name().to_string()),
+        Value::Text(CHECKPOINT_ITEM.to_string()),
+        Value::Text(serde_json::to_string(checkpoint).expect("a checkpoint serializes")),
+        Value::DateTime(crate::storage::value::truncate_to_micros(Utc::now())),
+    ]]);
+    sql.push(&dialect.upsert(&["datastore", "item"], &["value", "updated_at"]));
+    backend.execute(&sql).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_aim_at_half_a_second_and_grow_at_most_twofold() {
+        assert_eq!(next_chunk(8, 8, Duration::from_millis(10)), 16);
+        assert_eq!(next_chunk(64, 64, Duration::from_secs(2)), 16);
+        assert_eq!(next_chunk(8, 3, Duration::from_secs(5)), 8);
+        assert_eq!(next_chunk(256, 256, Duration::ZERO), 256);
+    }
+}

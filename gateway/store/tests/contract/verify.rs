@@ -1,0 +1,275 @@
+//! Verify and repair of indexes, on two clusters: drift injected into the
+//! index tables (deleted, stale and extra entries, one of them on the
+//! wrong cluster) is found key by key, repaired, and a second run is
+//! clean; an interrupted run resumes where it stopped.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellgate_store::cells::NewCell;
+use cellgate_store::indexes::{Drift, DriftKind, VerifyOptions, VerifyProgress, VerifyReport};
+use cellgate_store::shards::value_shard;
+use cellgate_store::storage::Value;
+use cellgate_store::{Store, StoreOptions};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::harness::{self, Env, Kind, DEFINITIONS, TRIP_SHARDS};
+
+const SPLIT: u32 = TRIP_SHARDS / 2;
+
+async fn open(env: &Env) -> Store {
+    let defs = index_dsl::load_files(std::path::Path::new("defs"), DEFINITIONS.iter().copied())
+        .unwrap_or_else(|e| panic!("test definitions are invalid:\n{e}"));
+    let mut options = StoreOptions::new(env.storage());
+    options.maintenance.lease_time = Duration::from_secs(2);
+    options.maintenance.sweep_every = Duration::from_millis(100);
+    Store::open(defs, options).await.expect("store opens")
+}
+
+fn trip(row: Uuid, driver: Uuid, city: Uuid) -> NewCell {
+    NewCell {
+        row_key: row,
+        column: "BASE".into(),
+        ref_key: 1,
+        body: json!({
+            "driver_partner_uuid": driver.to_string(),
+            "city_uuid": city.to_string(),
+            "trip_created_at": "2024-05-01T10:00:00.123456Z",
+            "fare": {"total": 12.5},
+        }),
+    }
+}
+
+/// The URL of the cluster holding the index entries of shard field `value`.
+fn entry_url(env: &Env, value: Uuid) -> String {
+    let shard = value_shard(&Value::Uuid(value), TRIP_SHARDS).unwrap();
+    if shard < SPLIT {
+        env.url.clone()
+    } else {
+        env.second.clone().expect("two clusters")
+    }
+}
+
+fn other_url(env: &Env, url: &str) -> String {
+    if url == env.url {
+        env.second.clone().expect("two clusters")
+    } else {
+        env.url.clone()
+    }
+}
+
+/// A UUID literal of the backend.
+fn uuid_sql(kind: Kind, value: Uuid) -> String {
+    match kind {
+        Kind::Postgres => format!("'{value}'"),
+        _ => format!("X'{}'", value.simple()),
+    }
+}
+
+async fn verify(store: &Store, options: VerifyOptions) -> (VerifyReport, Vec<Drift>) {
+    let mut drift = Vec::new();
+    let report = store
+        .verify_indexes(
+            "trips",
+            &options,
+            &mut |_: &VerifyProgress| {},
+            &mut |d: &Drift| drift.push(d.clone()),
+        )
+        .await
+        .expect("verify runs");
+    (report, drift)
+}
+
+fn full(repair: bool) -> VerifyOptions {
+    VerifyOptions {
+        indexes: vec!["driver_partner_index".into()],
+        repair,
+        duty: 1.0,
+        restart: true,
+        ..VerifyOptions::default()
+    }
+}
+
+pub async fn injected_drift_is_found_key_by_key_and_repaired(env: Arc<Env>) {
+    let store = open(&env).await;
+    let rows: Vec<(Uuid, Uuid)> = (0..120).map(|_| (Uuid::new_v4(), Uuid::new_v4())).collect();
+    let city = Uuid::new_v4();
+    let cells: Vec<NewCell> = rows.iter().map(|(r, d)| trip(*r, *d, city)).collect();
+    store.put_cells("trips", cells).await.unwrap();
+    store.sync_indexes().await.unwrap();
+
+    let (clean, drift) = verify(&store, full(false)).await;
+    assert!(drift.is_empty(), "a fresh index drifts: {drift:?}");
+    assert_eq!(clean.progress.rows, 120, "{clean:?}");
+    assert_eq!(clean.progress.shards_done, TRIP_SHARDS);
+
+    let table = store.index_table("trips", "driver_partner_index").unwrap();
+    let kind = env.kind;
+    let [(missing, missing_driver), (stale, stale_driver), (moved, moved_driver), (model, model_driver)] =
+        [rows[0], rows[1], rows[2], rows[3]];
+    // Missing: the entry is deleted.
+    harness::execute(
+        kind,
+        &entry_url(&env, missing_driver),
+        &format!(
+            "DELETE FROM {table} WHERE row_key = {}",
+            uuid_sql(kind, missing)
+        ),
+    )
+    .await;
+    // Stale: a field no longer matches the cell.
+    harness::execute(
+        kind,
+        &entry_url(&env, stale_driver),
+        &format!(
+            "UPDATE {table} SET city_uuid = NULL WHERE row_key = {}",
+            uuid_sql(kind, stale)
+        ),
+    )
+    .await;
+    // Extra, on the wrong cluster: the row's tombstone there comes alive.
+    let wrong = other_url(&env, &entry_url(&env, moved_driver));
+    harness::execute(
+        kind,
+        &wrong,
+        &format!(
+            "UPDATE {table} SET _shard = 7 WHERE row_key = {}",
+            uuid_sql(kind, moved)
+        ),
+    )
+    .await;
+    // Extra, of a row that has no cells at all.
+    let orphan = Uuid::new_v4();
+    let orphan_url = entry_url(&env, model_driver);
+    harness::execute(
+        kind,
+        &orphan_url,
+        &format!(
+            "INSERT INTO {table} (row_key, _shard, driver_partner_uuid, _updated_at) \
+             SELECT {}, _shard, driver_partner_uuid, _updated_at FROM {table} WHERE row_key = {}",
+            uuid_sql(kind, orphan),
+            uuid_sql(kind, model)
+        ),
+    )
+    .await;
+
+    let (found, drift) = verify(&store, full(false)).await;
+    let seen: BTreeSet<(DriftKind, Uuid)> = drift.iter().map(|d| (d.kind, d.row_key)).collect();
+    let expected: BTreeSet<(DriftKind, Uuid)> = [
+        (DriftKind::Missing, missing),
+        (DriftKind::Stale, stale),
+        (DriftKind::Extra, moved),
+        (DriftKind::Extra, orphan),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(seen, expected, "{drift:#?}");
+    assert_eq!(found.progress.drift(), 4);
+    assert_eq!(found.progress.repaired, 0);
+    let stale_report = drift.iter().find(|d| d.row_key == stale).unwrap();
+    assert_eq!(
+        stale_report.stored.as_ref().unwrap()["city_uuid"],
+        json!(null)
+    );
+    assert_eq!(
+        stale_report.expected.as_ref().unwrap()["city_uuid"],
+        json!(city.to_string())
+    );
+    assert!(drift.iter().all(|d| !d.repaired));
+
+    let (repaired, drift) = verify(&store, full(true)).await;
+    assert_eq!(drift.len(), 4, "{drift:#?}");
+    assert!(drift.iter().all(|d| d.repaired), "{drift:#?}");
+    assert_eq!(repaired.progress.repaired, 4);
+
+    let (again, drift) = verify(&store, full(false)).await;
+    assert!(drift.is_empty(), "drift after the repair: {drift:#?}");
+    assert_eq!(again.progress.rows, 120);
+    // Queries see the repaired index.
+    for (row, driver) in [
+        (missing, missing_driver),
+        (stale, stale_driver),
+        (moved, moved_driver),
+    ] {
+        let page = store
+            .query_index(
+                "trips",
+                &cellgate_store::indexes::IndexQuery {
+                    index: "driver_partner_index".into(),
+                    shard_values: vec![index_dsl::Literal::String(driver.to_string())],
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            page.entries.iter().map(|e| e.row_key).collect::<Vec<_>>(),
+            vec![row]
+        );
+    }
+    store.shutdown(Duration::from_secs(5)).await;
+}
+
+pub async fn an_interrupted_verify_resumes_where_it_stopped(env: Arc<Env>) {
+    let store = open(&env).await;
+    let cells: Vec<NewCell> = (0..60)
+        .map(|_| trip(Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4()))
+        .collect();
+    store.put_cells("trips", cells).await.unwrap();
+    store.sync_indexes().await.unwrap();
+    let options = VerifyOptions {
+        restart: true,
+        duty: 1.0,
+        ..VerifyOptions::default()
+    };
+    // The first run is stopped after a few chunks, as a killed process
+    // would be.
+    let chunks = AtomicUsize::new(0);
+    let third = tokio::sync::Notify::new();
+    let mut on_progress = |p: &VerifyProgress| {
+        assert!(p.shards_done <= p.shards_total);
+        if chunks.fetch_add(1, Ordering::SeqCst) + 1 == 3 {
+            third.notify_one();
+        }
+    };
+    let mut ignore = |_: &Drift| {};
+    tokio::select! {
+        outcome = store.verify_indexes("trips", &options, &mut on_progress, &mut ignore) => {
+            panic!("the run ended before it could be stopped: {outcome:?}")
+        }
+        _ = third.notified() => {}
+    }
+    let checkpoint = store
+        .last_verify("trips")
+        .await
+        .unwrap()
+        .expect("a checkpoint");
+    let next = checkpoint.next_shard.expect("an unfinished run");
+    assert!(next > 0, "{checkpoint:?}");
+
+    let resumed = VerifyOptions {
+        restart: false,
+        ..options.clone()
+    };
+    let (report, drift) = {
+        let mut drift = Vec::new();
+        let report = store
+            .verify_indexes("trips", &resumed, &mut |_| {}, &mut |d: &Drift| {
+                drift.push(d.clone())
+            })
+            .await
+            .unwrap();
+        (report, drift)
+    };
+    assert!(drift.is_empty(), "{drift:?}");
+    assert_eq!(report.resumed_from, Some(next));
+    assert_eq!(report.progress.shards_done, TRIP_SHARDS);
+    // Both indexes of every row were compared, across both runs.
+    assert_eq!(report.progress.rows, 120, "{report:?}");
+    let done = store.last_verify("trips").await.unwrap().unwrap();
+    assert_eq!(done.next_shard, None);
+    store.shutdown(Duration::from_secs(5)).await;
+}
