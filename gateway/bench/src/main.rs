@@ -31,6 +31,7 @@ mod replicas;
 mod report;
 mod server;
 mod triggers;
+mod verify;
 
 use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
@@ -111,6 +112,11 @@ enum Command {
     /// delivery throughput over a stored backlog, and the time from a
     /// cell's commit to its handler call at steady write rates.
     Triggers(triggers::TriggersBenchArgs),
+    /// Measure an index verify on one cluster: a full verify of `--trips`
+    /// trips against a plain scan of the cell table (twice, interleaved),
+    /// and the p50/p99 of index queries alone and beside a throttled
+    /// verify.
+    Verify(verify::VerifyBenchArgs),
     /// Measure index queries and pages of rows read with `consistency:
     /// MASTER` against the same with `consistency: REPLICA`, over HTTP.
     ///
@@ -165,6 +171,7 @@ fn main() -> ExitCode {
             Some(Command::Buffer(args)) => buffer::run(args).await,
             Some(Command::Triggers(args)) => triggers::run(args).await,
             Some(Command::Replicas(args)) => replicas::run(args).await,
+            Some(Command::Verify(args)) => verify::run(args).await,
             None => gateway::run(cli.gateway).await,
         }
     };

@@ -6,7 +6,8 @@
 //! `quarantine list` shows the entries set aside after failing to apply,
 //! `quarantine retry` applies them again. `verify` compares the indexes
 //! with the entries their rows' latest cells give and reports every
-//! mismatching key (exit status 2 on drift); `repair` (or `verify
+//! mismatching key (exit status 3 on drift; 1 is an error, 2 a usage
+//! error); `repair` (or `verify
 //! --repair`) also fixes them, safely while gateways run.
 
 use std::io::{IsTerminal as _, Write as _};
@@ -34,7 +35,7 @@ pub enum IndexCommand {
     /// List or retry the index entries set aside in the quarantine.
     Quarantine(QuarantineArgs),
     /// Compare index entries with the cells they come from, both ways
-    /// (missing, stale and extra entries); exit status 2 on drift.
+    /// (missing, stale and extra entries); exit status 3 on drift.
     Verify(VerifyArgs),
     /// Verify, and fix exactly the drift found (as `verify --repair`).
     Repair(VerifyArgs),
@@ -292,7 +293,7 @@ async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         unrepaired += summary.progress.drift() - summary.progress.repaired;
     }
     Ok(if unrepaired > 0 || (drift_total > 0 && !args.repair) {
-        ExitCode::from(2)
+        ExitCode::from(3)
     } else {
         ExitCode::SUCCESS
     })

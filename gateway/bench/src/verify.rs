@@ -1,0 +1,270 @@
+//! `cellgate-bench verify`: what an index verify costs, on one cluster.
+//!
+//! 1. `--trips` trips (BASE and STATUS cells, 4096 shards, random row
+//!    keys) are stored through the Rust API and the indexes caught up.
+//! 2. **Full verify against a plain scan**, twice, interleaved: the plain
+//!    scan reads every row of the cell table (all columns, bodies
+//!    included, no decoding) in chunks of 64 shards with the store's own
+//!    backend; the verify is `Store::verify_indexes` over every index and
+//!    shard with `duty` 1 (no pauses). Their ratio is the figure the
+//!    verify is held to (at most 2×).
+//! 3. **Foreground impact**: index queries of random drivers at
+//!    `--concurrency` for `--duration` seconds alone, then as long again
+//!    beside a verify at the default duty (0.5); p50/p99 of both and the
+//!    p99 ratio.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use cellgate_store::indexes::{Drift, VerifyOptions, VerifyProgress};
+use cellgate_store::storage::{ddl, ColType, Sql, Value};
+use cellgate_store::{ClusterConfig, StorageConfig, Store, StoreOptions};
+use clap::Args;
+use futures::StreamExt as _;
+
+use crate::dataset::{Dataset, DATASTORE};
+use crate::{load_definitions, DEFAULT_DATASTORES};
+
+#[derive(Debug, Args)]
+pub struct VerifyBenchArgs {
+    /// An empty database. [default: an SQLite file in a temporary
+    /// directory]
+    #[arg(long, value_name = "URL", env = "CELLGATE_BENCH_DATABASE")]
+    pub database: Option<String>,
+    /// Directory of the datastore and index definitions.
+    #[arg(long, env = "CELLGATE_DATASTORES", default_value = DEFAULT_DATASTORES)]
+    pub datastores: PathBuf,
+    /// Trips stored (two cells each).
+    #[arg(long, default_value_t = 500_000, env = "CELLGATE_BENCH_TRIPS")]
+    pub trips: u64,
+    /// Seconds of each foreground phase.
+    #[arg(long, default_value_t = 10, env = "CELLGATE_BENCH_DURATION")]
+    pub duration: u64,
+    /// Concurrent foreground queries.
+    #[arg(long, default_value_t = 4, env = "CELLGATE_BENCH_CONCURRENCY")]
+    pub concurrency: usize,
+}
+
+pub async fn run(args: VerifyBenchArgs) -> anyhow::Result<ExitCode> {
+    let Some(defs) = load_definitions(&args.datastores, "--datastores")? else {
+        return Ok(ExitCode::FAILURE);
+    };
+    let dir = crate::server::work_dir()?;
+    let url = args
+        .database
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", dir.path().join("cellgate.db").display()));
+    println!(
+        "cellgate-bench verify: database {}; {} trips ({} cells); foreground {} s at concurrency {}",
+        cellgate_store::storage::redact_url(&url),
+        args.trips,
+        args.trips * 2,
+        args.duration,
+        args.concurrency
+    );
+    let storage = StorageConfig {
+        clusters: vec![ClusterConfig {
+            name: "main".into(),
+            master: url.clone(),
+            replicas: vec![],
+        }],
+        ..StorageConfig::default()
+    };
+    let store = Store::open(defs, StoreOptions::new(storage))
+        .await
+        .context("cannot open the store")?;
+    anyhow::ensure!(
+        !store.has_cells(DATASTORE).await?,
+        "the database already holds cells; give an empty one"
+    );
+
+    // 1. Load.
+    let data = Dataset::new(args.trips, 1000, true, 31, 500);
+    let written = Instant::now();
+    let mut batches = futures::stream::iter(0..data.load_batches())
+        .map(|n| {
+            let store = store.clone();
+            let cells = data.load_batch(n);
+            async move { store.put_cells(DATASTORE, cells).await }
+        })
+        .buffer_unordered(4);
+    let mut stored = 0u64;
+    while let Some(results) = batches.next().await {
+        stored += results?.into_iter().filter(|r| r.is_ok()).count() as u64;
+    }
+    println!(
+        "stored {stored} cells in {:.1} s",
+        written.elapsed().as_secs_f64()
+    );
+    store.sync_indexes().await?;
+
+    // 2. Plain scan against a full verify, twice.
+    let connect = cellgate_store::storage::ConnectOptions {
+        statement_timeout: Duration::from_secs(600),
+        ..Default::default()
+    };
+    let backend = cellgate_store::storage::connect(&url, &connect)
+        .await
+        .context("cannot connect for the plain scan")?;
+    let shards = store
+        .definitions()
+        .datastore(DATASTORE)
+        .map_or(4096, |d| d.shards);
+    let mut scans = Vec::new();
+    let mut verifies = Vec::new();
+    for round in 1..=2 {
+        let started = Instant::now();
+        let (rows, bytes) = plain_scan(backend.as_ref(), shards).await?;
+        let scan = started.elapsed().as_secs_f64();
+        println!(
+            "round {round}: plain scan of {rows} cells ({:.0} MiB of bodies) in {scan:.2} s",
+            bytes as f64 / 1048576.0
+        );
+        scans.push(scan);
+        let started = Instant::now();
+        let options = VerifyOptions {
+            duty: 1.0,
+            restart: true,
+            ..VerifyOptions::default()
+        };
+        let mut drift = 0u64;
+        let report = store
+            .verify_indexes(
+                DATASTORE,
+                &options,
+                &mut |_: &VerifyProgress| {},
+                &mut |_: &Drift| drift += 1,
+            )
+            .await?;
+        let took = started.elapsed().as_secs_f64();
+        println!(
+            "round {round}: full verify of {} cells, {} entries compared, {} drift, in {took:.2} s ({:.0} cells/s)",
+            report.progress.cells,
+            report.progress.rows,
+            drift,
+            report.progress.cells as f64 / took
+        );
+        anyhow::ensure!(drift == 0, "the freshly built indexes drift");
+        verifies.push(took);
+    }
+    let scan: f64 = scans.iter().sum();
+    let verify: f64 = verifies.iter().sum();
+    println!(
+        "full verify / plain scan: {:.2}× (goal: at most 2×)",
+        verify / scan
+    );
+
+    // 3. Foreground queries without and beside a verify.
+    let alone = foreground(&store, &data, args.concurrency, args.duration).await?;
+    let beside = {
+        let verifying = async {
+            let options = VerifyOptions {
+                restart: true,
+                ..VerifyOptions::default()
+            };
+            store
+                .verify_indexes(DATASTORE, &options, &mut |_| {}, &mut |_| {})
+                .await
+        };
+        tokio::select! {
+            result = foreground(&store, &data, args.concurrency, args.duration) => result?,
+            _ = verifying => anyhow::bail!("the verify ended before the foreground phase; give more --trips"),
+        }
+    };
+    let line = |what: &str, h: &hdrhistogram::Histogram<u64>| {
+        println!(
+            "{what}: {} queries, p50 {:.2} ms, p99 {:.2} ms",
+            h.len(),
+            h.value_at_quantile(0.5) as f64 / 1000.0,
+            h.value_at_quantile(0.99) as f64 / 1000.0
+        )
+    };
+    line("index queries alone", &alone);
+    line("index queries beside a verify (duty 0.5)", &beside);
+    println!(
+        "foreground p99 beside a verify / alone: {:.2} (goal: at most 1.2)",
+        beside.value_at_quantile(0.99) as f64 / alone.value_at_quantile(0.99).max(1) as f64
+    );
+    store.shutdown(Duration::from_secs(5)).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads every cell row, bodies included, 64 shards a statement.
+async fn plain_scan(
+    backend: &dyn cellgate_store::storage::Backend,
+    shards: u32,
+) -> anyhow::Result<(u64, u64)> {
+    let table = ddl::cells_table(DATASTORE);
+    let (mut rows, mut bytes) = (0u64, 0u64);
+    for first in (0..shards).step_by(64) {
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("SELECT ")
+            .idents([
+                "shard",
+                "added_id",
+                "row_key",
+                "column_name",
+                "ref_key",
+                "body",
+                "created_at",
+            ])
+            .push(" FROM ")
+            .ident(&table)
+            .push(" WHERE ")
+            .ident("shard")
+            .push(" >= ")
+            .bind(Value::Int(i64::from(first)))
+            .push(" AND ")
+            .ident("shard")
+            .push(" < ")
+            .bind(Value::Int(i64::from(first + 64)));
+        let types = [
+            ColType::Int,
+            ColType::Int,
+            ColType::Uuid,
+            ColType::Text,
+            ColType::Int,
+            ColType::Bytes,
+            ColType::DateTime,
+        ];
+        for row in backend.fetch(&sql, &types).await? {
+            rows += 1;
+            if let Some(Value::Bytes(body)) = row.get(5) {
+                bytes += body.len() as u64;
+            }
+        }
+    }
+    Ok((rows, bytes))
+}
+
+/// Index queries of random drivers at `concurrency` for `seconds`.
+async fn foreground(
+    store: &Store,
+    data: &Dataset,
+    concurrency: usize,
+    seconds: u64,
+) -> anyhow::Result<hdrhistogram::Histogram<u64>> {
+    let histogram = Arc::new(Mutex::new(hdrhistogram::Histogram::<u64>::new(3)?));
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let workers = (0..concurrency).map(|_| {
+        let histogram = histogram.clone();
+        async move {
+            while Instant::now() < until {
+                let query = data.index_query(data.random_driver());
+                let started = Instant::now();
+                store.query_index(DATASTORE, &query).await?;
+                let us = started.elapsed().as_micros() as u64;
+                histogram.lock().expect("histogram").record(us.max(1))?;
+            }
+            anyhow::Ok(())
+        }
+    });
+    for result in futures::future::join_all(workers).await {
+        result?;
+    }
+    let histogram = histogram.lock().expect("histogram").clone();
+    Ok(histogram)
+}
