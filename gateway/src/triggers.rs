@@ -4,7 +4,8 @@
 //! The store owns delivery (per-shard order, offsets in the datastore,
 //! leases shared between gateways, retries and quarantine); this module only
 //! turns a [`Trigger`] into [`ConsumerOptions`] and a handler. The handler
-//! drops the cells whose body does not match the trigger's filter (they are
+//! drops the cells whose body does not match the trigger's filter
+//! ([`Filter::matches_json`], the rules partial indexes use too; they are
 //! acknowledged with the batch), POSTs the others as one JSON document and
 //! acknowledges on any 2xx answer. Everything a delivery needs is resolved
 //! at start-up — header values naming environment variables, the signing

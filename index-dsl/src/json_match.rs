@@ -3,14 +3,7 @@
 //! Webhook triggers test each cell's body against their `filter:`, and partial indexes test a
 //! row's latest cells against their `where:` predicate ([`Predicate`](crate::Predicate)). Both
 //! read a value at a path of a body and compare it with the condition's literals, by the rules
-//! written here once:
-//!
-//! - an absent member and JSON `null` both equal `null`;
-//! - strings compare as text (so datetimes compare correctly only when written in one form, such
-//!   as RFC 3339 in UTC), numbers as numbers (an integer literal matches `2` and `2.0`), booleans
-//!   with `false < true`;
-//! - values of different kinds are unequal and never ordered, so `!=` holds between them and a
-//!   range condition does not (`fare > 0` does not hold for a missing fare).
+//! of [`Condition::holds_json`], written here once.
 
 use std::cmp::Ordering;
 
@@ -38,7 +31,14 @@ fn lookup<'a, 's>(
 
 impl Condition {
     /// Whether `value`, the JSON value at the condition's field (`None`: absent), satisfies the
-    /// condition, by the rules of the [module](self).
+    /// condition:
+    ///
+    /// - an absent member and JSON `null` both equal `null`;
+    /// - strings compare as text (so datetimes compare correctly only when written in one form,
+    ///   such as RFC 3339 in UTC), numbers as numbers (an integer literal matches `2` and `2.0`),
+    ///   booleans with `false < true`;
+    /// - values of different kinds are unequal and never ordered, so `!=` holds between them and
+    ///   a range condition does not (`fare > 0` does not hold for a missing fare).
     pub fn holds_json(&self, value: Option<&Value>) -> bool {
         let value = value.unwrap_or(&Value::Null);
         let first = || self.values.first().and_then(|l| compare(value, l));
