@@ -415,10 +415,9 @@ fn predicate(
             .or_else(|| declared.iter().find(|(d, _)| d.path_text == name))
             .and_then(|(d, column)| Some(((*column).to_owned(), d.path.clone()?)));
         let qualified = match path.segments() {
-            [first, rest @ ..] if !rest.is_empty() && columns.contains(first) => Some((
-                first.clone(),
-                crate::field_path::FieldPath::from_segments(rest.to_vec()),
-            )),
+            [first, rest @ ..] if !rest.is_empty() && columns.contains(first) => {
+                Some((first.clone(), FieldPath::from_segments(rest.to_vec())))
+            }
             _ => None,
         };
         let source = match (by_field, qualified, columns) {
