@@ -4,7 +4,8 @@
 //! The store owns delivery (per-shard order, offsets in the datastore,
 //! leases shared between gateways, retries and quarantine); this module only
 //! turns a [`Trigger`] into [`ConsumerOptions`] and a handler. The handler
-//! drops the cells whose body does not match the trigger's filter (they are
+//! drops the cells whose body does not match the trigger's filter
+//! ([`Filter::matches_json`], the rules partial indexes use too; they are
 //! acknowledged with the batch), POSTs the others as one JSON document and
 //! acknowledges on any 2xx answer. Everything a delivery needs is resolved
 //! at start-up — header values naming environment variables, the signing
@@ -18,14 +19,13 @@
 //! `createdAt` an RFC 3339 UTC time. The signature header is
 //! `X-Cellgate-Signature: sha256=<hex HMAC-SHA256 of the exact body bytes>`.
 
-use std::cmp::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use chrono::SecondsFormat;
 use hmac::{Hmac, Mac as _};
-use index_dsl::{CompareOp, Condition, Definitions, FieldPath, Filter, Literal, Trigger};
+use index_dsl::{Definitions, Filter, Trigger};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use serde_json::Value;
 use sha2::Sha256;
@@ -102,7 +102,7 @@ struct Webhook {
     headers: HeaderMap,
     secret: Option<Vec<u8>>,
     timeout: Duration,
-    filter: Option<Vec<(FieldPath, Condition)>>,
+    filter: Option<Filter>,
     client: reqwest::Client,
 }
 
@@ -140,12 +140,7 @@ impl Webhook {
                     .into_bytes(),
             ),
         };
-        let filter = trigger.filter.as_ref().map(|f: &Filter| {
-            f.conditions
-                .iter()
-                .filter_map(|c| Some((index_dsl::parse_path(&c.field).ok()?, c.clone())))
-                .collect()
-        });
+        let filter = trigger.filter.clone();
         Ok(Webhook {
             name: trigger.name.clone(),
             datastore: trigger.datastore.clone(),
@@ -193,11 +188,7 @@ impl Webhook {
     }
 
     fn matches(&self, body: &Value) -> bool {
-        self.filter.as_ref().is_none_or(|conditions| {
-            conditions
-                .iter()
-                .all(|(path, condition)| holds(condition, lookup(body, path)))
-        })
+        self.filter.as_ref().is_none_or(|f| f.matches_json(body))
     }
 }
 
@@ -242,54 +233,6 @@ pub fn signature(secret: &[u8], body: &[u8]) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
     mac.update(body);
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
-}
-
-/// The value at `path` in `body`, if there is one.
-fn lookup<'a>(body: &'a Value, path: &FieldPath) -> Option<&'a Value> {
-    path.segments()
-        .iter()
-        .try_fold(body, |value, segment| value.as_object()?.get(segment))
-}
-
-/// Whether `value` (absent: `None`) satisfies `condition`. An absent field
-/// and JSON `null` equal `null`; values of different kinds are unequal and
-/// never ordered, so a range condition on them does not hold.
-fn holds(condition: &Condition, value: Option<&Value>) -> bool {
-    let value = value.unwrap_or(&Value::Null);
-    let compare = |literal: &Literal| compare(value, literal);
-    match condition.op {
-        CompareOp::Eq => compare(&condition.values[0]) == Some(Ordering::Equal),
-        CompareOp::Ne => compare(&condition.values[0]) != Some(Ordering::Equal),
-        CompareOp::Lt => compare(&condition.values[0]) == Some(Ordering::Less),
-        CompareOp::Le => matches!(
-            compare(&condition.values[0]),
-            Some(Ordering::Less | Ordering::Equal)
-        ),
-        CompareOp::Gt => compare(&condition.values[0]) == Some(Ordering::Greater),
-        CompareOp::Ge => matches!(
-            compare(&condition.values[0]),
-            Some(Ordering::Greater | Ordering::Equal)
-        ),
-        CompareOp::In => condition
-            .values
-            .iter()
-            .any(|l| compare(l) == Some(Ordering::Equal)),
-    }
-}
-
-/// How a JSON value orders against a literal, if they are of one kind.
-fn compare(value: &Value, literal: &Literal) -> Option<Ordering> {
-    match (value, literal) {
-        (Value::Null, Literal::Null) => Some(Ordering::Equal),
-        (Value::String(s), Literal::String(l)) => Some(s.as_str().cmp(l.as_str())),
-        (Value::Bool(b), Literal::Bool(l)) => Some(b.cmp(l)),
-        (Value::Number(n), Literal::Int(l)) => match n.as_i64() {
-            Some(i) => Some(i.cmp(l)),
-            None => n.as_f64()?.partial_cmp(&(*l as f64)),
-        },
-        (Value::Number(n), Literal::Float(l)) => n.as_f64()?.partial_cmp(l),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

@@ -3,10 +3,12 @@
 //! An index comes from `datastores/<datastore>/indexes/<table>.yaml`. It copies chosen fields of
 //! the latest cell of one or more columns into one entry per row key, and stores that entry in
 //! the shard given by hashing its shard field, so a query naming the shard field touches one
-//! shard only.
+//! shard only. With a `where:` predicate the index is *partial*: rows that do not satisfy it
+//! have no entry.
 
 use crate::field_path::FieldPath;
 use crate::field_type::FieldType;
+use crate::predicate::Predicate;
 
 /// A validated secondary index.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,12 +25,29 @@ pub struct Index {
     pub shard_field: usize,
     /// The distinct columns the fields come from, in declaration order.
     pub columns: Vec<String>,
+    /// The `where:` of a partial index: only rows that satisfy it have an entry. It reads only
+    /// `columns`.
+    pub predicate: Option<Predicate>,
 }
 
 impl Index {
     /// The field whose value picks the shard of an entry.
     pub fn shard_field(&self) -> &IndexField {
         &self.fields[self.shard_field]
+    }
+
+    /// The top-level body members the index reads, for its fields and its predicate (with
+    /// repeats): a reader that decodes only some members of a body must decode these.
+    pub fn members(&self) -> impl Iterator<Item = &str> {
+        let fields = self
+            .fields
+            .iter()
+            .filter_map(|f| f.path.segments().first().map(String::as_str));
+        let predicate = self
+            .predicate
+            .iter()
+            .flat_map(|p| p.members().map(|(_, member)| member));
+        fields.chain(predicate)
     }
 
     /// The field called `name`, or failing that the field whose path is written `name`

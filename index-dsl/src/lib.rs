@@ -1,11 +1,12 @@
 //! cellgate definitions: datastores and their secondary indexes, declared in YAML.
 //!
 //! This crate owns the definitions model ([`Definitions`], [`Datastore`], [`Index`],
-//! [`Trigger`]), loading it
-//! from a `datastores/` directory ([`load_dir`]), the pest grammar of the expression
-//! sub-language (field paths, type names, filter expressions) and all validation. It is pure: the
-//! only I/O is reading definition files, it knows no SQL dialect and nothing async, so the
-//! gateway can trust a loaded [`Definitions`] without re-checking it.
+//! [`Trigger`]), loading it from a `datastores/` directory ([`load_dir`]), the pest grammar of
+//! the expression sub-language (field paths, type names, filter expressions and partial-index
+//! predicates), their evaluation against JSON bodies ([`Filter::matches_json`],
+//! [`Predicate::matches`]) and all validation. It is pure: the only I/O is reading definition
+//! files, it knows no SQL dialect and nothing async, so the gateway can trust a loaded
+//! [`Definitions`] without re-checking it.
 //!
 //! ```
 //! let filter = index_dsl::parse_filter(r#"status in ("completed", "canceled") and fare_total < 30.5"#)?;
@@ -24,7 +25,9 @@ mod filter_error;
 mod grammar;
 mod identifier;
 mod index;
+mod json_match;
 mod load;
+mod predicate;
 mod raw;
 mod source;
 mod trigger;
@@ -41,6 +44,7 @@ pub use filter_error::FilterError;
 pub use identifier::is_identifier;
 pub use index::{Index, IndexField};
 pub use load::{load_dir, load_files};
+pub use predicate::{Predicate, PredicateSource};
 pub use trigger::{is_env_name, Template, TemplatePart, Trigger, Webhook};
 
 /// Shard count of a datastore whose definition gives none.

@@ -116,6 +116,15 @@ pub(crate) struct RawIndex {
     ///       - { field: city_uuid, type: UUID }
     /// ```
     pub column_defs: Spanned<Vec<RawColumnDef>>,
+    /// Makes the index partial: only rows whose latest cells satisfy this filter have an entry.
+    /// Names are fields of the index (by name or path), `<COLUMN>.<path>` into one of its
+    /// columns, or, when the index reads one column, any path into that column's body.
+    ///
+    /// ```yaml
+    /// where: status = "completed" and fare.total > 0
+    /// ```
+    #[serde(default, rename = "where")]
+    pub predicate: Option<Spanned<String>>,
 }
 
 /// One entry of `column_defs`: the fields copied from one column's latest cell.

@@ -46,7 +46,8 @@ impl SourceFile {
     }
 
     /// A diagnostic at character `offset` inside the string scalar `value`, `len` wide. Quotes
-    /// around the scalar are skipped so the caret lands on the offending character.
+    /// around the scalar are skipped so the caret lands on the offending character, and in a
+    /// scalar written over several lines the offset is followed onto the line that holds it.
     pub fn inside(
         &self,
         value: &Spanned<String>,
@@ -55,12 +56,56 @@ impl SourceFile {
         message: impl Into<String>,
     ) -> Diagnostic {
         let loc = value.referenced;
+        if loc.line() == 0 {
+            return Diagnostic::file(&self.path, message);
+        }
         let quoted = self
             .line_text(loc.line())
             .chars()
             .nth(to_usize(loc.column()).saturating_sub(1))
             .is_some_and(|c| c == '"' || c == '\'');
-        self.at_location(loc, offset + usize::from(quoted), len, message)
+        let (line, column) = self.position_in_scalar(loc, offset + usize::from(quoted));
+        let rest = self
+            .line_text(line as u64)
+            .chars()
+            .count()
+            .saturating_sub(column - 1);
+        Diagnostic::at(
+            &self.path,
+            &self.text,
+            line,
+            column,
+            len.min(rest).max(1),
+            message,
+        )
+    }
+
+    /// The line and column of character `offset` of the scalar that starts at `loc`. A plain,
+    /// folded or literal scalar over several lines drops their indentation and joins them with
+    /// one character (a space or a newline), so the offset is walked over the source lines the
+    /// same way; an offset on the first line, or past the text, stays on the line it reaches.
+    fn position_in_scalar(&self, loc: Location, mut offset: usize) -> (usize, usize) {
+        let mut line = to_usize(loc.line());
+        let mut column = to_usize(loc.column()).max(1);
+        loop {
+            let rest = self
+                .line_text(line as u64)
+                .chars()
+                .count()
+                .saturating_sub(column - 1);
+            let has_next = self.text.lines().nth(line).is_some();
+            if offset <= rest || !has_next {
+                return (line, column + offset);
+            }
+            offset -= rest + 1;
+            line += 1;
+            column = self
+                .line_text(line as u64)
+                .chars()
+                .take_while(|c| *c == ' ' || *c == '\t')
+                .count()
+                + 1;
+        }
     }
 
     fn at_location(

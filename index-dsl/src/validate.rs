@@ -13,8 +13,10 @@ use crate::datastore::{Column, Datastore};
 use crate::diagnostic::Diagnostic;
 use crate::field_path::{parse_path, FieldPath};
 use crate::field_type::{parse_type, FieldType};
+use crate::filter::{parse_filter, CompareOp, Literal};
 use crate::identifier::{check_name, NameKind};
 use crate::index::{Index, IndexField};
+use crate::predicate::{Predicate, PredicateSource};
 use crate::raw::{RawDatastore, RawIndex, RawTrigger};
 use crate::source::SourceFile;
 use crate::trigger::{is_env_name, Template, Trigger, Webhook};
@@ -286,6 +288,11 @@ pub(crate) fn index(
     }
 
     let shard_position = shard_field(file, raw, &declared, out);
+    let predicate = raw.predicate.as_ref().and_then(|text| {
+        let all_columns = ctx.columns.unwrap_or_default();
+        let columns = (&columns_used[..], all_columns);
+        predicate(file, &raw.table.value, text, &declared, columns, out)
+    });
 
     if out.len() != errors_before {
         return None;
@@ -309,6 +316,7 @@ pub(crate) fn index(
         fields,
         shard_field,
         columns: columns_used,
+        predicate,
     })
 }
 
@@ -364,6 +372,144 @@ fn shard_field(
         });
     }
     Some(position)
+}
+
+/// Checks the `where:` of index `table`: it parses, each name resolves to a field of the index
+/// or a path into one of its `columns` (see [`Predicate`]; `all_columns` are the datastore's,
+/// to tell a column the index does not read from an unknown name), and literals compared with a
+/// field fit its type.
+fn predicate(
+    file: &SourceFile,
+    table: &str,
+    text: &Spanned<String>,
+    declared: &[(Declared<'_>, &str)],
+    (columns, all_columns): (&[String], &[String]),
+    out: &mut Vec<Diagnostic>,
+) -> Option<Predicate> {
+    let filter = match parse_filter(&text.value) {
+        Ok(filter) => filter,
+        Err(e) => {
+            let offset = filter_error_offset(&text.value, &e);
+            out.push(file.inside(text, offset, 1, format!("invalid predicate: {}", e.message)));
+            return None;
+        }
+    };
+    let errors_before = out.len();
+    let mut sources = Vec::new();
+    for condition in &filter.conditions {
+        let name = condition.field.as_str();
+        let at = |message: String| {
+            file.inside(text, condition.column - 1, name.chars().count(), message)
+        };
+        let Ok(path) = parse_path(name) else {
+            // The filter grammar only accepts paths here.
+            out.push(at(format!(
+                "invalid field `{}` in predicate",
+                name.escape_debug()
+            )));
+            continue;
+        };
+        let by_field = declared
+            .iter()
+            .find(|(d, _)| d.name == name)
+            .or_else(|| declared.iter().find(|(d, _)| d.path_text == name))
+            .and_then(|(d, column)| Some(((*column).to_owned(), d.path.clone()?)));
+        let qualified = match path.segments() {
+            [first, rest @ ..] if !rest.is_empty() && columns.contains(first) => {
+                Some((first.clone(), FieldPath::from_segments(rest.to_vec())))
+            }
+            _ => None,
+        };
+        let source = match (by_field, qualified, columns) {
+            (Some(source), _, _) | (None, Some(source), _) => source,
+            (None, None, [only]) => (only.clone(), path),
+            (None, None, _) if path.is_nested() && all_columns.contains(&path.segments()[0]) => {
+                let other = &path.segments()[0];
+                out.push(at(format!(
+                    "column `{other}` is not read by index `{table}` (a predicate reads only the index's columns: {}; add a `column_key: {other}` entry to `column_defs` to filter on it)",
+                    columns.join(", ")
+                )));
+                continue;
+            }
+            (None, None, _) => {
+                let fields: Vec<&str> = declared.iter().map(|(d, _)| d.name.as_str()).collect();
+                out.push(at(format!(
+                    "unknown field `{name}` in the predicate of index `{table}` (expected a field of the index ({}) or `<COLUMN>.<path>` into one of its columns ({}))",
+                    fields.join(", "),
+                    columns.join(", ")
+                )));
+                continue;
+            }
+        };
+        let (column, path) = source;
+        let field = declared
+            .iter()
+            .find(|(d, c)| d.ok && *c == column && d.path.as_ref() == Some(&path));
+        for literal in &condition.values {
+            let problem = match (literal, field) {
+                (Literal::Null, _) if condition.op.is_range() => Some(format!(
+                    "`{name} {} null` never holds (expected `= null` or `!= null`)",
+                    condition.op
+                )),
+                (_, Some((d, _))) => {
+                    d.ty.and_then(|ty| literal_problem(&d.name, ty, condition.op, literal))
+                }
+                _ => None,
+            };
+            if let Some(problem) = problem {
+                out.push(at(format!("invalid predicate: {problem}")));
+            }
+        }
+        sources.push(PredicateSource { column, path });
+    }
+    (out.len() == errors_before).then(|| Predicate {
+        text: text.value.clone(),
+        filter,
+        sources,
+    })
+}
+
+/// Why `literal` cannot be compared with field `name` of type `ty` by `op`, if it cannot.
+fn literal_problem(name: &str, ty: FieldType, op: CompareOp, literal: &Literal) -> Option<String> {
+    let wrong = |what: &str| {
+        Some(format!(
+            "field `{name}` is {}; {what} cannot be compared with it",
+            ty.name()
+        ))
+    };
+    if op.is_range() && !ty.is_ordered() {
+        return Some(format!(
+            "field `{name}` is {}, which has no order (expected =, != or in)",
+            ty.name()
+        ));
+    }
+    match (ty, literal) {
+        (_, Literal::Null) => None,
+        (FieldType::Uuid, Literal::String(s)) => uuid::Uuid::try_parse(s)
+            .is_err()
+            .then(|| format!("`{}` is not a valid UUID", s.escape_debug())),
+        (FieldType::DateTime, Literal::String(s)) => chrono::DateTime::parse_from_rfc3339(s)
+            .is_err()
+            .then(|| format!("`{}` is not an RFC 3339 datetime", s.escape_debug())),
+        (FieldType::String, Literal::String(_))
+        | (FieldType::Int, Literal::Int(_))
+        | (FieldType::Float, Literal::Int(_) | Literal::Float(_))
+        | (FieldType::Bool, Literal::Bool(_)) => None,
+        (_, Literal::String(_)) => wrong("a string"),
+        (_, Literal::Int(_)) => wrong("an integer"),
+        (_, Literal::Float(_)) => wrong("a float"),
+        (_, Literal::Bool(_)) => wrong("a boolean"),
+    }
+}
+
+/// The character offset in `text` of filter error `e` (which counts lines and columns).
+fn filter_error_offset(text: &str, e: &crate::filter_error::FilterError) -> usize {
+    text.lines()
+        .take(e.line - 1)
+        .map(|l| l.chars().count() + 1)
+        .sum::<usize>()
+        + e.column
+        - 1
 }
 
 fn line_of<T>(value: &Spanned<T>) -> usize {
@@ -476,7 +622,7 @@ pub(crate) fn trigger(
 
     let filter = match &raw.filter {
         None => None,
-        Some(text) => match crate::filter::parse_filter(&text.value) {
+        Some(text) => match parse_filter(&text.value) {
             Ok(filter) => {
                 for condition in &filter.conditions {
                     if let Err(e) = parse_path(&condition.field) {
@@ -495,14 +641,7 @@ pub(crate) fn trigger(
                 Some(filter)
             }
             Err(e) => {
-                let offset = text
-                    .value
-                    .lines()
-                    .take(e.line - 1)
-                    .map(|l| l.chars().count() + 1)
-                    .sum::<usize>()
-                    + e.column
-                    - 1;
+                let offset = filter_error_offset(&text.value, &e);
                 out.push(file.inside(text, offset, 1, format!("invalid filter: {}", e.message)));
                 None
             }

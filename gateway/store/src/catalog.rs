@@ -15,9 +15,9 @@
 //! reachable cluster's catalog. A change that would hide or corrupt data is
 //! refused: a new shard count (every cell would hash elsewhere), or shard
 //! ranges that moved between clusters (moving shards means copying their
-//! rows first). An index whose fields or shard field changed gets a new
-//! table version, filled online from the cell log while queries on it
-//! answer `INDEX_BUILDING`; the superseded table stays until `cellgate index
+//! rows first). An index whose fields, shard field or `where:` predicate
+//! changed gets a new table version, filled online from the cell log while
+//! queries on it answer `INDEX_BUILDING`; the superseded table stays until `cellgate index
 //! drop` removes it, as does the table of an index whose file was removed.
 //!
 //! Preparing a cluster creates its tables in one transaction (where the
@@ -82,12 +82,16 @@ fn parse_index_item(item: &str) -> Option<(&str, u32)> {
 }
 
 fn fields_text(index: &Index) -> String {
-    index
+    let fields = index
         .fields
         .iter()
         .map(|f| format!("{} {}", f.name, f.ty.name()))
         .collect::<Vec<_>>()
-        .join(", ")
+        .join(", ");
+    match &index.predicate {
+        None => fields,
+        Some(predicate) => format!("{fields} where {}", predicate.qualified()),
+    }
 }
 
 /// Creates the cluster tables if needed, refuses a store in the per-shard

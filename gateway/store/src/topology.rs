@@ -181,7 +181,8 @@ impl IndexRuntime {
 }
 
 /// A digest of what shapes an index table and its entries: fields (name,
-/// path, type, column) and the shard field. Descriptions do not count.
+/// path, type, column), the shard field and the `where:` predicate of a
+/// partial index. Descriptions do not count.
 pub(crate) fn index_signature(index: &Index) -> String {
     let mut text = format!("shard={};", index.shard_field().name);
     for field in &index.fields {
@@ -192,6 +193,11 @@ pub(crate) fn index_signature(index: &Index) -> String {
             field.path,
             field.ty.name().to_ascii_lowercase()
         ));
+    }
+    // The predicate in its qualified form: rewording or respacing it keeps
+    // the version, selecting other rows makes a new one.
+    if let Some(predicate) = &index.predicate {
+        text.push_str(&format!("where={};", predicate.qualified()));
     }
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()))
 }

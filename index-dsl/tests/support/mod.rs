@@ -37,6 +37,9 @@ pub fn summary(defs: &Definitions) -> String {
                 )
                 .unwrap();
             }
+            if let Some(predicate) = &index.predicate {
+                writeln!(out, "    where {predicate}").unwrap();
+            }
         }
         for t in &ds.triggers {
             let headers: Vec<String> = t

@@ -327,12 +327,7 @@ pub(super) fn index_field(datastore: &Datastore, index: &Index, ds: &Arc<str>) -
             })))
         })
     })
-    .description(index.description.clone().unwrap_or_else(|| {
-        format!(
-            "The `{}` index. Give the shard field `{shard_arg}` (or a short `{shard_list_arg}` list).",
-            index.name
-        )
-    }))
+    .description(index_description(&index, &shard_arg, &shard_list_arg))
     .argument(
         InputValue::new(&shard_arg, TypeRef::named(scalar_of(shard_field.ty)))
             .description("the shard field: every query names it (or the list form)"),
@@ -408,4 +403,22 @@ async fn prefetch_rows(
         });
     ctx.data::<Cells>()?.feed_many(found).await;
     Ok(())
+}
+
+/// The index field's description: the definition's, or one naming the
+/// shard field arguments; a partial index adds its predicate.
+fn index_description(index: &Index, shard_arg: &str, shard_list_arg: &str) -> String {
+    let mut text = index.description.clone().unwrap_or_else(|| {
+        format!(
+            "The `{}` index. Give the shard field `{shard_arg}` (or a short `{shard_list_arg}` list).",
+            index.name
+        )
+    });
+    if let Some(predicate) = &index.predicate {
+        text.push_str(&format!(
+            " Partial: only rows whose latest cells satisfy `{}` have entries.",
+            predicate.filter
+        ));
+    }
+    text
 }

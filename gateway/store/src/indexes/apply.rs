@@ -6,7 +6,8 @@
 //! 1. reads the keys of up to [`PAGE`] log cells after the offsets, all
 //!    shards in one statement (`log_keys`);
 //! 2. reads the latest cells of the index columns of the touched rows, in
-//!    one statement, and computes each touched row's entry per index;
+//!    one statement, and computes each touched row's entry per index (a
+//!    row outside a partial index's `where:` predicate gets a tombstone);
 //! 3. per target cluster T of the index tables, one multi-row guarded
 //!    upsert per index: the entries whose shard field hashes to a shard on
 //!    T, and a *tombstone* (shard field and fields NULL, ref keys set) for
@@ -521,11 +522,11 @@ impl Pass<'_> {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        // Only the members the touched indexes read are decoded.
+        // Only the members the touched indexes read (fields and predicates) are decoded.
         let members: BTreeSet<String> = touched
             .keys()
-            .flat_map(|(i, _)| self.ds.indexes[*i].def.fields.iter())
-            .filter_map(|field| field.path.segments().first().cloned())
+            .flat_map(|(i, _)| self.ds.indexes[*i].def.members())
+            .map(str::to_owned)
             .collect();
         let decode_members = |body: &[u8]| codec::decode_members(body, &members);
         let mut latest: HashMap<(Uuid, String), Cell> = HashMap::new();
@@ -752,6 +753,27 @@ pub(crate) fn compute_entry(
     result: &mut PassResult,
 ) -> Entry {
     let index = &runtime.def;
+    let refs = index
+        .columns
+        .iter()
+        .map(|column| latest.get(&(row_key, column.clone())).map(|c| c.ref_key))
+        .collect();
+    let body_of = |column: &str| {
+        latest
+            .get(&(row_key, column.to_owned()))
+            .map(|cell| &cell.body)
+    };
+    if !index.predicate.as_ref().is_none_or(|p| p.matches(body_of)) {
+        return Entry {
+            fields: index
+                .fields
+                .iter()
+                .map(|field| Value::Null(col_type(field.ty)))
+                .collect(),
+            refs,
+            shard: None,
+        };
+    }
     let fields: Vec<Value> = index
         .fields
         .iter()
@@ -769,11 +791,6 @@ pub(crate) fn compute_entry(
                 },
             }
         })
-        .collect();
-    let refs = index
-        .columns
-        .iter()
-        .map(|column| latest.get(&(row_key, column.clone())).map(|c| c.ref_key))
         .collect();
     let shard = value_shard(&fields[index.shard_field], shards);
     Entry {

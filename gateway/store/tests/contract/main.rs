@@ -9,6 +9,7 @@ mod harness;
 mod ids;
 mod maintenance;
 mod moving_leases;
+mod partial;
 mod subscriptions;
 mod triggers;
 mod verify;
@@ -18,6 +19,7 @@ use concurrency::*;
 use ids::*;
 use maintenance::*;
 use moving_leases::*;
+use partial::*;
 use subscriptions::*;
 use triggers::*;
 use verify::*;
@@ -90,6 +92,8 @@ contract_suite!(
     shards_moved_between_clusters_are_refused,
     a_new_index_is_built_from_the_log,
     a_changed_index_gets_a_new_version,
+    a_partial_index_holds_the_rows_its_predicate_selects,
+    a_changed_predicate_builds_a_new_version,
     a_removed_index_keeps_its_table_until_dropped,
     reads_and_writes_create_no_tables,
     concurrent_batches_on_overlapping_shards,
@@ -151,6 +155,7 @@ contract_suite_on_two_clusters!(
     a_failed_quarantine_retry_keeps_the_records,
     a_building_index_version_does_not_hold_back_live_indexes,
     moving_entries_between_clusters_takes_no_statement_per_row,
+    a_partial_index_holds_the_rows_its_predicate_selects,
     a_consumer_gets_every_cell_of_its_columns_in_shard_order,
     two_gateways_share_a_consumer_and_one_takes_over_when_the_other_goes,
 );
