@@ -25,6 +25,10 @@
 //!   listed by [`Store::trigger_quarantine`](crate::Store::trigger_quarantine)
 //!   and delivered again after
 //!   [`Store::retry_trigger_quarantine`](crate::Store::retry_trigger_quarantine).
+//! - **Lag** is measured, not remembered:
+//!   [`Store::trigger_lag`](crate::Store::trigger_lag) compares each shard's
+//!   log head with the consumer's stored offset, so every gateway reports
+//!   the same figures ([`ConsumerLag`]).
 //! - **Rewind**: [`Store::rewind_consumer`](crate::Store::rewind_consumer)
 //!   moves every shard's offset to an `added_id` or to the last cell before a
 //!   time; a running consumer notices at its next offset write (which
