@@ -16,7 +16,7 @@ import { cp, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomUUID } from 'node:crypto';
-import { startServer, launchBrowser, gql, root, screenshot, assertAccessible, eventually } from './harness.mjs';
+import { startServer, launchBrowser, gql, root, screenshot, assertAccessible, assertNoSidewaysScroll, eventually } from './harness.mjs';
 
 let server;
 let receiver;
@@ -111,6 +111,10 @@ test('live tail: a new cell appears, and the tail resumes from its cursor after 
     assert.match(cells[6], /written after the tail opened/);
     await assertAccessible(page, 'the live tail');
     await screenshot(page, 'explorer-tail');
+    await page.setViewportSize({ width: 390, height: 844 });
+    await assertNoSidewaysScroll(page, 'the live tail at 390 px');
+    await screenshot(page, 'explorer-tail');
+    await page.setViewportSize({ width: 1280, height: 900 });
 
     // The socket drops; a cell written before the reconnect still arrives, once.
     await page.evaluate(() => window.testSockets.forEach((s) => s.close()));
@@ -172,6 +176,11 @@ test('triggers page: the webhook trigger, its lag and its quarantine, retried by
     }
     await assertAccessible(page, 'the triggers page');
     await screenshot(page, 'explorer-triggers');
+    await page.setViewportSize({ width: 390, height: 844 });
+    await assertNoSidewaysScroll(page, 'the triggers page at 390 px');
+    await assertAccessible(page, 'the triggers page at 390 px');
+    await screenshot(page, 'explorer-triggers');
+    await page.setViewportSize({ width: 1280, height: 900 });
 
     await trigger.getByRole('button', { name: 'Retry the quarantined cells of support_notes' }).click();
     await trigger.getByText(/cells? asked to be delivered again/).waitFor();
