@@ -108,6 +108,11 @@ fn operations() -> Vec<(&'static str, String, &'static str)> {
             "mutation { tripsRetryQuarantine { applied } }".to_string(),
             "admin",
         ),
+        (
+            "admin query (triggers)",
+            "{ trips { triggers { name lag { pendingCells } } } }".to_string(),
+            "admin",
+        ),
     ]
 }
 

@@ -687,3 +687,251 @@ async fn an_unreachable_webhook_does_not_stop_the_start() {
         "{metrics}"
     );
 }
+
+/// Posts `query` with `variables` as the bearer of `token`.
+async fn post_as(server: &Server, token: &str, query: &str, variables: Value) -> Value {
+    client()
+        .post(server.graphql())
+        .bearer_auth(token)
+        .json(&json!({ "query": query, "variables": variables }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+const TRIGGERS: &str = "query($name: String) { items { triggers(name: $name) {
+  name datastore kind columns state stoppedReason quarantineLimit
+  lag { pendingCells laggingShards shards(first: 4096) { shard cluster pendingCells }
+        clusters { cluster pendingCells laggingShards } }
+  quarantine { shard addedId rowKey column refKey attempts error retry quarantinedAt }
+} } }";
+
+/// The admin trigger fields on SQLite: a trigger whose receiver answers
+/// 500 lags by exactly the cells of its shards (measured per shard and per
+/// cluster), a trigger whose receiver refuses every cell with 400
+/// quarantines them and stops past its quarantine limit, the retry mutation
+/// marks its quarantine, and a token without `admin` is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_trigger_fields_report_lag_quarantine_and_retry() {
+    let receiver = Arc::new(Receiver::default());
+    receiver.failing.store(true, Ordering::SeqCst);
+    let base = serve_receiver(receiver.clone()).await;
+    let mut files = definitions(&base);
+    for (path, text) in &mut files {
+        if path.ends_with("hooks.yaml") {
+            // Not quarantined while the receiver fails (1000 attempts, a second
+            // apart at most, take a quarter of an hour): the lag stays put.
+            *text = text.replace("max_attempts: 50", "max_attempts: 1000");
+        }
+        if path.ends_with("poison.yaml") {
+            *text = text.replace("max_attempts: 2", "max_attempts: 1");
+        }
+    }
+    let admin = cellgate_graphql::auth::tokens::generate();
+    let writer = cellgate_graphql::auth::tokens::generate();
+    let config = format!(
+        "auth:
+  enabled: true
+  tokens:
+    - {{ name: admin, hash: \"{}\", scopes: [\"items:admin\"] }}
+    - {{ name: writer, hash: \"{}\", scopes: [\"items:write\"] }}
+triggers:
+  sweep_interval_ms: 200
+  min_backoff_ms: 20
+  max_backoff_ms: 1000
+  quarantine_limit: 2
+",
+        admin.hash, writer.hash
+    );
+    let server = start(&files, &config, "a");
+    server
+        .wait_ready(StatusCode::OK, Duration::from_secs(60))
+        .await;
+    let admin = admin.token.as_str();
+    let writer = writer.token.as_str();
+
+    // Six rows with a DATA cell, three of them then with a poison OTHER
+    // cell: `hooks` stays before the DATA cell of each shard it lags on.
+    let rows: Vec<Uuid> = (0..6).map(|_| Uuid::new_v4()).collect();
+    let mut cells = Vec::new();
+    for (n, row) in rows.iter().enumerate() {
+        cells.push(json!({ "rowKey": row, "column": "DATA", "refKey": "1", "body": { "n": n } }));
+    }
+    let put = "mutation($cells: [ItemsCellInput!]!) { itemsPutCells(cells: $cells) { status } }";
+    let answer = post_as(&server, admin, put, json!({ "cells": cells })).await;
+    assert!(answer["errors"].is_null(), "{answer}");
+    let poison: Vec<Value> = rows[..3]
+        .iter()
+        .map(|row| json!({ "rowKey": row, "column": "OTHER", "refKey": "7", "body": { "poison": true } }))
+        .collect();
+    let answer = post_as(&server, admin, put, json!({ "cells": poison })).await;
+    assert!(answer["errors"].is_null(), "{answer}");
+
+    // Where each cell went, from the cells themselves.
+    let mut per_shard: BTreeMap<u64, i64> = BTreeMap::new();
+    let mut poisoned: BTreeMap<String, (u64, String)> = BTreeMap::new();
+    for (row, column, ref_key) in rows
+        .iter()
+        .map(|r| (r, "DATA", "1"))
+        .chain(rows[..3].iter().map(|r| (r, "OTHER", "7")))
+    {
+        let answer = post_as(
+            &server,
+            admin,
+            &format!("query($row: UUID!) {{ items {{ cell(rowKey: $row, column: {column}, refKey: \"{ref_key}\") {{ shard addedId }} }} }}"),
+            json!({ "row": row }),
+        )
+        .await;
+        let cell = &answer["data"]["items"]["cell"];
+        let shard = cell["shard"].as_u64().expect("a shard");
+        *per_shard.entry(shard).or_default() += 1;
+        if column == "OTHER" {
+            poisoned.insert(
+                row.to_string(),
+                (shard, cell["addedId"].as_str().unwrap().to_string()),
+            );
+        }
+    }
+
+    // `poison` quarantines its three cells and stops past its limit of 2.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let poison = loop {
+        let answer = post_as(&server, admin, TRIGGERS, json!({ "name": "poison" })).await;
+        let consumer = answer["data"]["items"]["triggers"][0].clone();
+        if consumer["state"] == "STOPPED" {
+            break consumer;
+        }
+        assert!(Instant::now() < deadline, "poison did not stop: {answer}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(poison["name"], "poison");
+    assert_eq!(poison["datastore"], "items");
+    assert_eq!(poison["kind"], "WEBHOOK");
+    assert_eq!(poison["columns"], json!(["OTHER"]));
+    assert_eq!(poison["quarantineLimit"], "2");
+    assert!(
+        poison["stoppedReason"]
+            .as_str()
+            .unwrap()
+            .contains("more than the limit of 2"),
+        "{poison}"
+    );
+    let quarantine = poison["quarantine"].as_array().unwrap();
+    assert_eq!(quarantine.len(), 3, "{poison}");
+    for q in quarantine {
+        let (shard, added_id) = &poisoned[q["rowKey"].as_str().unwrap()];
+        assert_eq!(q["shard"].as_u64(), Some(*shard), "{q}");
+        assert_eq!(q["addedId"].as_str(), Some(added_id.as_str()), "{q}");
+        assert_eq!(q["column"], "OTHER");
+        assert_eq!(q["refKey"], "7");
+        assert_eq!(q["attempts"], "1");
+        assert!(q["error"].as_str().unwrap().contains("400"), "{q}");
+        assert_eq!(q["retry"], false);
+        assert!(q["quarantinedAt"].as_str().is_some());
+    }
+
+    // `hooks` lags by every cell of the shards it has cells on.
+    let answer = post_as(&server, admin, TRIGGERS, json!({ "name": "hooks" })).await;
+    let hooks = &answer["data"]["items"]["triggers"][0];
+    assert_eq!(hooks["kind"], "WEBHOOK", "{answer}");
+    assert_eq!(hooks["state"], "RUNNING");
+    assert_eq!(hooks["columns"], json!(["DATA"]));
+    assert!(hooks["stoppedReason"].is_null());
+    let lag = &hooks["lag"];
+    assert_eq!(lag["pendingCells"], "9", "{lag}");
+    assert_eq!(lag["laggingShards"].as_u64(), Some(per_shard.len() as u64));
+    let shards: BTreeMap<u64, i64> = lag["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["shard"].as_u64().unwrap(),
+                s["pendingCells"].as_str().unwrap().parse().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(shards, per_shard, "{lag}");
+    let pending: Vec<i64> = lag["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["pendingCells"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        pending.windows(2).all(|w| w[0] >= w[1]),
+        "most behind first: {lag}"
+    );
+    let clusters = lag["clusters"].as_array().unwrap();
+    assert_eq!(clusters.len(), 1, "{lag}");
+    assert_eq!(clusters[0]["pendingCells"], "9");
+    assert_eq!(
+        clusters[0]["laggingShards"].as_u64(),
+        Some(per_shard.len() as u64)
+    );
+    assert_eq!(clusters[0]["cluster"], lag["shards"][0]["cluster"]);
+    let both = post_as(&server, admin, TRIGGERS, json!({})).await;
+    let names: Vec<&str> = both["data"]["items"]["triggers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["hooks", "poison"]);
+
+    // Retrying the quarantine marks its cells (the stopped consumer leaves
+    // them there); an unknown trigger is bad input.
+    let retry = "mutation($t: String!) { itemsRetryTriggerQuarantine(trigger: $t) { asked } }";
+    let answer = post_as(&server, admin, retry, json!({ "t": "poison" })).await;
+    assert_eq!(
+        answer["data"]["itemsRetryTriggerQuarantine"]["asked"], 3,
+        "{answer}"
+    );
+    let answer = post_as(&server, admin, TRIGGERS, json!({ "name": "poison" })).await;
+    let quarantine = answer["data"]["items"]["triggers"][0]["quarantine"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(quarantine.iter().all(|q| q["retry"] == true), "{answer}");
+    let answer = post_as(&server, admin, retry, json!({ "t": "nosuch" })).await;
+    assert_eq!(
+        answer["errors"][0]["extensions"]["code"], "BAD_USER_INPUT",
+        "{answer}"
+    );
+
+    // Without `admin`: refused, whether the trigger exists or not.
+    for (query, variables) in [
+        (TRIGGERS, json!({})),
+        (retry, json!({ "t": "poison" })),
+        (retry, json!({ "t": "nosuch" })),
+    ] {
+        let answer = post_as(&server, writer, query, variables).await;
+        assert_eq!(
+            answer["errors"][0]["extensions"]["code"], "FORBIDDEN",
+            "{answer}"
+        );
+        assert!(answer["data"].is_null(), "{answer}");
+    }
+
+    // Once the receiver answers, `hooks` catches up and lags nowhere.
+    receiver.failing.store(false, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = post_as(&server, admin, TRIGGERS, json!({ "name": "hooks" })).await;
+        let lag = &answer["data"]["items"]["triggers"][0]["lag"];
+        if lag["pendingCells"] == "0" {
+            assert_eq!(lag["laggingShards"], 0, "{lag}");
+            assert_eq!(lag["shards"], json!([]), "{lag}");
+            assert_eq!(lag["clusters"][0]["pendingCells"], "0", "{lag}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "hooks did not catch up: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

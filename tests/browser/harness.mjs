@@ -43,12 +43,13 @@ const cleanEnv = () => Object.fromEntries(Object.entries(process.env).filter(([k
  * Starts `cellgate serve --demo` on a free port; resolves when it listens.
  * `args` are added to the command line; `prepare(cellgate, data)` runs first
  * with a function that runs another cellgate command on the same store and
- * returns its stdout.
+ * returns its stdout. `datastores` replaces the repository's definitions
+ * directory (e.g. a copy with a trigger added).
  */
-export async function startServer({ args = [], prepare } = {}) {
+export async function startServer({ args = [], prepare, datastores = join(root, 'datastores') } = {}) {
   const data = await mkdtemp(join(tmpdir(), 'cellgate-browser-'));
   const env = cleanEnv();
-  const common = ['--data', data, '--datastores', join(root, 'datastores')];
+  const common = ['--data', data, '--datastores', datastores];
   if (prepare) {
     const cellgate = (...command) => {
       const run = spawnSync(bin(), [...command, ...common], { env, encoding: 'utf8' });

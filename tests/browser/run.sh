@@ -42,7 +42,7 @@ export BROWSER_ARTIFACTS="$target/browser-artifacts"
 rm -rf "$BROWSER_ARTIFACTS"
 mkdir -p "$BROWSER_ARTIFACTS"
 
-tests=(modules.test.mjs playground.test.mjs explorer.test.mjs auth.test.mjs)
+tests=(modules.test.mjs playground.test.mjs explorer.test.mjs triggers.test.mjs auth.test.mjs)
 run_tests=(node --test --test-reporter=spec --test-concurrency=1 "${tests[@]}")
 
 cd "$here"

@@ -11,6 +11,8 @@ import { indexPage } from './views/index-query.js';
 import { rowPage } from './views/row.js';
 import { logPage } from './views/log.js';
 import { healthPage } from './views/health.js';
+import { triggersPage } from './views/triggers.js';
+import { tailPage } from './views/tail.js';
 import { settingsPage } from './views/settings.js';
 
 const routes = [
@@ -19,7 +21,9 @@ const routes = [
   { pattern: /^\/ds\/([^/]+)\/index\/([^/]+)$/, view: indexPage, section: 'datastores' },
   { pattern: /^\/ds\/([^/]+)\/row\/([^/]+)$/, view: rowPage, section: 'datastores' },
   { pattern: /^\/ds\/([^/]+)\/log\/([^/]+)$/, view: logPage, section: 'datastores' },
+  { pattern: /^\/ds\/([^/]+)\/tail$/, view: tailPage, section: 'datastores' },
   { pattern: /^\/health$/, view: healthPage, section: 'health' },
+  { pattern: /^\/triggers$/, view: triggersPage, section: 'triggers' },
   { pattern: /^\/settings$/, view: settingsPage, section: 'settings' },
 ];
 

@@ -30,6 +30,7 @@ mod maintenance;
 mod names;
 mod scalars;
 mod schema;
+mod triggers;
 
 use async_graphql::dataloader::DataLoader;
 

@@ -135,15 +135,16 @@ pub(super) fn types() -> Vec<Object> {
     types
 }
 
-/// The names of the admin fields in each datastore's query type: these
-/// and those of [`crate::buffer`].
-pub(super) const QUERY_FIELDS: [&str; 6] = [
+/// The names of the admin fields in each datastore's query type: these,
+/// those of [`crate::buffer`] and `triggers` ([`crate::triggers`]).
+pub(super) const QUERY_FIELDS: [&str; 7] = [
     "indexStatus",
     "maintenance",
     "quarantine",
     crate::buffer::QUERY_FIELDS[0],
     crate::buffer::QUERY_FIELDS[1],
     crate::buffer::QUERY_FIELDS[2],
+    crate::triggers::QUERY_FIELD,
 ];
 
 /// `indexStatus`, `maintenance` and `quarantine` of one datastore.

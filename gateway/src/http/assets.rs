@@ -62,6 +62,7 @@ static ASSETS: &[Asset] = embed![
     "explorer/copy.js",
     "explorer/dom.js",
     "explorer/format.js",
+    "explorer/live.js",
     "explorer/metrics.js",
     "explorer/queries.js",
     "explorer/settings.js",
@@ -74,6 +75,8 @@ static ASSETS: &[Asset] = embed![
     "explorer/views/not-found.js",
     "explorer/views/row.js",
     "explorer/views/settings.js",
+    "explorer/views/tail.js",
+    "explorer/views/triggers.js",
 ];
 
 /// Path → (asset, ETag), built on first use.

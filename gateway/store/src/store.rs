@@ -915,6 +915,46 @@ impl Store {
             .collect()
     }
 
+    /// How far consumer `name` of `datastore` is behind the log, per
+    /// cluster holding its shards: each shard's head in `<ds>_shards`
+    /// against the consumer's stored offset (none counts as 0, where a
+    /// consumer starting at the beginning would start), one statement per
+    /// cluster. Like the index lag it is measured, so every gateway reports
+    /// the same figures, whichever holds the shards.
+    pub async fn trigger_lag(
+        &self,
+        datastore: &str,
+        name: &str,
+    ) -> Result<Vec<triggers::ConsumerLag>> {
+        let topology = self.topology_ref();
+        let ds = topology.datastore(datastore)?;
+        let consumer = [crate::indexes::apply::Consumer {
+            index: 0,
+            target: 0,
+            name: triggers::offsets_key(name),
+        }];
+        let mut out = Vec::new();
+        for cluster in ds.map.clusters() {
+            let backend = topology.clusters[cluster].master()?;
+            let mut shards: Vec<ShardLag> = lag::behind(backend.as_ref(), &ds, &consumer)
+                .await?
+                .into_iter()
+                .filter(|b| b.shard < ds.map.shards() && ds.map.cluster_of(b.shard) == cluster)
+                .map(|b| ShardLag {
+                    shard: b.shard,
+                    pending_cells: b.head - b.offset,
+                })
+                .collect();
+            shards.sort_by_key(|l| l.shard);
+            out.push(triggers::ConsumerLag {
+                cluster: topology.clusters[cluster].name.clone(),
+                pending_cells: shards.iter().map(|l| l.pending_cells).sum(),
+                shards,
+            });
+        }
+        Ok(out)
+    }
+
     /// The cells consumer `name` of `datastore` quarantined, on every
     /// cluster, in shard and `added_id` order.
     pub async fn trigger_quarantine(

@@ -1,5 +1,6 @@
 // `#/ds/<name>`: a datastore's columns, indexes (fields, types, shard
-// field) and shard topology, with forms to open a row or a shard's log.
+// field) and shard topology, with forms to open a row or a shard's log, and
+// a link to its live tail.
 
 import { loadCatalog } from '../api.js';
 import { h, replace, tableWrap, uid, errorBox } from '../dom.js';
@@ -215,5 +216,6 @@ function openLogForm(ds) {
     }),
     h('p', { id: hint, class: 'hint' }, `From 0 to ${ds.shards - 1}. A row page links to its own shard.`),
     h('button', { type: 'submit' }, 'Open log'),
+    h('p', { class: 'hint' }, 'Or follow every shard: ', h('a', { href: dsHref(ds, 'tail') }, `live tail of ${ds.name}`), ', the cells as they are committed.'),
   );
 }

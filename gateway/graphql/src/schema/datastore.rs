@@ -332,6 +332,7 @@ impl DatastoreTypes {
         for field in crate::maintenance::query_fields(ds) {
             object = object.field(field);
         }
+        object = object.field(crate::triggers::query_field(datastore, ds));
         let mut seen: std::collections::HashSet<String> = [
             "row",
             "rows",

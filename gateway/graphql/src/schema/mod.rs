@@ -137,6 +137,13 @@ pub(super) fn schema_for(
     for e in id_enums {
         builder = builder.register(e);
     }
+    let (trigger_objects, trigger_enums) = crate::triggers::types();
+    for object in trigger_objects {
+        builder = builder.register(object);
+    }
+    for e in trigger_enums {
+        builder = builder.register(e);
+    }
     let mut query = Object::new("Query").description("Reads of every datastore, and IDs.");
     query = query.field(datastores_field(topology, &defs));
     for field in crate::ids::query_fields() {
@@ -180,6 +187,7 @@ pub(super) fn schema_for(
         );
         mutation = mutation.field(put_cells_field(datastore, &types, &ds));
         mutation = mutation.field(crate::maintenance::retry_field(&ds));
+        mutation = mutation.field(crate::triggers::retry_field(datastore, &ds));
         builder = builder.register(event_type(datastore));
         subscription = subscription.field(cells_subscription(datastore, &types, &ds));
     }

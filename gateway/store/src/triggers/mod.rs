@@ -25,6 +25,10 @@
 //!   listed by [`Store::trigger_quarantine`](crate::Store::trigger_quarantine)
 //!   and delivered again after
 //!   [`Store::retry_trigger_quarantine`](crate::Store::retry_trigger_quarantine).
+//! - **Lag** is measured, not remembered:
+//!   [`Store::trigger_lag`](crate::Store::trigger_lag) compares each shard's
+//!   log head with the consumer's stored offset, so every gateway reports
+//!   the same figures ([`ConsumerLag`]).
 //! - **Rewind**: [`Store::rewind_consumer`](crate::Store::rewind_consumer)
 //!   moves every shard's offset to an `added_id` or to the last cell before a
 //!   time; a running consumer notices at its next offset write (which
@@ -144,6 +148,8 @@ pub(crate) fn offsets_key(name: &str) -> String {
 pub struct ConsumerStatus {
     pub name: String,
     pub datastore: String,
+    /// The columns it follows; every column when empty.
+    pub columns: Vec<String>,
     /// Cells handed to the handler and acknowledged, since it started.
     pub delivered: u64,
     /// Cells quarantined, on every cluster (counted at start, then kept).
@@ -153,8 +159,24 @@ pub struct ConsumerStatus {
     pub pending_cells: i64,
     /// Lease buckets this gateway holds.
     pub held_buckets: usize,
+    /// Quarantined cells past which it stops.
+    pub quarantine_limit: u64,
     /// Why it stopped, once it has.
     pub stopped: Option<String>,
+}
+
+/// How far a consumer is behind the log of one cluster's shards, measured
+/// from the shard counters and its stored offsets
+/// ([`Store::trigger_lag`](crate::Store::trigger_lag)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerLag {
+    /// The cluster's name.
+    pub cluster: String,
+    /// Cells after its offsets, summed over the cluster's shards (cells of
+    /// every column: the log does not say which ones it follows).
+    pub pending_cells: i64,
+    /// The shards with cells after its offset, in shard order.
+    pub shards: Vec<crate::indexes::ShardLag>,
 }
 
 /// A quarantined cell of a consumer.
@@ -200,10 +222,12 @@ impl ConsumerState {
         ConsumerStatus {
             name: self.options.name.clone(),
             datastore: self.options.datastore.clone(),
+            columns: self.options.columns.clone(),
             delivered: self.delivered.load(Ordering::Relaxed),
             quarantined: self.quarantined.load(Ordering::Relaxed),
             pending_cells: held.values().map(|(p, _)| p).sum(),
             held_buckets: held.values().map(|(_, b)| b).sum(),
+            quarantine_limit: self.options.quarantine_limit,
             stopped: self.stopped.lock().expect("stopped").clone(),
         }
     }
