@@ -579,6 +579,22 @@ pub struct IndexesConfig {
     /// concurrent_passes: 0
     /// ```
     pub concurrent_passes: usize,
+    /// Every this many hours, a sampled verify compares the entries of
+    /// `verify_sample_shards` random shards of each datastore with their
+    /// cells and counts the drift in `/metrics`
+    /// (`cellgate_index_drift_total`); 0 turns it off. A full verify and
+    /// repair is `cellgate index verify` / `repair`.
+    ///
+    /// ```yaml
+    /// verify_every_hours: 6
+    /// ```
+    pub verify_every_hours: f64,
+    /// Shards a scheduled verify compares.
+    ///
+    /// ```yaml
+    /// verify_sample_shards: 64
+    /// ```
+    pub verify_sample_shards: u32,
 }
 
 impl Default for IndexesConfig {
@@ -590,6 +606,10 @@ impl Default for IndexesConfig {
             sweep_interval_ms: defaults.sweep_every.as_millis() as u64,
             quarantine_after: defaults.quarantine_after,
             concurrent_passes: defaults.passes,
+            verify_every_hours: defaults
+                .verify_every
+                .map_or(0.0, |d| d.as_secs_f64() / 3600.0),
+            verify_sample_shards: defaults.verify_sample,
         }
     }
 }
@@ -602,6 +622,11 @@ impl IndexesConfig {
             sweep_every: std::time::Duration::from_millis(self.sweep_interval_ms.max(10)),
             quarantine_after: self.quarantine_after.max(1),
             passes: self.concurrent_passes.min(64),
+            verify_every: (self.verify_every_hours.is_finite() && self.verify_every_hours > 0.0)
+                .then(|| {
+                    std::time::Duration::from_secs_f64((self.verify_every_hours * 3600.0).max(1.0))
+                }),
+            verify_sample: self.verify_sample_shards.max(1),
             ..cellgate_store::indexes::MaintainerOptions::default()
         }
     }

@@ -247,3 +247,142 @@ fn bad_arguments_are_refused_with_a_clear_message() {
     assert_eq!(output.status.code(), Some(1), "{}", text(&output));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--duty"));
 }
+
+async fn graphql(server: &Server, query: &str) -> Value {
+    let answer: Value = client()
+        .post(server.graphql())
+        .json(&json!({ "query": query }))
+        .send()
+        .await
+        .expect("post")
+        .json()
+        .await
+        .expect("json");
+    answer
+}
+
+/// Polls `indexVerify` until the run is no longer running.
+async fn finished_run(server: &Server) -> Value {
+    for _ in 0..1200 {
+        let answer = graphql(
+            server,
+            "{ trips { indexVerify { state repair error progress { shardsDone shardsTotal rows \
+             missing stale extra repaired } drift { index rowKey kind cluster expected stored repaired } } } }",
+        )
+        .await;
+        let run = answer["data"]["trips"]["indexVerify"].clone();
+        if run["state"] != "RUNNING" {
+            return run;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the verify did not finish");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_runs_a_verify_and_metrics_count_the_drift() {
+    let server = Server::start(&[]);
+    let none = graphql(&server, "{ trips { indexVerify { state } } }").await;
+    assert_eq!(none["data"]["trips"]["indexVerify"], Value::Null, "{none}");
+    write_trips(&server, 100).await;
+    let live = format!("SELECT COUNT(*) FROM {INDEX_TABLE} WHERE _shard IS NOT NULL");
+    for _ in 0..600 {
+        if count(&server, &live).await == 100 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut db = sqlite(&server).await;
+    let gone: Vec<Uuid> = sqlx::query_scalar(&format!(
+        "SELECT row_key FROM {INDEX_TABLE} WHERE _shard IS NOT NULL ORDER BY row_key LIMIT 3"
+    ))
+    .fetch_all(&mut db)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "DELETE FROM {INDEX_TABLE} WHERE row_key IN (SELECT row_key FROM {INDEX_TABLE} \
+         WHERE _shard IS NOT NULL ORDER BY row_key LIMIT 3)"
+    ))
+    .execute(&mut db)
+    .await
+    .unwrap();
+    drop(db);
+
+    let started = graphql(
+        &server,
+        "mutation { tripsVerifyIndexes(indexes: [\"driver_partner_index\"]) { state repair } }",
+    )
+    .await;
+    assert_eq!(
+        started["data"]["tripsVerifyIndexes"]["state"], "RUNNING",
+        "{started}"
+    );
+    let run = finished_run(&server).await;
+    assert_eq!(run["state"], "DONE", "{run}");
+    assert_eq!(run["progress"]["missing"], "3", "{run}");
+    assert_eq!(
+        run["progress"]["shardsDone"],
+        run["progress"]["shardsTotal"]
+    );
+    let mut reported: Vec<String> = run["drift"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            assert_eq!(d["kind"], "MISSING", "{d}");
+            assert_eq!(d["stored"], Value::Null, "{d}");
+            assert!(d["expected"]["driver_partner_uuid"].is_string(), "{d}");
+            d["rowKey"].as_str().unwrap().to_string()
+        })
+        .collect();
+    reported.sort();
+    let mut gone: Vec<String> = gone.iter().map(Uuid::to_string).collect();
+    gone.sort();
+    assert_eq!(reported, gone);
+
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("cellgate_index_drift_total{datastore=\"trips\",kind=\"missing\"} 3"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("cellgate_index_verify_last_drift{datastore=\"trips\"} 3"));
+
+    // Bad arguments are refused; then a repair.
+    let bad = graphql(
+        &server,
+        "mutation { tripsVerifyIndexes(sample: 0) { state } }",
+    )
+    .await;
+    assert_eq!(
+        bad["errors"][0]["extensions"]["code"], "BAD_USER_INPUT",
+        "{bad}"
+    );
+    let bad = graphql(
+        &server,
+        "mutation { tripsVerifyIndexes(indexes: [\"nope\"]) { state } }",
+    )
+    .await;
+    assert!(
+        bad["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("nope"),
+        "{bad}"
+    );
+    graphql(
+        &server,
+        "mutation { tripsVerifyIndexes(repair: true, indexes: [\"driver_partner_index\"]) { state } }",
+    )
+    .await;
+    let run = finished_run(&server).await;
+    assert_eq!(run["repair"], true);
+    assert_eq!(run["progress"]["repaired"], "3", "{run}");
+    assert_eq!(count(&server, &live).await, 100);
+}

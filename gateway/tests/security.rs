@@ -113,6 +113,16 @@ fn operations() -> Vec<(&'static str, String, &'static str)> {
             "{ trips { triggers { name lag { pendingCells } } } }".to_string(),
             "admin",
         ),
+        (
+            "admin query (index verify)",
+            "{ trips { indexVerify { state progress { missing } } } }".to_string(),
+            "admin",
+        ),
+        (
+            "admin mutation (index verify)",
+            "mutation { tripsVerifyIndexes(sample: 1) { state } }".to_string(),
+            "admin",
+        ),
     ]
 }
 

@@ -3,9 +3,10 @@
 //!
 //! Every datastore is one root field of `Query` (`<ds>`, which needs
 //! `read`; its `indexStatus`, `maintenance`, `quarantine`, `buffer`,
-//! `bufferConflicts`, `storage` and `triggers` need `admin`)
-//! and three of `Mutation` (`<ds>PutCells`: `write`;
-//! `<ds>RetryQuarantine` and `<ds>RetryTriggerQuarantine`: `admin`), and one of `Subscription`
+//! `bufferConflicts`, `storage`, `triggers` and `indexVerify` need `admin`)
+//! and four of `Mutation` (`<ds>PutCells`: `write`;
+//! `<ds>RetryQuarantine`, `<ds>RetryTriggerQuarantine` and `<ds>VerifyIndexes`:
+//! `admin`), and one of `Subscription`
 //! (`<ds>Cells`: `read`). The check walks the root fields of the
 //! operation (through fragments, each fragment once per level, so the walk
 //! is linear in the document) and refuses the whole request with
@@ -40,7 +41,7 @@ pub struct AccessMap {
 pub const ANY_DATASTORE: &str = "*";
 
 /// Fields of `<Ds>Query` that need `admin`.
-const ADMIN_QUERY_FIELDS: [&str; 7] = super::maintenance::QUERY_FIELDS;
+const ADMIN_QUERY_FIELDS: [&str; 8] = super::maintenance::QUERY_FIELDS;
 
 impl AccessMap {
     /// The root fields of the schema generated for `defs`.
@@ -58,6 +59,10 @@ impl AccessMap {
             );
             map.mutation.insert(
                 super::triggers::retry_field_name(&datastore.name),
+                (datastore.name.clone(), Access::Admin),
+            );
+            map.mutation.insert(
+                super::verify::mutation_name(&datastore.name),
                 (datastore.name.clone(), Access::Admin),
             );
             map.subscription
@@ -217,6 +222,7 @@ impl<'d> Check<'d> {
                         .strip_suffix("PutCells")
                         .or_else(|| name.strip_suffix("RetryTriggerQuarantine"))
                         .or_else(|| name.strip_suffix("RetryQuarantine"))
+                        .or_else(|| name.strip_suffix("VerifyIndexes"))
                         .unwrap_or(name);
                     self.need(datastore, Access::Write)
                 }

@@ -31,6 +31,7 @@ mod names;
 mod scalars;
 mod schema;
 mod triggers;
+mod verify;
 
 use async_graphql::dataloader::DataLoader;
 

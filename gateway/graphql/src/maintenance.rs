@@ -136,8 +136,9 @@ pub(super) fn types() -> Vec<Object> {
 }
 
 /// The names of the admin fields in each datastore's query type: these,
-/// those of [`crate::buffer`] and `triggers` ([`crate::triggers`]).
-pub(super) const QUERY_FIELDS: [&str; 7] = [
+/// those of [`crate::buffer`], `triggers` ([`crate::triggers`]) and
+/// `indexVerify` ([`crate::verify`]).
+pub(super) const QUERY_FIELDS: [&str; 8] = [
     "indexStatus",
     "maintenance",
     "quarantine",
@@ -145,6 +146,7 @@ pub(super) const QUERY_FIELDS: [&str; 7] = [
     crate::buffer::QUERY_FIELDS[1],
     crate::buffer::QUERY_FIELDS[2],
     crate::triggers::QUERY_FIELD,
+    crate::verify::QUERY_FIELD,
 ];
 
 /// `indexStatus`, `maintenance` and `quarantine` of one datastore.
@@ -208,7 +210,12 @@ pub(super) fn query_fields(ds: &Arc<str>) -> Vec<Field> {
             .description("at most 1000"),
     )
     .description("Index entries set aside after failing to apply (oldest indexes first).");
-    let mut fields = vec![status, maintenance, quarantine];
+    let mut fields = vec![
+        status,
+        maintenance,
+        quarantine,
+        crate::verify::query_field(ds),
+    ];
     fields.extend(crate::buffer::query_fields(ds));
     fields
 }

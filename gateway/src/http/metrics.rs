@@ -331,7 +331,7 @@ impl Collector for StoreCollector {
 
         use prometheus_client::metrics::MetricType::{Counter as CounterType, Gauge as GaugeType};
         type Figure = fn(&cellgate_store::DatastoreMetrics) -> i64;
-        let per_datastore: [(&str, &str, _, Figure); 8] = [
+        let per_datastore: [(&str, &str, _, Figure); 12] = [
             (
                 "cellgate_index_lag_max_ms",
                 "Age of the oldest cell not yet applied to every index (0: caught up), from the log heads and stored offsets",
@@ -380,6 +380,30 @@ impl Collector for StoreCollector {
                 GaugeType,
                 |d| d.maintenance.buckets_held as i64,
             ),
+            (
+                "cellgate_index_verify_runs",
+                "Index verify runs (scheduled or asked for) this process finished",
+                CounterType,
+                |d| d.verify.runs as i64,
+            ),
+            (
+                "cellgate_index_verify_failed",
+                "Index verify runs of this process that stopped on an error",
+                CounterType,
+                |d| d.verify.failed as i64,
+            ),
+            (
+                "cellgate_index_verify_last_drift",
+                "Mismatching index entries the latest finished verify of this process found",
+                GaugeType,
+                |d| d.verify.last_drift as i64,
+            ),
+            (
+                "cellgate_index_drift_repaired",
+                "Mismatching index entries repaired by verify runs of this process",
+                CounterType,
+                |d| d.verify.repaired as i64,
+            ),
         ];
         for (name, help, kind, value) in per_datastore {
             let mut family = encoder.encode_descriptor(name, help, None, kind)?;
@@ -392,6 +416,22 @@ impl Collector for StoreCollector {
                     }
                     _ => ConstGauge::new(v).encode(family.encode_family(&labels)?)?,
                 }
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "cellgate_index_drift",
+            "Mismatching index entries found by verify runs of this process, by kind (missing, stale, extra)",
+            None,
+            CounterType,
+        )?;
+        for ds in &snapshot.datastores {
+            for (kind, count) in [
+                ("missing", ds.verify.missing),
+                ("stale", ds.verify.stale),
+                ("extra", ds.verify.extra),
+            ] {
+                let labels = [("datastore", ds.name.as_str()), ("kind", kind)];
+                ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
             }
         }
         let mut family = encoder.encode_descriptor(

@@ -100,6 +100,8 @@ struct Inner {
     consumers: std::sync::Mutex<Vec<Arc<triggers::ConsumerState>>>,
     /// The shared log tails of followers.
     tails: Arc<triggers::tail::Tails>,
+    /// Index verify runs started in this process.
+    verifier: Arc<crate::indexes::verify::Verifier>,
 }
 
 /// Counters of one datastore.
@@ -118,6 +120,8 @@ pub struct DatastoreMetrics {
     pub replay_conflicts: u64,
     /// Index maintenance figures (lag from the latest sweep).
     pub maintenance: MaintenanceMetrics,
+    /// Index verify runs of this process and the drift they found.
+    pub verify: crate::indexes::VerifyTotals,
 }
 
 /// The state of one index as the store serves it.
@@ -342,7 +346,7 @@ impl Store {
             options.tail.clone(),
             shutdown.subscribe(),
         ));
-        Ok(Store {
+        let store = Store {
             inner: Arc::new(Inner {
                 topology,
                 maintainer,
@@ -353,8 +357,17 @@ impl Store {
                 ids,
                 consumers: std::sync::Mutex::new(Vec::new()),
                 tails,
+                verifier: Arc::default(),
             }),
-        })
+        };
+        if let (true, Some(every)) = (options.maintain_indexes, options.maintenance.verify_every) {
+            tokio::spawn(scheduled_verifies(
+                Arc::downgrade(&store.inner),
+                every,
+                options.maintenance.verify_sample,
+            ));
+        }
+        Ok(store)
     }
 
     fn topology_ref(&self) -> &Topology {
@@ -477,6 +490,7 @@ impl Store {
                 cells_replayed: ds.cells_replayed.load(Relaxed),
                 replay_conflicts: ds.replay_conflicts.load(Relaxed),
                 maintenance: self.inner.maintainer.metrics(&ds),
+                verify: self.inner.verifier.totals(ds.name()),
             })
             .collect();
         let replica_lag = topology.lags.all();
@@ -1022,6 +1036,22 @@ impl Store {
         crate::indexes::verify::run(self.topology_ref(), &ds, options, on_progress, on_drift).await
     }
 
+    /// Starts a verify (and repair) of `datastore` in the background;
+    /// [`Store::verify_status`] follows it. Refused while one runs.
+    pub fn start_verify(
+        &self,
+        datastore: &str,
+        options: crate::indexes::VerifyOptions,
+    ) -> Result<crate::indexes::VerifyStatus> {
+        start_verify(&self.inner, datastore, options, false)
+    }
+
+    /// The verify run of `datastore` started in this process (running or
+    /// the latest), if any.
+    pub fn verify_status(&self, datastore: &str) -> Option<crate::indexes::VerifyStatus> {
+        self.inner.verifier.status(datastore)
+    }
+
     /// The recorded state of the latest full verify of `datastore`.
     pub async fn last_verify(
         &self,
@@ -1082,4 +1112,86 @@ fn shard_maps(defs: &Definitions, config: &StorageConfig) -> Result<HashMap<Stri
         }
     }
     Ok(maps)
+}
+
+/// Starts a verify run of `datastore` on a task of its own.
+fn start_verify(
+    inner: &Arc<Inner>,
+    datastore: &str,
+    options: crate::indexes::VerifyOptions,
+    scheduled: bool,
+) -> Result<crate::indexes::VerifyStatus> {
+    let ds = inner.topology.datastore(datastore)?;
+    if let Some(index) = options.indexes.iter().find(|i| ds.index(i).is_err()) {
+        return Err(Error::UnknownIndex {
+            datastore: datastore.to_string(),
+            index: index.clone(),
+        });
+    }
+    let verifier = inner.verifier.clone();
+    if !verifier.begin(datastore, &options, scheduled) {
+        return Err(Error::BadInput(format!(
+            "a verify of `{datastore}` is already running in this gateway"
+        )));
+    }
+    let status = verifier.status(datastore).expect("just begun");
+    let store = Store {
+        inner: inner.clone(),
+    };
+    let name = datastore.to_string();
+    let mut stopped = inner.shutdown.subscribe();
+    tokio::spawn(async move {
+        let mut on_progress = |p: &crate::indexes::VerifyProgress| verifier.progress(&name, p);
+        let mut on_drift = |d: &crate::indexes::Drift| verifier.drift(&name, d);
+        let run = store.verify_indexes(&name, &options, &mut on_progress, &mut on_drift);
+        let outcome = tokio::select! {
+            outcome = run => outcome,
+            _ = stopped.wait_for(|s| *s) => Err(Error::Internal("the gateway stopped".into())),
+        };
+        verifier.finish(&name, &outcome);
+        if let Ok(report) = &outcome {
+            tracing::info!(
+                datastore = %name,
+                scheduled,
+                shards = report.progress.shards_done,
+                rows = report.progress.rows,
+                drift = report.progress.drift(),
+                repaired = report.progress.repaired,
+                "index verify done"
+            );
+        }
+    });
+    Ok(status)
+}
+
+/// Every `every`, a sampled verify of each datastore with indexes.
+async fn scheduled_verifies(inner: std::sync::Weak<Inner>, every: Duration, sample: u32) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if *inner.shutdown.borrow() {
+            return;
+        }
+        for ds in inner.topology.datastores_sorted() {
+            if ds.indexes.iter().all(|i| !i.is_ready()) {
+                continue;
+            }
+            let options = crate::indexes::VerifyOptions {
+                indexes: ds
+                    .indexes
+                    .iter()
+                    .filter(|i| i.is_ready())
+                    .map(|i| i.def.name.clone())
+                    .collect(),
+                sample: Some(sample.max(1)),
+                ..crate::indexes::VerifyOptions::default()
+            };
+            if let Err(err) = start_verify(&inner, ds.name(), options, true) {
+                tracing::debug!(datastore = %ds.name(), error = %err, "no scheduled verify");
+            }
+        }
+    }
 }

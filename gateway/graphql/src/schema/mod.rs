@@ -137,6 +137,13 @@ pub(super) fn schema_for(
     for e in id_enums {
         builder = builder.register(e);
     }
+    let (verify_objects, verify_enums) = crate::verify::types();
+    for object in verify_objects {
+        builder = builder.register(object);
+    }
+    for e in verify_enums {
+        builder = builder.register(e);
+    }
     let (trigger_objects, trigger_enums) = crate::triggers::types();
     for object in trigger_objects {
         builder = builder.register(object);
@@ -188,6 +195,7 @@ pub(super) fn schema_for(
         mutation = mutation.field(put_cells_field(datastore, &types, &ds));
         mutation = mutation.field(crate::maintenance::retry_field(&ds));
         mutation = mutation.field(crate::triggers::retry_field(datastore, &ds));
+        mutation = mutation.field(crate::verify::mutation_field(&ds, datastore.shards));
         builder = builder.register(event_type(datastore));
         subscription = subscription.field(cells_subscription(datastore, &types, &ds));
     }

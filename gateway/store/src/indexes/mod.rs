@@ -25,7 +25,10 @@ pub use maintainer::{PassHook, PassPoint, PassStage};
 pub use plan::{IndexQuery, OrderBy, QueryPlan};
 pub use quarantine::QuarantinedEntry;
 pub use query::{IndexEntry, IndexPage};
-pub use verify::{Drift, DriftKind, VerifyCheckpoint, VerifyOptions, VerifyProgress, VerifyReport};
+pub use verify::{
+    Drift, DriftKind, VerifyCheckpoint, VerifyOptions, VerifyProgress, VerifyReport, VerifyState,
+    VerifyStatus, VerifyTotals,
+};
 
 /// How far one shard's indexes are behind its log.
 #[derive(Debug, Clone, PartialEq, Eq)]

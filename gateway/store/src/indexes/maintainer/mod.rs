@@ -65,6 +65,11 @@ pub struct MaintainerOptions {
     /// Passes a worker runs at once over disjoint buckets of shards;
     /// 0 picks by backend (2 on SQLite, 4 on a server).
     pub passes: usize,
+    /// How often a sampled verify of every datastore's indexes runs in the
+    /// background (`None`: never); its drift is counted in the metrics.
+    pub verify_every: Option<Duration>,
+    /// Shards a scheduled verify compares.
+    pub verify_sample: u32,
     /// Awaited by every pass at each [`PassStage`]; `None` (always, but in
     /// tests) costs nothing. Tests hold passes with it where a real process
     /// may stall (a pause of the runtime, a slow network), to check what a
@@ -122,6 +127,8 @@ impl Default for MaintainerOptions {
             sweep_every: Duration::from_secs(1),
             quarantine_after: 3,
             passes: 0,
+            verify_every: Some(Duration::from_secs(6 * 3600)),
+            verify_sample: 64,
             pass_hook: None,
         }
     }
