@@ -173,6 +173,9 @@ impl<'d> Check<'d> {
                         }
                         // Lists only the datastores the caller may read.
                         "datastores" if ty == OperationType::Query => {}
+                        crate::definitions::QUERY_FIELD if ty == OperationType::Query => {
+                            self.need(ANY_DATASTORE, Access::Admin)?
+                        }
                         _ => self.root_field(ty, name, &field.node.selection_set.node)?,
                     }
                 }
