@@ -288,9 +288,36 @@ pub async fn reload_swaps_definitions_while_serving(env: Arc<Env>) {
     );
     client.rounds_more(3).await;
 
-    // Removed (and the broken file fixed by removing it): no longer served,
-    // its tables stay for `cellgate index drop`.
+    // Refused: valid definitions the running store cannot apply.
     remove(&server, BROKEN.0);
+    let datastore = std::fs::read_to_string(server.datastores.join("items/datastore.yaml"))
+        .expect("items/datastore.yaml");
+    assert!(datastore.contains("shards: 4\n"), "{datastore}");
+    write(
+        &server,
+        "items/datastore.yaml",
+        &datastore.replace("shards: 4\n", "shards: 16\n"),
+    );
+    let (ok, stdout, stderr) = server.reload_command();
+    assert!(!ok, "a new shard count was reloaded: {stdout}");
+    assert!(
+        stderr.contains("shard count is fixed at creation"),
+        "{stderr}"
+    );
+    assert_eq!(
+        server
+            .metric("cellgate_definitions_reloads_total{result=\"refused\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        by_n(&server, "reload-owner", "n x").await.map(|n| n.len()),
+        Ok(12)
+    );
+    write(&server, "items/datastore.yaml", &datastore);
+    client.rounds_more(3).await;
+
+    // Removed: no longer served, its tables stay for `cellgate index drop`.
     remove(&server, BY_N);
     server.hangup();
     let wait = Wait::new("itemsByN to be gone");

@@ -6,7 +6,8 @@
 //! `bufferConflicts` and `storage` need `admin`)
 //! and two of `Mutation` (`<ds>PutCells`: `write`;
 //! `<ds>RetryQuarantine`: `admin`), and one of `Subscription`
-//! (`<ds>Cells`: `read`). The check walks the root fields of the
+//! (`<ds>Cells`: `read`); `Query.definitions` (the state of the
+//! definitions, `definitions.rs`) needs `*:admin`. The check walks the root fields of the
 //! operation (through fragments, each fragment once per level, so the walk
 //! is linear in the document) and refuses the whole request with
 //! `FORBIDDEN` when any field needs what the caller lacks. It runs before
@@ -340,6 +341,16 @@ mod tests {
             &["payments:read"],
             "{ datastores { name } __typename }"
         ));
+    }
+
+    #[test]
+    fn the_definitions_status_needs_admin_of_every_datastore() {
+        let status = "{ definitions { latest } }";
+        assert!(!allowed(&["trips:admin", "payments:admin"], status));
+        assert!(!allowed(&["*:read"], status));
+        assert!(allowed(&["*:admin"], status));
+        let hidden = "query { ...A } fragment A on Query { definitions { latest } }";
+        assert!(!allowed(&["*:write"], hidden));
     }
 
     #[test]
