@@ -658,3 +658,114 @@ pub async fn a_v1_store_is_refused_then_converted(env: Arc<Env>) {
         .unwrap();
     assert_eq!(latest.added_id, 4);
 }
+
+/// Definitions from `files`, as `Store::reload` takes them.
+fn definitions(files: &[(&str, &str)]) -> index_dsl::Definitions {
+    index_dsl::load_files(std::path::Path::new("defs"), files.iter().copied())
+        .unwrap_or_else(|e| panic!("test definitions are invalid:\n{e}"))
+}
+
+/// Queries `index` for `value` until it answers `count` entries; only
+/// `INDEX_BUILDING` may come before.
+async fn until_built(
+    store: &cellgate_store::Store,
+    index: &str,
+    value: &str,
+    count: usize,
+) -> cellgate_store::indexes::IndexPage {
+    for _ in 0..3000 {
+        store.sync_indexes().await.unwrap();
+        match store.query_index("trips", &by(index, value.to_string())).await {
+            Ok(page) if page.entries.len() == count => return page,
+            Ok(page) => assert!(page.entries.len() < count, "{}", page.entries.len()),
+            Err(err) => assert_eq!(err.code(), "INDEX_BUILDING", "{err}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("index `{index}` was not built");
+}
+
+pub async fn a_reload_builds_new_indexes_and_keeps_removed_tables(env: Arc<Env>) {
+    let one = files(&[("trips/indexes/by_driver.yaml", BY_DRIVER)], TRIPS);
+    let store = env.open_custom(&one, env.storage(), true).await.unwrap();
+    let driver = write_trips(&store, 40, "Lyon").await.to_string();
+    until_built(&store, "by_driver", &driver, 40).await;
+
+    // What a running store cannot change is refused, and nothing changes.
+    let err = store
+        .reload(definitions(&files(
+            &[
+                ("trips/indexes/by_driver.yaml", BY_DRIVER),
+                ("trips/indexes/by_city.yaml", BY_CITY),
+            ],
+            TRIPS_2048,
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "RELOAD_REFUSED", "{err}");
+    assert!(err.to_string().contains("shard count is fixed"), "{err}");
+    assert_eq!(store.indexes("trips").unwrap().len(), 1);
+    assert!(!table_names(&env)
+        .await
+        .contains(&"trips_ix_by_city".to_string()));
+
+    // Added: its table is created and filled from the log.
+    let two = files(
+        &[
+            ("trips/indexes/by_driver.yaml", BY_DRIVER),
+            ("trips/indexes/by_city.yaml", BY_CITY),
+        ],
+        TRIPS,
+    );
+    let report = store.reload(definitions(&two)).await.unwrap();
+    assert_eq!(
+        report.changes,
+        ["index `by_city` of `trips` added (version 1, building from the cell log)"]
+    );
+    until_built(&store, "by_city", "Lyon", 40).await;
+    // The index that stayed kept serving, and keeps being maintained.
+    let more = write_trips(&store, 5, "Lyon").await.to_string();
+    until_built(&store, "by_driver", &more, 5).await;
+    until_built(&store, "by_city", "Lyon", 45).await;
+    assert!(store.reload(definitions(&two)).await.unwrap().unchanged());
+
+    // Changed: a new table version, built the same way.
+    let changed = files(
+        &[
+            ("trips/indexes/by_driver.yaml", BY_DRIVER_WITH_CITY),
+            ("trips/indexes/by_city.yaml", BY_CITY),
+        ],
+        TRIPS,
+    );
+    let report = store.reload(definitions(&changed)).await.unwrap();
+    assert_eq!(
+        report.changes,
+        ["index `by_driver` of `trips` changed: version 2 replaces version 1 (building from the cell log)"]
+    );
+    let page = until_built(&store, "by_driver", &driver, 40).await;
+    assert!(page.entries[0]
+        .fields
+        .iter()
+        .any(|(name, value)| name == "city" && value.as_text() == Some("Lyon")));
+
+    // Removed: no longer served; its table stays until dropped.
+    let without_city = files(
+        &[("trips/indexes/by_driver.yaml", BY_DRIVER_WITH_CITY)],
+        TRIPS,
+    );
+    let report = store.reload(definitions(&without_city)).await.unwrap();
+    assert_eq!(report.changes.len(), 1, "{:?}", report.changes);
+    assert!(report.changes[0].starts_with("index `by_city` of `trips` removed"));
+    assert_eq!(
+        store
+            .query_index("trips", &by("by_city", "Lyon".into()))
+            .await
+            .unwrap_err()
+            .code(),
+        "UNKNOWN_INDEX"
+    );
+    assert!(table_names(&env)
+        .await
+        .contains(&"trips_ix_by_city".to_string()));
+    until_built(&store, "by_driver", &more, 5).await;
+}
