@@ -675,7 +675,10 @@ async fn until_built(
 ) -> cellgate_store::indexes::IndexPage {
     for _ in 0..3000 {
         store.sync_indexes().await.unwrap();
-        match store.query_index("trips", &by(index, value.to_string())).await {
+        match store
+            .query_index("trips", &by(index, value.to_string()))
+            .await
+        {
             Ok(page) if page.entries.len() == count => return page,
             Ok(page) => assert!(page.entries.len() < count, "{}", page.entries.len()),
             Err(err) => assert_eq!(err.code(), "INDEX_BUILDING", "{err}"),
