@@ -40,7 +40,7 @@ use crate::topology::{ClusterState, DatastoreRuntime, Defined, IndexRuntime, Top
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReloadReport {
     /// One line per change, e.g. ``index `by_city` of `trips` added
-    /// (version 1, building from the cell log)``; empty when the definitions
+    /// (version 1, filled from the cell log; …)``; empty when the definitions
     /// were those served already.
     pub changes: Vec<String>,
     /// Notes worth a warning: tables that stay, superseded versions.
@@ -77,6 +77,9 @@ pub(crate) async fn reload(
     let mut warnings = Vec::new();
     let reachable: Vec<&catalog::Catalog> = catalogs.iter().map(|(_, c)| c).collect();
     let plans = catalog::plan_indexes(&defs, &reachable, &mut warnings);
+    // Indexes removed now are reported as changes below; those removed
+    // before were warned about at start-up or by their own reload.
+    warnings.retain(|w| !w.contains("is no longer defined"));
 
     let mut changes = Vec::new();
     let mut datastores = HashMap::new();
@@ -106,7 +109,7 @@ pub(crate) async fn reload(
                     changes.push(match before {
                         Some(before) if before.version != plan.version => format!(
                             "index `{}` of `{}` changed: version {} replaces version {} \
-                             (building from the cell log)",
+                             (filled from the cell log; INDEX_BUILDING until it has caught up)",
                             index.name, def.name, plan.version, before.version
                         ),
                         Some(_) => format!(
@@ -114,7 +117,8 @@ pub(crate) async fn reload(
                             index.name, def.name
                         ),
                         None => format!(
-                            "index `{}` of `{}` added (version {}, building from the cell log)",
+                            "index `{}` of `{}` added (version {}, filled from the cell log; \
+                             INDEX_BUILDING until it has caught up)",
                             index.name, def.name, plan.version
                         ),
                     });
@@ -192,7 +196,7 @@ pub(crate) async fn reload(
         maintainer::resume(topology, maintainer, ds).await;
     }
     for change in &changes {
-        tracing::info!("definitions reloaded: {change}");
+        tracing::debug!("definitions reloaded: {change}");
     }
     Ok(ReloadReport { changes, warnings })
 }

@@ -723,7 +723,7 @@ pub async fn a_reload_builds_new_indexes_and_keeps_removed_tables(env: Arc<Env>)
     let report = store.reload(definitions(&two)).await.unwrap();
     assert_eq!(
         report.changes,
-        ["index `by_city` of `trips` added (version 1, building from the cell log)"]
+        ["index `by_city` of `trips` added (version 1, filled from the cell log; INDEX_BUILDING until it has caught up)"]
     );
     until_built(&store, "by_city", "Lyon", 40).await;
     // The index that stayed kept serving, and keeps being maintained.
@@ -743,7 +743,7 @@ pub async fn a_reload_builds_new_indexes_and_keeps_removed_tables(env: Arc<Env>)
     let report = store.reload(definitions(&changed)).await.unwrap();
     assert_eq!(
         report.changes,
-        ["index `by_driver` of `trips` changed: version 2 replaces version 1 (building from the cell log)"]
+        ["index `by_driver` of `trips` changed: version 2 replaces version 1 (filled from the cell log; INDEX_BUILDING until it has caught up)"]
     );
     let page = until_built(&store, "by_driver", &driver, 40).await;
     assert!(page.entries[0]
@@ -759,6 +759,7 @@ pub async fn a_reload_builds_new_indexes_and_keeps_removed_tables(env: Arc<Env>)
     let report = store.reload(definitions(&without_city)).await.unwrap();
     assert_eq!(report.changes.len(), 1, "{:?}", report.changes);
     assert!(report.changes[0].starts_with("index `by_city` of `trips` removed"));
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
     assert_eq!(
         store
             .query_index("trips", &by("by_city", "Lyon".into()))
