@@ -96,6 +96,7 @@ pub(crate) async fn reload(
             datastores.insert(def.name.clone(), runtime);
             continue;
         }
+        let first_change = changes.len();
         let mut indexes = Vec::new();
         for index in &def.indexes {
             let plan = plans[&(def.name.clone(), index.name.clone())];
@@ -163,10 +164,10 @@ pub(crate) async fn reload(
                 previous.redefined(def.clone(), indexes)
             }
             None => {
-                changes.push(format!(
-                    "datastore `{}` added ({} shards)",
-                    def.name, def.shards
-                ));
+                changes.insert(
+                    first_change,
+                    format!("datastore `{}` added ({} shards)", def.name, def.shards),
+                );
                 DatastoreRuntime::new(def.clone(), maps[&def.name].clone(), indexes)
             }
         };
@@ -250,5 +251,65 @@ fn refuse_runtime_changes(old: &Definitions, new: &Definitions) -> Result<()> {
         Ok(())
     } else {
         Err(Error::ReloadRefused(problems.join("\n")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defs(files: &[(&str, &str)]) -> Definitions {
+        index_dsl::load_files(std::path::Path::new("defs"), files.iter().copied())
+            .expect("valid definitions")
+    }
+
+    const TRIPS: (&str, &str) = (
+        "trips/datastore.yaml",
+        "name: trips\nshards: 8\ncolumns:\n  - name: BASE\n  - name: STATUS\n",
+    );
+    const PAYMENTS: (&str, &str) = (
+        "payments/datastore.yaml",
+        "name: payments\nshards: 8\ncolumns:\n  - name: BASE\n",
+    );
+
+    #[test]
+    fn removed_datastores_and_columns_and_new_shard_counts_are_refused_together() {
+        let old = defs(&[TRIPS, PAYMENTS]);
+        let new = defs(&[(
+            "trips/datastore.yaml",
+            "name: trips\nshards: 16\ncolumns:\n  - name: BASE\n",
+        )]);
+        let err = refuse_runtime_changes(&old, &new).unwrap_err();
+        assert_eq!(err.code(), "RELOAD_REFUSED");
+        let message = err.to_string();
+        assert!(
+            message.contains("datastore `payments` was removed"),
+            "{message}"
+        );
+        assert!(
+            message.contains("has 8 shards but its definition now says 16"),
+            "{message}"
+        );
+        assert!(
+            message.contains("column `STATUS` of `trips` was removed"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn added_datastores_columns_and_indexes_are_not_refused() {
+        let old = defs(&[TRIPS]);
+        let new = defs(&[
+            (
+                "trips/datastore.yaml",
+                "name: trips\nshards: 8\ncolumns:\n  - name: BASE\n  - name: STATUS\n  - name: NOTES\n",
+            ),
+            (
+                "trips/indexes/by_city.yaml",
+                "table: by_city\ndatastore: trips\ncolumn_defs:\n  - column_key: BASE\n    fields:\n      - { field: city, type: string }\n",
+            ),
+            PAYMENTS,
+        ]);
+        refuse_runtime_changes(&old, &new).unwrap();
     }
 }

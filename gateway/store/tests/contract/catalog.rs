@@ -772,4 +772,45 @@ pub async fn a_reload_builds_new_indexes_and_keeps_removed_tables(env: Arc<Env>)
         .await
         .contains(&"trips_ix_by_city".to_string()));
     until_built(&store, "by_driver", &more, 5).await;
+
+    // A new datastore: its tables and shard rows, then writes and its index.
+    let mut with_payments = without_city.clone();
+    with_payments.push((
+        "payments/datastore.yaml",
+        "name: payments\nshards: 16\ncolumns:\n  - name: BASE\n",
+    ));
+    with_payments.push((
+        "payments/indexes/by_merchant.yaml",
+        "table: by_merchant\ndatastore: payments\ncolumn_defs:\n  - column_key: BASE\n    fields:\n      - { field: merchant, type: string }\n",
+    ));
+    let report = store.reload(definitions(&with_payments)).await.unwrap();
+    assert_eq!(
+        report.changes[0], "datastore `payments` added (16 shards)",
+        "{:?}",
+        report.changes
+    );
+    let cells: Vec<NewCell> = (0..20)
+        .map(|_| NewCell {
+            row_key: Uuid::new_v4(),
+            column: "BASE".into(),
+            ref_key: 1,
+            body: json!({"merchant": "m-1"}),
+        })
+        .collect();
+    for result in store.put_cells("payments", cells).await.unwrap() {
+        result.unwrap();
+    }
+    for _ in 0..3000 {
+        store.sync_indexes().await.unwrap();
+        match store
+            .query_index("payments", &by("by_merchant", "m-1".into()))
+            .await
+        {
+            Ok(page) if page.entries.len() == 20 => return,
+            Ok(_) => {}
+            Err(err) => assert_eq!(err.code(), "INDEX_BUILDING", "{err}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the index of the new datastore was not built");
 }
