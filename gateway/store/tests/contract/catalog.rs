@@ -814,3 +814,36 @@ pub async fn a_reload_builds_new_indexes_and_keeps_removed_tables(env: Arc<Env>)
     }
     panic!("the index of the new datastore was not built");
 }
+
+pub async fn a_reloaded_index_answers_index_building_until_it_is_built(env: Arc<Env>) {
+    let one = files(&[("trips/indexes/by_driver.yaml", BY_DRIVER)], TRIPS);
+    // Maintenance off: nothing applies the log until `sync_indexes`.
+    let store = env.open_custom(&one, env.storage(), false).await.unwrap();
+    write_trips(&store, 30, "Kyiv").await;
+    store.sync_indexes().await.unwrap();
+    let two = files(
+        &[
+            ("trips/indexes/by_driver.yaml", BY_DRIVER),
+            ("trips/indexes/by_city.yaml", BY_CITY),
+        ],
+        TRIPS,
+    );
+    store.reload(definitions(&two)).await.unwrap();
+    let err = store
+        .query_index("trips", &by("by_city", "Kyiv".into()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "INDEX_BUILDING", "{err}");
+    let status = store.indexes("trips").unwrap();
+    assert!(
+        status.iter().any(|i| i.name == "by_city" && !i.ready),
+        "{status:?}"
+    );
+    store.sync_indexes().await.unwrap();
+    let page = store
+        .query_index("trips", &by("by_city", "Kyiv".into()))
+        .await
+        .unwrap();
+    assert_eq!(page.entries.len(), 30);
+    assert!(store.indexes("trips").unwrap().iter().all(|i| i.ready));
+}
