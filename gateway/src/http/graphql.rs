@@ -311,10 +311,13 @@ async fn respond(
         .direct(|document| cellgate_graphql::Direct::compile(document, &served.defs))
         .filter(|direct| direct.runs(requested_name.as_deref()));
     if let Some(direct) = direct {
-        let run = direct.run(
-            &gateway.store,
-            &graphql_request.variables,
-            gateway.graphql_limits,
+        let run = cellgate_store::Store::pinned(
+            served.snapshot.clone(),
+            direct.run(
+                &gateway.store,
+                &graphql_request.variables,
+                gateway.graphql_limits,
+            ),
         );
         match tokio::time::timeout(gateway.request_timeout, run).await {
             Ok(Some(Answer::Body(body))) => {
@@ -352,7 +355,10 @@ async fn respond(
         &served.schema
     };
     let graphql_request = graphql_request.data(gateway.reloads.status().clone());
-    let execution = cellgate_graphql::execute(schema, &gateway.store, principal, graphql_request);
+    let execution = cellgate_store::Store::pinned(
+        served.snapshot.clone(),
+        cellgate_graphql::execute(schema, &gateway.store, principal, graphql_request),
+    );
     let remaining = gateway.request_timeout.saturating_sub(started.elapsed());
     let Ok(response) = tokio::time::timeout(remaining, execution).await else {
         return Err(timed_out(gateway.request_timeout));

@@ -56,6 +56,9 @@ pub use server::ServerOptions;
 /// end, so it never mixes a schema with the access map or the cached
 /// documents of another.
 pub(crate) struct Served {
+    /// The store's definitions and runtimes the schema was built from;
+    /// the request's store calls are pinned to it (`Store::pinned`).
+    pub(crate) snapshot: cellgate_store::Snapshot,
     pub(crate) defs: Arc<index_dsl::Definitions>,
     pub(crate) schema: async_graphql::dynamic::Schema,
     /// Schemas of fewer datastores, by the datastores they show, for
@@ -69,12 +72,14 @@ pub(crate) struct Served {
 
 impl Served {
     fn new(
-        defs: Arc<index_dsl::Definitions>,
+        snapshot: cellgate_store::Snapshot,
         schema: async_graphql::dynamic::Schema,
         documents: Arc<cellgate_graphql::Documents>,
     ) -> Served {
+        let defs = snapshot.definitions();
         Served {
             access: cellgate_graphql::AccessMap::new(&defs),
+            snapshot,
             defs,
             schema,
             visible_schemas: moka::sync::Cache::new(VISIBLE_SCHEMAS),
@@ -209,7 +214,7 @@ impl Gateway {
             auth: Authenticator::new(&config.auth.tokens, auth_on, Some(store.clone()))?,
             hosts: AllowedHosts::new(&config.http, auth_on),
             served: arc_swap::ArcSwap::from_pointee(Served::new(
-                store.definitions(),
+                store.snapshot(),
                 schema,
                 documents,
             )),

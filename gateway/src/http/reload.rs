@@ -14,7 +14,9 @@
 //! (new index tables, maintenance of the new versions) and the gateway
 //! builds the new schema and swaps it in with its access map and a fresh
 //! document cache ([`Served`]): requests under way finish on the schema they
-//! started with, new ones get the new one, and no connection is closed.
+//! started with, and their store calls on the store's snapshot of the same
+//! definitions (`Store::pinned`), new ones get the new ones, and no
+//! connection is closed.
 //! Trigger changes are reported and apply at the next restart (webhook
 //! delivery reads its environment once, at start-up).
 
@@ -126,6 +128,7 @@ impl Gateway {
                 return failed(ReloadResult::Refused, vec![error.client_message()]);
             }
         };
+        let snapshot = self.store.snapshot();
         let schema = match cellgate_graphql::build_schema(&self.store, self.graphql_limits) {
             Ok(schema) => schema,
             Err(error) => {
@@ -136,7 +139,7 @@ impl Gateway {
         };
         let previous = self.served();
         self.served.store(Arc::new(Served::new(
-            self.store.definitions(),
+            snapshot,
             schema,
             Arc::new(previous.documents.renewed()),
         )));

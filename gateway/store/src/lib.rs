@@ -87,4 +87,6 @@ pub mod upgrade;
 pub use error::{Error, Result};
 pub use options::{BreakerConfig, ClusterConfig, ShardRange, StorageConfig};
 pub use reload::ReloadReport;
-pub use store::{ClusterMetrics, DatastoreMetrics, IndexStatus, Store, StoreMetrics, StoreOptions};
+pub use store::{
+    ClusterMetrics, DatastoreMetrics, IndexStatus, Snapshot, Store, StoreMetrics, StoreOptions,
+};

@@ -109,6 +109,25 @@ struct Inner {
     reloading: tokio::sync::Mutex<()>,
 }
 
+/// The definitions a store serves at one moment, with their runtimes
+/// (index versions, readiness): what [`Store::pinned`] runs a request on.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Snapshot(Arc<Defined>);
+
+impl Snapshot {
+    /// The definitions of the snapshot.
+    pub fn definitions(&self) -> Arc<Definitions> {
+        self.0.defs.clone()
+    }
+}
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot").finish_non_exhaustive()
+    }
+}
+
 /// Counters of one datastore.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DatastoreMetrics {
@@ -415,6 +434,22 @@ impl Store {
             defs,
         )
         .await
+    }
+
+    /// The definitions served now, to pin a request to with
+    /// [`Store::pinned`].
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot(self.inner.topology.defined())
+    }
+
+    /// Runs `work` with the datastore lookups of this task pinned to
+    /// `snapshot`: a request that started before a reload reads its indexes
+    /// as they were when it started (removed or replaced index versions
+    /// keep their tables until `cellgate index drop`), and its writes
+    /// check columns against its own definitions. Tasks that `work`
+    /// spawns are not pinned.
+    pub async fn pinned<F: std::future::Future>(snapshot: Snapshot, work: F) -> F::Output {
+        crate::topology::PINNED.scope(snapshot.0, work).await
     }
 
     /// Warnings about the definitions found at start-up (superseded or

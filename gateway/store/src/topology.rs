@@ -45,6 +45,14 @@ pub(crate) struct Topology {
     pub(crate) events: Events,
 }
 
+tokio::task_local! {
+    /// The snapshot a request runs on (`Store::pinned`): its datastore
+    /// lookups find the runtimes of that snapshot, so a request that
+    /// started before a reload finishes on the definitions it started
+    /// with, whatever the reload removed or replaced meanwhile.
+    pub(crate) static PINNED: Arc<Defined>;
+}
+
 /// One set of definitions and the runtime of each of its datastores.
 pub(crate) struct Defined {
     pub(crate) defs: Arc<Definitions>,
@@ -380,13 +388,14 @@ impl Topology {
         self.defined.store(Arc::new(defined));
     }
 
+    /// The runtime of datastore `name`: in the snapshot the current task
+    /// is pinned to, if any, else in the one served now.
     pub(crate) fn datastore(&self, name: &str) -> Result<Arc<DatastoreRuntime>> {
-        self.defined
-            .load()
-            .datastores
-            .get(name)
-            .cloned()
-            .ok_or_else(|| Error::UnknownDatastore(name.to_string()))
+        let found = match PINNED.try_with(|pinned| pinned.datastores.get(name).cloned()) {
+            Ok(found) => found,
+            Err(_) => self.defined.load().datastores.get(name).cloned(),
+        };
+        found.ok_or_else(|| Error::UnknownDatastore(name.to_string()))
     }
 
     /// The datastores, sorted by name.

@@ -756,8 +756,17 @@ pub async fn a_reload_builds_new_indexes_and_keeps_removed_tables(env: Arc<Env>)
         &[("trips/indexes/by_driver.yaml", BY_DRIVER_WITH_CITY)],
         TRIPS,
     );
+    let before = store.snapshot();
     let report = store.reload(definitions(&without_city)).await.unwrap();
     assert_eq!(report.changes.len(), 1, "{:?}", report.changes);
+    // A request pinned to the snapshot it started on still reads it.
+    let page = cellgate_store::Store::pinned(
+        before,
+        store.query_index("trips", &by("by_city", "Lyon".into())),
+    )
+    .await
+    .unwrap();
+    assert_eq!(page.entries.len(), 45);
     assert!(report.changes[0].starts_with("index `by_city` of `trips` removed"));
     assert!(report.warnings.is_empty(), "{:?}", report.warnings);
     assert_eq!(
