@@ -242,6 +242,46 @@ async fn every_scope_and_operation_kind_is_allowed_or_refused() {
         StatusCode::OK
     );
 
+    // Reloading the definitions, and their state, need `*:admin`; the
+    // route takes only JSON, so another origin's page cannot send it
+    // without a preflight.
+    let reload = |token: Option<&str>, json: bool| {
+        let mut request = client().post(server.url("/admin/reload")).body("{}");
+        if json {
+            request = request.header(reqwest::header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(token) = token {
+            request = request.header(AUTHORIZATION, format!("Bearer {token}"));
+        }
+        request.send()
+    };
+    assert_eq!(
+        reload(None, true).await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        reload(Some(&secrets[2]), true).await.unwrap().status(),
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        reload(Some(&secrets[4]), false).await.unwrap().status(),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE
+    );
+    let reloaded = reload(Some(&secrets[4]), true).await.unwrap();
+    assert_eq!(reloaded.status(), StatusCode::OK);
+    let reloaded: Value = reloaded.json().await.unwrap();
+    assert_eq!(reloaded["result"], "unchanged", "{reloaded}");
+    let state = "{ definitions { latest lastReload { result } } }";
+    let (status, answer) = post(&server, Some(&secrets[2]), state).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    let (status, answer) = post(&server, Some(&secrets[4]), state).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        answer["data"]["definitions"],
+        json!({"latest": true, "lastReload": {"result": "UNCHANGED"}}),
+        "{answer}"
+    );
+
     // IDs belong to no datastore: only `*` scopes take them, and only
     // `*:admin` creates a biz tag.
     let (status, answer) = post(&server, Some(&secrets[2]), "{ snowflakeIds(count: 1) }").await;

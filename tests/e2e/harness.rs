@@ -247,6 +247,7 @@ impl Env {
             base: String::new(),
             client: reqwest::Client::new(),
             stderr_path,
+            datastores,
             _dir: run_dir,
         };
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -273,6 +274,57 @@ impl Env {
                     "cellgate serve did not print its address; stderr:\n{}",
                     server.stderr()
                 ),
+            }
+        }
+    }
+}
+
+impl Env {
+    /// Whether the store holds a table called `table`.
+    pub async fn table_exists(&self, table: &str) -> bool {
+        match (&self.database, self.backend) {
+            (None, _) => {
+                let url = format!(
+                    "sqlite://{}?mode=ro",
+                    self.data_dir().join("cellgate.db").display()
+                );
+                let mut conn = sqlx::SqliteConnection::connect(&url)
+                    .await
+                    .unwrap_or_else(|e| panic!("cannot open {url}: {e}"));
+                let found: Option<(String,)> = sqlx::query_as(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?",
+                )
+                .bind(table)
+                .fetch_optional(&mut conn)
+                .await
+                .expect("sqlite_master");
+                found.is_some()
+            }
+            (Some((base, name)), Backend::Postgres) => {
+                let mut conn = sqlx::PgConnection::connect(&replace_database(base, name))
+                    .await
+                    .expect("connect to the test database");
+                let found: Option<(i32,)> =
+                    sqlx::query_as("SELECT 1 FROM information_schema.tables WHERE table_name = $1")
+                        .bind(table)
+                        .fetch_optional(&mut conn)
+                        .await
+                        .expect("information_schema.tables");
+                found.is_some()
+            }
+            (Some((base, name)), _) => {
+                let mut conn = sqlx::MySqlConnection::connect(base)
+                    .await
+                    .expect("connect to the test server");
+                let found: Option<(i32,)> = sqlx::query_as(
+                    "SELECT 1 FROM information_schema.tables WHERE table_schema = ? AND table_name = ?",
+                )
+                .bind(name)
+                .bind(table)
+                .fetch_optional(&mut conn)
+                .await
+                .expect("information_schema.tables");
+                found.is_some()
             }
         }
     }
@@ -320,6 +372,8 @@ pub struct Server {
     base: String,
     client: reqwest::Client,
     stderr_path: PathBuf,
+    /// The definitions directory it serves (`--datastores`).
+    pub datastores: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -338,6 +392,36 @@ pub enum Accept {
 }
 
 impl Server {
+    /// Sends the server SIGHUP (reload the definitions).
+    pub fn hangup(&self) {
+        let status = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -HUP failed");
+    }
+
+    /// Runs `cellgate reload --url <this server>`; returns whether it
+    /// succeeded, its stdout and its stderr.
+    pub fn reload_command(&self) -> (bool, String, String) {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_cellgate"));
+        for (name, _) in std::env::vars_os() {
+            let text = name.to_string_lossy();
+            if text.starts_with("CELLGATE_") || text == "RUST_LOG" {
+                command.env_remove(&name);
+            }
+        }
+        let output = command
+            .args(["reload", "--url", &self.base])
+            .output()
+            .expect("run cellgate reload");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }

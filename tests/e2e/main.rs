@@ -11,6 +11,7 @@ mod harness;
 mod ids;
 mod indexes;
 mod meta;
+mod reload;
 
 e2e_suite!(
     cells::put_cells_reports_written_duplicate_and_conflict,
@@ -31,4 +32,6 @@ e2e_suite!(
     meta::a_default_innodb_buffer_pool_is_warned_about,
     ids::ids_over_graphql_and_leaf_routes,
     ids::two_gateways_on_one_data_directory_issue_no_duplicate,
+    reload::reload_swaps_definitions_while_serving,
+    reload::watch_reloads_changed_definitions,
 );

@@ -7,7 +7,8 @@
 //! and four of `Mutation` (`<ds>PutCells`: `write`;
 //! `<ds>RetryQuarantine`, `<ds>RetryTriggerQuarantine` and `<ds>VerifyIndexes`:
 //! `admin`), and one of `Subscription`
-//! (`<ds>Cells`: `read`). The check walks the root fields of the
+//! (`<ds>Cells`: `read`); `Query.definitions` (the state of the
+//! definitions, `definitions.rs`) needs `*:admin`. The check walks the root fields of the
 //! operation (through fragments, each fragment once per level, so the walk
 //! is linear in the document) and refuses the whole request with
 //! `FORBIDDEN` when any field needs what the caller lacks. It runs before
@@ -182,6 +183,9 @@ impl<'d> Check<'d> {
                         }
                         // Lists only the datastores the caller may read.
                         "datastores" if ty == OperationType::Query => {}
+                        crate::definitions::QUERY_FIELD if ty == OperationType::Query => {
+                            self.need(ANY_DATASTORE, Access::Admin)?
+                        }
                         _ => self.root_field(ty, name, &field.node.selection_set.node)?,
                     }
                 }
@@ -348,6 +352,16 @@ mod tests {
             &["payments:read"],
             "{ datastores { name } __typename }"
         ));
+    }
+
+    #[test]
+    fn the_definitions_status_needs_admin_of_every_datastore() {
+        let status = "{ definitions { latest } }";
+        assert!(!allowed(&["trips:admin", "payments:admin"], status));
+        assert!(!allowed(&["*:read"], status));
+        assert!(allowed(&["*:admin"], status));
+        let hidden = "query { ...A } fragment A on Query { definitions { latest } }";
+        assert!(!allowed(&["*:write"], hidden));
     }
 
     #[test]

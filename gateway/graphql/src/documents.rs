@@ -15,6 +15,9 @@
 //!
 //! A cached document also remembers whether a request with its text has
 //! passed validation, and, from then on, its direct form (`direct.rs`).
+//! Both depend on the schema, so a gateway that serves a new schema (a
+//! reload of the definitions) starts a new cache with [`Documents::renewed`]
+//! and serves each request from the cache of the schema it runs on.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -68,6 +71,13 @@ const MAX_CACHED_TEXT: usize = 64 * 1024;
 pub struct Documents {
     /// `None` when caching is off.
     cache: Option<moka::sync::Cache<String, Arc<Parsed>>>,
+    capacity_bytes: u64,
+    /// Shared with the caches that replace this one, so they never go back.
+    counts: Arc<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
     hits: AtomicU64,
     misses: AtomicU64,
     direct: AtomicU64,
@@ -85,9 +95,17 @@ impl Documents {
         });
         Documents {
             cache,
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            direct: AtomicU64::new(0),
+            capacity_bytes,
+            counts: Arc::default(),
+        }
+    }
+
+    /// An empty cache of the same size whose counts continue this one's,
+    /// for a new schema.
+    pub fn renewed(&self) -> Documents {
+        Documents {
+            counts: self.counts.clone(),
+            ..Documents::new(self.capacity_bytes)
         }
     }
 
@@ -95,10 +113,10 @@ impl Documents {
     /// cached when it parses).
     pub fn parse(&self, text: &str) -> Result<Arc<Parsed>, ServerError> {
         if let Some(document) = self.cache.as_ref().and_then(|cache| cache.get(text)) {
-            self.hits.fetch_add(1, Ordering::Relaxed);
+            self.counts.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(document);
         }
-        self.misses.fetch_add(1, Ordering::Relaxed);
+        self.counts.misses.fetch_add(1, Ordering::Relaxed);
         let document = Arc::new(Parsed::new(async_graphql::parser::parse_query(text)?));
         if let Some(cache) = self
             .cache
@@ -112,20 +130,20 @@ impl Documents {
 
     /// Counts a request answered by a document's direct form.
     pub fn answered_directly(&self) {
-        self.direct.fetch_add(1, Ordering::Relaxed);
+        self.counts.direct.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Requests answered by a document's direct form, since start.
     pub fn direct_count(&self) -> u64 {
-        self.direct.load(Ordering::Relaxed)
+        self.counts.direct.load(Ordering::Relaxed)
     }
 
     /// Requests answered from the cache and requests that parsed, since
     /// start.
     pub fn counts(&self) -> (u64, u64) {
         (
-            self.hits.load(Ordering::Relaxed),
-            self.misses.load(Ordering::Relaxed),
+            self.counts.hits.load(Ordering::Relaxed),
+            self.counts.misses.load(Ordering::Relaxed),
         )
     }
 }
@@ -153,6 +171,20 @@ mod tests {
         let cache = documents.cache.as_ref().expect("caching is on");
         cache.run_pending_tasks();
         assert_eq!(cache.entry_count(), 0);
+    }
+
+    #[test]
+    fn a_renewed_cache_is_empty_and_keeps_counting() {
+        let documents = Documents::new(1 << 20);
+        let text = "{ __typename }";
+        let old = documents.parse(text).expect("parses");
+        old.validated();
+        let renewed = documents.renewed();
+        let new = renewed.parse(text).expect("parses");
+        assert!(!Arc::ptr_eq(&old, &new));
+        assert!(new.direct(|_| unreachable!("not validated")).is_none());
+        assert_eq!(renewed.counts(), (0, 2));
+        assert_eq!(documents.counts(), (0, 2));
     }
 
     #[test]

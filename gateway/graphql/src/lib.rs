@@ -19,6 +19,7 @@ mod access;
 pub mod auth;
 mod buffer;
 mod consistency;
+mod definitions;
 mod direct;
 mod documents;
 mod errors;
@@ -36,6 +37,7 @@ mod verify;
 use async_graphql::dataloader::DataLoader;
 
 pub use access::{authorize, visible_datastores, AccessMap, Authorized, Denied, ANY_DATASTORE};
+pub use definitions::{DefinitionsState, DefinitionsStatus, LastReload, ReloadResult};
 pub use direct::{Answer, Direct};
 pub use documents::{Documents, Parsed};
 pub use limits::{check_limits, prepare_error_code, GraphqlLimits};

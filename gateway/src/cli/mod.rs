@@ -19,6 +19,7 @@ mod generated;
 mod ids;
 mod index;
 mod migrate;
+mod reload;
 mod schema;
 mod serve;
 mod store_args;
@@ -40,6 +41,7 @@ pub use ddl::DdlArgs;
 pub use ids::IdsArgs;
 pub use index::IndexArgs;
 pub use migrate::MigrateArgs;
+pub use reload::ReloadArgs;
 pub use schema::SchemaArgs;
 pub use serve::ServeArgs;
 pub use token::TokenArgs;
@@ -106,12 +108,23 @@ pub enum Command {
     /// IDs: create biz tags, take segment or snowflake IDs, list the tags,
     /// and decode an ID (`cellgate-bench ids` measures the allocator).
     Ids(IdsArgs),
+    /// Ask a running gateway to reload its definitions.
+    ///
+    /// Sends `POST /admin/reload` to `--url` (with auth on, a `--token`
+    /// with a `*:admin` scope) and prints what changed, or why nothing
+    /// did (the diagnostics of definitions that do not load, a change the
+    /// running store refuses); exits 1 when nothing was reloaded. The
+    /// gateway keeps serving either way. SIGHUP to the gateway does the
+    /// same.
+    Reload(ReloadArgs),
     /// Serve the GraphQL API over HTTP.
     ///
     /// Loads the definitions, opens the store, and serves `POST/GET
     /// /graphql`, a GraphQL playground at `/`, `/healthz`, `/readyz` and
     /// `/metrics` until Ctrl-C or SIGTERM. Settings come from the flags,
-    /// then `--config FILE`, then the defaults.
+    /// then `--config FILE`, then the defaults. SIGHUP, `cellgate reload`
+    /// and, with `--watch`, a change of the definitions reload them
+    /// without a restart.
     Serve(ServeArgs),
     /// Manage API tokens (`create`, `list`, `revoke`).
     ///
@@ -135,6 +148,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Index(args) => index::run(args).await,
         Command::Buffer(args) => buffer::run(args).await,
         Command::Ids(args) => ids::run(args).await,
+        Command::Reload(args) => reload::run(args).await,
         Command::Serve(args) => serve::run(args).await,
         Command::Token(args) => token::run(args).await,
         Command::Trigger(args) => trigger::run(args).await,

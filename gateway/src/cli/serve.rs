@@ -11,6 +11,10 @@
 //! signal that the server is ready; tests and scripts wait for it, so it is
 //! flushed at once and names the bound port, also when `--listen` asked for
 //! port 0.
+//!
+//! While it serves, SIGHUP, `cellgate reload` and (with `--watch`) a change
+//! under the datastores directory reload the definitions
+//! (`http/reload.rs`).
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -78,6 +82,16 @@ pub struct ServeArgs {
     /// Flags and their environment variables override its values.
     #[arg(long, value_name = "FILE", env = "CELLGATE_CONFIG")]
     pub config: Option<PathBuf>,
+
+    /// Reload the definitions when a file under the datastores directory
+    /// changes (after half a second without further changes), as on
+    /// SIGHUP or `cellgate reload`.
+    #[arg(
+        long,
+        env = "CELLGATE_WATCH",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub watch: bool,
 }
 
 /// `--auth`.
@@ -207,6 +221,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!(%address, "authentication is off on a non-loopback address");
     }
     let gateway = Arc::new(gateway);
+    // Installed before the listening line, like the shutdown handlers: a
+    // SIGHUP sent once the gateway announced itself must not kill it.
+    spawn_reloads(&gateway, &config.datastores, args.watch)?;
     let grace = std::time::Duration::from_millis(config.limits.shutdown_grace_ms);
     let shutdown = shutdown_signal(grace)?;
     let options = crate::http::ServerOptions {
@@ -228,6 +245,66 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     served.context("the HTTP server failed")?;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Reloads the definitions on SIGHUP and, with `watch`, when a file under
+/// `dir` changes (debounced by half a second, so an editor's or a
+/// deployment's burst of writes is one reload). Reloads run one at a time
+/// (`http/reload.rs`); one asked for while another runs follows it.
+fn spawn_reloads(gateway: &Arc<Gateway>, dir: &std::path::Path, watch: bool) -> anyhow::Result<()> {
+    let (wake, mut woken) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hangup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
+        let wake = wake.clone();
+        tokio::spawn(async move {
+            while hangup.recv().await.is_some() {
+                if wake.send("SIGHUP").is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    let watcher = if watch {
+        use notify_debouncer_mini::{new_debouncer, notify::RecursiveMode};
+        let wake = wake.clone();
+        let mut debouncer = new_debouncer(
+            Duration::from_millis(500),
+            move |events: notify_debouncer_mini::DebounceEventResult| match events {
+                Ok(_) => {
+                    let _ = wake.send("a change under the datastores directory");
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "watching the datastores directory failed");
+                }
+            },
+        )
+        .context("cannot watch the datastores directory")?;
+        debouncer
+            .watcher()
+            .watch(dir, RecursiveMode::Recursive)
+            .with_context(|| format!("cannot watch `{}`", dir.display()))?;
+        tracing::info!(dir = %dir.display(), "reloading the definitions when they change");
+        Some(debouncer)
+    } else {
+        None
+    };
+    drop(wake);
+    let gateway = Arc::downgrade(gateway);
+    tokio::spawn(async move {
+        // The watcher lives as long as this task.
+        let _watcher = watcher;
+        while let Some(cause) = woken.recv().await {
+            // Causes that came meanwhile are served by this reload.
+            while woken.try_recv().is_ok() {}
+            let Some(gateway) = gateway.upgrade() else {
+                return;
+            };
+            gateway.reload(cause).await;
+        }
+    });
+    Ok(())
 }
 
 /// A future that resolves on Ctrl-C or SIGTERM. The handlers are installed
@@ -280,6 +357,7 @@ mod tests {
             demo: false,
             auth: None,
             config,
+            watch: false,
         }
     }
 

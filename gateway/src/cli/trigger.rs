@@ -166,7 +166,7 @@ async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     };
     let defs = store.definitions();
-    let triggers = find(defs, args.trigger.as_deref())?;
+    let triggers = find(&defs, args.trigger.as_deref())?;
     let mut any = false;
     for t in triggers {
         let cells = store
@@ -207,7 +207,7 @@ async fn rewind(args: RewindArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     };
     let defs = store.definitions();
-    let trigger = find(defs, Some(&args.trigger))?[0];
+    let trigger = find(&defs, Some(&args.trigger))?[0];
     let moved = store
         .rewind_consumer(&trigger.datastore, &trigger.name, to)
         .await
@@ -226,7 +226,7 @@ async fn quarantine(args: QuarantineArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     };
     let defs = store.definitions();
-    let trigger = find(defs, Some(&args.trigger))?[0];
+    let trigger = find(&defs, Some(&args.trigger))?[0];
     if args.retry {
         let asked = store
             .retry_trigger_quarantine(&trigger.datastore, &trigger.name)

@@ -228,9 +228,12 @@ async fn respond(
         .keys()
         .map(|name| name.to_string())
         .collect();
+    // The schema, access map and document cache of the definitions served
+    // now; a reload meanwhile does not change them for this request.
+    let served = gateway.served();
     // Parsed once per distinct text (`graphql/documents.rs`); async-graphql
     // is then given this tree instead of parsing again.
-    let parsed = match gateway.documents.parse(&graphql_request.query) {
+    let parsed = match served.documents.parse(&graphql_request.query) {
         Ok(parsed) => parsed,
         Err(error) => {
             let errors = vec![with_code(
@@ -245,7 +248,7 @@ async fn respond(
         document,
         requested_name.as_deref(),
         &principal,
-        &gateway.access,
+        &served.access,
         gateway.introspection,
     ) {
         Ok(authorized) => authorized,
@@ -305,21 +308,24 @@ async fn respond(
     // async-graphql, e.g. to report an error.
     let started = tokio::time::Instant::now();
     let direct = parsed
-        .direct(|document| cellgate_graphql::Direct::compile(document, gateway.store.definitions()))
+        .direct(|document| cellgate_graphql::Direct::compile(document, &served.defs))
         .filter(|direct| direct.runs(requested_name.as_deref()));
     if let Some(direct) = direct {
-        let run = direct.run(
-            &gateway.store,
-            &graphql_request.variables,
-            gateway.graphql_limits,
+        let run = cellgate_store::Store::pinned(
+            served.snapshot.clone(),
+            direct.run(
+                &gateway.store,
+                &graphql_request.variables,
+                gateway.graphql_limits,
+            ),
         );
         match tokio::time::timeout(gateway.request_timeout, run).await {
             Ok(Some(Answer::Body(body))) => {
-                gateway.documents.answered_directly();
+                served.documents.answered_directly();
                 return Ok((json_bytes(StatusCode::OK, media, body), Outcome::Ok));
             }
             Ok(Some(Answer::Failed(response))) => {
-                gateway.documents.answered_directly();
+                served.documents.answered_directly();
                 return Ok(execution_errors(&response, media));
             }
             Ok(None) => {}
@@ -333,19 +339,26 @@ async fn respond(
     // limits checked before execution.
     let introspection_schema;
     let schema = if authorized.introspects {
-        introspection_schema = gateway.introspection_schema(&principal).map_err(|error| {
-            tracing::error!(%error, "cannot build the schema of a token's datastores");
-            Failure::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "INTERNAL_SERVER_ERROR",
-                "internal error".to_string(),
-            )
-        })?;
+        introspection_schema =
+            gateway
+                .introspection_schema(&served, &principal)
+                .map_err(|error| {
+                    tracing::error!(%error, "cannot build the schema of a token's datastores");
+                    Failure::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "INTERNAL_SERVER_ERROR",
+                        "internal error".to_string(),
+                    )
+                })?;
         &introspection_schema
     } else {
-        &gateway.schema
+        &served.schema
     };
-    let execution = cellgate_graphql::execute(schema, &gateway.store, principal, graphql_request);
+    let graphql_request = graphql_request.data(gateway.reloads.status().clone());
+    let execution = cellgate_store::Store::pinned(
+        served.snapshot.clone(),
+        cellgate_graphql::execute(schema, &gateway.store, principal, graphql_request),
+    );
     let remaining = gateway.request_timeout.saturating_sub(started.elapsed());
     let Ok(response) = tokio::time::timeout(remaining, execution).await else {
         return Err(timed_out(gateway.request_timeout));

@@ -94,6 +94,7 @@ impl Metrics {
     pub fn new(
         store: Store,
         documents: Arc<cellgate_graphql::Documents>,
+        definitions: cellgate_graphql::DefinitionsStatus,
         config: &MetricsConfig,
     ) -> Metrics {
         let mut registry = Registry::default();
@@ -112,6 +113,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(StoreCollector(store)));
         registry.register_collector(Box::new(DocumentCollector(documents)));
+        registry.register_collector(Box::new(DefinitionsCollector(definitions)));
         Metrics {
             registry,
             requests,
@@ -196,6 +198,38 @@ struct DocumentCollector(Arc<cellgate_graphql::Documents>);
 impl std::fmt::Debug for DocumentCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("DocumentCollector")
+    }
+}
+
+/// The reloads of the definitions (`reload.rs`).
+#[derive(Debug)]
+struct DefinitionsCollector(cellgate_graphql::DefinitionsStatus);
+
+impl Collector for DefinitionsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let state = self.0.get();
+        let mut family = encoder.encode_descriptor(
+            "cellgate_definitions_reloads",
+            "Reloads of the definitions by result: applied, unchanged, invalid (they do not \
+             load), refused (the running store cannot apply them)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (result, count) in cellgate_graphql::ReloadResult::ALL
+            .iter()
+            .zip(state.reloads)
+        {
+            ConstCounter::new(count)
+                .encode(family.encode_family(&[("result", result.as_str())])?)?;
+        }
+        let family = encoder.encode_descriptor(
+            "cellgate_definitions_latest",
+            "1 when the definitions served are the latest on disk, 0 after a failed reload",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::from(state.latest)).encode(family)?;
+        Ok(())
     }
 }
 

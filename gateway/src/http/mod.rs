@@ -9,6 +9,7 @@
 //! | `GET /ui/` | the web explorer (`assets.rs`; `auth.playground`) |
 //! | `GET /healthz`, `GET /readyz` | liveness and readiness (`health.rs`) |
 //! | `GET /metrics` | Prometheus metrics (`metrics.rs`; a `*` token with auth on) |
+//! | `POST /admin/reload` | reload the definitions (`reload.rs`; a `*:admin` token with auth on) |
 //! | `GET /api/segment/get/{tag}`, `GET /api/snowflake/get/{key}` | Leaf-style plain IDs (`ids.rs`) |
 //!
 //! Connections are accepted by `server.rs` (header timeout, connections
@@ -32,6 +33,7 @@ mod health;
 mod hosts;
 mod ids;
 mod metrics;
+mod reload;
 mod server;
 mod ws;
 
@@ -49,15 +51,51 @@ pub use hosts::AllowedHosts;
 pub use metrics::Metrics;
 pub use server::ServerOptions;
 
+/// What depends on the definitions served: replaced as a whole by a
+/// reload (`reload.rs`). A request loads it once and runs on it to the
+/// end, so it never mixes a schema with the access map or the cached
+/// documents of another.
+pub(crate) struct Served {
+    /// The store's definitions and runtimes the schema was built from;
+    /// the request's store calls are pinned to it (`Store::pinned`).
+    pub(crate) snapshot: cellgate_store::Snapshot,
+    pub(crate) defs: Arc<index_dsl::Definitions>,
+    pub(crate) schema: async_graphql::dynamic::Schema,
+    /// Schemas of fewer datastores, by the datastores they show, for
+    /// introspection by tokens scoped to those (`graphql/access.rs`).
+    pub(crate) visible_schemas: moka::sync::Cache<Vec<String>, async_graphql::dynamic::Schema>,
+    /// Parsed documents by text (`limits.document_cache_bytes`), with
+    /// whether they passed this schema's validation and their direct form.
+    pub(crate) documents: Arc<cellgate_graphql::Documents>,
+    pub(crate) access: cellgate_graphql::AccessMap,
+}
+
+impl Served {
+    fn new(
+        snapshot: cellgate_store::Snapshot,
+        schema: async_graphql::dynamic::Schema,
+        documents: Arc<cellgate_graphql::Documents>,
+    ) -> Served {
+        let defs = snapshot.definitions();
+        Served {
+            access: cellgate_graphql::AccessMap::new(&defs),
+            snapshot,
+            defs,
+            schema,
+            visible_schemas: moka::sync::Cache::new(VISIBLE_SCHEMAS),
+            documents,
+        }
+    }
+}
+
 /// Everything a request handler needs; shared by all requests.
 pub struct Gateway {
     store: Store,
-    schema: async_graphql::dynamic::Schema,
-    /// Schemas of fewer datastores, by the datastores they show, for
-    /// introspection by tokens scoped to those (`graphql/access.rs`).
-    visible_schemas: moka::sync::Cache<Vec<String>, async_graphql::dynamic::Schema>,
-    /// Parsed documents by text (`limits.document_cache_bytes`).
-    documents: Arc<cellgate_graphql::Documents>,
+    /// The schema and what goes with it, for the definitions served now.
+    served: arc_swap::ArcSwap<Served>,
+    /// Where the definitions are read from on a reload, and one reload at
+    /// a time.
+    reloads: reload::Reloads,
     /// Depth, cost and alias limits, checked before execution.
     graphql_limits: cellgate_graphql::GraphqlLimits,
     admission: Admission,
@@ -65,7 +103,6 @@ pub struct Gateway {
     auth: Authenticator,
     /// The `Host` names requests may carry (`hosts.rs`).
     hosts: AllowedHosts,
-    access: cellgate_graphql::AccessMap,
     introspection: bool,
     playground: bool,
     /// Whether `/metrics` needs a token with a `*` scope.
@@ -166,19 +203,27 @@ impl Gateway {
         let documents = Arc::new(cellgate_graphql::Documents::new(
             config.limits.document_cache_bytes,
         ));
+        let reloads = reload::Reloads::new(config.datastores.clone(), &store);
         Ok(Gateway {
-            metrics: Metrics::new(store.clone(), documents.clone(), &config.metrics),
+            metrics: Metrics::new(
+                store.clone(),
+                documents.clone(),
+                reloads.status().clone(),
+                &config.metrics,
+            ),
             auth: Authenticator::new(&config.auth.tokens, auth_on, Some(store.clone()))?,
             hosts: AllowedHosts::new(&config.http, auth_on),
-            access: cellgate_graphql::AccessMap::new(store.definitions()),
+            served: arc_swap::ArcSwap::from_pointee(Served::new(
+                store.snapshot(),
+                schema,
+                documents,
+            )),
+            reloads,
             introspection: config.auth.introspection,
             playground: config.auth.playground,
             protect_metrics: config.auth.protect_metrics,
             cors: config.cors.clone(),
             store,
-            schema,
-            visible_schemas: moka::sync::Cache::new(VISIBLE_SCHEMAS),
-            documents,
             graphql_limits: config.limits.graphql(),
             admission: Admission::new(&config.limits),
             max_body_bytes: config.limits.max_body_bytes,
@@ -202,20 +247,24 @@ impl Gateway {
     /// may read, built once per set of datastores.
     pub(super) fn introspection_schema(
         &self,
+        served: &Served,
         principal: &cellgate_graphql::auth::Principal,
     ) -> cellgate_store::Result<async_graphql::dynamic::Schema> {
-        let Some(visible) =
-            cellgate_graphql::visible_datastores(self.store.definitions(), principal)
-        else {
-            return Ok(self.schema.clone());
+        let Some(visible) = cellgate_graphql::visible_datastores(&served.defs, principal) else {
+            return Ok(served.schema.clone());
         };
-        if let Some(schema) = self.visible_schemas.get(&visible) {
+        if let Some(schema) = served.visible_schemas.get(&visible) {
             return Ok(schema);
         }
         let schema =
             cellgate_graphql::build_visible_schema(&self.store, self.graphql_limits, &visible)?;
-        self.visible_schemas.insert(visible, schema.clone());
+        served.visible_schemas.insert(visible, schema.clone());
         Ok(schema)
+    }
+
+    /// The schema and what goes with it, for the definitions served now.
+    pub(super) fn served(&self) -> Arc<Served> {
+        self.served.load_full()
     }
 }
 
@@ -246,6 +295,7 @@ pub fn routes(gateway: Arc<Gateway>) -> impl IntoEndpoint {
         .at("/healthz", get(health::healthz))
         .at("/readyz", get(health::readyz))
         .at("/metrics", get(metrics::metrics))
+        .at("/admin/reload", poem::post(reload::reload_route))
         .at("/api/segment/get/:tag", get(ids::segment))
         .at("/api/snowflake/get/:key", get(ids::snowflake))
         .data(gateway.clone())

@@ -271,7 +271,8 @@ impl Connection {
             .and_then(Value::as_str)
             .map(str::to_string);
         let variables = payload.get("variables").cloned().unwrap_or(Value::Null);
-        let parsed = match self.gateway.documents.parse(query) {
+        let served = self.gateway.served();
+        let parsed = match served.documents.parse(query) {
             Ok(parsed) => parsed,
             Err(error) => return refuse("GRAPHQL_PARSE_FAILED", error.message),
         };
@@ -279,7 +280,7 @@ impl Connection {
             &parsed.document,
             operation_name.as_deref(),
             &principal,
-            &self.gateway.access,
+            &served.access,
             self.gateway.introspection,
         ) {
             return refuse("FORBIDDEN", denied.message);
@@ -332,7 +333,7 @@ impl Connection {
         Ok(tokio::spawn(async move {
             let _counted = counted;
             let mut responses = Box::pin(cellgate_graphql::execute_stream(
-                &gateway.schema,
+                &served.schema,
                 &gateway.store,
                 principal,
                 request,

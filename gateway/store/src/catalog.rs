@@ -27,6 +27,7 @@
 //! shards fail with `STORAGE_UNAVAILABLE`. Requests never run DDL.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -37,7 +38,9 @@ use crate::error::{Error, Result};
 use crate::retry::with_retry;
 use crate::shards::format_ranges;
 use crate::storage::{ddl, Backend, ColType, Dialect, Sql, Value, MAX_PARAMS};
-use crate::topology::{index_signature, Cluster, ClusterState, DatastoreRuntime, Topology};
+use crate::topology::{
+    index_signature, Cluster, ClusterState, DatastoreRuntime, Defined, Topology,
+};
 
 /// A cluster's catalog rows: `(datastore, item) → value`.
 pub(crate) type Catalog = BTreeMap<(String, String), String>;
@@ -241,8 +244,19 @@ pub(crate) fn validate(
     catalog: &Catalog,
     warnings: &mut Vec<String>,
 ) -> Result<()> {
+    validate_defined(&topology.defined(), cluster, catalog, warnings)
+}
+
+/// [`validate`] for a set of definitions that may not be served yet
+/// (`Store::reload` checks them before it serves them).
+pub(crate) fn validate_defined(
+    defined: &Defined,
+    cluster: &Cluster,
+    catalog: &Catalog,
+    warnings: &mut Vec<String>,
+) -> Result<()> {
     let mut problems = Vec::new();
-    for ds in topology.datastores_sorted() {
+    for ds in defined.sorted() {
         let name = ds.name();
         let ranges = format_ranges(&ds.map.ranges_of(cluster.index));
         let recorded_shards = catalog.get(&(name.to_string(), "shards".to_string()));
@@ -276,7 +290,7 @@ pub(crate) fn validate(
             _ => {}
         }
     }
-    let defined: Vec<&str> = topology
+    let defined: Vec<&str> = defined
         .defs
         .datastores
         .iter()
@@ -306,8 +320,9 @@ pub(crate) async fn prepare(
     catalog: &Catalog,
 ) -> Result<()> {
     let backend = cluster.master.as_ref();
+    let datastores = topology.datastores_sorted();
     with_retry("preparing the cluster tables", || {
-        prepare_once(topology, cluster, backend, catalog)
+        prepare_once(&datastores, cluster, backend, catalog, false)
     })
     .await?;
     if backend.dialect() == Dialect::MySql {
@@ -346,11 +361,28 @@ async fn warn_of_a_default_buffer_pool(cluster: &Cluster, backend: &dyn Backend)
     }
 }
 
+/// Prepares a ready cluster for the `datastores` a reload adds or
+/// changes: only the tables and shard rows its catalog does not record yet
+/// are created (DDL on a table in use would wait for, and hold up, the
+/// requests on it), and the catalog records the new index versions.
+pub(crate) async fn prepare_reloaded(
+    datastores: &[Arc<DatastoreRuntime>],
+    cluster: &Cluster,
+    catalog: &Catalog,
+) -> Result<()> {
+    let backend = cluster.master()?.as_ref();
+    with_retry("preparing the tables of reloaded definitions", || {
+        prepare_once(datastores, cluster, backend, catalog, true)
+    })
+    .await
+}
+
 async fn prepare_once(
-    topology: &Topology,
+    datastores: &[Arc<DatastoreRuntime>],
     cluster: &Cluster,
     backend: &dyn Backend,
     catalog: &Catalog,
+    only_new: bool,
 ) -> Result<()> {
     let dialect = backend.dialect();
     let now = Value::DateTime(crate::storage::value::truncate_to_micros(Utc::now()));
@@ -361,20 +393,29 @@ async fn prepare_once(
         ddl::LAYOUT_VERSION.to_string(),
     )];
     let mut superseded: Vec<(String, String, String)> = Vec::new();
-    for ds in topology.datastores_sorted() {
+    for ds in datastores {
         let owned = ds.map.ranges_of(cluster.index);
         if owned.is_empty() {
             continue;
         }
-        for stmt in ddl::datastore_ddl(dialect, ds.name()) {
-            tx.execute(&raw(dialect, &stmt)).await?;
+        let recorded = |item: String| catalog.contains_key(&(ds.name().to_string(), item));
+        let known_datastore = only_new && recorded("ranges".to_string());
+        if !known_datastore {
+            for stmt in ddl::datastore_ddl(dialect, ds.name()) {
+                tx.execute(&raw(dialect, &stmt)).await?;
+            }
         }
         for index in &ds.indexes {
+            if only_new && recorded(index_item(&index.def.name, index.version)) {
+                continue;
+            }
             for stmt in ddl::index_ddl(dialect, &index.def, index.version) {
                 tx.execute(&raw(dialect, &stmt)).await?;
             }
         }
-        seed_shards(tx.as_mut(), dialect, &ds, &owned).await?;
+        if !known_datastore {
+            seed_shards(tx.as_mut(), dialect, ds, &owned).await?;
+        }
         records.push((
             ds.name().to_string(),
             "shards".into(),

@@ -103,6 +103,10 @@ pub enum Error {
     /// The store uses the per-shard table layout of earlier versions.
     #[error("{0}")]
     LayoutUpgradeRequired(String),
+    /// New definitions that a running store cannot apply (a datastore or
+    /// column removed, a new shard count); nothing was changed.
+    #[error("{0}")]
+    ReloadRefused(String),
     /// An index that is still being filled from the cell log.
     #[error("index `{index}` of `{datastore}` is still being built from the cell log ({pending} cells to go); retry when it is ready")]
     IndexBuilding {
@@ -154,6 +158,7 @@ impl Error {
             Error::ClusterNotReady { .. } => "STORAGE_UNAVAILABLE",
             Error::ClusterRefused { .. } => "CATALOG_MISMATCH",
             Error::Catalog(_) => "CATALOG_MISMATCH",
+            Error::ReloadRefused(_) => "RELOAD_REFUSED",
             Error::LayoutUpgradeRequired(_) => "LAYOUT_UPGRADE_REQUIRED",
             Error::IndexBuilding { .. } => "INDEX_BUILDING",
             Error::LeaseLost(_) => "LEASE_LOST",

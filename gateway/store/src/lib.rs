@@ -72,6 +72,7 @@ pub mod ids;
 pub mod indexes;
 pub mod leases;
 mod options;
+mod reload;
 pub mod replicas;
 mod retry;
 mod shard_leases;
@@ -85,4 +86,7 @@ pub mod upgrade;
 
 pub use error::{Error, Result};
 pub use options::{BreakerConfig, ClusterConfig, ShardRange, StorageConfig};
-pub use store::{ClusterMetrics, DatastoreMetrics, IndexStatus, Store, StoreMetrics, StoreOptions};
+pub use reload::ReloadReport;
+pub use store::{
+    ClusterMetrics, DatastoreMetrics, IndexStatus, Snapshot, Store, StoreMetrics, StoreOptions,
+};

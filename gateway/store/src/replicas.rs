@@ -375,7 +375,7 @@ pub(crate) async fn monitor(
                 continue;
             };
             let mut behind = vec![(0i64, 0u64, true); cluster.replicas.len()];
-            for ds in topology.datastores.values() {
+            for ds in topology.defined().datastores.values() {
                 let head = match counters(master.as_ref(), ds.name()).await {
                     Ok(head) => head,
                     Err(err) => {

@@ -27,7 +27,7 @@ use crate::replicas::{ReadOptions, ReadToken};
 use crate::shards::ShardMap;
 use crate::storage::breaker::BreakerStatus;
 use crate::storage::{self, ConnectOptions};
-use crate::topology::{ClusterState, DatastoreRuntime, Events, IndexRuntime, Topology};
+use crate::topology::{ClusterState, DatastoreRuntime, Defined, Events, IndexRuntime, Topology};
 use crate::triggers;
 use crate::StorageConfig;
 
@@ -91,6 +91,8 @@ struct Inner {
     maintainer: Arc<maintainer::Maintainer>,
     replayer: Arc<cells::replay::Replayer>,
     maintaining: bool,
+    /// Opened by `migrate --from-v1`: no maintenance, no reload.
+    converting_v1: bool,
     /// Definition changes worth a warning (superseded or removed indexes).
     warnings: Vec<String>,
     /// Set (or dropped with the store) to stop the maintenance workers.
@@ -102,6 +104,30 @@ struct Inner {
     tails: Arc<triggers::tail::Tails>,
     /// Index verify runs started in this process.
     verifier: Arc<crate::indexes::verify::Verifier>,
+    /// The storage configuration, for the shard maps of datastores a
+    /// reload adds.
+    storage: StorageConfig,
+    /// One reload at a time.
+    reloading: tokio::sync::Mutex<()>,
+}
+
+/// The definitions a store serves at one moment, with their runtimes
+/// (index versions, readiness): what [`Store::pinned`] runs a request on.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Snapshot(Arc<Defined>);
+
+impl Snapshot {
+    /// The definitions of the snapshot.
+    pub fn definitions(&self) -> Arc<Definitions> {
+        self.0.defs.clone()
+    }
+}
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot").finish_non_exhaustive()
+    }
 }
 
 /// Counters of one datastore.
@@ -264,7 +290,7 @@ impl Store {
                 .iter()
                 .map(|index| {
                     let plan = plans[&(def.name.clone(), index.name.clone())];
-                    IndexRuntime::new(index.clone(), plan.version, plan.ready)
+                    Arc::new(IndexRuntime::new(index.clone(), plan.version, plan.ready))
                 })
                 .collect();
             let map = maps[&def.name].clone();
@@ -274,17 +300,18 @@ impl Store {
             );
         }
         let (events, written) = Events::new();
-        let topology = Arc::new(Topology {
-            defs,
-            datastores,
+        let topology = Arc::new(Topology::new(
+            Defined {
+                defs: Arc::new(defs),
+                datastores,
+            },
             clusters,
-            buffer_count: config.buffer_count,
-            buffer_shortfall: config.buffer_shortfall,
-            max_replica_lag: Duration::from_millis(config.max_replica_lag_ms),
-            lags: crate::replicas::LagBoard::default(),
-            max_batch: options.max_batch,
+            config.buffer_count,
+            config.buffer_shortfall,
+            Duration::from_millis(config.max_replica_lag_ms),
+            options.max_batch,
             events,
-        });
+        ));
         for (cluster, found) in topology.clusters.iter().zip(&catalogs) {
             let Some(found) = found else { continue };
             catalog::validate(&topology, cluster, found, &mut warnings)?;
@@ -352,12 +379,15 @@ impl Store {
                 maintainer,
                 replayer,
                 maintaining: options.maintain_indexes,
+                converting_v1: options.converting_v1,
                 warnings,
                 shutdown,
                 ids,
                 consumers: std::sync::Mutex::new(Vec::new()),
                 tails,
                 verifier: Arc::default(),
+                storage: options.storage.clone(),
+                reloading: tokio::sync::Mutex::new(()),
             }),
         };
         if let (true, Some(every)) = (options.maintain_indexes, options.maintenance.verify_every) {
@@ -390,9 +420,49 @@ impl Store {
         Ok(crate::shards::row_shard(row_key, ds.def.shards))
     }
 
-    /// The definitions the store serves.
-    pub fn definitions(&self) -> &Definitions {
-        &self.inner.topology.defs
+    /// The definitions the store serves now (`reload` replaces them).
+    pub fn definitions(&self) -> Arc<Definitions> {
+        self.inner.topology.defs()
+    }
+
+    /// Serves `defs` from now on, without a restart: new and changed
+    /// indexes get their tables and are built from the cell log, removed
+    /// ones are no longer served (their tables stay), new datastores get
+    /// their tables. Requests under way finish with the definitions they
+    /// started with. A change a running store cannot make (a datastore or
+    /// column removed, a new shard count, one a cluster's catalog refuses)
+    /// fails with [`Error::ReloadRefused`] or [`Error::Catalog`] and
+    /// nothing is served differently. Reloads run one at a time.
+    pub async fn reload(&self, defs: Definitions) -> Result<crate::ReloadReport> {
+        let _one = self.inner.reloading.lock().await;
+        if self.inner.converting_v1 {
+            return Err(Error::ReloadRefused(
+                "a store being converted from the per-shard layout cannot reload".into(),
+            ));
+        }
+        crate::reload::reload(
+            &self.inner.topology,
+            &self.inner.maintainer,
+            &self.inner.storage,
+            defs,
+        )
+        .await
+    }
+
+    /// The definitions served now, to pin a request to with
+    /// [`Store::pinned`].
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot(self.inner.topology.defined())
+    }
+
+    /// Runs `work` with the datastore lookups of this task pinned to
+    /// `snapshot`: a request that started before a reload reads its indexes
+    /// as they were when it started (removed or replaced index versions
+    /// keep their tables until `cellgate index drop`), and its writes
+    /// check columns against its own definitions. Tasks that `work`
+    /// spawns are not pinned.
+    pub async fn pinned<F: std::future::Future>(snapshot: Snapshot, work: F) -> F::Output {
+        crate::topology::PINNED.scope(snapshot.0, work).await
     }
 
     /// Warnings about the definitions found at start-up (superseded or
@@ -1076,7 +1146,10 @@ impl Store {
 
 /// The shard map of every datastore from the configured ranges (or an even
 /// split over the clusters).
-fn shard_maps(defs: &Definitions, config: &StorageConfig) -> Result<HashMap<String, ShardMap>> {
+pub(crate) fn shard_maps(
+    defs: &Definitions,
+    config: &StorageConfig,
+) -> Result<HashMap<String, ShardMap>> {
     let cluster_index: HashMap<&str, usize> = config
         .clusters
         .iter()

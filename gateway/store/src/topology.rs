@@ -15,6 +15,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use arc_swap::ArcSwap;
+
 use index_dsl::{Datastore, Definitions, Index};
 use tokio::sync::mpsc;
 
@@ -24,8 +26,11 @@ use crate::storage::{ddl, Backend};
 
 /// Everything the store knows about where data lives.
 pub(crate) struct Topology {
-    pub(crate) defs: Definitions,
-    pub(crate) datastores: HashMap<String, Arc<DatastoreRuntime>>,
+    /// The definitions served now, with their runtimes. `Store::reload`
+    /// replaces the whole snapshot at once: work that loaded the previous
+    /// one (a request, a pass) finishes with it, and later work sees the
+    /// new one.
+    defined: ArcSwap<Defined>,
     pub(crate) clusters: Vec<Cluster>,
     /// Secondary clusters that receive a copy of each write first.
     pub(crate) buffer_count: usize,
@@ -38,6 +43,29 @@ pub(crate) struct Topology {
     /// Largest number of cells in one put.
     pub(crate) max_batch: usize,
     pub(crate) events: Events,
+}
+
+tokio::task_local! {
+    /// The snapshot a request runs on (`Store::pinned`): its datastore
+    /// lookups find the runtimes of that snapshot, so a request that
+    /// started before a reload finishes on the definitions it started
+    /// with, whatever the reload removed or replaced meanwhile.
+    pub(crate) static PINNED: Arc<Defined>;
+}
+
+/// One set of definitions and the runtime of each of its datastores.
+pub(crate) struct Defined {
+    pub(crate) defs: Arc<Definitions>,
+    pub(crate) datastores: HashMap<String, Arc<DatastoreRuntime>>,
+}
+
+impl Defined {
+    /// The datastores, sorted by name.
+    pub(crate) fn sorted(&self) -> Vec<Arc<DatastoreRuntime>> {
+        let mut all: Vec<_> = self.datastores.values().cloned().collect();
+        all.sort_by(|a, b| a.def.name.cmp(&b.def.name));
+        all
+    }
 }
 
 /// Whether a cluster can be used.
@@ -206,28 +234,45 @@ pub(crate) fn index_signature(index: &Index) -> String {
 pub(crate) struct DatastoreRuntime {
     pub(crate) def: Datastore,
     pub(crate) map: ShardMap,
-    /// In the order of `def.indexes`.
-    pub(crate) indexes: Vec<IndexRuntime>,
-    /// Cells stored by this process, for metrics.
-    pub(crate) cells_written: AtomicU64,
+    /// In the order of `def.indexes`; shared with the runtime that
+    /// replaces this one on a reload where the index keeps its version.
+    pub(crate) indexes: Vec<Arc<IndexRuntime>>,
+    /// Cells stored by this process, for metrics. The counters are shared
+    /// with the runtimes that replace this one on a reload, so they never
+    /// go back.
+    pub(crate) cells_written: Arc<AtomicU64>,
     /// Cells found identical to stored ones, for metrics.
-    pub(crate) cells_duplicate: AtomicU64,
+    pub(crate) cells_duplicate: Arc<AtomicU64>,
     /// Buffered cells this process delivered to their primary.
-    pub(crate) cells_replayed: AtomicU64,
+    pub(crate) cells_replayed: Arc<AtomicU64>,
     /// Buffered writes this process recorded as conflicts on replay.
-    pub(crate) replay_conflicts: AtomicU64,
+    pub(crate) replay_conflicts: Arc<AtomicU64>,
 }
 
 impl DatastoreRuntime {
-    pub(crate) fn new(def: Datastore, map: ShardMap, indexes: Vec<IndexRuntime>) -> Self {
+    pub(crate) fn new(def: Datastore, map: ShardMap, indexes: Vec<Arc<IndexRuntime>>) -> Self {
         DatastoreRuntime {
             def,
             map,
             indexes,
-            cells_written: AtomicU64::new(0),
-            cells_duplicate: AtomicU64::new(0),
-            cells_replayed: AtomicU64::new(0),
-            replay_conflicts: AtomicU64::new(0),
+            cells_written: Arc::default(),
+            cells_duplicate: Arc::default(),
+            cells_replayed: Arc::default(),
+            replay_conflicts: Arc::default(),
+        }
+    }
+
+    /// A runtime for a new definition of this datastore, keeping its
+    /// routing and counters.
+    pub(crate) fn redefined(&self, def: Datastore, indexes: Vec<Arc<IndexRuntime>>) -> Self {
+        DatastoreRuntime {
+            def,
+            map: self.map.clone(),
+            indexes,
+            cells_written: self.cells_written.clone(),
+            cells_duplicate: self.cells_duplicate.clone(),
+            cells_replayed: self.cells_replayed.clone(),
+            replay_conflicts: self.replay_conflicts.clone(),
         }
     }
 
@@ -250,7 +295,7 @@ impl DatastoreRuntime {
     }
 
     /// The index called `name`.
-    pub(crate) fn index(&self, name: &str) -> Result<&IndexRuntime> {
+    pub(crate) fn index(&self, name: &str) -> Result<&Arc<IndexRuntime>> {
         self.indexes
             .iter()
             .find(|i| i.def.name == name)
@@ -312,18 +357,56 @@ impl Events {
 }
 
 impl Topology {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        defined: Defined,
+        clusters: Vec<Cluster>,
+        buffer_count: usize,
+        buffer_shortfall: crate::options::BufferShortfall,
+        max_replica_lag: std::time::Duration,
+        max_batch: usize,
+        events: Events,
+    ) -> Topology {
+        Topology {
+            defined: ArcSwap::from_pointee(defined),
+            clusters,
+            buffer_count,
+            buffer_shortfall,
+            max_replica_lag,
+            lags: crate::replicas::LagBoard::default(),
+            max_batch,
+            events,
+        }
+    }
+
+    /// The definitions served now and their runtimes.
+    pub(crate) fn defined(&self) -> Arc<Defined> {
+        self.defined.load_full()
+    }
+
+    /// The definitions served now.
+    pub(crate) fn defs(&self) -> Arc<Definitions> {
+        self.defined.load().defs.clone()
+    }
+
+    /// Serves `defined` from now on (`Store::reload`).
+    pub(crate) fn replace(&self, defined: Defined) {
+        self.defined.store(Arc::new(defined));
+    }
+
+    /// The runtime of datastore `name`: in the snapshot the current task
+    /// is pinned to, if any, else in the one served now.
     pub(crate) fn datastore(&self, name: &str) -> Result<Arc<DatastoreRuntime>> {
-        self.datastores
-            .get(name)
-            .cloned()
-            .ok_or_else(|| Error::UnknownDatastore(name.to_string()))
+        let found = match PINNED.try_with(|pinned| pinned.datastores.get(name).cloned()) {
+            Ok(found) => found,
+            Err(_) => self.defined.load().datastores.get(name).cloned(),
+        };
+        found.ok_or_else(|| Error::UnknownDatastore(name.to_string()))
     }
 
     /// The datastores, sorted by name.
     pub(crate) fn datastores_sorted(&self) -> Vec<Arc<DatastoreRuntime>> {
-        let mut all: Vec<_> = self.datastores.values().cloned().collect();
-        all.sort_by(|a, b| a.def.name.cmp(&b.def.name));
-        all
+        self.defined.load().sorted()
     }
 
     /// Groups items by the cluster of their shard, clusters in order.

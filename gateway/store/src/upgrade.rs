@@ -67,7 +67,7 @@ pub async fn convert_v1(
     for cluster in &topology.clusters {
         let backend = cluster.master()?;
         for (datastore, shard) in registry(backend.as_ref()).await? {
-            if !topology.datastores.contains_key(&datastore) {
+            if !topology.defined().datastores.contains_key(&datastore) {
                 return Err(Error::Catalog(format!(
                     "the per-shard store on cluster `{}` holds datastore `{datastore}`, which is not \
                      defined; restore its definition to convert it",

@@ -49,6 +49,7 @@ export async function healthPage(main, _match, ctx) {
         throw new Error(`/metrics answered HTTP ${metrics.status}`);
       }
       const samples = parseMetrics(metrics.text);
+      definitionsLine(readiness, samples);
       replace(clusters, clusterTable(catalog, isReady, samples));
       replace(lag, lagTable(catalog, samples));
       replace(buffers, bufferTable(catalog, samples));
@@ -239,4 +240,18 @@ function bufferTable(catalog, samples) {
 
 function formatMicros(us) {
   return us >= 1000 ? `${(us / 1000).toFixed(1)} ms` : `${us} µs`;
+}
+
+// After a reload that failed, the gateway still serves the previous
+// definitions; says so under the readiness line.
+function definitionsLine(readiness, samples) {
+  if (sample(samples, 'cellgate_definitions_latest') !== 0) return;
+  readiness.append(
+    h(
+      'p',
+      { class: 'state bad' },
+      h('strong', {}, 'Definitions not reloaded'),
+      ': the last reload of the definitions failed, so the gateway still serves the previous ones (the gateway log and the output of cellgate reload say why).',
+    ),
+  );
 }

@@ -58,7 +58,7 @@ pub(super) struct DatastoreRoot;
 /// The schema for the store's definitions.
 pub fn build_schema(store: &Store, limits: GraphqlLimits) -> cellgate_store::Result<Schema> {
     let topology = |ds: &str| store.topology(ds);
-    schema_for(store.definitions(), &topology, limits)
+    schema_for(&store.definitions(), &topology, limits)
 }
 
 /// The schema of only the `visible` datastores of the store: what
@@ -68,7 +68,7 @@ pub fn build_visible_schema(
     limits: GraphqlLimits,
     visible: &[String],
 ) -> cellgate_store::Result<Schema> {
-    let mut defs = store.definitions().clone();
+    let mut defs = (*store.definitions()).clone();
     defs.datastores.retain(|d| visible.contains(&d.name));
     let topology = |ds: &str| store.topology(ds);
     schema_for(&defs, &topology, limits)
@@ -151,11 +151,17 @@ pub(super) fn schema_for(
     for e in trigger_enums {
         builder = builder.register(e);
     }
+    let (status_objects, status_enum) = crate::definitions::types();
+    for object in status_objects {
+        builder = builder.register(object);
+    }
+    builder = builder.register(status_enum);
     let mut query = Object::new("Query").description("Reads of every datastore, and IDs.");
     query = query.field(datastores_field(topology, &defs));
     for field in crate::ids::query_fields() {
         query = query.field(field);
     }
+    query = query.field(crate::definitions::query_field());
     let mut mutation =
         Object::new("Mutation").description("Writes of every datastore, and ID tags.");
     mutation = mutation.field(crate::ids::create_tag_field());
@@ -163,6 +169,7 @@ pub(super) fn schema_for(
         .description("Cells of every datastore as they are committed (over `/graphql/ws`).");
     let mut seen = std::collections::HashSet::from(["datastores".to_string()]);
     seen.extend(crate::ids::QUERY_FIELDS.iter().map(|f| f.to_string()));
+    seen.insert(crate::definitions::QUERY_FIELD.to_string());
     for datastore in &defs.datastores {
         let ds: Arc<str> = Arc::from(datastore.name.as_str());
         if !seen.insert(camel(&datastore.name)) {

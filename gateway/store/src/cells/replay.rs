@@ -161,7 +161,7 @@ async fn run(
     let mut held: HashMap<(String, usize), Lease> = HashMap::new();
     while !*stopped.borrow() {
         let mut waiting = false;
-        for ds in topology.datastores.values() {
+        for ds in topology.defined().datastores.values() {
             for cluster in 0..topology.clusters.len() {
                 if *stopped.borrow() {
                     break;

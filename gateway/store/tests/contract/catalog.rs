@@ -658,3 +658,201 @@ pub async fn a_v1_store_is_refused_then_converted(env: Arc<Env>) {
         .unwrap();
     assert_eq!(latest.added_id, 4);
 }
+
+/// Definitions from `files`, as `Store::reload` takes them.
+fn definitions(files: &[(&str, &str)]) -> index_dsl::Definitions {
+    index_dsl::load_files(std::path::Path::new("defs"), files.iter().copied())
+        .unwrap_or_else(|e| panic!("test definitions are invalid:\n{e}"))
+}
+
+/// Queries `index` for `value` until it answers `count` entries; only
+/// `INDEX_BUILDING` may come before.
+async fn until_built(
+    store: &cellgate_store::Store,
+    index: &str,
+    value: &str,
+    count: usize,
+) -> cellgate_store::indexes::IndexPage {
+    for _ in 0..3000 {
+        store.sync_indexes().await.unwrap();
+        match store
+            .query_index("trips", &by(index, value.to_string()))
+            .await
+        {
+            Ok(page) if page.entries.len() == count => return page,
+            Ok(page) => assert!(page.entries.len() < count, "{}", page.entries.len()),
+            Err(err) => assert_eq!(err.code(), "INDEX_BUILDING", "{err}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("index `{index}` was not built");
+}
+
+pub async fn a_reload_builds_new_indexes_and_keeps_removed_tables(env: Arc<Env>) {
+    let one = files(&[("trips/indexes/by_driver.yaml", BY_DRIVER)], TRIPS);
+    let store = env.open_custom(&one, env.storage(), true).await.unwrap();
+    let driver = write_trips(&store, 40, "Lyon").await.to_string();
+    until_built(&store, "by_driver", &driver, 40).await;
+
+    // What a running store cannot change is refused, and nothing changes.
+    let err = store
+        .reload(definitions(&files(
+            &[
+                ("trips/indexes/by_driver.yaml", BY_DRIVER),
+                ("trips/indexes/by_city.yaml", BY_CITY),
+            ],
+            TRIPS_2048,
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "RELOAD_REFUSED", "{err}");
+    assert!(err.to_string().contains("shard count is fixed"), "{err}");
+    assert_eq!(store.indexes("trips").unwrap().len(), 1);
+    assert!(!table_names(&env)
+        .await
+        .contains(&"trips_ix_by_city".to_string()));
+
+    // Added: its table is created and filled from the log.
+    let two = files(
+        &[
+            ("trips/indexes/by_driver.yaml", BY_DRIVER),
+            ("trips/indexes/by_city.yaml", BY_CITY),
+        ],
+        TRIPS,
+    );
+    let report = store.reload(definitions(&two)).await.unwrap();
+    assert_eq!(
+        report.changes,
+        ["index `by_city` of `trips` added (version 1, filled from the cell log; INDEX_BUILDING until it has caught up)"]
+    );
+    until_built(&store, "by_city", "Lyon", 40).await;
+    // The index that stayed kept serving, and keeps being maintained.
+    let more = write_trips(&store, 5, "Lyon").await.to_string();
+    until_built(&store, "by_driver", &more, 5).await;
+    until_built(&store, "by_city", "Lyon", 45).await;
+    assert!(store.reload(definitions(&two)).await.unwrap().unchanged());
+
+    // Changed: a new table version, built the same way.
+    let changed = files(
+        &[
+            ("trips/indexes/by_driver.yaml", BY_DRIVER_WITH_CITY),
+            ("trips/indexes/by_city.yaml", BY_CITY),
+        ],
+        TRIPS,
+    );
+    let report = store.reload(definitions(&changed)).await.unwrap();
+    assert_eq!(
+        report.changes,
+        ["index `by_driver` of `trips` changed: version 2 replaces version 1 (filled from the cell log; INDEX_BUILDING until it has caught up)"]
+    );
+    let page = until_built(&store, "by_driver", &driver, 40).await;
+    assert!(page.entries[0]
+        .fields
+        .iter()
+        .any(|(name, value)| name == "city" && value.as_text() == Some("Lyon")));
+
+    // Removed: no longer served; its table stays until dropped.
+    let without_city = files(
+        &[("trips/indexes/by_driver.yaml", BY_DRIVER_WITH_CITY)],
+        TRIPS,
+    );
+    let before = store.snapshot();
+    let report = store.reload(definitions(&without_city)).await.unwrap();
+    assert_eq!(report.changes.len(), 1, "{:?}", report.changes);
+    // A request pinned to the snapshot it started on still reads it.
+    let page = cellgate_store::Store::pinned(
+        before,
+        store.query_index("trips", &by("by_city", "Lyon".into())),
+    )
+    .await
+    .unwrap();
+    assert_eq!(page.entries.len(), 45);
+    assert!(report.changes[0].starts_with("index `by_city` of `trips` removed"));
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    assert_eq!(
+        store
+            .query_index("trips", &by("by_city", "Lyon".into()))
+            .await
+            .unwrap_err()
+            .code(),
+        "UNKNOWN_INDEX"
+    );
+    assert!(table_names(&env)
+        .await
+        .contains(&"trips_ix_by_city".to_string()));
+    until_built(&store, "by_driver", &more, 5).await;
+
+    // A new datastore: its tables and shard rows, then writes and its index.
+    let mut with_payments = without_city.clone();
+    with_payments.push((
+        "payments/datastore.yaml",
+        "name: payments\nshards: 16\ncolumns:\n  - name: BASE\n",
+    ));
+    with_payments.push((
+        "payments/indexes/by_merchant.yaml",
+        "table: by_merchant\ndatastore: payments\ncolumn_defs:\n  - column_key: BASE\n    fields:\n      - { field: merchant, type: string }\n",
+    ));
+    let report = store.reload(definitions(&with_payments)).await.unwrap();
+    assert_eq!(
+        report.changes[0], "datastore `payments` added (16 shards)",
+        "{:?}",
+        report.changes
+    );
+    let cells: Vec<NewCell> = (0..20)
+        .map(|_| NewCell {
+            row_key: Uuid::new_v4(),
+            column: "BASE".into(),
+            ref_key: 1,
+            body: json!({"merchant": "m-1"}),
+        })
+        .collect();
+    for result in store.put_cells("payments", cells).await.unwrap() {
+        result.unwrap();
+    }
+    for _ in 0..3000 {
+        store.sync_indexes().await.unwrap();
+        match store
+            .query_index("payments", &by("by_merchant", "m-1".into()))
+            .await
+        {
+            Ok(page) if page.entries.len() == 20 => return,
+            Ok(_) => {}
+            Err(err) => assert_eq!(err.code(), "INDEX_BUILDING", "{err}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the index of the new datastore was not built");
+}
+
+pub async fn a_reloaded_index_answers_index_building_until_it_is_built(env: Arc<Env>) {
+    let one = files(&[("trips/indexes/by_driver.yaml", BY_DRIVER)], TRIPS);
+    // Maintenance off: nothing applies the log until `sync_indexes`.
+    let store = env.open_custom(&one, env.storage(), false).await.unwrap();
+    write_trips(&store, 30, "Kyiv").await;
+    store.sync_indexes().await.unwrap();
+    let two = files(
+        &[
+            ("trips/indexes/by_driver.yaml", BY_DRIVER),
+            ("trips/indexes/by_city.yaml", BY_CITY),
+        ],
+        TRIPS,
+    );
+    store.reload(definitions(&two)).await.unwrap();
+    let err = store
+        .query_index("trips", &by("by_city", "Kyiv".into()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "INDEX_BUILDING", "{err}");
+    let status = store.indexes("trips").unwrap();
+    assert!(
+        status.iter().any(|i| i.name == "by_city" && !i.ready),
+        "{status:?}"
+    );
+    store.sync_indexes().await.unwrap();
+    let page = store
+        .query_index("trips", &by("by_city", "Kyiv".into()))
+        .await
+        .unwrap();
+    assert_eq!(page.entries.len(), 30);
+    assert!(store.indexes("trips").unwrap().iter().all(|i| i.ready));
+}

@@ -163,8 +163,12 @@ pub(crate) struct Maintainer {
     counters: Mutex<HashMap<String, Arc<Counters>>>,
     /// Buckets held per (datastore, cluster), for metrics.
     held: Mutex<HashMap<(String, usize), usize>>,
-    /// The worker tasks, to wait for them at shutdown.
-    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The worker tasks, to wait for them at shutdown or when a reload
+    /// replaces a datastore's workers.
+    tasks: Mutex<HashMap<(String, usize), tokio::task::JoinHandle<()>>>,
+    /// What `start` was given, for the workers `restart` starts later;
+    /// `None` until maintenance started.
+    started: Mutex<Option<(tokio::sync::watch::Receiver<bool>, bool)>>,
 }
 
 /// The maintenance figures of one datastore, for `/metrics`.
@@ -211,14 +215,15 @@ impl Maintainer {
             lag: Mutex::new(HashMap::new()),
             counters: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
-            tasks: Mutex::new(Vec::new()),
+            tasks: Mutex::new(HashMap::new()),
+            started: Mutex::new(None),
         }
     }
 
     /// Waits for the workers to end (after a shutdown), at most `grace`.
     pub(crate) async fn join(&self, grace: Duration) {
         let tasks = std::mem::take(&mut *self.tasks.lock().expect("tasks"));
-        if tokio::time::timeout(grace, futures::future::join_all(tasks))
+        if tokio::time::timeout(grace, futures::future::join_all(tasks.into_values()))
             .await
             .is_err()
         {
@@ -335,6 +340,83 @@ impl Maintainer {
     }
 }
 
+/// Starts the workers of `ds`, one per cluster holding its shards (none
+/// without indexes).
+fn start_workers(
+    topology: &Arc<Topology>,
+    maintainer: &Arc<Maintainer>,
+    ds: &DatastoreRuntime,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+    maintain: bool,
+) {
+    if ds.indexes.is_empty() {
+        return;
+    }
+    for cluster in ds.map.clusters() {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let key = (ds.name().to_string(), cluster);
+        maintainer
+            .workers
+            .lock()
+            .expect("workers")
+            .insert(key.clone(), sender);
+        let mut worker = Worker::new(
+            Arc::downgrade(topology),
+            maintainer.clone(),
+            ds,
+            cluster,
+            topology,
+        );
+        worker.maintain = maintain;
+        let task = tokio::spawn(worker.run(receiver, stopped.clone()));
+        maintainer.tasks.lock().expect("tasks").insert(key, task);
+    }
+}
+
+/// Stops the workers of `datastore` and waits until they ended (their
+/// passes finished, their leases given up), so that nothing applies the
+/// log for the consumers of its previous definition once `Store::reload`
+/// serves the new one. Its write events are dropped meanwhile; the sweep
+/// of the workers `resume` starts finds that work.
+pub(crate) async fn pause(maintainer: &Maintainer, datastore: &str) {
+    maintainer
+        .workers
+        .lock()
+        .expect("workers")
+        .retain(|(name, _), _| name != datastore);
+    let tasks: Vec<_> = {
+        let mut tasks = maintainer.tasks.lock().expect("tasks");
+        let keys: Vec<_> = tasks
+            .keys()
+            .filter(|(name, _)| name == datastore)
+            .cloned()
+            .collect();
+        keys.into_iter().filter_map(|k| tasks.remove(&k)).collect()
+    };
+    futures::future::join_all(tasks).await;
+    // The latest sweeps counted the previous consumers.
+    maintainer
+        .lag
+        .lock()
+        .expect("lag")
+        .retain(|(name, _), _| name != datastore);
+}
+
+/// Starts the workers of `ds` as served now, after [`pause`], and marks its
+/// index versions that are caught up ready at once (as at start-up).
+pub(crate) async fn resume(
+    topology: &Arc<Topology>,
+    maintainer: &Arc<Maintainer>,
+    ds: &Arc<DatastoreRuntime>,
+) {
+    let started = maintainer.started.lock().expect("started").clone();
+    let Some((stopped, maintain)) = started else {
+        return;
+    };
+    check_ready_datastore(topology, maintainer, ds).await;
+    start_workers(topology, maintainer, ds, &stopped, maintain);
+}
+
 /// Starts a worker per datastore and cluster, and the task that routes
 /// write events to them. Everything stops when the topology is dropped.
 pub(crate) fn start(
@@ -344,28 +426,9 @@ pub(crate) fn start(
     stopped: tokio::sync::watch::Receiver<bool>,
     maintain: bool,
 ) {
+    *maintainer.started.lock().expect("started") = Some((stopped.clone(), maintain));
     for ds in topology.datastores_sorted() {
-        if ds.indexes.is_empty() {
-            continue;
-        }
-        for cluster in ds.map.clusters() {
-            let (sender, receiver) = mpsc::unbounded_channel();
-            maintainer
-                .workers
-                .lock()
-                .expect("workers")
-                .insert((ds.name().to_string(), cluster), sender);
-            let mut worker = Worker::new(
-                Arc::downgrade(topology),
-                maintainer.clone(),
-                &ds,
-                cluster,
-                topology,
-            );
-            worker.maintain = maintain;
-            let task = tokio::spawn(worker.run(receiver, stopped.clone()));
-            maintainer.tasks.lock().expect("tasks").push(task);
-        }
+        start_workers(topology, maintainer, &ds, &stopped, maintain);
     }
     let maintainer = Arc::downgrade(maintainer);
     tokio::spawn(async move {

@@ -87,17 +87,26 @@ pub(crate) async fn measure(
 /// at start-up so a fresh store's indexes are queryable at once.
 pub(crate) async fn check_ready(topology: &Topology, shared: &Maintainer) {
     for ds in topology.datastores_sorted() {
-        if ds.indexes.iter().all(|i| i.is_ready()) {
-            continue;
-        }
-        if let Ok(measured) = measure(topology, &ds).await {
-            {
-                let mut lag = shared.lag.lock().expect("lag");
-                for (cluster, l) in measured {
-                    lag.insert((ds.name().to_string(), cluster), l);
-                }
+        check_ready_datastore(topology, shared, &ds).await;
+    }
+}
+
+/// [`check_ready`] for one datastore.
+pub(crate) async fn check_ready_datastore(
+    topology: &Topology,
+    shared: &Maintainer,
+    ds: &DatastoreRuntime,
+) {
+    if ds.indexes.iter().all(|i| i.is_ready()) {
+        return;
+    }
+    if let Ok(measured) = measure(topology, ds).await {
+        {
+            let mut lag = shared.lag.lock().expect("lag");
+            for (cluster, l) in measured {
+                lag.insert((ds.name().to_string(), cluster), l);
             }
-            mark_ready_indexes(topology, shared, &ds).await;
         }
+        mark_ready_indexes(topology, shared, ds).await;
     }
 }
