@@ -504,8 +504,15 @@ impl Chunk<'_> {
                 }
             }
         }
+        // Only the members the indexes read (fields and predicates) are decoded.
+        let members: BTreeSet<String> = self
+            .indexes
+            .iter()
+            .flat_map(|&i| self.ds.indexes[i].def.members())
+            .map(str::to_string)
+            .collect();
         for (key, cell) in raw {
-            match codec::decode(&cell.body) {
+            match codec::decode_members(&cell.body, &members) {
                 Ok(body) => {
                     source.latest.insert(
                         key,
