@@ -180,7 +180,7 @@ pub(super) fn schema_for(
         );
         mutation = mutation.field(put_cells_field(datastore, &types, &ds));
         mutation = mutation.field(crate::maintenance::retry_field(&ds));
-        builder = builder.register(event_type(datastore));
+        builder = builder.register(event_type(datastore, &types));
         subscription = subscription.field(cells_subscription(datastore, &types, &ds));
     }
     if subscribed {
