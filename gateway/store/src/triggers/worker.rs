@@ -192,7 +192,11 @@ impl Worker {
                 continue;
             }
             let wake = next_lease
-                .min(if sweep.is_some() { next_lease } else { next_sweep })
+                .min(if sweep.is_some() {
+                    next_lease
+                } else {
+                    next_sweep
+                })
                 .min(self.backoff.unwrap_or(next_lease));
             let sweeping = async {
                 match sweep.as_mut() {
