@@ -889,6 +889,40 @@ mod tests {
     }
 
     #[test]
+    fn positions_over_a_shared_base_read_and_encode_like_one_map() {
+        let base = Arc::new((0..4096u32).map(|s| (s, 100 + i64::from(s))).collect());
+        let mut positions = Positions {
+            base,
+            moved: BTreeMap::new(),
+            folded: false,
+        };
+        let mut plain: BTreeMap<u32, i64> = positions.base.as_ref().clone();
+        for (shard, at) in [(7, 500), (4095, 9000), (5000, 3), (7, 501)] {
+            positions.set(shard, at);
+            plain.insert(shard, at);
+        }
+        assert!(!positions.folded, "a few moves stay beside the base");
+        assert_eq!(positions.iter().collect::<BTreeMap<_, _>>(), plain);
+        assert_eq!(encode_positions(positions.iter()), encode_cursor(&plain));
+        assert_eq!(positions.get(7), 501);
+        assert_eq!(positions.get(8), 108);
+        assert_eq!(positions.get(6000), 0);
+        // Many moves fold into a base of the follower's own.
+        let shared = positions.base.clone();
+        for shard in 0..2000u32 {
+            positions.set(shard, 7000 + i64::from(shard));
+            plain.insert(shard, 7000 + i64::from(shard));
+        }
+        assert!(positions.folded);
+        assert!(
+            !Arc::ptr_eq(&shared, &positions.base),
+            "the shared base is not changed"
+        );
+        assert_eq!(shared.get(&0), Some(&100));
+        assert_eq!(positions.iter().collect::<BTreeMap<_, _>>(), plain);
+    }
+
+    #[test]
     fn a_full_page_stops_at_its_last_shard() {
         let cell = |shard, added_id| Cell {
             row_key: uuid::Uuid::nil(),
