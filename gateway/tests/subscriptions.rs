@@ -325,3 +325,118 @@ async fn refusals_close_with_the_protocol_codes() {
     let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
     init(&mut socket, json!({})).await;
 }
+
+/// The value of the series `name{datastore="trips"}` (or `name` without
+/// labels) in the server's `/metrics`; 0 when absent.
+async fn metric(server: &Server, name: &str) -> f64 {
+    let text = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.rsplit_once(' '))
+        .filter(|(series, _)| {
+            *series == format!("{name}{{datastore=\"trips\"}}")
+                || series.starts_with(&format!("{name}{{cluster="))
+        })
+        .map(|(_, value)| value.parse::<f64>().expect("a number"))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_resolve_their_rows_in_one_read_per_burst_and_the_metrics_count_it() {
+    let server = Server::start_with(&[TRIPS], "", &[]);
+    assert_eq!(
+        metric(&server, "cellgate_subscription_followers").await,
+        0.0
+    );
+    let mut socket = connect(&server).await;
+    init(&mut socket, json!({})).await;
+    let query = "subscription { tripsCells(columns: [BASE]) {
+        cell { rowKey }
+        row { rowKey status { column body } base { refKey } }
+    } }";
+    send(
+        &mut socket,
+        json!({"id": "1", "type": "subscribe", "payload": {"query": query}}),
+    )
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while metric(&server, "cellgate_subscription_followers").await < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "never followed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let tail_reads = metric(&server, "cellgate_subscription_tail_reads_total").await;
+    let delivered = metric(&server, "cellgate_subscription_delivered_cells_total").await;
+    let statements = metric(&server, "cellgate_storage_statements_total").await;
+
+    // One commit of 40 rows (BASE and STATUS each): one burst of 40 events.
+    let rows = 40;
+    let keys: BTreeSet<String> = write(&server, None, rows).await.into_iter().collect();
+    let mut seen = BTreeSet::new();
+    for _ in 0..rows {
+        let message = receive(&mut socket).await.expect("an event");
+        assert_eq!(message["type"], "next", "{message}");
+        let event = &message["payload"]["data"]["tripsCells"];
+        let key = event["cell"]["rowKey"].as_str().unwrap().to_string();
+        // The row's other column, written in the same commit.
+        assert_eq!(event["row"]["rowKey"], key.as_str(), "{message}");
+        assert_eq!(event["row"]["status"]["column"], "STATUS", "{message}");
+        assert_eq!(
+            event["row"]["status"]["body"],
+            json!({"k": key}),
+            "{message}"
+        );
+        assert_eq!(event["row"]["base"]["refKey"], "1", "{message}");
+        seen.insert(key);
+    }
+    assert_eq!(seen, keys);
+    // The write (a handful), one tail read, one read of the burst's rows,
+    // and perhaps a sweep of the shard heads: never one per event.
+    let spent = metric(&server, "cellgate_storage_statements_total").await - statements;
+    assert!(
+        spent < rows as f64 / 2.0,
+        "{spent} statements for {rows} events"
+    );
+    assert!(metric(&server, "cellgate_subscription_tail_reads_total").await > tail_reads);
+    assert_eq!(
+        metric(&server, "cellgate_subscription_delivered_cells_total").await - delivered,
+        rows as f64
+    );
+
+    // A second subscriber from the beginning reads the log itself first.
+    assert_eq!(
+        metric(&server, "cellgate_subscription_catch_up_reads_total").await,
+        0.0
+    );
+    let from_start = cellgate_store::triggers::tail::encode_cursor(&BTreeMap::new());
+    send(
+        &mut socket,
+        json!({"id": "2", "type": "subscribe", "payload": {"query": SUBSCRIBE, "variables": {"after": from_start}}}),
+    )
+    .await;
+    for _ in 0..rows {
+        let message = receive(&mut socket).await.expect("an event");
+        assert_eq!(message["id"], "2", "{message}");
+    }
+    assert_eq!(
+        metric(&server, "cellgate_subscription_followers").await,
+        2.0
+    );
+    assert!(metric(&server, "cellgate_subscription_catch_up_reads_total").await > 0.0);
+    assert_eq!(
+        metric(&server, "cellgate_subscription_lagged_total").await,
+        0.0
+    );
+    drop(socket);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while metric(&server, "cellgate_subscription_followers").await > 0.0 {
+        assert!(std::time::Instant::now() < deadline, "followers stay");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -8,7 +8,9 @@
 //! per request. `cellgate-bench ids` measures the ID allocator (`ids.rs`),
 //! `cellgate-bench buffer` buffered writes and their replay (`buffer.rs`),
 //! `cellgate-bench replicas` reads from the master against reads from a
-//! replica (`replicas.rs`).
+//! replica (`replicas.rs`), `cellgate-bench triggers` a trigger consumer
+//! (`triggers.rs`), `cellgate-bench subscriptions` idle graphql-ws
+//! subscriptions and their delivery (`subscriptions.rs`).
 //! It lives apart from the server so that a deployment carries none of its
 //! code or dependencies (an HTTP client, progress bars, histograms).
 //!
@@ -30,6 +32,7 @@ mod probe;
 mod replicas;
 mod report;
 mod server;
+mod subscriptions;
 mod triggers;
 mod verify;
 
@@ -117,6 +120,17 @@ enum Command {
     /// and the p50/p99 of index queries alone and beside a throttled
     /// verify.
     Verify(verify::VerifyBenchArgs),
+    /// Measure what idle GraphQL subscriptions cost a gateway and how fast
+    /// a commit reaches them.
+    ///
+    /// Starts `cellgate serve` on a temporary SQLite store (or
+    /// `--database`), measures its CPU, RSS and SQL statements over
+    /// `--idle` seconds with no subscription and then with
+    /// `--subscriptions` idle `tripsCells` subscriptions over graphql-ws,
+    /// then writes `--rate` cells per second and reports the time from
+    /// commit to a sample of subscribers and whether every subscriber got
+    /// every cell. Exits 1 if one did not.
+    Subscriptions(subscriptions::SubscriptionsBenchArgs),
     /// Measure index queries and pages of rows read with `consistency:
     /// MASTER` against the same with `consistency: REPLICA`, over HTTP.
     ///
@@ -170,6 +184,7 @@ fn main() -> ExitCode {
             Some(Command::Ids(args)) => ids::run(args).await,
             Some(Command::Buffer(args)) => buffer::run(args).await,
             Some(Command::Triggers(args)) => triggers::run(args).await,
+            Some(Command::Subscriptions(args)) => subscriptions::run(args).await,
             Some(Command::Replicas(args)) => replicas::run(args).await,
             Some(Command::Verify(args)) => verify::run(args).await,
             None => gateway::run(cli.gateway).await,

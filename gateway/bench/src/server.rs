@@ -77,6 +77,33 @@ impl Server {
         .await
     }
 
+    /// Starts `serve` on `database` like [`Server::start`], with `limits`
+    /// (lines of the `limits:` section, indented by two spaces) added to
+    /// the benchmark's own.
+    pub async fn start_with_limits(
+        database: &Database,
+        limits: &str,
+        datastores: &Path,
+        work_dir: &Path,
+        concurrency: u32,
+        timeout: Duration,
+    ) -> anyhow::Result<Server> {
+        Server::spawn(
+            Some(database),
+            limits,
+            datastores,
+            work_dir,
+            concurrency,
+            timeout,
+        )
+        .await
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Starts `serve` on the storage that `storage`, the `storage:` section
     /// of the configuration file (e.g. clusters with replicas), describes,
     /// and waits until `/readyz` answers 200. The file is written to
@@ -93,7 +120,8 @@ impl Server {
     }
 
     /// Starts `serve` on `database`, or on the storage of `config` without
-    /// one, with `config` added to the configuration file.
+    /// one, with `config` added to the configuration file (right after the
+    /// `limits:` lines, so it may begin with more of them).
     async fn spawn(
         database: Option<&Database>,
         config: &str,

@@ -530,6 +530,53 @@ impl Collector for StoreCollector {
                 }
             }
         }
+        let tails = self.0.tail_metrics();
+        type TailFigure = fn(&cellgate_store::triggers::tail::DatastoreTailMetrics) -> i64;
+        let per_tail: [(&str, &str, _, TailFigure); 5] = [
+            (
+                "cellgate_subscription_followers",
+                "Log followers (GraphQL subscriptions) of a datastore in this process",
+                GaugeType,
+                |t| t.followers as i64,
+            ),
+            (
+                "cellgate_subscription_tail_reads",
+                "Log reads (statements) of a datastore's shared tail, which feeds all its followers: one per cluster and page of new cells",
+                CounterType,
+                |t| t.tail_reads as i64,
+            ),
+            (
+                "cellgate_subscription_delivered_cells",
+                "Cells handed to the followers of a datastore, once per follower",
+                CounterType,
+                |t| t.delivered_cells as i64,
+            ),
+            (
+                "cellgate_subscription_lagged",
+                "Times a follower of a datastore fell behind the shared tail and had to read the log itself",
+                CounterType,
+                |t| t.lagged as i64,
+            ),
+            (
+                "cellgate_subscription_catch_up_reads",
+                "Log reads (statements) of followers of a datastore reading on their own (a resume cursor, or after lagging)",
+                CounterType,
+                |t| t.catch_up_reads as i64,
+            ),
+        ];
+        for (name, help, kind, value) in per_tail {
+            let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+            for tail in &tails.datastores {
+                let labels = [("datastore", tail.datastore.as_str())];
+                let v = value(tail).max(0);
+                match kind {
+                    CounterType => {
+                        ConstCounter::new(v as u64).encode(family.encode_family(&labels)?)?
+                    }
+                    _ => ConstGauge::new(v).encode(family.encode_family(&labels)?)?,
+                }
+            }
+        }
         let mut family = encoder.encode_descriptor(
             "cellgate_cluster_ready",
             "Whether a storage cluster is prepared and serving (1) or not (0)",
@@ -549,6 +596,17 @@ impl Collector for StoreCollector {
         for cluster in &snapshot.clusters {
             let labels = [("cluster", cluster.name.as_str())];
             ConstCounter::new(cluster.statements).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "cellgate_storage_maintenance_statements",
+            "SQL statements this process sent to each cluster's master through its maintenance pool (index maintenance, triggers, subscription tails), 0 where they share the master's pool and count in cellgate_storage_statements",
+            None,
+            CounterType,
+        )?;
+        for cluster in &snapshot.clusters {
+            let labels = [("cluster", cluster.name.as_str())];
+            ConstCounter::new(cluster.maintenance_statements)
+                .encode(family.encode_family(&labels)?)?;
         }
         let mut family = encoder.encode_descriptor(
             "cellgate_node_breaker_state",

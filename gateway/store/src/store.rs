@@ -185,6 +185,11 @@ pub struct ClusterMetrics {
     /// Statements this process sent to its master, `BEGIN` and `COMMIT`
     /// included.
     pub statements: u64,
+    /// Statements sent to the master through the maintenance pool (index
+    /// maintenance, trigger consumers, subscription tails and their
+    /// sweeps); 0 on SQLite, where they go through the master's pool and
+    /// count in `statements`.
+    pub maintenance_statements: u64,
     /// The circuit breaker of each server node, the master first, then the
     /// replicas in configuration order; empty on SQLite or with
     /// `storage.breaker.enabled: false`.
@@ -574,6 +579,7 @@ impl Store {
                     name: c.name.clone(),
                     ready: c.state() == ClusterState::Ready,
                     statements: c.master.statements(),
+                    maintenance_statements: c.maintenance_statements(),
                     breakers: std::iter::once(&c.master)
                         .chain(&c.replicas)
                         .filter_map(|b| b.breaker())

@@ -126,6 +126,16 @@ impl Cluster {
         self.ready(&self.master)
     }
 
+    /// Statements sent through the maintenance pool; 0 when it is the
+    /// master's own pool (SQLite), whose count has them.
+    pub(crate) fn maintenance_statements(&self) -> u64 {
+        if Arc::ptr_eq(&self.master, &self.maintenance) {
+            0
+        } else {
+            self.maintenance.statements()
+        }
+    }
+
     /// The master through the maintenance pool, if the cluster is prepared.
     pub(crate) fn maintenance(&self) -> Result<&Arc<dyn Backend>> {
         self.ready(&self.maintenance)

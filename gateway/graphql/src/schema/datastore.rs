@@ -28,6 +28,20 @@ pub(super) struct RowRef {
     pub(super) row_key: Uuid,
     /// Where its cells may be read: the spec of the field that led here.
     pub(super) read: ReadSpec,
+    /// The cells read ahead for a row of a subscription event, and the
+    /// loader of the rest (a subscription has no per-request loader: it
+    /// would hold on to every cell it ever loaded, and a row's latest cell
+    /// changes while the subscription runs).
+    pub(super) prefetched: Option<Arc<Prefetched>>,
+}
+
+/// Cells read ahead for the rows of a burst of subscription events, in one
+/// batch of the cell loader.
+pub(super) struct Prefetched {
+    pub(super) loader: Cells,
+    /// Every cell asked for ahead, found or not.
+    pub(super) known:
+        std::collections::HashMap<CellRequest, Option<Arc<cellgate_store::cells::Cell>>>,
 }
 /// Type names generated for one datastore.
 pub(super) struct DatastoreTypes {
@@ -89,7 +103,6 @@ impl DatastoreTypes {
                 let column = column_name.clone();
                 FieldFuture::new(async move {
                     let row = parent::<RowRef>(&ctx)?;
-                    let loader = ctx.data::<Cells>()?;
                     let request = match ctx.args.get("refKey").filter(|v| !v.is_null()) {
                         Some(v) => CellRequest::Exact {
                             datastore: ds,
@@ -107,7 +120,14 @@ impl DatastoreTypes {
                             read: row.read.clone(),
                         },
                     };
-                    let cell = loader.load_one(request).await.map_err(|e| from_store(&e))?;
+                    let cell = match &row.prefetched {
+                        Some(ahead) => match ahead.known.get(&request) {
+                            Some(known) => Ok(known.clone()),
+                            None => ahead.loader.load_one(request).await,
+                        },
+                        None => ctx.data::<Cells>()?.load_one(request).await,
+                    }
+                    .map_err(|e| from_store(&e))?;
                     Ok(cell.map(FieldValue::owned_any))
                 })
             })
@@ -152,7 +172,11 @@ impl DatastoreTypes {
                     FieldFuture::new(async move {
                         let read = ReadSpec::of(ctx.args.as_index_map(), &ds)?;
                         let row_key = scalars::uuid(&ctx.args.try_get("rowKey")?, "rowKey")?;
-                        Ok(Some(FieldValue::owned_any(RowRef { row_key, read })))
+                        Ok(Some(FieldValue::owned_any(RowRef {
+                            row_key,
+                            read,
+                            prefetched: None,
+                        })))
                     })
                 },
             ))
@@ -179,7 +203,11 @@ impl DatastoreTypes {
                         for key in keys.iter() {
                             let row_key = scalars::uuid(&key, "rowKeys")?;
                             let read = read.clone();
-                            rows.push(FieldValue::owned_any(RowRef { row_key, read }));
+                            rows.push(FieldValue::owned_any(RowRef {
+                                row_key,
+                                read,
+                                prefetched: None,
+                            }));
                         }
                         Ok(Some(FieldValue::list(rows)))
                     })

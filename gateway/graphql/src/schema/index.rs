@@ -189,6 +189,7 @@ pub(super) fn index_types(
                 Ok(Some(FieldValue::owned_any(RowRef {
                     row_key: e.entry.row_key,
                     read: e.read.clone(),
+                    prefetched: None,
                 })))
             })
         })

@@ -203,7 +203,7 @@ pub(super) fn schema_for(
         mutation = mutation.field(crate::maintenance::retry_field(&ds));
         mutation = mutation.field(crate::triggers::retry_field(datastore, &ds));
         mutation = mutation.field(crate::verify::mutation_field(&ds, datastore.shards));
-        builder = builder.register(event_type(datastore));
+        builder = builder.register(event_type(datastore, &types));
         subscription = subscription.field(cells_subscription(datastore, &types, &ds));
     }
     if subscribed {

@@ -22,6 +22,14 @@
 //!
 //! Positions are per-shard `added_id`s; [`encode_cursor`] turns them into
 //! the opaque resume token of the GraphQL API.
+//!
+//! An idle follower costs no task wake-up and no statement, and little
+//! memory: its positions are the tail's own snapshot (an [`Arc`] shared by
+//! every follower that started from it) plus the few shards it moved
+//! since. Each batch carries the tail's positions after it, with a number;
+//! a follower whose positions were the tail's before the batch takes the
+//! shared positions after it, so followers that keep up never hold a copy
+//! of every shard's position.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -80,6 +88,26 @@ pub struct TailMetrics {
     pub catch_up_reads: u64,
     /// Followers now.
     pub followers: usize,
+    /// The same per datastore followed since the store opened, and more.
+    pub datastores: Vec<DatastoreTailMetrics>,
+}
+
+/// Figures of the tail of one datastore.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DatastoreTailMetrics {
+    pub datastore: String,
+    /// Followers now.
+    pub followers: usize,
+    /// Log reads (statements) of the shared tail.
+    pub tail_reads: u64,
+    /// Cells handed out by followers, counted once per follower.
+    pub delivered_cells: u64,
+    /// Times a follower fell behind the broadcast and had to read the log
+    /// itself.
+    pub lagged: u64,
+    /// Log reads of followers catching up on their own (a resume cursor,
+    /// or after lagging).
+    pub catch_up_reads: u64,
 }
 
 /// The log tails of a store, one per followed datastore.
@@ -88,25 +116,38 @@ pub(crate) struct Tails {
     options: TailOptions,
     tails: Mutex<HashMap<String, Arc<Tail>>>,
     shutdown: watch::Receiver<bool>,
-    tail_reads: AtomicU64,
-    catch_up_reads: AtomicU64,
 }
 
 /// The tail of one datastore.
 struct Tail {
     datastore: String,
-    sender: broadcast::Sender<Arc<Vec<Arc<Cell>>>>,
+    sender: broadcast::Sender<Arc<Batch>>,
     state: Mutex<TailState>,
     /// Bumped when the tail has its first positions.
     ready: watch::Sender<u64>,
+    tail_reads: AtomicU64,
+    delivered: AtomicU64,
+    lagged: AtomicU64,
+    catch_up_reads: AtomicU64,
+}
+
+/// What the tail broadcasts: new cells, and its positions after them.
+struct Batch {
+    cells: Vec<Arc<Cell>>,
+    /// The number of the tail's positions after the batch; the batch
+    /// before it has the number before.
+    number: u64,
+    after: Arc<BTreeMap<u32, i64>>,
 }
 
 #[derive(Default)]
 struct TailState {
     running: bool,
-    /// What the tail has broadcast up to, per shard; `None` until its task
-    /// read the heads.
-    positions: Option<BTreeMap<u32, i64>>,
+    /// What the tail has broadcast up to, per shard, and its number;
+    /// `None` until its task read the heads.
+    positions: Option<(u64, Arc<BTreeMap<u32, i64>>)>,
+    /// The number of the next positions.
+    numbered: u64,
 }
 
 impl Tails {
@@ -120,22 +161,30 @@ impl Tails {
             options,
             tails: Mutex::new(HashMap::new()),
             shutdown,
-            tail_reads: AtomicU64::new(0),
-            catch_up_reads: AtomicU64::new(0),
         }
     }
 
     pub(crate) fn metrics(&self) -> TailMetrics {
+        let mut datastores: Vec<DatastoreTailMetrics> = self
+            .tails
+            .lock()
+            .expect("tails")
+            .values()
+            .map(|t| DatastoreTailMetrics {
+                datastore: t.datastore.clone(),
+                followers: t.sender.receiver_count(),
+                tail_reads: t.tail_reads.load(Ordering::Relaxed),
+                delivered_cells: t.delivered.load(Ordering::Relaxed),
+                lagged: t.lagged.load(Ordering::Relaxed),
+                catch_up_reads: t.catch_up_reads.load(Ordering::Relaxed),
+            })
+            .collect();
+        datastores.sort_by(|a, b| a.datastore.cmp(&b.datastore));
         TailMetrics {
-            tail_reads: self.tail_reads.load(Ordering::Relaxed),
-            catch_up_reads: self.catch_up_reads.load(Ordering::Relaxed),
-            followers: self
-                .tails
-                .lock()
-                .expect("tails")
-                .values()
-                .map(|t| t.sender.receiver_count())
-                .sum(),
+            tail_reads: datastores.iter().map(|d| d.tail_reads).sum(),
+            catch_up_reads: datastores.iter().map(|d| d.catch_up_reads).sum(),
+            followers: datastores.iter().map(|d| d.followers).sum(),
+            datastores,
         }
     }
 
@@ -177,6 +226,10 @@ impl Tails {
                     sender,
                     state: Mutex::new(TailState::default()),
                     ready: watch::channel(0).0,
+                    tail_reads: AtomicU64::new(0),
+                    delivered: AtomicU64::new(0),
+                    lagged: AtomicU64::new(0),
+                    catch_up_reads: AtomicU64::new(0),
                 })
             })
             .clone();
@@ -190,7 +243,11 @@ impl Tails {
             }
             receiver
         };
-        let positions = options.after.clone().unwrap_or_default();
+        let positions = Positions {
+            base: Arc::new(options.after.clone().unwrap_or_default()),
+            moved: BTreeMap::new(),
+            folded: false,
+        };
         Ok(Follower {
             tails: self.clone(),
             tail,
@@ -199,6 +256,7 @@ impl Tails {
             shards: options.shards,
             from_now: options.after.is_none(),
             positions,
+            in_step: None,
             queue: VecDeque::new(),
             joined: false,
         })
@@ -241,7 +299,10 @@ async fn run(tails: Arc<Tails>, tail: Arc<Tail>) {
                     }
                     if positions.is_none() {
                         positions = Some(heads.clone());
-                        tail.state.lock().expect("tail").positions = Some(heads.clone());
+                        let mut state = tail.state.lock().expect("tail");
+                        state.numbered += 1;
+                        state.positions = Some((state.numbered, Arc::new(heads.clone())));
+                        drop(state);
                         tail.ready.send_modify(|n| *n += 1);
                     }
                 }
@@ -252,7 +313,9 @@ async fn run(tails: Arc<Tails>, tail: Arc<Tail>) {
             next_sweep = now + options.sweep_every;
         }
         if let Some(positions) = positions.as_mut() {
-            if let Err(err) = catch_up(&tails, &tail, &topology, &ds, positions, &heads).await {
+            if let Err(err) =
+                catch_up(&tails.options, &tail, &topology, &ds, positions, &heads).await
+            {
                 tracing::warn!(datastore = %tail.datastore, error = %err, "log tail read failed");
                 next_sweep = tokio::time::Instant::now() + options.sweep_every;
             }
@@ -322,7 +385,7 @@ fn ready_backend(topology: &Topology, cluster: usize) -> Result<Arc<dyn crate::s
 /// Reads the cells of the shards whose head is past `positions`, one
 /// statement per cluster and page, and broadcasts them.
 async fn catch_up(
-    tails: &Tails,
+    options: &TailOptions,
     tail: &Tail,
     topology: &Topology,
     ds: &DatastoreRuntime,
@@ -349,19 +412,26 @@ async fn catch_up(
         }
         for (cluster, from) in by_cluster {
             let backend = ready_backend(topology, cluster)?;
-            let page = tails.options.page.max(1);
-            tails.tail_reads.fetch_add(1, Ordering::Relaxed);
+            let page = options.page.max(1);
+            tail.tail_reads.fetch_add(1, Ordering::Relaxed);
             let cells = log_cells(backend.as_ref(), ds, &from, &[], page).await?;
             let moved = advance(&from, &cells, page, heads);
-            let batch: Vec<Arc<Cell>> = cells.into_iter().map(Arc::new).collect();
-            let mut state = tail.state.lock().expect("tail");
+            let cells: Vec<Arc<Cell>> = cells.into_iter().map(Arc::new).collect();
             for (shard, at) in moved {
                 positions.insert(shard, at);
             }
-            state.positions = Some(positions.clone());
-            if !batch.is_empty() {
-                let _ = tail.sender.send(Arc::new(batch));
-            }
+            let after = Arc::new(positions.clone());
+            let mut state = tail.state.lock().expect("tail");
+            state.numbered += 1;
+            let number = state.numbered;
+            state.positions = Some((number, after.clone()));
+            // Sent under the lock: a follower's snapshot of the positions
+            // splits the batches into covered and to come.
+            let _ = tail.sender.send(Arc::new(Batch {
+                cells,
+                number,
+                after,
+            }));
         }
     }
 }
@@ -404,6 +474,56 @@ enum Item {
     Cell(Arc<Cell>),
     /// Shards read to these positions (cells of other columns skipped).
     Advance(Vec<(u32, i64)>),
+    /// The end of a broadcast batch the follower took whole, in step with
+    /// the tail: its positions are the tail's after it.
+    InStep(u64, Arc<BTreeMap<u32, i64>>),
+}
+
+/// A follower's positions: a snapshot shared with the tail and other
+/// followers, and the shards moved since.
+#[derive(Debug, Clone)]
+struct Positions {
+    base: Arc<BTreeMap<u32, i64>>,
+    moved: BTreeMap<u32, i64>,
+    /// Whether `moved` was folded into `base` (which then holds moves).
+    folded: bool,
+}
+
+impl Positions {
+    fn get(&self, shard: u32) -> i64 {
+        self.moved
+            .get(&shard)
+            .or_else(|| self.base.get(&shard))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn set(&mut self, shard: u32, at: i64) {
+        self.moved.insert(shard, at);
+        // A follower out of step would end up with a second copy of every
+        // shard in `moved`: fold it into a base of its own now and then.
+        if self.moved.len() > 64 && self.moved.len() * 4 > self.base.len() {
+            let base = Arc::make_mut(&mut self.base);
+            base.append(&mut self.moved);
+            self.folded = true;
+        }
+    }
+
+    /// Every position, `moved` over `base`, in shard order.
+    fn iter(&self) -> impl Iterator<Item = (u32, i64)> + '_ {
+        let mut base = self.base.iter().peekable();
+        let mut moved = self.moved.iter().peekable();
+        std::iter::from_fn(move || match (base.peek(), moved.peek()) {
+            (Some((b, _)), Some((m, _))) if b < m => base.next().map(|(s, p)| (*s, *p)),
+            (Some((b, _)), Some((m, _))) if b == m => {
+                base.next();
+                moved.next().map(|(s, p)| (*s, *p))
+            }
+            (_, Some(_)) => moved.next().map(|(s, p)| (*s, *p)),
+            (Some(_), None) => base.next().map(|(s, p)| (*s, *p)),
+            (None, None) => None,
+        })
+    }
 }
 
 /// A follower of a datastore's log: yields the cells of its columns and
@@ -411,13 +531,16 @@ enum Item {
 pub struct Follower {
     tails: Arc<Tails>,
     tail: Arc<Tail>,
-    receiver: broadcast::Receiver<Arc<Vec<Arc<Cell>>>>,
+    receiver: broadcast::Receiver<Arc<Batch>>,
     columns: BTreeSet<String>,
     shards: Option<BTreeSet<u32>>,
     /// Start at the tail's positions (no resume cursor).
     from_now: bool,
     /// The position of every shard up to which cells were handed out.
-    positions: BTreeMap<u32, i64>,
+    positions: Positions,
+    /// The number of the tail's positions that are the follower's own
+    /// (cells handed out included), while it is in step with the tail.
+    in_step: Option<u64>,
     queue: VecDeque<Item>,
     /// Whether the follower has caught up with the tail once.
     joined: bool,
@@ -426,8 +549,13 @@ pub struct Follower {
 impl Follower {
     /// Per shard, the last `added_id` handed out (or skipped as not
     /// followed); what [`encode_cursor`] makes a resume token of.
-    pub fn positions(&self) -> &BTreeMap<u32, i64> {
-        &self.positions
+    pub fn positions(&self) -> BTreeMap<u32, i64> {
+        self.positions.iter().collect()
+    }
+
+    /// The resume token of [`Follower::positions`] (see [`encode_cursor`]).
+    pub fn cursor(&self) -> String {
+        encode_positions(self.positions.iter())
     }
 
     /// Takes the follower's starting positions now (for a follower from
@@ -454,25 +582,8 @@ impl Follower {
     /// or a catch-up read fails (the follower may be asked again).
     pub async fn next(&mut self) -> Result<Arc<Cell>> {
         loop {
-            while let Some(item) = self.queue.pop_front() {
-                match item {
-                    Item::Advance(moved) => {
-                        for (shard, at) in moved {
-                            let known = self.positions.entry(shard).or_insert(0);
-                            *known = (*known).max(at);
-                        }
-                    }
-                    Item::Cell(cell) => {
-                        let known = self.positions.get(&cell.shard).copied().unwrap_or(0);
-                        if cell.added_id <= known {
-                            continue;
-                        }
-                        self.positions.insert(cell.shard, cell.added_id);
-                        if self.wants(&cell) {
-                            return Ok(cell);
-                        }
-                    }
-                }
+            if let Some(cell) = self.take_queued() {
+                return Ok(cell);
             }
             if !self.joined {
                 self.join().await?;
@@ -480,17 +591,8 @@ impl Follower {
                 continue;
             }
             match self.receiver.recv().await {
-                Ok(batch) => {
-                    let shards = &self.shards;
-                    self.queue.extend(
-                        batch
-                            .iter()
-                            .filter(|c| shards.as_ref().is_none_or(|s| s.contains(&c.shard)))
-                            .cloned()
-                            .map(Item::Cell),
-                    )
-                }
-                Err(RecvError::Lagged(_)) => self.joined = false,
+                Ok(batch) => self.queue_batch(&batch),
+                Err(RecvError::Lagged(_)) => self.lagged(),
                 Err(RecvError::Closed) => {
                     return Err(Error::BadInput("the store is shut down".into()))
                 }
@@ -498,11 +600,108 @@ impl Follower {
         }
     }
 
+    /// The next cell if one is there already (taken by the follower, or
+    /// broadcast and not taken yet); never waits and never reads the log.
+    /// `None` says nothing more is there now: [`Follower::next`] waits.
+    pub fn try_next(&mut self) -> Option<Arc<Cell>> {
+        loop {
+            if let Some(cell) = self.take_queued() {
+                return Some(cell);
+            }
+            if !self.joined {
+                return None;
+            }
+            match self.receiver.try_recv() {
+                Ok(batch) => self.queue_batch(&batch),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                    self.lagged();
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    fn lagged(&mut self) {
+        self.tail.lagged.fetch_add(1, Ordering::Relaxed);
+        self.joined = false;
+        self.in_step = None;
+    }
+
+    /// The next queued cell the follower wants, moving its positions.
+    fn take_queued(&mut self) -> Option<Arc<Cell>> {
+        while let Some(item) = self.queue.pop_front() {
+            match item {
+                Item::Advance(moved) => {
+                    for (shard, at) in moved {
+                        if at > self.positions.get(shard) {
+                            self.positions.set(shard, at);
+                        }
+                    }
+                }
+                Item::InStep(number, after) => {
+                    // A catch-up read may have gone past the tail's
+                    // positions; then the follower is ahead, not in step.
+                    let past = |(s, p): (&u32, &i64)| *p > after.get(s).copied().unwrap_or(0);
+                    let past = if self.positions.folded {
+                        self.positions.base.iter().any(past)
+                    } else {
+                        self.positions.moved.iter().any(past)
+                    };
+                    if past {
+                        self.in_step = None;
+                    } else {
+                        self.positions = Positions {
+                            base: after,
+                            moved: BTreeMap::new(),
+                            folded: false,
+                        };
+                        self.in_step = Some(number);
+                    }
+                }
+                Item::Cell(cell) => {
+                    if cell.added_id <= self.positions.get(cell.shard) {
+                        continue;
+                    }
+                    self.positions.set(cell.shard, cell.added_id);
+                    if self.wants(&cell) {
+                        self.tail.delivered.fetch_add(1, Ordering::Relaxed);
+                        return Some(cell);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Queues the cells of a broadcast batch; a follower in step with the
+    /// tail takes its positions after them (shared, not copied).
+    fn queue_batch(&mut self, batch: &Batch) {
+        let shards = &self.shards;
+        self.queue.extend(
+            batch
+                .cells
+                .iter()
+                .filter(|c| shards.as_ref().is_none_or(|s| s.contains(&c.shard)))
+                .cloned()
+                .map(Item::Cell),
+        );
+        if self.shards.is_none() && self.in_step == Some(batch.number - 1) {
+            self.queue
+                .push_back(Item::InStep(batch.number, batch.after.clone()));
+        } else if self.in_step.is_some_and(|n| n >= batch.number) {
+            // A batch sent before the follower's snapshot: its cells are
+            // skipped, and the follower stays in step.
+        } else {
+            self.in_step = None;
+        }
+    }
+
     /// Waits for the tail's positions, then reads the log from the
     /// follower's positions up to them.
     async fn join(&mut self) -> Result<()> {
         let mut ready = self.tail.ready.subscribe();
-        let target = loop {
+        let (number, target) = loop {
             if let Some(p) = self.tail.state.lock().expect("tail").positions.clone() {
                 break p;
             }
@@ -512,9 +711,19 @@ impl Follower {
         };
         if self.from_now {
             self.from_now = false;
-            for (shard, at) in target {
-                if self.follows_shard(shard) {
-                    self.positions.insert(shard, at);
+            if self.shards.is_none() {
+                // The tail's own snapshot, shared.
+                self.positions = Positions {
+                    base: target,
+                    moved: BTreeMap::new(),
+                    folded: false,
+                };
+                self.in_step = Some(number);
+            } else {
+                for (shard, at) in target.iter() {
+                    if self.follows_shard(*shard) {
+                        self.positions.set(*shard, *at);
+                    }
                 }
             }
             return Ok(());
@@ -526,16 +735,25 @@ impl Follower {
         let columns: Vec<String> = self.columns.iter().cloned().collect();
         let page = self.tails.options.page.max(1);
         let mut at = self.positions.clone();
+        // In step with the tail once caught up when no shard is ahead of
+        // it (a cursor of another gateway may be).
+        let ahead = self.shards.is_some()
+            || at
+                .iter()
+                .any(|(s, p)| p > target.get(&s).copied().unwrap_or(0));
         loop {
             let behind: Vec<(u32, i64)> = target
                 .iter()
                 .filter(|(s, _)| self.follows_shard(**s))
                 .filter_map(|(s, h)| {
-                    let p = at.get(s).copied().unwrap_or(0);
+                    let p = at.get(*s);
                     (*h > p).then_some((*s, p))
                 })
                 .collect();
             if behind.is_empty() {
+                if !ahead {
+                    self.queue.push_back(Item::InStep(number, target.clone()));
+                }
                 return Ok(());
             }
             let mut by_cluster: BTreeMap<usize, Vec<(u32, i64)>> = BTreeMap::new();
@@ -547,11 +765,11 @@ impl Follower {
             }
             for (cluster, from) in by_cluster {
                 let backend = ready_backend(&topology, cluster)?;
-                self.tails.catch_up_reads.fetch_add(1, Ordering::Relaxed);
+                self.tail.catch_up_reads.fetch_add(1, Ordering::Relaxed);
                 let cells = log_cells(backend.as_ref(), &ds, &from, &columns, page).await?;
                 let moved = advance(&from, &cells, page, &target);
                 for (shard, p) in &moved {
-                    at.insert(*shard, *p);
+                    at.set(*shard, *p);
                 }
                 self.queue
                     .extend(cells.into_iter().map(|c| Item::Cell(Arc::new(c))));
@@ -572,15 +790,20 @@ const CURSOR_V1: u8 = 1;
 /// costs about a byte before compression; 4096 shards stay within a few
 /// kilobytes.
 pub fn encode_cursor(positions: &BTreeMap<u32, i64>) -> String {
+    encode_positions(positions.iter().map(|(s, p)| (*s, *p)))
+}
+
+/// [`encode_cursor`] of positions in shard order.
+fn encode_positions(positions: impl Iterator<Item = (u32, i64)>) -> String {
     use base64::Engine as _;
     use std::io::Write as _;
-    let mut raw = Vec::with_capacity(positions.len() * 3);
+    let mut raw = Vec::with_capacity(1024);
     let (mut prev_shard, mut prev_at) = (0u32, 0i64);
-    for (shard, at) in positions.iter().filter(|(_, at)| **at > 0) {
+    for (shard, at) in positions.filter(|(_, at)| *at > 0) {
         varint(&mut raw, u64::from(shard - prev_shard));
         let diff = at.wrapping_sub(prev_at);
         varint(&mut raw, ((diff << 1) ^ (diff >> 63)) as u64);
-        (prev_shard, prev_at) = (*shard, *at);
+        (prev_shard, prev_at) = (shard, at);
     }
     let mut out = vec![CURSOR_V1];
     let mut z = flate2::write::ZlibEncoder::new(&mut out, flate2::Compression::fast());
@@ -663,6 +886,40 @@ mod tests {
         assert_eq!(back, BTreeMap::from([(3, 7), (4095, 1)]));
         assert!(decode_cursor("not a cursor").is_err());
         assert!(decode_cursor("").is_err());
+    }
+
+    #[test]
+    fn positions_over_a_shared_base_read_and_encode_like_one_map() {
+        let base = Arc::new((0..4096u32).map(|s| (s, 100 + i64::from(s))).collect());
+        let mut positions = Positions {
+            base,
+            moved: BTreeMap::new(),
+            folded: false,
+        };
+        let mut plain: BTreeMap<u32, i64> = positions.base.as_ref().clone();
+        for (shard, at) in [(7, 500), (4095, 9000), (5000, 3), (7, 501)] {
+            positions.set(shard, at);
+            plain.insert(shard, at);
+        }
+        assert!(!positions.folded, "a few moves stay beside the base");
+        assert_eq!(positions.iter().collect::<BTreeMap<_, _>>(), plain);
+        assert_eq!(encode_positions(positions.iter()), encode_cursor(&plain));
+        assert_eq!(positions.get(7), 501);
+        assert_eq!(positions.get(8), 108);
+        assert_eq!(positions.get(6000), 0);
+        // Many moves fold into a base of the follower's own.
+        let shared = positions.base.clone();
+        for shard in 0..2000u32 {
+            positions.set(shard, 7000 + i64::from(shard));
+            plain.insert(shard, 7000 + i64::from(shard));
+        }
+        assert!(positions.folded);
+        assert!(
+            !Arc::ptr_eq(&shared, &positions.base),
+            "the shared base is not changed"
+        );
+        assert_eq!(shared.get(&0), Some(&100));
+        assert_eq!(positions.iter().collect::<BTreeMap<_, _>>(), plain);
     }
 
     #[test]

@@ -8,8 +8,16 @@
 //! it. Shards read to their end move to the head seen before the read, so
 //! cells of other columns are skipped without being read twice. Rounds run
 //! while there is work; then the worker waits for a write event of its
-//! datastore and cluster, the next sweep (heads, rewinds, quarantine
-//! retries) or the next lease renewal.
+//! datastore and cluster, the result of a sweep or the next lease renewal.
+//!
+//! A **sweep** reads the shard counters (other gateways' commits), the
+//! stored offsets of the held shards (rewinds) and the quarantined cells
+//! asked to be retried. It runs as a task of its own beside the rounds, so
+//! a write event never waits for it: the worker takes its result when it
+//! is there. A stored offset read by a sweep is taken only for a shard the
+//! worker did not move since the sweep began (else it is the worker's own
+//! older offset, not a rewind; a rewind racing with a move makes the move's
+//! compare-and-set fail, which reloads the offsets at once).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
@@ -41,6 +49,21 @@ enum Outcome {
     Failed(String),
     /// The consumer or the store is stopping.
     Stopped,
+}
+
+/// A sweep under way.
+struct Sweep {
+    task: tokio::task::JoinHandle<crate::Result<Swept>>,
+    /// The offsets of the held shards when it began.
+    positions: BTreeMap<u32, i64>,
+    at: Instant,
+}
+
+/// What a sweep read.
+struct Swept {
+    heads: Vec<(u32, i64)>,
+    offsets: BTreeMap<u32, i64>,
+    asked: Vec<super::QuarantinedCell>,
 }
 
 pub(super) struct Worker {
@@ -101,6 +124,9 @@ impl Worker {
         let mut counted = false;
         let mut next_lease = Instant::now();
         let mut next_sweep = Instant::now();
+        // The sweep under way, if any, and its result once it ended.
+        let mut sweep: Option<Sweep> = None;
+        let mut swept = None;
         // Set by a stop, a shutdown, or the store being dropped.
         let mut ending = false;
         loop {
@@ -140,9 +166,21 @@ impl Worker {
                 self.rebalance(backend.as_ref(), &ds).await;
                 next_lease = now + options.lease_time / 3;
             }
-            if now >= next_sweep {
-                self.sweep(backend.as_ref(), &ds, &mut stop).await;
-                next_sweep = now + options.sweep_every;
+            if now >= next_sweep && sweep.is_none() {
+                sweep = Some(self.start_sweep(backend.clone(), ds.clone()));
+            }
+            if swept.is_none() {
+                swept = sweep.as_mut().and_then(|s| (&mut s.task).now_or_never());
+            }
+            if let Some(done) = swept.take() {
+                let started = sweep.take().expect("sweep");
+                self.take_sweep(backend.as_ref(), &ds, started.positions, done, &mut stop)
+                    .await;
+                // A sweep asked for while this one ran (a lagged event
+                // stream) still runs at once.
+                if next_sweep <= started.at {
+                    next_sweep = started.at + options.sweep_every;
+                }
             }
             let more = match self.backoff {
                 Some(until) if until > Instant::now() => false,
@@ -154,10 +192,21 @@ impl Worker {
                 continue;
             }
             let wake = next_lease
-                .min(next_sweep)
-                .min(self.backoff.unwrap_or(next_sweep));
+                .min(if sweep.is_some() {
+                    next_lease
+                } else {
+                    next_sweep
+                })
+                .min(self.backoff.unwrap_or(next_lease));
+            let sweeping = async {
+                match sweep.as_mut() {
+                    Some(sweep) => (&mut sweep.task).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 changed = stop.changed() => ending |= changed.is_err(),
+                done = sweeping => swept = Some(done),
                 changed = shutdown.changed() => ending |= changed.is_err(),
                 event = events.recv() => {
                     let mut event = event;
@@ -184,6 +233,9 @@ impl Worker {
                 }
                 _ = tokio::time::sleep_until(wake.into()) => {}
             }
+        }
+        if let Some(sweep) = sweep {
+            sweep.task.abort();
         }
         if let Some(topology) = self.topology.upgrade() {
             if let Ok(backend) = topology.clusters[self.cluster].maintenance() {
@@ -294,25 +346,59 @@ impl Worker {
         }
     }
 
-    /// Reads the heads (other gateways' commits), takes rewound offsets,
-    /// and delivers the quarantined cells asked for again.
-    async fn sweep(
+    /// Starts a sweep (see the module doc) as a task of its own.
+    fn start_sweep(&self, backend: Arc<dyn Backend>, ds: Arc<DatastoreRuntime>) -> Sweep {
+        let positions = self.positions.clone();
+        let shards: Vec<u32> = positions.keys().copied().collect();
+        let key = self.key.clone();
+        let task = tokio::spawn(async move {
+            let heads = crate::cells::heads(backend.as_ref(), &ds).await?;
+            let offsets = state::read_offsets(backend.as_ref(), &ds, &key, &shards).await?;
+            let asked = state::quarantined(backend.as_ref(), &ds, &key, true).await?;
+            Ok(Swept {
+                heads,
+                offsets,
+                asked,
+            })
+        });
+        Sweep {
+            task,
+            positions,
+            at: Instant::now(),
+        }
+    }
+
+    /// Takes what a sweep found: the heads, the rewound offsets of the
+    /// shards not moved since it began, and delivers the quarantined cells
+    /// asked for again.
+    async fn take_sweep(
         &mut self,
         backend: &dyn Backend,
         ds: &DatastoreRuntime,
+        before: BTreeMap<u32, i64>,
+        done: Result<crate::Result<Swept>, tokio::task::JoinError>,
         stop: &mut watch::Receiver<bool>,
     ) {
-        let swept = async {
-            for (shard, head) in crate::cells::heads(backend, ds).await? {
-                self.heads.insert(shard, head);
-            }
-            self.reload(backend, ds).await?;
-            self.retry_quarantined(backend, ds, stop).await
+        let swept = match done {
+            Ok(Ok(swept)) => swept,
+            Ok(Err(err)) => return self.failed(&err),
+            Err(_) => return,
         };
-        match swept.await {
-            Ok(()) => {
-                self.failures = 0;
+        for (shard, head) in swept.heads {
+            let known = self.heads.entry(shard).or_insert(head);
+            *known = (*known).max(head);
+        }
+        for (shard, offset) in swept.offsets {
+            let Some(position) = self.positions.get_mut(&shard) else {
+                continue;
+            };
+            if before.get(&shard) == Some(position) && *position != offset {
+                tracing::info!(consumer = %self.state.options.name, shard, from = *position, to = offset, "trigger offset moved (rewound)");
+                *position = offset;
             }
+        }
+        match self.retry_quarantined(backend, ds, swept.asked, stop).await {
+            Ok(()) => self.failures = 0,
             Err(err) => self.failed(&err),
         }
     }
@@ -336,9 +422,9 @@ impl Worker {
         &mut self,
         backend: &dyn Backend,
         ds: &DatastoreRuntime,
+        asked: Vec<super::QuarantinedCell>,
         stop: &mut watch::Receiver<bool>,
     ) -> crate::Result<()> {
-        let asked = state::quarantined(backend, ds, &self.key, true).await?;
         for quarantined in asked {
             if !self.positions.contains_key(&quarantined.shard) {
                 continue;

@@ -111,7 +111,7 @@ pub async fn a_follower_resuming_from_a_cursor_gets_everything_after_it(env: Arc
         )
         .expect("follow");
     let handled = take(&mut first, 12).await;
-    let cursor = encode_cursor(first.positions());
+    let cursor = encode_cursor(&first.positions());
     drop(first);
     write(&store, 25).await;
     let mut resumed = store
@@ -160,7 +160,17 @@ pub async fn a_follower_that_lags_the_broadcast_catches_up_from_the_log(env: Arc
     let got = take(&mut slow, written).await;
     let distinct: BTreeSet<_> = got.iter().collect();
     assert_eq!(distinct.len(), written, "cells missing or repeated");
-    assert!(store.tail_metrics().catch_up_reads > 0, "it never lagged");
+    let metrics = store.tail_metrics();
+    assert!(metrics.catch_up_reads > 0, "it never lagged");
+    let trips = metrics
+        .datastores
+        .iter()
+        .find(|d| d.datastore == "trips")
+        .expect("the tail of trips");
+    assert!(trips.lagged > 0, "no lag counted: {trips:?}");
+    assert_eq!(trips.catch_up_reads, metrics.catch_up_reads);
+    assert_eq!(trips.delivered_cells, written as u64);
+    assert_eq!(trips.followers, 1);
     let more = tokio::time::timeout(Duration::from_millis(500), slow.next()).await;
     assert!(more.is_err(), "an extra cell: {more:?}");
 }
