@@ -36,6 +36,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -53,11 +54,10 @@ use crate::topology::{DatastoreRuntime, IndexRuntime, Topology};
 const CHECKPOINT_ITEM: &str = "verify";
 /// Row keys per statement reading stored entries or checking cells.
 const KEYS_PER_STATEMENT: usize = 1000;
-/// Shards of the first chunk; later chunks are sized by [`CHUNK_TIME`].
-const FIRST_CHUNK: usize = 8;
+/// Cells a chunk aims at (a few hundred milliseconds of work).
+const CHUNK_CELLS: usize = 8000;
+/// Most shards in one chunk.
 const MAX_CHUNK: usize = 256;
-/// The work a chunk aims at, as pt-table-checksum does.
-const CHUNK_TIME: Duration = Duration::from_millis(500);
 
 /// What to verify, and how.
 #[derive(Debug, Clone)]
@@ -159,6 +159,19 @@ impl VerifyProgress {
     /// Mismatching entries found.
     pub fn drift(&self) -> u64 {
         self.missing + self.stale + self.extra
+    }
+
+    /// Adds the counts of `part` (a chunk's); the total stays.
+    fn add(&mut self, part: &VerifyProgress) {
+        self.shards_done += part.shards_done;
+        self.rows += part.rows;
+        self.cells += part.cells;
+        self.pending += part.pending;
+        self.unreadable += part.unreadable;
+        self.missing += part.missing;
+        self.stale += part.stale;
+        self.extra += part.extra;
+        self.repaired += part.repaired;
     }
 
     fn count(&mut self, kind: DriftKind) {
@@ -281,9 +294,14 @@ pub(crate) async fn run(
         }
     }
     let consumers = consumers(topology, ds);
-    let mut chunk = FIRST_CHUNK;
+    // Chunks of about CHUNK_CELLS cells, each a run of shards on one cell
+    // cluster. Without pauses (and without repairs) two run at once (the
+    // databases and this process overlap their work); results are taken in
+    // order, so the checkpoint only ever covers a prefix of the shards.
+    let per_shard = cells_per_shard(topology, ds).await?;
+    let chunk = ((CHUNK_CELLS as f64 / per_shard.max(1.0)) as usize).clamp(1, MAX_CHUNK);
+    let mut chunks: Vec<Vec<u32>> = Vec::new();
     while !todo.is_empty() {
-        // A chunk is a run of shards on one cell cluster.
         let cluster = ds.map.cluster_of(todo[0]);
         let len = todo
             .iter()
@@ -291,31 +309,54 @@ pub(crate) async fn run(
             .take_while(|s| ds.map.cluster_of(**s) == cluster)
             .count();
         let (now, rest) = todo.split_at(len);
-        let began = Instant::now();
-        let mut verify = Chunk {
-            topology,
-            ds,
-            consumers: &consumers,
-            indexes: &indexes,
-            cluster,
-        };
-        let found = verify.shards(now, &mut progress).await?;
-        verify
-            .settle(found, options.repair, &mut progress, on_drift)
-            .await?;
-        progress.shards_done += len as u32;
+        chunks.push(now.to_vec());
         todo = rest;
+    }
+    let parallel = if options.duty >= 1.0 && !options.repair {
+        2
+    } else {
+        1
+    };
+    let repair = options.repair;
+    let (consumers_ref, indexes_ref) = (&consumers, &indexes);
+    let mut results = futures::stream::iter(chunks)
+        .map(|now| async move {
+            let began = Instant::now();
+            let mut verify = Chunk {
+                topology,
+                ds,
+                consumers: consumers_ref,
+                indexes: indexes_ref,
+                cluster: ds.map.cluster_of(now[0]),
+            };
+            let mut part = VerifyProgress::default();
+            let mut drift = Vec::new();
+            let found = verify.shards(&now, &mut part).await?;
+            verify.settle(found, repair, &mut part, &mut drift).await?;
+            part.shards_done = now.len() as u32;
+            Ok::<_, Error>((now, part, drift, began.elapsed()))
+        })
+        .buffered(parallel);
+    while let Some(result) = results.next().await {
+        let (now, part, drift, took) = result?;
+        progress.add(&part);
+        for d in &drift {
+            on_drift(d);
+        }
         if checkpointed {
-            checkpoint.next_shard = todo.first().copied();
+            let last = *now.last().expect("a chunk has shards");
+            let at = shards.partition_point(|s| *s <= last);
+            // Past the last shard: the shards are done, the orphan phase
+            // is next.
+            checkpoint.next_shard = Some(shards.get(at).copied().unwrap_or(ds.def.shards));
             checkpoint.progress = progress.clone();
             checkpoint.updated_at = Utc::now();
             write_checkpoint(topology, ds, home, &checkpoint).await?;
         }
         on_progress(&progress);
-        let took = began.elapsed();
-        chunk = next_chunk(chunk, len, took);
         pause(took, options.duty).await;
     }
+    drop(results);
     if options.sample.is_none() {
         for &index in &indexes {
             let mut verify = Chunk {
@@ -325,9 +366,13 @@ pub(crate) async fn run(
                 indexes: &indexes,
                 cluster: home,
             };
+            let mut drift = Vec::new();
             verify
-                .orphans(index, &shards, options, &mut progress, on_drift)
+                .orphans(index, &shards, options, &mut progress, &mut drift)
                 .await?;
+            for d in &drift {
+                on_drift(d);
+            }
         }
         on_progress(&progress);
     }
@@ -399,20 +444,6 @@ fn scope_text(ds: &DatastoreRuntime, indexes: &[usize], options: &VerifyOptions)
         .collect();
     let (first, last) = options.shards.unwrap_or((0, ds.def.shards - 1));
     format!("{} shards {first}-{last}", names.join(","))
-}
-
-/// The next chunk size: aims at [`CHUNK_TIME`], at most doubling.
-fn next_chunk(chunk: usize, len: usize, took: Duration) -> usize {
-    if len < chunk {
-        return chunk;
-    }
-    let per_shard = took.as_secs_f64() / len.max(1) as f64;
-    let aim = if per_shard > 0.0 {
-        (CHUNK_TIME.as_secs_f64() / per_shard) as usize
-    } else {
-        MAX_CHUNK
-    };
-    aim.clamp(1, (chunk * 2).min(MAX_CHUNK))
 }
 
 async fn pause(took: Duration, duty: f64) {
@@ -545,18 +576,27 @@ impl Chunk<'_> {
     ) -> Result<Vec<Found>> {
         let mut found = Vec::new();
         let targets = self.ds.map.clusters();
-        for &index in self.indexes {
+        // Every index's stored rows, read at once.
+        let lists: Vec<(usize, Vec<Uuid>)> = self
+            .indexes
+            .iter()
+            .map(|&index| {
+                let rows: Vec<Uuid> = source
+                    .rows
+                    .keys()
+                    .copied()
+                    .filter(|r| only.is_none_or(|o| o.contains(&(index, *r))))
+                    .collect();
+                (index, rows)
+            })
+            .filter(|(_, rows)| !rows.is_empty())
+            .collect();
+        let stored_all = futures::future::try_join_all(lists.iter().map(|(index, rows)| {
+            read_stored(self.topology, &self.ds.indexes[*index], &targets, rows)
+        }))
+        .await?;
+        for ((index, rows), stored) in lists.into_iter().zip(stored_all) {
             let runtime = &self.ds.indexes[index];
-            let rows: Vec<Uuid> = source
-                .rows
-                .keys()
-                .copied()
-                .filter(|r| only.is_none_or(|o| o.contains(&(index, *r))))
-                .collect();
-            if rows.is_empty() {
-                continue;
-            }
-            let stored = read_stored(self.topology, runtime, &targets, &rows).await?;
             // The lowest offset among the index's consumers, per shard.
             let applied = |shard: u32| -> i64 {
                 offsets.get(&shard).map_or(0, |per| {
@@ -631,7 +671,7 @@ impl Chunk<'_> {
         found: Vec<Found>,
         repair: bool,
         progress: &mut VerifyProgress,
-        on_drift: &mut (dyn FnMut(&Drift) + Send),
+        out: &mut Vec<Drift>,
     ) -> Result<()> {
         if found.is_empty() {
             return Ok(());
@@ -684,7 +724,7 @@ impl Chunk<'_> {
                 });
             }
         }
-        self.report(confirmed, repair, progress, on_drift).await
+        self.report(confirmed, repair, progress, out).await
     }
 
     async fn report(
@@ -692,7 +732,7 @@ impl Chunk<'_> {
         confirmed: Vec<Found>,
         repair: bool,
         progress: &mut VerifyProgress,
-        on_drift: &mut (dyn FnMut(&Drift) + Send),
+        out: &mut Vec<Drift>,
     ) -> Result<()> {
         if confirmed.is_empty() {
             return Ok(());
@@ -709,7 +749,7 @@ impl Chunk<'_> {
             if fixed {
                 progress.repaired += 1;
             }
-            on_drift(&Drift {
+            out.push(Drift {
                 index: runtime.def.name.clone(),
                 row_key: f.row_key,
                 shard: f.shard,
@@ -789,7 +829,7 @@ impl Chunk<'_> {
         shards: &[u32],
         options: &VerifyOptions,
         progress: &mut VerifyProgress,
-        on_drift: &mut (dyn FnMut(&Drift) + Send),
+        out: &mut Vec<Drift>,
     ) -> Result<()> {
         let runtime = &self.ds.indexes[index];
         let selected: HashSet<u32> = shards.iter().copied().collect();
@@ -854,8 +894,7 @@ impl Chunk<'_> {
                         .collect();
                     if !lonely.is_empty() {
                         self.cluster = cell_cluster;
-                        self.settle(lonely, options.repair, progress, on_drift)
-                            .await?;
+                        self.settle(lonely, options.repair, progress, out).await?;
                     }
                 }
                 if page.len() < KEYS_PER_STATEMENT {
@@ -921,10 +960,14 @@ async fn read_stored(
     types.extend(index.fields.iter().map(|f| col_type(f.ty)));
     types.extend(index.columns.iter().map(|_| ColType::Int));
     types.push(ColType::DateTime);
-    let mut stored = HashMap::new();
-    for &target in targets {
-        let backend = topology.clusters[target].maintenance()?;
-        for part in rows.chunks(KEYS_PER_STATEMENT) {
+    let reads = targets.iter().flat_map(|&target| {
+        rows.chunks(KEYS_PER_STATEMENT)
+            .map(move |part| (target, part))
+    });
+    let pages = futures::future::try_join_all(reads.map(|(target, part)| {
+        let (names, types) = (&names, &types);
+        async move {
+            let backend = topology.clusters[target].maintenance()?;
             let mut sql = Sql::new(backend.dialect());
             sql.push("SELECT ")
                 .idents(names.iter().map(String::as_str))
@@ -934,29 +977,34 @@ async fn read_stored(
                 .ident("row_key")
                 .push(" IN ")
                 .bind_list(part.iter().map(|r| Value::Uuid(*r)));
-            for row in backend.fetch(&sql, &types).await? {
-                let mut row = row.into_iter();
-                let Some(Value::Uuid(row_key)) = row.next() else {
-                    continue;
-                };
-                let shard = row.next().and_then(|v| v.as_int()).map(|s| s as u32);
-                let fields: Vec<Value> = row.by_ref().take(index.fields.len()).collect();
-                let refs: Vec<Option<i64>> = row
-                    .by_ref()
-                    .take(index.columns.len())
-                    .map(|v| v.as_int())
-                    .collect();
-                let updated_at = row.next().unwrap_or(Value::Null(ColType::DateTime));
-                stored.insert(
-                    (target, row_key),
-                    Stored {
-                        shard,
-                        fields,
-                        refs,
-                        updated_at,
-                    },
-                );
-            }
+            Ok::<_, Error>((target, backend.fetch(&sql, types).await?))
+        }
+    }))
+    .await?;
+    let mut stored = HashMap::new();
+    for (target, page) in pages {
+        for row in page {
+            let mut row = row.into_iter();
+            let Some(Value::Uuid(row_key)) = row.next() else {
+                continue;
+            };
+            let shard = row.next().and_then(|v| v.as_int()).map(|s| s as u32);
+            let fields: Vec<Value> = row.by_ref().take(index.fields.len()).collect();
+            let refs: Vec<Option<i64>> = row
+                .by_ref()
+                .take(index.columns.len())
+                .map(|v| v.as_int())
+                .collect();
+            let updated_at = row.next().unwrap_or(Value::Null(ColType::DateTime));
+            stored.insert(
+                (target, row_key),
+                Stored {
+                    shard,
+                    fields,
+                    refs,
+                    updated_at,
+                },
+            );
         }
     }
     Ok(stored)
@@ -1016,6 +1064,26 @@ fn value_json(value: &Value) -> serde_json::Value {
 
 fn hex_text(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The average number of cells per shard of `ds`, from the shard counters
+/// (one statement per cluster).
+async fn cells_per_shard(topology: &Topology, ds: &DatastoreRuntime) -> Result<f64> {
+    let mut cells = 0i64;
+    for cluster in ds.map.clusters() {
+        let backend = topology.clusters[cluster].maintenance()?;
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("SELECT ")
+            .ident("next_added_id")
+            .push(" FROM ")
+            .ident(&ddl::shards_table(ds.name()));
+        let rows = backend.fetch(&sql, &[ColType::Int]).await?;
+        cells += rows
+            .iter()
+            .filter_map(|r| r.first().and_then(Value::as_int))
+            .sum::<i64>();
+    }
+    Ok(cells as f64 / f64::from(ds.def.shards.max(1)))
 }
 
 async fn read_checkpoint(
@@ -1217,18 +1285,5 @@ impl Verifier {
             .get(datastore)
             .cloned()
             .unwrap_or_default()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunks_aim_at_half_a_second_and_grow_at_most_twofold() {
-        assert_eq!(next_chunk(8, 8, Duration::from_millis(10)), 16);
-        assert_eq!(next_chunk(64, 64, Duration::from_secs(2)), 16);
-        assert_eq!(next_chunk(8, 3, Duration::from_secs(5)), 8);
-        assert_eq!(next_chunk(256, 256, Duration::ZERO), 256);
     }
 }
