@@ -1140,7 +1140,7 @@ async fn write_checkpoint(
 
 /// Mismatches a [`VerifyStatus`] keeps (all of them go to the run's
 /// callback and the log).
-pub const KEPT_DRIFT: usize = 100;
+pub(crate) const KEPT_DRIFT: usize = 100;
 
 /// Where a verify run started in this process stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -1163,7 +1163,7 @@ pub struct VerifyStatus {
     pub repair: bool,
     pub sample: Option<u32>,
     pub progress: VerifyProgress,
-    /// The first [`KEPT_DRIFT`] mismatches.
+    /// The first 100 mismatches.
     pub drift: Vec<Drift>,
     pub started_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
