@@ -113,7 +113,8 @@ pub struct PruneReport {
     /// shard, the cells past its lowest offset count for the consumer at
     /// that offset.
     pub held_back_by: BTreeMap<String, u64>,
-    /// Statements sent, over all clusters.
+    /// Statements sent to the clusters' masters while the prune ran (their
+    /// counters: in a process that also serves requests, theirs count too).
     pub statements: u64,
     pub elapsed_ms: u64,
 }

@@ -139,6 +139,7 @@ contract_suite!(
     prune_older_than_keeps_recent_versions_and_the_latest,
     prune_keeps_cells_a_consumer_has_not_read,
     prune_keeps_cells_a_quarantine_names,
+    prune_while_writing_keeps_every_latest_version,
 );
 
 // The index contract again with cells and index entries spread over two
@@ -169,6 +170,7 @@ contract_suite_on_two_clusters!(
     two_gateways_share_a_consumer_and_one_takes_over_when_the_other_goes,
     prune_keeps_every_latest_version_and_the_indexes_verify_clean,
     prune_keeps_cells_a_consumer_has_not_read,
+    prune_while_writing_keeps_every_latest_version,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {

@@ -508,3 +508,91 @@ pub async fn prune_keeps_cells_a_quarantine_names(env: Arc<Env>) {
     consumer.stop().await;
     store.shutdown(Duration::from_secs(5)).await;
 }
+
+pub async fn prune_while_writing_keeps_every_latest_version(env: Arc<Env>) {
+    let store = env.open().await;
+    let city = Uuid::new_v4();
+    let rows: Vec<(Uuid, Uuid)> = (0..ROWS)
+        .map(|_| (Uuid::new_v4(), Uuid::new_v4()))
+        .collect();
+    // A writer adds versions 1–30 of every row, a batch per version, while
+    // prunes run beside it; `acked` is the last version acknowledged.
+    let acked = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let writer = {
+        let store = store.clone();
+        let rows = rows.clone();
+        let acked = acked.clone();
+        tokio::spawn(async move {
+            for v in 1..=30 {
+                put(
+                    &store,
+                    rows.iter()
+                        .map(|(r, d)| new_cell(*r, "BASE", v, base(*d, city, v)))
+                        .collect(),
+                )
+                .await;
+                acked.store(v, Ordering::SeqCst);
+            }
+        })
+    };
+    let mut deleted = 0;
+    let mut rounds = 0;
+    while !writer.is_finished() {
+        let report = store
+            .prune_cells(
+                "trips",
+                &PruneOptions {
+                    keep: Some(1),
+                    ..PruneOptions::default()
+                },
+                &mut |_| {},
+            )
+            .await
+            .expect("prune runs");
+        deleted += report.total().deleted;
+        rounds += 1;
+        // Every row still has the newest version acknowledged before the
+        // read (or a newer one), with its body.
+        let before = acked.load(Ordering::SeqCst);
+        for (row, driver) in &rows {
+            let history = refs(&store, *row, "BASE").await;
+            assert!(history.windows(2).all(|w| w[0] > w[1]), "{history:?}");
+            if before > 0 {
+                assert!(
+                    history.first().is_some_and(|newest| *newest >= before),
+                    "version {before} was acknowledged, history is {history:?}"
+                );
+                let latest = store
+                    .get_cell_latest("trips", *row, "BASE")
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(latest.body, base(*driver, city, latest.ref_key));
+            }
+        }
+    }
+    assert!(rounds > 0);
+    writer.await.unwrap();
+    store.sync_indexes().await.unwrap();
+    let last = prune(
+        &store,
+        PruneOptions {
+            keep: Some(1),
+            ..PruneOptions::default()
+        },
+    )
+    .await;
+    deleted += last.total().deleted;
+    assert_eq!(deleted, ROWS as u64 * 29, "every older version went, once");
+    for (row, driver) in &rows {
+        assert_eq!(refs(&store, *row, "BASE").await, vec![30]);
+        let latest = store
+            .get_cell_latest("trips", *row, "BASE")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(latest.body, base(*driver, city, 30));
+    }
+    assert_indexes_clean(&store).await;
+    store.shutdown(Duration::from_secs(5)).await;
+}
