@@ -13,6 +13,7 @@
 //! `serve` command slots in as one more [`Command`] variant and file).
 
 mod buffer;
+mod cells;
 mod check;
 mod ddl;
 mod generated;
@@ -36,6 +37,7 @@ use clap::{Parser, Subcommand};
 use index_dsl::Definitions;
 
 pub use buffer::BufferArgs;
+pub use cells::CellsArgs;
 pub use check::CheckArgs;
 pub use ddl::DdlArgs;
 pub use ids::IdsArgs;
@@ -102,6 +104,10 @@ pub enum Command {
     Migrate(MigrateArgs),
     /// Manage index tables (`drop`, `quarantine`).
     Index(IndexArgs),
+    /// Operate on the stored cells: `prune` deletes old versions
+    /// (retention) — never a latest version, nor a cell a consumer or a
+    /// quarantine still needs — and reports what it removed.
+    Cells(CellsArgs),
     /// Buffered writes: `conflicts` lists those that lost to another body
     /// of their key when they were replayed into their primary.
     Buffer(BufferArgs),
@@ -147,6 +153,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Migrate(args) => migrate::run(args).await,
         Command::Index(args) => index::run(args).await,
         Command::Buffer(args) => buffer::run(args).await,
+        Command::Cells(args) => cells::run(args).await,
         Command::Ids(args) => ids::run(args).await,
         Command::Reload(args) => reload::run(args).await,
         Command::Serve(args) => serve::run(args).await,

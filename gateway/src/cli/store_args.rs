@@ -1,5 +1,5 @@
 //! The storage flags shared by the commands that open a store without
-//! serving it (`migrate`, `index`): where the definitions are and which
+//! serving it (`migrate`, `index`, `cells`): where the definitions are and which
 //! databases to use.
 
 use std::path::PathBuf;

@@ -684,6 +684,26 @@ impl Store {
             .pop())
     }
 
+    /// Deletes old versions of the cells of `datastore` (retention): those
+    /// `options` allow — beyond the newest `keep` of each `(row, column)`,
+    /// stored before `created_before`, or both — except the latest version
+    /// of every `(row, column)`, cells a log consumer (index maintenance,
+    /// triggers) has not read yet and cells a quarantine record names.
+    /// Works shard range by shard range on each cluster, a handful of
+    /// statements per chunk, calling `on_progress` after each; safe while
+    /// gateways write (the deletes are guarded, see
+    /// [`cells::PruneOptions`] and the `cells::prune` module). Afterwards
+    /// `history` and the log no longer return the deleted versions.
+    pub async fn prune_cells(
+        &self,
+        datastore: &str,
+        options: &cells::PruneOptions,
+        on_progress: &mut (dyn FnMut(&cells::PruneProgress) + Send),
+    ) -> Result<cells::PruneReport> {
+        let ds = self.topology_ref().datastore(datastore)?;
+        cells::prune(self.topology_ref(), &ds, options, on_progress).await
+    }
+
     /// Versions of `(row_key, column)`, newest first, at most `limit`, with
     /// ref keys below `before` when given.
     pub async fn history(

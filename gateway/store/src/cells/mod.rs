@@ -5,11 +5,13 @@
 //! cluster on the primary), `replay.rs` delivers buffered writes to their
 //! primary once it is back, `read.rs` gets them by key, latest version or
 //! history, and `log.rs` reads shards' cells in insertion order, the feed
-//! that index maintenance and triggers consume. All three work on the
-//! topology (`topology.rs`); the `Store` is their façade.
+//! that index maintenance and triggers consume. `prune.rs` deletes old
+//! versions (retention), the one operation that removes cells. All of them
+//! work on the topology (`topology.rs`); the `Store` is their façade.
 
 pub mod codec;
 mod log;
+mod prune;
 mod read;
 pub(crate) mod replay;
 #[cfg(test)]
@@ -21,12 +23,14 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 pub use log::{Location, LogPage, MAX_LOG_PAGE};
+pub use prune::{PruneCounts, PruneOptions, PruneProgress, PruneReport};
 pub use replay::{Backlog, Conflict};
 
 // What the rest of the store uses of reading cells: `Store` delegates its
 // reads here, and index maintenance and index queries build on the log and
 // latest-cell reads. `read.rs` and `log.rs` stay private to `cells`.
 pub(crate) use log::{cells_for_shard, heads, log_cells, log_keys, positions_condition};
+pub(crate) use prune::prune;
 pub(crate) use read::{
     cell_from_row, decoded_cell, get_cell, get_cells, get_cells_latest, has_cells, history,
     latest_cells_with, select_cells, with_latest_cells, Decode, CELL_TYPES,

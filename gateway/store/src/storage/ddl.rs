@@ -3,7 +3,7 @@
 //!
 //! | table | what it holds | key |
 //! |---|---|---|
-//! | `<ds>_cells` | every cell ever written to the cluster's shards | `(shard, added_id)`, unique `(row_key, column_name, ref_key)` |
+//! | `<ds>_cells` | every cell written to the cluster's shards (but old versions pruned) | `(shard, added_id)`, unique `(row_key, column_name, ref_key)` |
 //! | `<ds>_shards` | one row per owned logical shard: the next `added_id` | `shard` |
 //! | `<ds>_offsets` | progress of each log consumer (index maintenance, triggers) per shard | `(shard, consumer)` |
 //! | `<ds>_buffer` | buffered writes destined for another cluster's primary | `buffer_id` |

@@ -10,6 +10,7 @@ mod ids;
 mod maintenance;
 mod moving_leases;
 mod partial;
+mod prune;
 mod subscriptions;
 mod triggers;
 mod verify;
@@ -20,6 +21,7 @@ use ids::*;
 use maintenance::*;
 use moving_leases::*;
 use partial::*;
+use prune::*;
 use subscriptions::*;
 use triggers::*;
 use verify::*;
@@ -133,6 +135,11 @@ contract_suite!(
     a_follower_resuming_from_a_cursor_gets_everything_after_it,
     a_follower_that_lags_the_broadcast_catches_up_from_the_log,
     followers_see_commits_quickly_at_a_thousand_cells_per_second,
+    prune_keeps_every_latest_version_and_the_indexes_verify_clean,
+    prune_older_than_keeps_recent_versions_and_the_latest,
+    prune_keeps_cells_a_consumer_has_not_read,
+    prune_keeps_cells_a_quarantine_names,
+    prune_while_writing_keeps_every_latest_version,
 );
 
 // The index contract again with cells and index entries spread over two
@@ -161,6 +168,9 @@ contract_suite_on_two_clusters!(
     a_partial_index_holds_the_rows_its_predicate_selects,
     a_consumer_gets_every_cell_of_its_columns_in_shard_order,
     two_gateways_share_a_consumer_and_one_takes_over_when_the_other_goes,
+    prune_keeps_every_latest_version_and_the_indexes_verify_clean,
+    prune_keeps_cells_a_consumer_has_not_read,
+    prune_while_writing_keeps_every_latest_version,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {
