@@ -232,6 +232,11 @@ pub struct LagBenchArgs {
         value_parser = clap::value_parser!(u64).range(0..=1000)
     )]
     pub poll_ms: u64,
+    /// `indexes.sweep_interval_ms` of the started server: how often its
+    /// maintainer compares every shard's log with the index progress, in
+    /// the loop that runs the passes. [default: the server's, 1000]
+    #[arg(long, value_name = "MS", env = "CELLGATE_BENCH_SWEEP_INTERVAL_MS")]
+    pub sweep_interval_ms: Option<u64>,
     /// Longest wait, in seconds, for one write; a write without an answer
     /// by then counts as failed.
     #[arg(
@@ -660,7 +665,7 @@ pub async fn run(args: LagBenchArgs) -> anyhow::Result<ExitCode> {
         .map_or(0, |d| d.shards);
     println!(
         "cellgate-bench lag ({} build): {}; database {} ({}); {} shards; batches of {} new trips; \
-         {} probes/s polled every {} ms; rates {} for {} s each, the highest for {} s; {} cores",
+         {} probes/s polled every {} ms; rates {} for {} s each, the highest for {} s; sweep every {}; {} cores",
         if cfg!(debug_assertions) {
             "debug"
         } else {
@@ -680,17 +685,23 @@ pub async fn run(args: LagBenchArgs) -> anyhow::Result<ExitCode> {
             .join(", "),
         args.duration,
         args.max_duration,
+        args.sweep_interval_ms
+            .map_or_else(|| "1000 ms (default)".to_string(), |ms| format!("{ms} ms")),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     let timeout = Duration::from_secs(args.request_timeout);
     let clients = args.max_concurrency * 2 + MAX_PROBES as u32;
-    let server = Server::start(
+    let config = match args.sweep_interval_ms {
+        Some(ms) => format!("indexes:\n  sweep_interval_ms: {ms}\n"),
+        None => String::new(),
+    };
+    let server = Server::start_configured(
         &database,
+        &config,
         &args.datastores,
         dir.path(),
         clients,
         timeout,
-        true,
     )
     .await?;
     let outcome = measure(&args, &server, timeout).await;

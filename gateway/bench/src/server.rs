@@ -77,6 +77,28 @@ impl Server {
         .await
     }
 
+    /// Like [`Server::start`] with index maintenance on, and `config`
+    /// (YAML sections, e.g. `indexes:` with options of its own) added to
+    /// the configuration file.
+    pub async fn start_configured(
+        database: &Database,
+        config: &str,
+        datastores: &Path,
+        work_dir: &Path,
+        concurrency: u32,
+        timeout: Duration,
+    ) -> anyhow::Result<Server> {
+        Server::spawn(
+            Some(database),
+            config,
+            datastores,
+            work_dir,
+            concurrency,
+            timeout,
+        )
+        .await
+    }
+
     /// Starts `serve` on the storage that `storage`, the `storage:` section
     /// of the configuration file (e.g. clusters with replicas), describes,
     /// and waits until `/readyz` answers 200. The file is written to
