@@ -30,6 +30,10 @@
 //!    slope), and the drain: the time from the last acknowledgement until
 //!    every acknowledged cell is applied.
 //!
+//! At the end it prints the server's own delay from a cell's commit to its
+//! index update over the whole run (`cellgate_index_delay_microseconds`),
+//! which tells the maintainer's share of the lag from the rest.
+//!
 //! The run exits 1 if a write failed, a sampled write never became visible
 //! or the indexes did not catch up; the goals (p99 ≤ 20 ms at half the
 //! highest rate, a bounded backlog, a drain within 2 s) are reported, not
@@ -61,6 +65,9 @@ use cellgate_store::storage::redact_url;
 const PROBE: &str = "query BenchLagProbe($driver: UUID!) { trips { \
     driverPartnerIndex(driverPartnerUuid: $driver, first: 1) { edges { node { rowKey } } } } }";
 
+/// The server's delay from a cell's commit to its index update, by
+/// quantile, since it started.
+const DELAY_US: &str = "cellgate_index_delay_microseconds";
 /// A sampled write not visible after this long counts as never seen.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Probes under way at once, at most; a write due for sampling while
@@ -884,6 +891,22 @@ async fn measure(
         top.samples.iter().map(|s| s.3).max().unwrap_or(0),
         top.drain.as_secs_f64()
     );
+
+    // The maintainer's own share: commit to index update, as the server
+    // measures it, over the whole run (every phase, the search included).
+    if let Ok(metrics) = run.reader.metrics().await {
+        let quantiles = metrics.by_label(DELAY_US, "quantile");
+        if !quantiles.is_empty() {
+            println!(
+                "the server's commit-to-index-update delay over the whole run: {}",
+                quantiles
+                    .iter()
+                    .map(|(q, us)| format!("q{q} {:.1} ms", us / 1000.0))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
 
     println!("\ngoals");
     let verdict = |met: bool| if met { "met" } else { "missed" };
