@@ -10,7 +10,9 @@
 //! `cellgate-bench replicas` reads from the master against reads from a
 //! replica (`replicas.rs`), `cellgate-bench triggers` a trigger consumer
 //! (`triggers.rs`), `cellgate-bench subscriptions` idle graphql-ws
-//! subscriptions and their delivery (`subscriptions.rs`).
+//! subscriptions and their delivery (`subscriptions.rs`), `cellgate-bench verify`
+//! an index verify (`verify.rs`), `cellgate-bench lag` the time from a write's
+//! acknowledgement to its index entry being visible (`lag.rs`).
 //! It lives apart from the server so that a deployment carries none of its
 //! code or dependencies (an HTTP client, progress bars, histograms).
 //!
@@ -25,6 +27,7 @@ mod dataset;
 mod gateway;
 mod http;
 mod ids;
+mod lag;
 mod load;
 mod maintenance;
 mod phase;
@@ -157,6 +160,26 @@ enum Command {
     ///
     ///   gateway/bench/replica-pair.sh stop "$dir"
     Replicas(replicas::ReplicasBenchArgs),
+    /// Measure index lag as a client sees it: the time from a write's
+    /// acknowledgement to its entry being visible to an index query.
+    ///
+    /// Starts `cellgate serve` on a temporary SQLite store (or an empty
+    /// `--database`), finds the highest write rate it sustains
+    /// (`tripsPutCells` batches from 1, 2, 4, … writers until the
+    /// acknowledged cells/s stop growing), then writes at each rate of
+    /// `--rates` (default 10 %, 25 % and 50 % of it) for `--duration`
+    /// seconds and, for about `--probes` writes a second, polls
+    /// `driverPartnerIndex` of the written trip's driver every `--poll-ms`
+    /// from the acknowledgement until the row is there: p50/p99/max per
+    /// rate. Then it writes at the highest rate for `--max-duration`
+    /// seconds (default 60), samples the backlog every second and times its
+    /// drain once the writes stop. Exits 1 if a request failed or a
+    /// sampled write never became visible.
+    ///
+    /// A smoke run of a few seconds:
+    ///
+    ///   cellgate-bench lag --step 0.5 --max-concurrency 4 --duration 1 --max-duration 2
+    Lag(lag::LagBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -187,6 +210,7 @@ fn main() -> ExitCode {
             Some(Command::Subscriptions(args)) => subscriptions::run(args).await,
             Some(Command::Replicas(args)) => replicas::run(args).await,
             Some(Command::Verify(args)) => verify::run(args).await,
+            Some(Command::Lag(args)) => lag::run(args).await,
             None => gateway::run(cli.gateway).await,
         }
     };

@@ -99,6 +99,28 @@ impl Server {
         .await
     }
 
+    /// Like [`Server::start`] with index maintenance on, and `config`
+    /// (YAML sections, e.g. `indexes:` with options of its own) added to
+    /// the configuration file.
+    pub async fn start_configured(
+        database: &Database,
+        config: &str,
+        datastores: &Path,
+        work_dir: &Path,
+        concurrency: u32,
+        timeout: Duration,
+    ) -> anyhow::Result<Server> {
+        Server::spawn(
+            Some(database),
+            config,
+            datastores,
+            work_dir,
+            concurrency,
+            timeout,
+        )
+        .await
+    }
+
     /// The server's process id.
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
