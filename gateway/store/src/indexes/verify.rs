@@ -328,6 +328,7 @@ pub(crate) async fn run(
                 consumers: consumers_ref,
                 indexes: indexes_ref,
                 cluster: ds.map.cluster_of(now[0]),
+                concurrent: parallel > 1,
             };
             let mut part = VerifyProgress::default();
             let mut drift = Vec::new();
@@ -365,6 +366,7 @@ pub(crate) async fn run(
                 consumers: &consumers,
                 indexes: &indexes,
                 cluster: home,
+                concurrent: false,
             };
             let mut drift = Vec::new();
             verify
@@ -460,6 +462,9 @@ struct Chunk<'a> {
     indexes: &'a [usize],
     /// The cell cluster of the rows.
     cluster: usize,
+    /// Read the stored entries of every index and cluster at once (a run
+    /// without pauses) rather than one after the other.
+    concurrent: bool,
 }
 
 impl Chunk<'_> {
@@ -591,10 +596,33 @@ impl Chunk<'_> {
             })
             .filter(|(_, rows)| !rows.is_empty())
             .collect();
-        let stored_all = futures::future::try_join_all(lists.iter().map(|(index, rows)| {
-            read_stored(self.topology, &self.ds.indexes[*index], &targets, rows)
-        }))
-        .await?;
+        let stored_all = if self.concurrent {
+            futures::future::try_join_all(lists.iter().map(|(index, rows)| {
+                read_stored(
+                    self.topology,
+                    &self.ds.indexes[*index],
+                    &targets,
+                    rows,
+                    true,
+                )
+            }))
+            .await?
+        } else {
+            let mut all = Vec::new();
+            for (index, rows) in &lists {
+                all.push(
+                    read_stored(
+                        self.topology,
+                        &self.ds.indexes[*index],
+                        &targets,
+                        rows,
+                        false,
+                    )
+                    .await?,
+                );
+            }
+            all
+        };
         for ((index, rows), stored) in lists.into_iter().zip(stored_all) {
             let runtime = &self.ds.indexes[index];
             // The lowest offset among the index's consumers, per shard.
@@ -712,7 +740,8 @@ impl Chunk<'_> {
             .collect();
         for f in missing_rows {
             let runtime = &self.ds.indexes[f.index];
-            let stored = read_stored(self.topology, runtime, &[f.target], &[f.row_key]).await?;
+            let stored =
+                read_stored(self.topology, runtime, &[f.target], &[f.row_key], false).await?;
             if let Some(live) = stored
                 .get(&(f.target, f.row_key))
                 .filter(|s| s.shard.is_some())
@@ -950,6 +979,7 @@ async fn read_stored(
     runtime: &IndexRuntime,
     targets: &[usize],
     rows: &[Uuid],
+    concurrent: bool,
 ) -> Result<HashMap<(usize, Uuid), Stored>> {
     let index = &runtime.def;
     let mut names: Vec<String> = vec!["row_key".into(), ddl::INDEX_SHARD_COLUMN.into()];
@@ -960,27 +990,28 @@ async fn read_stored(
     types.extend(index.fields.iter().map(|f| col_type(f.ty)));
     types.extend(index.columns.iter().map(|_| ColType::Int));
     types.push(ColType::DateTime);
-    let reads = targets.iter().flat_map(|&target| {
-        rows.chunks(KEYS_PER_STATEMENT)
-            .map(move |part| (target, part))
-    });
-    let pages = futures::future::try_join_all(reads.map(|(target, part)| {
-        let (names, types) = (&names, &types);
-        async move {
-            let backend = topology.clusters[target].maintenance()?;
-            let mut sql = Sql::new(backend.dialect());
-            sql.push("SELECT ")
-                .idents(names.iter().map(String::as_str))
-                .push(" FROM ")
-                .ident(&runtime.table)
-                .push(" WHERE ")
-                .ident("row_key")
-                .push(" IN ")
-                .bind_list(part.iter().map(|r| Value::Uuid(*r)));
-            Ok::<_, Error>((target, backend.fetch(&sql, types).await?))
+    let mut reads = Vec::new();
+    for &target in targets {
+        for part in rows.chunks(KEYS_PER_STATEMENT) {
+            reads.push(read_page(
+                topology,
+                &runtime.table,
+                &names,
+                &types,
+                target,
+                part,
+            ));
         }
-    }))
-    .await?;
+    }
+    let pages = if concurrent {
+        futures::future::try_join_all(reads).await?
+    } else {
+        let mut pages = Vec::new();
+        for read in reads {
+            pages.push(read.await?);
+        }
+        pages
+    };
     let mut stored = HashMap::new();
     for (target, page) in pages {
         for row in page {
@@ -1008,6 +1039,28 @@ async fn read_stored(
         }
     }
     Ok(stored)
+}
+
+/// The rows of `part` in `table` on cluster `target`.
+async fn read_page(
+    topology: &Topology,
+    table: &str,
+    names: &[String],
+    types: &[ColType],
+    target: usize,
+    part: &[Uuid],
+) -> Result<(usize, Vec<crate::storage::Row>)> {
+    let backend = topology.clusters[target].maintenance()?;
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("SELECT ")
+        .idents(names.iter().map(String::as_str))
+        .push(" FROM ")
+        .ident(table)
+        .push(" WHERE ")
+        .ident("row_key")
+        .push(" IN ")
+        .bind_list(part.iter().map(|r| Value::Uuid(*r)));
+    Ok((target, backend.fetch(&sql, types).await?))
 }
 
 /// Whether a live stored row is the expected entry.
