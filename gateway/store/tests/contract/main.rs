@@ -97,6 +97,7 @@ contract_suite!(
     a_removed_index_keeps_its_table_until_dropped,
     a_reload_builds_new_indexes_and_keeps_removed_tables,
     a_reloaded_index_answers_index_building_until_it_is_built,
+    an_index_build_reports_its_progress,
     reads_and_writes_create_no_tables,
     concurrent_batches_on_overlapping_shards,
     writers_racing_for_the_same_keys,
