@@ -42,7 +42,7 @@ export function sample(samples, name, labels = {}) {
 /**
  * The indexes being built from the cell log: per datastore and index, the
  * cells pending, the total the build reads (null before it is measured),
- * the cells done, the rate (cells/s over the last minute) and the ETA in
+ * the cells done, the rate (cells/s over the last 10 s) and the ETA in
  * seconds (null while unknown).
  */
 export function indexBuilds(samples) {

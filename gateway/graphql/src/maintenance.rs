@@ -66,7 +66,7 @@ pub(super) fn types() -> Vec<Object> {
                 from_parent::<IndexStatus, _>("buildRate", TypeRef::named(TypeRef::FLOAT), |i| {
                     i.build_rate.map_or(Value::Null, Value::from)
                 })
-                .description("while it is being built: cells applied per second over the last minute (null until measured twice)"),
+                .description("while it is being built: cells applied per second over the last 10 s (null until measured twice)"),
             )
             .field(
                 from_parent::<IndexStatus, _>(

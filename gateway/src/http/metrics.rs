@@ -492,7 +492,7 @@ impl Collector for StoreCollector {
             ),
             (
                 "cellgate_index_building_rate_cells_per_second",
-                "Indexes still being built: cells applied per second over the last minute",
+                "Indexes still being built: cells applied per second over the last 10 s",
                 |i| i.build_rate,
             ),
             (

@@ -167,7 +167,7 @@ pub struct IndexStatus {
     /// index is written to; it grows with the writes during the build).
     /// `None` when ready or not measured yet.
     pub build_total_cells: Option<i64>,
-    /// While building: cells applied per second over the last minute of
+    /// While building: cells applied per second over the last 10 s of
     /// measurements; `None` before two measurements.
     pub build_rate: Option<f64>,
     /// While building: seconds until the pending cells are applied at

@@ -164,7 +164,7 @@ pub(crate) struct IndexRuntime {
 }
 
 /// How long the samples behind a build's rate reach back.
-pub(crate) const RATE_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+pub(crate) const RATE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The progress of an index build: the log cells its consumers have to
 /// read in all (the log heads when measured, once per target cluster) and
