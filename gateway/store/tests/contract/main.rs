@@ -157,6 +157,7 @@ contract_suite_on_two_clusters!(
     stalled_passes_and_stolen_leases_agree_with_a_recomputation,
     a_failed_quarantine_retry_keeps_the_records,
     a_building_index_version_does_not_hold_back_live_indexes,
+    an_index_build_reports_its_progress,
     a_reload_builds_new_indexes_and_keeps_removed_tables,
     moving_entries_between_clusters_takes_no_statement_per_row,
     a_partial_index_holds_the_rows_its_predicate_selects,
