@@ -178,7 +178,9 @@ pub struct IndexStatus {
 impl IndexStatus {
     pub(crate) fn of(i: &crate::topology::IndexRuntime) -> IndexStatus {
         let ready = i.is_ready();
-        let pending_cells = i.pending();
+        // A ready index was caught up when it became ready; what it has
+        // to apply since is index lag, not a build's.
+        let pending_cells = if ready { 0 } else { i.pending() };
         let progress = i.build_progress();
         let building = !ready && progress.total() > 0;
         IndexStatus {

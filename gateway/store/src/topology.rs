@@ -178,12 +178,12 @@ pub(crate) struct BuildProgress {
 impl BuildProgress {
     /// Records a measurement: `done` of `total` log cells applied.
     pub(crate) fn record(&mut self, at: std::time::Instant, done: i64, total: i64) {
-        self.total = total;
         if self.samples.back().is_some_and(|(_, d)| *d > done) {
-            // Offsets never go back; fewer cells done means a new build
-            // (or a measurement of fewer clusters): start the window over.
-            self.samples.clear();
+            // Offsets never go back: fewer cells done is a stale
+            // measurement (a sweep and `Store::measure_indexes` overlap).
+            return;
         }
+        self.total = total;
         self.samples.push_back((at, done));
         while self.samples.len() > 2
             && self
@@ -547,8 +547,8 @@ mod tests {
             (stalled.rate(), stalled.eta_seconds(500)),
             (Some(0.0), None)
         );
-        // Fewer cells done: a new build, measured afresh.
-        p.record(at(90), 10, 20_000);
-        assert_eq!((p.total(), p.rate()), (20_000, None));
+        // A stale measurement (fewer cells done) changes nothing.
+        p.record(at(81), 4_000, 9_000);
+        assert_eq!((p.total(), p.rate()), (10_000, Some(300.0)));
     }
 }

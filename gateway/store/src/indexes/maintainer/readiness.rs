@@ -51,6 +51,11 @@ pub(super) async fn mark_ready_indexes(
     };
     for (position, pending, total, ready) in caught_up {
         let index = &ds.indexes[position];
+        if index.is_ready() {
+            // Marked ready meanwhile, from a newer measurement (a sweep
+            // and `Store::measure_indexes` can overlap).
+            continue;
+        }
         let was_building = index.pending() > 0;
         match total {
             Some(total) => index.set_build_progress(pending, total),
