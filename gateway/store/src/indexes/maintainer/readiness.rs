@@ -76,7 +76,11 @@ pub(super) async fn mark_ready_indexes(
                 }
             }
         } else {
-            tracing::info!(datastore = %ds.name(), index = %index.def.name, pending, "index building");
+            let (total, rate) = {
+                let progress = index.build_progress();
+                (progress.total(), progress.rate().map(|r| r.round() as i64))
+            };
+            tracing::info!(datastore = %ds.name(), index = %index.def.name, pending, total, rate = ?rate, "index building");
         }
     }
 }
