@@ -16,7 +16,7 @@ import {
   splitList,
   valueAtPath,
 } from '../../web/explorer/queries.js';
-import { parseMetrics, sample, datastoreHealth, bufferHealth, breakers, replicaLag } from '../../web/explorer/metrics.js';
+import { parseMetrics, sample, datastoreHealth, bufferHealth, breakers, replicaLag, indexBuilds } from '../../web/explorer/metrics.js';
 import { parseHeaderLines, formatHeaderLines } from '../../web/explorer/settings.js';
 
 let server;
@@ -221,6 +221,19 @@ test('the metrics parser reads the gateway’s /metrics', async () => {
     { node: 'replica1', cells: 0, seconds: 0 },
   ]);
   assert.deepEqual(replicaLag(lagging, 'b'), []);
+  assert.deepEqual(indexBuilds(samples), [], 'every demo index is ready');
+  const building = parseMetrics(
+    '# TYPE cellgate_index_building_pending_cells gauge\n' +
+      'cellgate_index_building_pending_cells{datastore="trips",index="by_city"} 300\n' +
+      'cellgate_index_building_pending_cells{datastore="trips",index="fresh"} 50\n' +
+      'cellgate_index_building_total_cells{datastore="trips",index="by_city"} 1000\n' +
+      'cellgate_index_building_rate_cells_per_second{datastore="trips",index="by_city"} 70\n' +
+      'cellgate_index_building_eta_seconds{datastore="trips",index="by_city"} 4.5\n',
+  );
+  assert.deepEqual(indexBuilds(building), [
+    { datastore: 'trips', index: 'by_city', pending: 300, total: 1000, done: 700, rate: 70, etaSeconds: 4.5 },
+    { datastore: 'trips', index: 'fresh', pending: 50, total: null, done: null, rate: null, etaSeconds: null },
+  ]);
   const escaped = parseMetrics('# TYPE x gauge\nx{a="q\\"uote",b="back\\\\slash"} 2.5\nx{a="other"} 1\n# EOF\n');
   assert.equal(sample(escaped, 'x', { a: 'q"uote' }), 2.5);
   assert.equal(sample(escaped, 'x', { b: 'back\\slash' }), 2.5);

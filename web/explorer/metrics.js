@@ -40,6 +40,27 @@ export function sample(samples, name, labels = {}) {
 }
 
 /**
+ * The indexes being built from the cell log: per datastore and index, the
+ * cells pending, the total the build reads (null before it is measured),
+ * the cells done, the rate (cells/s over the last 10 s) and the ETA in
+ * seconds (null while unknown).
+ */
+export function indexBuilds(samples) {
+  return (samples.get('cellgate_index_building_pending_cells') || []).map(({ labels, value }) => {
+    const key = { datastore: labels.datastore, index: labels.index };
+    const total = sample(samples, 'cellgate_index_building_total_cells', key);
+    return {
+      ...key,
+      pending: value,
+      total,
+      done: total === null ? null : Math.max(0, total - value),
+      rate: sample(samples, 'cellgate_index_building_rate_cells_per_second', key),
+      etaSeconds: sample(samples, 'cellgate_index_building_eta_seconds', key),
+    };
+  });
+}
+
+/**
  * Per datastore: lagging shards, the largest lag, cells written and
  * duplicates since the gateway started.
  */

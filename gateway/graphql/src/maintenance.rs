@@ -49,6 +49,32 @@ pub(super) fn types() -> Vec<Object> {
                     int64_value(i.pending_cells)
                 })
                 .description("cells still to apply while it is being built"),
+            )
+            .field(
+                from_parent::<IndexStatus, _>("buildTotalCells", TypeRef::named(INT64), |i| {
+                    i.build_total_cells.map_or(Value::Null, int64_value)
+                })
+                .description("while it is being built: the log cells the build reads in all, done and pending (the log heads when last measured; it grows with the writes during the build)"),
+            )
+            .field(
+                from_parent::<IndexStatus, _>("buildDoneCells", TypeRef::named(INT64), |i| {
+                    i.build_done_cells().map_or(Value::Null, int64_value)
+                })
+                .description("while it is being built: the log cells applied so far"),
+            )
+            .field(
+                from_parent::<IndexStatus, _>("buildRate", TypeRef::named(TypeRef::FLOAT), |i| {
+                    i.build_rate.map_or(Value::Null, Value::from)
+                })
+                .description("while it is being built: cells applied per second over the last 10 s (null until measured twice)"),
+            )
+            .field(
+                from_parent::<IndexStatus, _>(
+                    "buildEtaSeconds",
+                    TypeRef::named(TypeRef::FLOAT),
+                    |i| i.build_eta_seconds.map_or(Value::Null, Value::from),
+                )
+                .description("while it is being built: seconds until the pending cells are applied at buildRate"),
             ),
         Object::new("IndexMaintenance")
             .description("How far index maintenance is behind the cell log, from the latest sweep.")

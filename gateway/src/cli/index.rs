@@ -1,6 +1,9 @@
 //! `cellgate index`: manage index tables.
 //!
-//! `drop` removes the table of an index whose file was removed, or of an
+//! `status` shows each index's table version and state and, while one is
+//! being built from the cell log, its progress (cells done of the total,
+//! rate, ETA), measured from the store like the gateway's sweep; `--watch`
+//! refreshes it until every index is ready. `drop` removes the table of an index whose file was removed, or of an
 //! older version of an index whose fields changed (the gateway keeps such
 //! tables and warns about them rather than dropping data on its own).
 //! `quarantine list` shows the entries set aside after failing to apply,
@@ -10,14 +13,16 @@
 //! error); `repair` (or `verify
 //! --repair`) also fixes them, safely while gateways run.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cellgate_store::indexes::{Drift, VerifyOptions, VerifyProgress, VerifyReport};
+use cellgate_store::IndexStatus;
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::store_args::StoreArgs;
 
@@ -29,6 +34,9 @@ pub struct IndexArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum IndexCommand {
+    /// Show each index's table version and state, and the progress of
+    /// those being built (cells done of the total, rate, ETA).
+    Status(StatusArgs),
     /// Drop the table of an index that is no longer defined, or of an
     /// older version of one (`--index-version`), on every cluster.
     Drop(DropArgs),
@@ -39,6 +47,18 @@ pub enum IndexCommand {
     Verify(VerifyArgs),
     /// Verify, and fix exactly the drift found (as `verify --repair`).
     Repair(VerifyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Only this datastore (default: all with indexes).
+    #[arg(long, value_name = "DATASTORE")]
+    pub datastore: Option<String>,
+    /// Refresh every second until every index is ready.
+    #[arg(long)]
+    pub watch: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 #[derive(Debug, Args)]
@@ -130,6 +150,7 @@ pub struct DropArgs {
 
 pub async fn run(args: IndexArgs) -> anyhow::Result<ExitCode> {
     match args.command {
+        IndexCommand::Status(args) => status(args).await,
         IndexCommand::Drop(args) => drop(args).await,
         IndexCommand::Verify(args) => verify(args).await,
         IndexCommand::Repair(mut args) => {
@@ -142,6 +163,141 @@ pub async fn run(args: IndexArgs) -> anyhow::Result<ExitCode> {
         IndexCommand::Quarantine(QuarantineArgs {
             command: QuarantineCommand::Retry(target),
         }) => retry(target).await,
+    }
+}
+
+/// How often `index status` measures while an index is building.
+const STATUS_EVERY: Duration = Duration::from_secs(1);
+
+async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let Some(store) = args.store.open().await? else {
+        return Ok(ExitCode::FAILURE);
+    };
+    let datastores: Vec<String> = match &args.datastore {
+        Some(name) => vec![name.clone()],
+        None => store
+            .definitions()
+            .datastores
+            .iter()
+            .filter(|ds| !ds.indexes.is_empty())
+            .map(|ds| ds.name.clone())
+            .collect(),
+    };
+    let measure = || async {
+        let mut all = Vec::new();
+        for datastore in &datastores {
+            let indexes = store
+                .measure_indexes(datastore)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot measure the indexes of `{datastore}`: {e}"))?;
+            all.push((datastore.clone(), indexes));
+        }
+        anyhow::Ok(all)
+    };
+    let building = |all: &[(String, Vec<IndexStatus>)]| {
+        all.iter()
+            .any(|(_, indexes)| indexes.iter().any(|i| !i.ready))
+    };
+    let mut all = measure().await?;
+    if building(&all) {
+        // A second measurement gives the rate and the ETA.
+        tokio::time::sleep(STATUS_EVERY).await;
+        all = measure().await?;
+    }
+    if args.watch {
+        let bars = MultiProgress::with_draw_target(if std::io::stderr().is_terminal() {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        });
+        let mut shown: BTreeMap<(String, String), ProgressBar> = BTreeMap::new();
+        while building(&all) {
+            for (datastore, indexes) in &all {
+                for index in indexes.iter().filter(|i| !i.ready) {
+                    let bar = shown
+                        .entry((datastore.clone(), index.name.clone()))
+                        .or_insert_with(|| bars.add(build_bar(datastore, index)));
+                    update_bar(bar, index);
+                    if bars.is_hidden() {
+                        println!("{}", status_line(datastore, index));
+                    }
+                }
+            }
+            tokio::time::sleep(STATUS_EVERY).await;
+            all = measure().await?;
+        }
+        for bar in shown.values() {
+            bar.finish_and_clear();
+        }
+    }
+    for (datastore, indexes) in &all {
+        if indexes.is_empty() {
+            println!("{datastore}: no indexes");
+        }
+        for index in indexes {
+            println!("{}", status_line(datastore, index));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn build_bar(datastore: &str, index: &IndexStatus) -> ProgressBar {
+    let bar = ProgressBar::hidden();
+    bar.set_style(
+        ProgressStyle::with_template("{prefix} {bar:40} {pos}/{len} cells, {msg}")
+            .expect("static progress template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(format!(
+        "building {datastore}.{} v{}",
+        index.name, index.version
+    ));
+    bar
+}
+
+fn update_bar(bar: &ProgressBar, index: &IndexStatus) {
+    bar.set_length(index.build_total_cells.unwrap_or(0).max(0) as u64);
+    bar.set_position(index.build_done_cells().unwrap_or(0).max(0) as u64);
+    bar.set_message(rate_text(index));
+}
+
+fn rate_text(index: &IndexStatus) -> String {
+    match (index.build_rate, index.build_eta_seconds) {
+        (Some(rate), Some(eta)) => format!("{rate:.0} cells/s, ETA {}", eta_text(eta)),
+        (Some(rate), None) => format!("{rate:.0} cells/s, ETA unknown"),
+        _ => "rate not measured yet".to_string(),
+    }
+}
+
+fn eta_text(seconds: f64) -> String {
+    let s = seconds.ceil() as u64;
+    match s {
+        0..=59 => format!("{s} s"),
+        60..=3599 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3600, s % 3600 / 60),
+    }
+}
+
+fn status_line(datastore: &str, index: &IndexStatus) -> String {
+    let head = format!(
+        "{datastore}.{} v{} ({})",
+        index.name, index.version, index.table
+    );
+    if index.ready {
+        return format!("{head}: ready");
+    }
+    match (index.build_total_cells, index.build_done_cells()) {
+        (Some(total), Some(done)) => format!(
+            "{head}: building, {done}/{total} cells ({:.1} %), {} pending, {}",
+            if total > 0 {
+                done as f64 * 100.0 / total as f64
+            } else {
+                100.0
+            },
+            index.pending_cells,
+            rate_text(index)
+        ),
+        _ => format!("{head}: building, {} cells pending", index.pending_cells),
     }
 }
 

@@ -475,9 +475,43 @@ impl Collector for StoreCollector {
             GaugeType,
         )?;
         for ds in &snapshot.datastores {
-            for (index, pending) in &ds.maintenance.building {
-                let labels = [("datastore", ds.name.as_str()), ("index", index.as_str())];
-                ConstGauge::new(*pending).encode(family.encode_family(&labels)?)?;
+            for index in &ds.maintenance.building {
+                let labels = [
+                    ("datastore", ds.name.as_str()),
+                    ("index", index.name.as_str()),
+                ];
+                ConstGauge::new(index.pending_cells).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        type BuildFigure = fn(&cellgate_store::IndexStatus) -> Option<f64>;
+        let per_build: [(&str, &str, BuildFigure); 3] = [
+            (
+                "cellgate_index_building_total_cells",
+                "Indexes still being built: the log cells the build reads in all, done and pending (the log heads when last measured)",
+                |i| i.build_total_cells.map(|n| n as f64),
+            ),
+            (
+                "cellgate_index_building_rate_cells_per_second",
+                "Indexes still being built: cells applied per second over the last 10 s",
+                |i| i.build_rate,
+            ),
+            (
+                "cellgate_index_building_eta_seconds",
+                "Indexes still being built: seconds until the pending cells are applied at the current rate",
+                |i| i.build_eta_seconds,
+            ),
+        ];
+        for (name, help, value) in per_build {
+            let mut family = encoder.encode_descriptor(name, help, None, GaugeType)?;
+            for ds in &snapshot.datastores {
+                for index in &ds.maintenance.building {
+                    let Some(v) = value(index) else { continue };
+                    let labels = [
+                        ("datastore", ds.name.as_str()),
+                        ("index", index.name.as_str()),
+                    ];
+                    ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+                }
             }
         }
         let consumers = self.0.consumers();

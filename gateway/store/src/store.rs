@@ -151,7 +151,7 @@ pub struct DatastoreMetrics {
 }
 
 /// The state of one index as the store serves it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct IndexStatus {
     pub name: String,
     /// Version of its table; a new version is built when the index's
@@ -162,6 +162,44 @@ pub struct IndexStatus {
     pub ready: bool,
     /// Cells still to apply while building.
     pub pending_cells: i64,
+    /// While building: the log cells the build reads in all, done and
+    /// pending (the log heads when last measured, once per cluster the
+    /// index is written to; it grows with the writes during the build).
+    /// `None` when ready or not measured yet.
+    pub build_total_cells: Option<i64>,
+    /// While building: cells applied per second over the last 10 s of
+    /// measurements; `None` before two measurements.
+    pub build_rate: Option<f64>,
+    /// While building: seconds until the pending cells are applied at
+    /// [`build_rate`](Self::build_rate); `None` while no rate is known.
+    pub build_eta_seconds: Option<f64>,
+}
+
+impl IndexStatus {
+    pub(crate) fn of(i: &crate::topology::IndexRuntime) -> IndexStatus {
+        let ready = i.is_ready();
+        // A ready index was caught up when it became ready; what it has
+        // to apply since is index lag, not a build's.
+        let pending_cells = if ready { 0 } else { i.pending() };
+        let progress = i.build_progress();
+        let building = !ready && progress.total() > 0;
+        IndexStatus {
+            name: i.def.name.clone(),
+            version: i.version,
+            table: i.table.clone(),
+            ready,
+            pending_cells,
+            build_total_cells: building.then(|| progress.total()),
+            build_rate: progress.rate().filter(|_| building),
+            build_eta_seconds: progress.eta_seconds(pending_cells).filter(|_| building),
+        }
+    }
+
+    /// While building: the log cells applied so far.
+    pub fn build_done_cells(&self) -> Option<i64> {
+        self.build_total_cells
+            .map(|total| (total - self.pending_cells).max(0))
+    }
 }
 
 /// A snapshot for monitoring.
@@ -607,17 +645,18 @@ impl Store {
     /// The indexes of `datastore` with their table versions and state.
     pub fn indexes(&self, datastore: &str) -> Result<Vec<IndexStatus>> {
         let ds = self.topology_ref().datastore(datastore)?;
-        Ok(ds
-            .indexes
-            .iter()
-            .map(|i| IndexStatus {
-                name: i.def.name.clone(),
-                version: i.version,
-                table: i.table.clone(),
-                ready: i.is_ready(),
-                pending_cells: i.pending(),
-            })
-            .collect())
+        Ok(ds.indexes.iter().map(|i| IndexStatus::of(i)).collect())
+    }
+
+    /// [`indexes`](Self::indexes), measured now: the log heads and
+    /// offsets of `datastore` are read (one statement each per cluster)
+    /// and building indexes that caught up are marked ready. For a store
+    /// opened without maintenance; successive calls give the build rate.
+    pub async fn measure_indexes(&self, datastore: &str) -> Result<Vec<IndexStatus>> {
+        let topology = self.topology_ref();
+        let ds = topology.datastore(datastore)?;
+        maintainer::measure_datastore(topology, &self.inner.maintainer, &ds).await?;
+        self.indexes(datastore)
     }
 
     /// Whether any reachable cluster holds a cell of `datastore`.

@@ -169,6 +169,60 @@ pub(crate) struct IndexRuntime {
     ready: AtomicBool,
     /// Cells still to apply while building, for the error message.
     pending: AtomicI64,
+    /// How far a build has come, from the measurements so far.
+    progress: std::sync::Mutex<BuildProgress>,
+}
+
+/// How long the samples behind a build's rate reach back.
+pub(crate) const RATE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The progress of an index build: the log cells its consumers have to
+/// read in all (the log heads when measured, once per target cluster) and
+/// the `(when, cells done)` measurements of the last [`RATE_WINDOW`].
+#[derive(Debug, Default)]
+pub(crate) struct BuildProgress {
+    total: i64,
+    samples: std::collections::VecDeque<(std::time::Instant, i64)>,
+}
+
+impl BuildProgress {
+    /// Records a measurement: `done` of `total` log cells applied.
+    pub(crate) fn record(&mut self, at: std::time::Instant, done: i64, total: i64) {
+        if self.samples.back().is_some_and(|(_, d)| *d > done) {
+            // Offsets never go back: fewer cells done is a stale
+            // measurement (a sweep and `Store::measure_indexes` overlap).
+            return;
+        }
+        self.total = total;
+        self.samples.push_back((at, done));
+        while self.samples.len() > 2
+            && self
+                .samples
+                .front()
+                .is_some_and(|(t, _)| at.duration_since(*t) > RATE_WINDOW)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// Log cells to read in all (0 before the first measurement).
+    pub(crate) fn total(&self) -> i64 {
+        self.total
+    }
+
+    /// Cells applied per second over the window; `None` before two
+    /// measurements some time apart.
+    pub(crate) fn rate(&self) -> Option<f64> {
+        let (first, last) = (self.samples.front()?, self.samples.back()?);
+        let secs = last.0.duration_since(first.0).as_secs_f64();
+        (secs > 0.0).then(|| (last.1 - first.1).max(0) as f64 / secs)
+    }
+
+    /// Seconds until `pending` cells are applied at the current rate.
+    pub(crate) fn eta_seconds(&self, pending: i64) -> Option<f64> {
+        let rate = self.rate()?;
+        (rate > 0.0).then(|| pending.max(0) as f64 / rate)
+    }
 }
 
 impl IndexRuntime {
@@ -180,6 +234,7 @@ impl IndexRuntime {
             version,
             ready: AtomicBool::new(ready),
             pending: AtomicI64::new(0),
+            progress: Default::default(),
         }
     }
 
@@ -203,6 +258,22 @@ impl IndexRuntime {
 
     pub(crate) fn set_pending(&self, pending: i64) {
         self.pending.store(pending, Ordering::Relaxed);
+    }
+
+    /// Records a measurement of a build: `pending` of `total` log cells
+    /// still to apply.
+    pub(crate) fn set_build_progress(&self, pending: i64, total: i64) {
+        self.set_pending(pending);
+        self.progress.lock().expect("progress").record(
+            std::time::Instant::now(),
+            (total - pending).max(0),
+            total,
+        );
+    }
+
+    /// The build progress measured so far.
+    pub(crate) fn build_progress(&self) -> std::sync::MutexGuard<'_, BuildProgress> {
+        self.progress.lock().expect("progress")
     }
 
     /// Fails with `INDEX_BUILDING` while the table is still being filled.
@@ -452,5 +523,42 @@ impl Topology {
             .collect();
         ranges.sort();
         ranges
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::BuildProgress;
+
+    #[test]
+    fn build_progress_gives_the_rate_over_the_window_and_the_eta() {
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let mut p = BuildProgress::default();
+        p.record(at(0), 0, 10_000);
+        assert_eq!(
+            (p.total(), p.rate(), p.eta_seconds(10_000)),
+            (10_000, None, None)
+        );
+        p.record(at(10), 1_000, 10_000);
+        assert_eq!(p.rate(), Some(100.0));
+        assert_eq!(p.eta_seconds(9_000), Some(90.0));
+        // Samples older than the window stop counting.
+        p.record(at(70), 2_000, 10_000);
+        p.record(at(80), 5_000, 10_000);
+        assert_eq!(p.rate(), Some(300.0));
+        // A stalled build has a rate of 0 and no ETA.
+        let mut stalled = BuildProgress::default();
+        stalled.record(at(0), 500, 1_000);
+        stalled.record(at(5), 500, 1_000);
+        assert_eq!(
+            (stalled.rate(), stalled.eta_seconds(500)),
+            (Some(0.0), None)
+        );
+        // A stale measurement (fewer cells done) changes nothing.
+        p.record(at(81), 4_000, 9_000);
+        assert_eq!((p.total(), p.rate()), (10_000, Some(300.0)));
     }
 }

@@ -1,11 +1,11 @@
 // `#/health`: is the gateway ready (every storage master answers `/readyz`),
-// which clusters hold which shards, and how far each datastore's indexes lag
-// behind its cells, and the writes buffered while a primary was down
+// which clusters hold which shards, how far each datastore's indexes lag
+// behind its cells, the progress of indexes being built, and the writes buffered while a primary was down
 // (`/metrics`). Refreshed every few seconds.
 
 import { h, replace, tableWrap, uid, errorBox } from '../dom.js';
 import { loadCatalog, getText } from '../api.js';
-import { parseMetrics, datastoreHealth, bufferHealth, breakers, replicaLag, sample } from '../metrics.js';
+import { parseMetrics, datastoreHealth, bufferHealth, breakers, replicaLag, indexBuilds, sample } from '../metrics.js';
 import { clock, plural } from '../format.js';
 
 const REFRESH_MS = 5000;
@@ -16,6 +16,7 @@ export async function healthPage(main, _match, ctx) {
   const readiness = h('div');
   const clusters = h('div');
   const lag = h('div');
+  const builds = h('div');
   const buffers = h('div');
   const updated = h('p', { class: 'hint' });
   const autoId = uid('auto');
@@ -52,6 +53,7 @@ export async function healthPage(main, _match, ctx) {
       definitionsLine(readiness, samples);
       replace(clusters, clusterTable(catalog, isReady, samples));
       replace(lag, lagTable(catalog, samples));
+      replace(builds, buildsList(samples));
       replace(buffers, bufferTable(catalog, samples));
       updated.textContent = `Updated at ${clock()}.`;
     } catch (error) {
@@ -73,6 +75,7 @@ export async function healthPage(main, _match, ctx) {
   const clustersId = uid('clusters');
   const lagId = uid('lag');
   const buffersId = uid('buffers');
+  const buildsId = uid('builds');
   replace(
     main,
     h('h1', {}, 'Health'),
@@ -86,6 +89,13 @@ export async function healthPage(main, _match, ctx) {
       h('h2', { id: lagId }, 'Index lag'),
       h('p', { class: 'hint' }, 'Indexes are updated from the cell log after each write. A shard lags while it has writes its indexes have not applied yet.'),
       lag,
+    ),
+    h(
+      'section',
+      { 'aria-labelledby': buildsId },
+      h('h2', { id: buildsId }, 'Index builds'),
+      h('p', { class: 'hint' }, 'A new index, or a new version of a changed one, is filled from the cell log beside live maintenance; queries on it answer INDEX_BUILDING until it is complete.'),
+      builds,
     ),
     h(
       'section',
@@ -197,6 +207,42 @@ function lagTable(catalog, samples) {
           `Delay from a cell’s commit to its index update since the gateway started: median ${formatMicros(p50)}, 99th percentile ${formatMicros(p99)} (${plural(sample(samples, 'cellgate_index_delay_samples_total') || 0, 'update', 'updates')} measured).`,
         )
       : null,
+  );
+}
+
+function duration(seconds) {
+  const s = Math.ceil(seconds);
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+}
+
+function buildsList(samples) {
+  const builds = indexBuilds(samples);
+  if (builds.length === 0) return h('p', {}, 'No index is being built: every index is ready.');
+  return h(
+    'ul',
+    { class: 'builds' },
+    builds.map((b) => {
+      const id = uid('build');
+      const figures =
+        b.total === null
+          ? `${plural(b.pending, 'cell', 'cells')} to go (total not measured yet)`
+          : `${b.done} of ${b.total} cells (${b.total > 0 ? ((b.done * 100) / b.total).toFixed(1) : '100.0'} %)`;
+      const speed =
+        b.rate === null
+          ? 'rate not measured yet'
+          : `${Math.round(b.rate)} cells/s, ${b.etaSeconds === null ? 'ETA unknown' : `about ${duration(b.etaSeconds)} left`}`;
+      return h(
+        'li',
+        {},
+        h('span', { id }, `${b.datastore}.${b.index}: `),
+        b.total === null
+          ? h('progress', { 'aria-labelledby': id })
+          : h('progress', { 'aria-labelledby': id, max: String(Math.max(b.total, 1)), value: String(b.done) }),
+        ` ${figures}; ${speed}.`,
+      );
+    }),
   );
 }
 

@@ -133,6 +133,28 @@ pub(crate) struct ClusterLag {
     pub(crate) pending_by_consumer: Vec<i64>,
     /// Entries in the quarantine.
     pub(crate) quarantined: i64,
+    /// Cells in the log of the cluster's shards (the sum of their heads);
+    /// measured only while an index of the datastore is building, as the
+    /// total a build reads.
+    pub(crate) log_cells: Option<i64>,
+}
+
+/// The cells in the log of the shards of `ds` on the cluster of `backend`
+/// (the sum of their heads), in one statement.
+pub(crate) async fn log_cells(backend: &dyn Backend, ds: &DatastoreRuntime) -> Result<i64> {
+    let dialect = backend.dialect();
+    let integer = match dialect {
+        crate::storage::Dialect::MySql => "SIGNED",
+        _ => "BIGINT",
+    };
+    let mut sql = Sql::new(dialect);
+    // SUM of a BIGINT is a NUMERIC (DECIMAL) on PostgreSQL and MySQL.
+    sql.push("SELECT CAST(COALESCE(SUM(")
+        .ident("next_added_id")
+        .push(&format!(" - 1), 0) AS {integer}) FROM "))
+        .ident(&ddl::shards_table(ds.name()));
+    let rows = backend.fetch(&sql, &[ColType::Int]).await?;
+    Ok(rows.first().and_then(|r| r[0].as_int()).unwrap_or(0))
 }
 
 /// Measures the lag of `ds` on one cluster: which shards are behind, by
@@ -171,6 +193,9 @@ pub(crate) async fn measure(
         lag.oldest_ms = (Utc::now() - oldest).num_milliseconds().max(0) as u64;
     }
     lag.quarantined = super::quarantine::count(backend, ds).await?;
+    if ds.indexes.iter().any(|i| !i.is_ready()) {
+        lag.log_cells = Some(log_cells(backend, ds).await?);
+    }
     Ok((lag, rows))
 }
 

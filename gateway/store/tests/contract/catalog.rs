@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use cellgate_store::cells::{Location, NewCell};
-use cellgate_store::indexes::IndexQuery;
+use cellgate_store::indexes::{IndexQuery, PassHook, PassPoint, PassStage};
 use cellgate_store::storage::{connect, ColType, ConnectOptions, Sql};
-use cellgate_store::{ClusterConfig, ShardRange, StorageConfig};
+use cellgate_store::{ClusterConfig, ShardRange, StorageConfig, Store, StoreOptions};
 use index_dsl::Literal;
 use serde_json::json;
 use uuid::Uuid;
@@ -855,4 +855,105 @@ pub async fn a_reloaded_index_answers_index_building_until_it_is_built(env: Arc<
         .unwrap();
     assert_eq!(page.entries.len(), 30);
     assert!(store.indexes("trips").unwrap().iter().all(|i| i.ready));
+}
+
+/// The `by_city` entry of `Store::measure_indexes`.
+async fn by_city_measured(store: &cellgate_store::Store) -> cellgate_store::IndexStatus {
+    store
+        .measure_indexes("trips")
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|i| i.name == "by_city")
+        .expect("by_city is served")
+}
+
+pub async fn an_index_build_reports_its_progress(env: Arc<Env>) {
+    use futures::FutureExt as _;
+    let one = files(&[("trips/indexes/by_driver.yaml", BY_DRIVER)], TRIPS);
+    let store = env.open_custom(&one, env.storage(), false).await.unwrap();
+    write_trips(&store, 5000, "Kyiv").await;
+    store.sync_indexes().await.unwrap();
+    store.shutdown(std::time::Duration::from_secs(5)).await;
+    // With `by_city` added, each pass of its build waits for a permit.
+    let two = files(
+        &[
+            ("trips/indexes/by_driver.yaml", BY_DRIVER),
+            ("trips/indexes/by_city.yaml", BY_CITY),
+        ],
+        TRIPS,
+    );
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let hook = {
+        let gate = gate.clone();
+        PassHook(Arc::new(move |point: PassPoint| {
+            let gate = gate.clone();
+            let building = point.stage == PassStage::Start
+                && point.consumers.iter().any(|c| c.starts_with("ix:by_city:"));
+            async move {
+                if building {
+                    gate.acquire().await.expect("open gate").forget();
+                }
+            }
+            .boxed()
+        }))
+    };
+    let mut options = StoreOptions::new(env.storage());
+    options.maintenance.pass_hook = Some(hook);
+    options.maintenance.sweep_every = std::time::Duration::from_millis(50);
+    let store = Store::open(definitions(&two), options).await.unwrap();
+    // The 5000 cells of the log, read once per cluster the index is
+    // written to.
+    let total = 5000 * env.storage().clusters.len() as i64;
+    let first = by_city_measured(&store).await;
+    assert!(!first.ready, "{first:?}");
+    assert_eq!(
+        (first.build_total_cells, first.build_done_cells()),
+        (Some(total), Some(0)),
+        "{first:?}"
+    );
+    assert_eq!(first.pending_cells, total);
+    // One pass at a time: the cells done grow, the total stays.
+    let mut done = 0;
+    let mut steps = 0;
+    loop {
+        gate.add_permits(1);
+        let mut next = None;
+        for _ in 0..3000 {
+            let status = by_city_measured(&store).await;
+            if status.ready || status.build_done_cells() > Some(done) {
+                next = Some(status);
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let next = next.expect("a released pass applied nothing");
+        if next.ready {
+            break;
+        }
+        assert_eq!(next.build_total_cells, Some(total), "{next:?}");
+        assert_eq!(
+            next.build_done_cells(),
+            Some(total - next.pending_cells),
+            "{next:?}"
+        );
+        assert!(next.build_rate.is_some_and(|r| r > 0.0), "{next:?}");
+        assert!(next.build_eta_seconds.is_some(), "{next:?}");
+        done = next.build_done_cells().unwrap();
+        steps += 1;
+    }
+    assert!(
+        steps > 0,
+        "the build finished in one pass: no progress seen"
+    );
+    let status = by_city_measured(&store).await;
+    assert_eq!(
+        (
+            status.pending_cells,
+            status.build_total_cells,
+            status.build_rate
+        ),
+        (0, None, None)
+    );
+    store.shutdown(std::time::Duration::from_secs(5)).await;
 }

@@ -47,7 +47,7 @@ use self::readiness::*;
 use self::worker::*;
 
 pub(crate) use self::admin::apply_all;
-pub(crate) use self::readiness::{check_ready, measure};
+pub(crate) use self::readiness::{check_ready, measure, measure_datastore};
 
 /// Most shards one pass reads from.
 pub(crate) const PASS_SHARDS: usize = 1024;
@@ -190,8 +190,8 @@ pub struct MaintenanceMetrics {
     pub applied_cells: u64,
     /// Lease buckets this process holds.
     pub buckets_held: usize,
-    /// Indexes still being built, with their cells to go.
-    pub building: Vec<(String, i64)>,
+    /// Indexes still being built, with their cells to go and progress.
+    pub building: Vec<crate::IndexStatus>,
 }
 
 fn histogram() -> hdrhistogram::Histogram<u64> {
@@ -294,7 +294,7 @@ impl Maintainer {
             .indexes
             .iter()
             .filter(|i| !i.is_ready())
-            .map(|i| (i.def.name.clone(), i.pending()))
+            .map(|i| crate::IndexStatus::of(i))
             .collect();
         metrics
     }

@@ -17,7 +17,7 @@ pub(super) async fn mark_ready_indexes(
     ds: &DatastoreRuntime,
 ) {
     let consumers = apply::consumers(topology, ds);
-    let caught_up: Vec<(usize, i64, bool)> = {
+    let caught_up: Vec<(usize, i64, Option<i64>, bool)> = {
         let lag = shared.lag.lock().expect("lag");
         ds.indexes
             .iter()
@@ -25,27 +25,42 @@ pub(super) async fn mark_ready_indexes(
             .filter(|(_, i)| !i.is_ready())
             .map(|(position, _)| {
                 let mut pending = 0;
+                // The log cells the index's consumers read in all: each
+                // cluster's log once per consumer (target cluster).
+                let mut total = Some(0);
                 let mut complete = true;
                 for cluster in ds.map.clusters() {
                     match lag.get(&(ds.name().to_string(), cluster)) {
-                        None => complete = false,
+                        None => {
+                            complete = false;
+                            total = None;
+                        }
                         Some(l) => {
                             for (c, consumer) in consumers.iter().enumerate() {
                                 if consumer.index == position {
                                     pending += l.pending_by_consumer.get(c).copied().unwrap_or(0);
+                                    total = total.zip(l.log_cells).map(|(t, n)| t + n);
                                 }
                             }
                         }
                     }
                 }
-                (position, pending, complete && pending == 0)
+                (position, pending, total, complete && pending == 0)
             })
             .collect()
     };
-    for (position, pending, ready) in caught_up {
+    for (position, pending, total, ready) in caught_up {
         let index = &ds.indexes[position];
+        if index.is_ready() {
+            // Marked ready meanwhile, from a newer measurement (a sweep
+            // and `Store::measure_indexes` can overlap).
+            continue;
+        }
         let was_building = index.pending() > 0;
-        index.set_pending(pending);
+        match total {
+            Some(total) => index.set_build_progress(pending, total),
+            None => index.set_pending(pending),
+        }
         if ready {
             match crate::catalog::mark_ready(topology, ds, index).await {
                 Ok(()) => {
@@ -61,7 +76,11 @@ pub(super) async fn mark_ready_indexes(
                 }
             }
         } else {
-            tracing::info!(datastore = %ds.name(), index = %index.def.name, pending, "index building");
+            let (total, rate) = {
+                let progress = index.build_progress();
+                (progress.total(), progress.rate().map(|r| r.round() as i64))
+            };
+            tracing::info!(datastore = %ds.name(), index = %index.def.name, pending, total, rate = ?rate, "index building");
         }
     }
 }
@@ -100,13 +119,23 @@ pub(crate) async fn check_ready_datastore(
     if ds.indexes.iter().all(|i| i.is_ready()) {
         return;
     }
-    if let Ok(measured) = measure(topology, ds).await {
-        {
-            let mut lag = shared.lag.lock().expect("lag");
-            for (cluster, l) in measured {
-                lag.insert((ds.name().to_string(), cluster), l);
-            }
+    let _ = measure_datastore(topology, shared, ds).await;
+}
+
+/// Measures the lag of `ds` on every cluster now, publishes it, records
+/// the progress of its building indexes and marks those caught up ready.
+pub(crate) async fn measure_datastore(
+    topology: &Topology,
+    shared: &Maintainer,
+    ds: &DatastoreRuntime,
+) -> Result<()> {
+    let measured = measure(topology, ds).await?;
+    {
+        let mut lag = shared.lag.lock().expect("lag");
+        for (cluster, l) in measured {
+            lag.insert((ds.name().to_string(), cluster), l);
         }
-        mark_ready_indexes(topology, shared, ds).await;
     }
+    mark_ready_indexes(topology, shared, ds).await;
+    Ok(())
 }
