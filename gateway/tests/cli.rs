@@ -148,7 +148,7 @@ fn check_reports_every_error_with_its_position() {
         8 |       - { field: trip_created_at, type: datetme}
           |                                         ^^^^^^^
 
-        error: unknown key `unexpected` (expected one of table, datastore, description, shard_field, column_defs)
+        error: unknown key `unexpected` (expected one of table, datastore, description, shard_field, column_defs, where)
          --> tests/fixtures/bad/multiple_errors/trips/indexes/status_index.yaml:8:1
           |
         8 | unexpected: true
