@@ -46,6 +46,10 @@ pub struct VerifyBenchArgs {
     /// Concurrent foreground queries.
     #[arg(long, default_value_t = 4, env = "CELLGATE_BENCH_CONCURRENCY")]
     pub concurrency: usize,
+    /// Duty of the verify beside the foreground queries. [default: the
+    /// store's default]
+    #[arg(long, value_name = "F")]
+    pub duty: Option<f64>,
 }
 
 pub async fn run(args: VerifyBenchArgs) -> anyhow::Result<ExitCode> {
@@ -161,9 +165,11 @@ pub async fn run(args: VerifyBenchArgs) -> anyhow::Result<ExitCode> {
     let alone = foreground(&store, &data, args.concurrency, args.duration).await?;
     let beside = {
         let verifying = async {
+            let defaults = VerifyOptions::default();
             let options = VerifyOptions {
                 restart: true,
-                ..VerifyOptions::default()
+                duty: args.duty.unwrap_or(defaults.duty),
+                ..defaults
             };
             store
                 .verify_indexes(DATASTORE, &options, &mut |_| {}, &mut |_| {})
@@ -183,7 +189,8 @@ pub async fn run(args: VerifyBenchArgs) -> anyhow::Result<ExitCode> {
         )
     };
     line("index queries alone", &alone);
-    line("index queries beside a verify (duty 0.5)", &beside);
+    let duty = args.duty.unwrap_or(VerifyOptions::default().duty);
+    line(&format!("index queries beside a verify (duty {duty})"), &beside);
     println!(
         "foreground p99 beside a verify / alone: {:.2} (goal: at most 1.2)",
         beside.value_at_quantile(0.99) as f64 / alone.value_at_quantile(0.99).max(1) as f64
