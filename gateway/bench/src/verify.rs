@@ -190,7 +190,10 @@ pub async fn run(args: VerifyBenchArgs) -> anyhow::Result<ExitCode> {
     };
     line("index queries alone", &alone);
     let duty = args.duty.unwrap_or(VerifyOptions::default().duty);
-    line(&format!("index queries beside a verify (duty {duty})"), &beside);
+    line(
+        &format!("index queries beside a verify (duty {duty})"),
+        &beside,
+    );
     println!(
         "foreground p99 beside a verify / alone: {:.2} (goal: at most 1.2)",
         beside.value_at_quantile(0.99) as f64 / alone.value_at_quantile(0.99).max(1) as f64
