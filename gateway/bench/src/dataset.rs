@@ -327,6 +327,27 @@ fn status_body(rng: &mut impl Rng, created_at: &str) -> Value {
     })
 }
 
+/// Stores every load batch of `data` through the Rust API, four batches
+/// at once; returns the cells stored.
+pub async fn load_through_api(
+    store: &cellgate_store::Store,
+    data: &Dataset,
+) -> anyhow::Result<u64> {
+    use futures::StreamExt as _;
+    let mut batches = futures::stream::iter(0..data.load_batches())
+        .map(|n| {
+            let store = store.clone();
+            let cells = data.load_batch(n);
+            async move { store.put_cells(DATASTORE, cells).await }
+        })
+        .buffer_unordered(4);
+    let mut stored = 0u64;
+    while let Some(results) = batches.next().await {
+        stored += results?.into_iter().filter(|r| r.is_ok()).count() as u64;
+    }
+    Ok(stored)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,7 +23,6 @@ use cellgate_store::indexes::{Drift, VerifyOptions, VerifyProgress};
 use cellgate_store::storage::{ddl, ColType, Sql, Value};
 use cellgate_store::{ClusterConfig, StorageConfig, Store, StoreOptions};
 use clap::Args;
-use futures::StreamExt as _;
 
 use crate::dataset::{Dataset, DATASTORE};
 use crate::{load_definitions, DEFAULT_DATASTORES};
@@ -88,17 +87,7 @@ pub async fn run(args: VerifyBenchArgs) -> anyhow::Result<ExitCode> {
     // 1. Load.
     let data = Dataset::new(args.trips, 1000, true, 31, 500);
     let written = Instant::now();
-    let mut batches = futures::stream::iter(0..data.load_batches())
-        .map(|n| {
-            let store = store.clone();
-            let cells = data.load_batch(n);
-            async move { store.put_cells(DATASTORE, cells).await }
-        })
-        .buffer_unordered(4);
-    let mut stored = 0u64;
-    while let Some(results) = batches.next().await {
-        stored += results?.into_iter().filter(|r| r.is_ok()).count() as u64;
-    }
+    let stored = crate::dataset::load_through_api(&store, &data).await?;
     println!(
         "stored {stored} cells in {:.1} s",
         written.elapsed().as_secs_f64()
