@@ -154,6 +154,17 @@ impl ShardLeases {
     /// Renews the held leases, counts the gateways, and takes or gives up
     /// buckets to hold a fair share.
     pub(crate) async fn rebalance(&mut self, backend: &dyn Backend) -> Result<Rebalanced> {
+        self.rebalance_except(backend, &BTreeSet::new()).await
+    }
+
+    /// [`rebalance`](Self::rebalance), but never gives up the `busy`
+    /// buckets (work on them is under way) to even out the shares; others
+    /// are given up instead, or at a later round.
+    pub(crate) async fn rebalance_except(
+        &mut self,
+        backend: &dyn Backend,
+        busy: &BTreeSet<usize>,
+    ) -> Result<Rebalanced> {
         let mut changed = Rebalanced::default();
         let ttl = self.ttl;
         let holder = self.holder.clone();
@@ -190,6 +201,7 @@ impl ShardLeases {
                 .held
                 .keys()
                 .rev()
+                .filter(|b| !busy.contains(b))
                 .take(self.held.len() - fair)
                 .copied()
                 .collect();

@@ -2,7 +2,7 @@
 //! renewing, taking a fair share, adopting the offsets of buckets it
 //! takes, and giving them all up at shutdown.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::error::Result;
 use crate::indexes::apply::{self};
@@ -47,7 +47,9 @@ impl Worker {
         topology: &Topology,
         backend: &dyn crate::storage::Backend,
     ) -> Result<bool> {
-        let changed = self.leases.rebalance(backend).await?;
+        // Buckets with a pass in flight are not given up mid-pass.
+        let busy: BTreeSet<usize> = self.claimed.keys().copied().collect();
+        let changed = self.leases.rebalance_except(backend, &busy).await?;
         for bucket in &changed.lost {
             tracing::warn!(datastore = %self.datastore, bucket, "lease lost to another gateway");
         }

@@ -11,6 +11,12 @@
 //! build runs one pass (a page of the log at most) at a time, as a task of
 //! its own that the rounds of live passes do not wait for.
 //!
+//! **Passes in flight, not rounds.** Live passes run as tasks of their
+//! own, each over whole lease buckets no other pass in flight holds, up to
+//! `passes` at once. A pass starts as soon as a slot is free and dirty
+//! shards wait in buckets no pass holds, so a write waits for at most the
+//! pass under way on its own bucket, never for the slowest pass of a round.
+//!
 //! **Lease deadlines.** A pass writes nothing once the leases it runs
 //! under may have expired: its deadline is when the first of them was last
 //! taken or renewed (the statement sent, by the monotonic clock) plus the
@@ -53,6 +59,15 @@ pub(super) struct Built {
     result: Result<apply::PassResult>,
 }
 
+/// A live pass in flight: its batch, and its outcome once it ends.
+type Flights = futures::stream::FuturesUnordered<Flight>;
+/// What a sweep read: the lag, and the shards behind.
+type Swept = (lag::ClusterLag, Vec<lag::Behind>);
+type Flight = futures::future::BoxFuture<
+    'static,
+    (Vec<u32>, std::result::Result<Built, tokio::task::JoinError>),
+>;
+
 pub(super) struct Worker {
     /// Apply the log (hold leases); without, the worker only measures lag.
     pub(super) maintain: bool,
@@ -72,6 +87,12 @@ pub(super) struct Worker {
     pub(super) dirty: BTreeSet<u32>,
     /// Where the next pass starts in `dirty`, so every shard gets a turn.
     pub(super) cursor: u32,
+    /// Buckets of the live passes in flight, with when their pass started.
+    pub(super) claimed: BTreeMap<usize, Instant>,
+    /// The work left waits only in buckets a pass in flight holds, or for
+    /// the pass under way of the versions being built: no new pass until a
+    /// pass ends or new work comes.
+    pub(super) stalled: bool,
     /// Shards a consumer of an index version being built may be behind on.
     pub(super) building: BTreeSet<u32>,
     /// Where the next building pass starts in `building`.
@@ -114,6 +135,8 @@ impl Worker {
             heads: HashMap::new(),
             dirty: BTreeSet::new(),
             cursor: 0,
+            claimed: BTreeMap::new(),
+            stalled: false,
             building: BTreeSet::new(),
             building_cursor: 0,
             attempts: HashMap::new(),
@@ -138,17 +161,25 @@ impl Worker {
         sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The pass for index versions being built, while one is under way.
         let mut build: Option<JoinHandle<Built>> = None;
+        // The live passes in flight.
+        let mut flights = Flights::new();
+        // The sweep's reads, while they are under way.
+        let mut sweeping: Option<JoinHandle<Option<Swept>>> = None;
         loop {
             let waiting = self.backoff;
             let can_work = (!self.dirty.is_empty()
                 || (!self.building.is_empty() && build.is_none()))
+                && !self.stalled
                 && waiting.is_none();
             tokio::select! {
                 biased;
                 _ = stopped.changed() => break,
                 message = messages.recv() => match message {
                     None => break,
-                    Some(Msg::Written(heads)) => self.written(heads),
+                    Some(Msg::Written(heads)) => {
+                        self.stalled = false;
+                        self.written(heads);
+                    }
                     Some(Msg::Sweep(reply)) => {
                         if self.topology.strong_count() == 0 {
                             break;
@@ -161,7 +192,20 @@ impl Worker {
                     if self.topology.strong_count() == 0 {
                         break;
                     }
-                    let short = self.leases().await;
+                    // A pass in flight for longer than half the lease time
+                    // has stalled (a database that stopped answering, a
+                    // paused process); the worker then stops renewing its
+                    // leases, so they lapse and another gateway takes its
+                    // shards on, as it would if the whole worker had
+                    // stalled. The stalled pass commits nothing once it
+                    // resumes: it is past its deadline, and its fence fails.
+                    let stalled_after = options.lease_time / 2;
+                    let short = if self.claimed.values().any(|since| since.elapsed() > stalled_after) {
+                        false
+                    } else {
+                        self.leases().await
+                    };
+                    self.stalled = false;
                     // Short of a fair share: buckets are changing hands
                     // (a gateway stopped or started); look again soon.
                     // Renewal needs a quarter of the lease time; gateways
@@ -174,22 +218,35 @@ impl Worker {
                     if self.topology.strong_count() == 0 {
                         break;
                     }
-                    self.sweep().await;
+                    if sweeping.is_none() {
+                        sweeping = self.start_sweep();
+                    }
+                }
+                outcome = async { sweeping.as_mut().expect("a sweep").await }, if sweeping.is_some() => {
+                    sweeping = None;
+                    self.swept(outcome);
                 }
                 _ = tokio::time::sleep_until(waiting.unwrap_or_else(Instant::now).into()), if waiting.is_some() => {
                     self.backoff = None;
                 }
                 outcome = async { build.as_mut().expect("a build pass").await }, if build.is_some() => {
                     build = None;
+                    self.stalled = false;
                     self.built(outcome);
                 }
+                Some((batch, outcome)) = futures::StreamExt::next(&mut flights), if !flights.is_empty() => {
+                    self.landed(&batch, outcome);
+                }
                 _ = std::future::ready(()), if can_work => {
-                    self.pass(&mut build).await;
+                    self.pass(&mut build, &mut flights);
                 }
             }
         }
         if let Some(build) = build {
             let _ = build.await;
+        }
+        while let Some((batch, outcome)) = futures::StreamExt::next(&mut flights).await {
+            self.landed(&batch, outcome);
         }
         self.release_all().await;
     }
@@ -229,15 +286,15 @@ impl Worker {
             .collect()
     }
 
-    /// Runs a round of passes: up to `passes` at once for the live
-    /// consumers, each over whole lease buckets of dirty shards (so no two
-    /// lock the same lease row or touch the same index entries), at most
-    /// [`PASS_SHARDS`] shards each. Unless one is under way (`build`), it
-    /// also starts a pass for the consumers of index versions being built,
-    /// as a task of its own, so that the live rounds never wait for it (its
-    /// index entries are other tables; where its buckets are also in a live
-    /// batch, the two passes take the lease rows in turn).
-    async fn pass(&mut self, build: &mut Option<JoinHandle<Built>>) {
+    /// Starts passes: live ones, while fewer than `passes` are in flight,
+    /// each over whole lease buckets of dirty shards that no pass in
+    /// flight holds (so no two lock the same lease row or touch the same
+    /// index entries), at most [`PASS_SHARDS`] shards each; and unless one
+    /// is under way (`build`), one for the consumers of index versions
+    /// being built, which the live passes never wait for (its index
+    /// entries are other tables; where its buckets are also in a live
+    /// pass, the two take the lease rows in turn).
+    fn pass(&mut self, build: &mut Option<JoinHandle<Built>>, flights: &mut Flights) {
         let Some(topology) = self.topology.upgrade() else {
             self.dirty.clear();
             self.building.clear();
@@ -257,59 +314,43 @@ impl Worker {
         let mut started = false;
         if build.is_none() {
             if let Some(batch) = self.building_batch(&building) {
-                *build = Some(self.start_build(&topology, &ds, batch, building, &down));
+                *build = Some(self.start(&topology, &ds, batch, building, &down));
                 started = true;
             }
         }
-        let batches = self.batches(&topology, &live);
+        let slots = self.passes(&topology).saturating_sub(flights.len());
+        let batches = if slots == 0 || self.dirty.is_empty() {
+            Vec::new()
+        } else {
+            self.batches(slots, &live)
+        };
         if batches.is_empty() {
-            if !started {
+            if flights.is_empty() && !started {
                 // Dirty shards whose leases are about to lapse wait for
                 // renewal.
                 self.backoff = Some(Instant::now() + Duration::from_millis(100));
+            } else {
+                self.stalled = true;
             }
             return;
         }
-        let holder = self.shared.holder.clone();
-        let consumers: Vec<Consumer> = self.consumers.clone();
-        let quarantine_after = self.shared.options.quarantine_after;
-        let mut work: Vec<Work> = batches
-            .iter()
-            .map(|batch| self.work(&ds, batch, &live, &down))
-            .collect();
-        let hook = self.shared.options.pass_hook.clone();
-        let runs = work.iter_mut().map(|work| {
-            let (topology, ds, consumers, holder) = (&topology, &ds, &consumers, &holder);
-            let hook = hook.as_ref();
-            let cluster = self.cluster;
-            async move {
-                let mut pass = Pass {
-                    topology,
-                    ds,
-                    cluster,
-                    consumers,
-                    fence: Some(Fence {
-                        holder,
-                        leases: &work.leases,
-                        deadline: work.deadline,
-                    }),
-                    attempts: &mut work.attempts,
-                    quarantine_after,
-                    hook,
-                };
-                pass.run(&work.offsets).await
+        for batch in batches {
+            for shard in &batch {
+                if let Some(bucket) = self.leases.bucket_of.get(shard) {
+                    self.claimed.insert(*bucket, Instant::now());
+                }
             }
-        });
-        let results = futures::future::join_all(runs).await;
-        for ((batch, work), result) in batches.iter().zip(work).zip(results) {
-            self.take_attempts(&ds, batch, &live, work.attempts);
-            self.settle(&topology, batch, &live, false, &down, result);
+            let handle = self.start(&topology, &ds, batch.clone(), live.clone(), &down);
+            flights.push(Box::pin(async move { (batch, handle.await) }));
+        }
+        if flights.len() >= self.passes(&topology) {
+            self.stalled = true;
         }
     }
 
-    /// Starts the pass over `batch` for the consumers of index versions
-    /// being built (`group`) as a task of its own.
-    fn start_build(
+    /// Starts the pass over `batch` for the consumers of `group` as a task
+    /// of its own.
+    fn start(
         &self,
         topology: &Arc<Topology>,
         ds: &Arc<DatastoreRuntime>,
@@ -349,6 +390,37 @@ impl Worker {
                 result,
             }
         })
+    }
+
+    /// Takes in the outcome of a live pass over `batch`, and frees its
+    /// buckets.
+    fn landed(
+        &mut self,
+        batch: &[u32],
+        outcome: std::result::Result<Built, tokio::task::JoinError>,
+    ) {
+        self.stalled = false;
+        for shard in batch {
+            if let Some(bucket) = self.leases.bucket_of.get(shard) {
+                self.claimed.remove(bucket);
+            }
+        }
+        let (Some(topology), Ok(done)) = (self.topology.upgrade(), outcome) else {
+            tracing::error!(datastore = %self.datastore, "an index maintenance pass did not end");
+            return;
+        };
+        let Ok(ds) = topology.datastore(&self.datastore) else {
+            return;
+        };
+        self.take_attempts(&ds, &done.batch, &done.group, done.attempts);
+        self.settle(
+            &topology,
+            &done.batch,
+            &done.group,
+            false,
+            &done.down,
+            done.result,
+        );
     }
 
     /// Takes in the outcome of a pass for the versions being built.
@@ -490,9 +562,10 @@ impl Worker {
         Some(batch)
     }
 
-    /// Picks the batches of the next round: whole buckets of dirty shards
-    /// under comfortably valid leases, from the rotating cursor on.
-    fn batches(&mut self, topology: &Topology, group: &[bool]) -> Vec<Vec<u32>> {
+    /// Picks at most `passes` batches: whole buckets of dirty shards under
+    /// comfortably valid leases that no pass in flight holds, from the
+    /// rotating cursor on.
+    fn batches(&mut self, passes: usize, group: &[bool]) -> Vec<Vec<u32>> {
         let valid = self.leases.valid();
         let mut by_bucket: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
         for shard in self
@@ -504,7 +577,7 @@ impl Worker {
                 .leases
                 .bucket_of
                 .get(shard)
-                .filter(|b| valid.contains(b))
+                .filter(|b| valid.contains(b) && !self.claimed.contains_key(b))
             {
                 by_bucket.entry(*bucket).or_default().push(*shard);
             }
@@ -518,7 +591,6 @@ impl Worker {
             .unwrap_or(0);
         let mut order: Vec<usize> = by_bucket.keys().copied().collect();
         order.sort_by_key(|b| (*b < start, *b));
-        let passes = self.passes(topology);
         let (mut batches, last_bucket) =
             group_buckets(&order, &by_bucket, passes, |s| self.pending(s, group));
         if let Some(bucket) = last_bucket {
@@ -666,22 +738,45 @@ impl Worker {
     /// Compares log heads with offsets: marks held shards that are behind
     /// dirty, publishes the lag, and marks indexes that caught up ready.
     async fn sweep(&mut self) {
+        if let Some(read) = self.start_sweep() {
+            let outcome = read.await;
+            self.swept(outcome);
+        }
+    }
+
+    /// Starts the sweep's reads as a task of its own, so that passes keep
+    /// starting while it reads every shard's head and offsets.
+    fn start_sweep(&self) -> Option<JoinHandle<Option<Swept>>> {
+        let topology = self.topology.upgrade()?;
+        let ds = topology.datastore(&self.datastore).ok()?;
+        let backend = topology.clusters[self.cluster].maintenance().ok()?.clone();
+        let consumers = self.consumers.clone();
+        let shared = self.shared.clone();
+        let datastore = self.datastore.clone();
+        Some(tokio::spawn(async move {
+            let measured = match lag::measure(backend.as_ref(), &ds, &consumers).await {
+                Ok(measured) => measured,
+                Err(err) => {
+                    tracing::debug!(datastore = %datastore, error = %err, "sweep failed");
+                    return None;
+                }
+            };
+            mark_ready_indexes(&topology, &shared, &ds).await;
+            Some(measured)
+        }))
+    }
+
+    /// Takes in what a sweep read.
+    fn swept(&mut self, outcome: std::result::Result<Option<Swept>, tokio::task::JoinError>) {
+        self.stalled = false;
+        let Ok(Some((lag, behind))) = outcome else {
+            return;
+        };
         let Some(topology) = self.topology.upgrade() else {
             return;
         };
         let Ok(ds) = topology.datastore(&self.datastore) else {
             return;
-        };
-        let cluster = &topology.clusters[self.cluster];
-        let Ok(backend) = cluster.maintenance() else {
-            return;
-        };
-        let (lag, behind) = match lag::measure(backend.as_ref(), &ds, &self.consumers).await {
-            Ok(measured) => measured,
-            Err(err) => {
-                tracing::debug!(datastore = %self.datastore, error = %err, "sweep failed");
-                return;
-            }
         };
         let down = self.targets_down();
         let building = self.building_consumers(&ds);
@@ -706,7 +801,6 @@ impl Worker {
             .lock()
             .expect("lag")
             .insert((self.datastore.clone(), self.cluster), lag);
-        mark_ready_indexes(&topology, &self.shared, &ds).await;
     }
 }
 
