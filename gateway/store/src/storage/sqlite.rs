@@ -44,6 +44,11 @@ impl SqliteBackend {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(BUSY_TIMEOUT)
             .statement_cache_capacity(1024)
+            // Statement journals (the rollback of one multi-row statement
+            // inside a transaction, written for every page an upsert
+            // changes) and temporary B-trees stay in memory instead of
+            // going to temporary files page by page.
+            .pragma("temp_store", "memory")
             // Checkpoints run in the background (see `checkpoint_in_background`),
             // not inside whichever commit crosses the WAL size threshold.
             .pragma("wal_autocheckpoint", "0");
