@@ -319,7 +319,7 @@ async fn idle(server: &Server, pid: u32, window: Duration) -> anyhow::Result<Idl
 }
 
 /// `utime + stime` of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+pub(crate) fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
     let path = format!("/proc/{pid}/stat");
     let stat = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
     // Fields after the command name, which is in parentheses and may hold
@@ -350,7 +350,7 @@ fn rss_kib(pid: u32) -> anyhow::Result<u64> {
 }
 
 /// Clock ticks per second (`getconf CLK_TCK`, else 100).
-async fn clock_ticks() -> f64 {
+pub(crate) async fn clock_ticks() -> f64 {
     let out = tokio::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()

@@ -752,17 +752,34 @@ pub(crate) fn compute_entry(
     latest: &HashMap<(Uuid, String), Cell>,
     result: &mut PassResult,
 ) -> Entry {
+    entry_from(
+        runtime,
+        shards,
+        |column| {
+            latest
+                .get(&(row_key, column.to_owned()))
+                .map(|cell| (cell.ref_key, &cell.body))
+        },
+        result,
+    )
+}
+
+/// The entry of a row in `index` from its latest cells, given by
+/// `latest_of`: the ref key and body of the row's latest cell of a column.
+/// The one function the maintainer and the verify compute entries with.
+pub(crate) fn entry_from<'a>(
+    runtime: &IndexRuntime,
+    shards: u32,
+    latest_of: impl Fn(&str) -> Option<(i64, &'a serde_json::Value)>,
+    result: &mut PassResult,
+) -> Entry {
     let index = &runtime.def;
     let refs = index
         .columns
         .iter()
-        .map(|column| latest.get(&(row_key, column.clone())).map(|c| c.ref_key))
+        .map(|column| latest_of(column).map(|(ref_key, _)| ref_key))
         .collect();
-    let body_of = |column: &str| {
-        latest
-            .get(&(row_key, column.to_owned()))
-            .map(|cell| &cell.body)
-    };
+    let body_of = |column: &str| latest_of(column).map(|(_, body)| body);
     if !index.predicate.as_ref().is_none_or(|p| p.matches(body_of)) {
         return Entry {
             fields: index
@@ -779,9 +796,9 @@ pub(crate) fn compute_entry(
         .iter()
         .map(|field| {
             let null = Value::Null(col_type(field.ty));
-            match latest.get(&(row_key, field.column.clone())) {
+            match body_of(&field.column) {
                 None => null,
-                Some(cell) => match extract_checked(&cell.body, field) {
+                Some(body) => match extract_checked(body, field) {
                     Extracted::Value(value) => value,
                     Extracted::Missing => null,
                     Extracted::Unstorable(_) => {

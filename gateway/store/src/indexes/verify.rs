@@ -3,14 +3,19 @@
 //!
 //! **What is compared.** Shard by shard (in chunks sized to about half a
 //! second of work), a run reads the cells of the index columns of the
-//! chunk's shards on their cell cluster, computes each row's entry with the
-//! maintainer's own function (`apply::compute_entry`), and reads the
-//! stored rows of those row keys from the index table on every cluster.
-//! A row is then *missing* (no live entry where the entry belongs), *stale*
+//! chunk's shards on their cell cluster (only the columns it needs),
+//! computes each row's entry with the maintainer's own function
+//! (`apply::entry_from`), and has the index table on every cluster
+//! compare: the expected entries go to the database as bound rows, and
+//! only the stored rows that differ come back (`verify/bulk.rs`). Reading
+//! every stored row back instead cost as much as reading the cells. A
+//! row is then *missing* (no live entry where the entry belongs), *stale*
 //! (a live entry with other fields or source ref keys) or *extra* (a live
 //! entry on a cluster where none belongs). A last phase of a full run
-//! scans the index tables for live entries of rows that have no cells in
-//! the index's columns at all (extra, too).
+//! looks for live entries of rows that have no cells in the index's
+//! columns at all (extra, too): each database joins its index table with
+//! its own cell table and returns only the entries without cells, which
+//! are then looked for on their row's cell cluster when that is another.
 //!
 //! **Live traffic.** Index entries follow their cells after the commit, so
 //! a row whose cells the maintainer has not applied yet is not drift: the
@@ -40,11 +45,13 @@ use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+mod bulk;
+
 use super::apply::{
-    compute_entry, consumers, read_offsets, Consumer, Entry, Pass, PassResult, Touched,
+    consumers, entry_from, read_offsets, Consumer, Entry, Pass, PassResult, Touched,
 };
 use super::entry::col_type;
-use crate::cells::{codec, decoded_cell, select_cells, Cell};
+use crate::cells::codec;
 use crate::error::{Error, Result};
 use crate::shards::row_shard;
 use crate::storage::{ddl, Backend, ColType, Sql, Value, MAX_PARAMS};
@@ -219,16 +226,48 @@ struct Stored {
     updated_at: Value,
 }
 
-/// The cells of one chunk: each (row, column)'s latest cell, and each
-/// row's highest `added_id` per column (to tell pending rows).
+/// The cells of one chunk, row by row, in row-key order.
 #[derive(Default)]
 struct Source {
-    latest: HashMap<(Uuid, String), Cell>,
-    newest_added: HashMap<(Uuid, String), i64>,
-    /// Row → shard.
-    rows: BTreeMap<Uuid, u32>,
-    unreadable: HashSet<(Uuid, String)>,
+    /// The columns read (of every index verified), sorted; each row's
+    /// vectors follow this order.
+    columns: Vec<String>,
+    rows: Vec<SourceRow>,
+    /// Row key → its position in `rows`.
+    at: HashMap<Uuid, usize>,
     cells: u64,
+}
+
+/// One row's cells in the columns read, with bodies as `B` (stored
+/// bytes while the rows are read, then decoded).
+struct SourceRow<B = serde_json::Value> {
+    row_key: Uuid,
+    shard: u32,
+    /// Per column: the ref key and body of the latest cell (`None` without
+    /// a cell, or when its body cannot be decoded).
+    latest: Vec<Option<(i64, B)>>,
+    /// Per column: the highest `added_id` of the row's cells (to tell
+    /// pending rows), 0 without a cell.
+    newest_added: Vec<i64>,
+    /// Per column: the latest cell's body cannot be decoded.
+    unreadable: Vec<bool>,
+}
+
+impl Source {
+    fn column(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|c| c == name)
+    }
+
+    fn row(&self, row_key: &Uuid) -> Option<&SourceRow> {
+        self.at.get(row_key).map(|&i| &self.rows[i])
+    }
+}
+
+/// A row's entry as its cells give it.
+struct Expected {
+    row_key: Uuid,
+    shard: u32,
+    entry: Entry,
 }
 
 /// A candidate mismatch before it is confirmed.
@@ -328,7 +367,6 @@ pub(crate) async fn run(
                 consumers: consumers_ref,
                 indexes: indexes_ref,
                 cluster: ds.map.cluster_of(now[0]),
-                concurrent: parallel > 1,
             };
             let mut part = VerifyProgress::default();
             let mut drift = Vec::new();
@@ -366,7 +404,6 @@ pub(crate) async fn run(
                 consumers: &consumers,
                 indexes: &indexes,
                 cluster: home,
-                concurrent: false,
             };
             let mut drift = Vec::new();
             verify
@@ -462,9 +499,6 @@ struct Chunk<'a> {
     indexes: &'a [usize],
     /// The cell cluster of the rows.
     cluster: usize,
-    /// Read the stored entries of every index and cluster at once (a run
-    /// without pauses) rather than one after the other.
-    concurrent: bool,
 }
 
 impl Chunk<'_> {
@@ -494,14 +528,15 @@ impl Chunk<'_> {
             .read_source(backend.as_ref(), Selection::Shards(shards))
             .await?;
         progress.cells += source.cells;
-        self.compare(&offsets, &source, None, progress).await
+        self.compare_bulk(&offsets, &source, progress).await
     }
 
-    /// Reads the cells of the index columns of the selected rows.
+    /// Reads the cells of the index columns of the selected rows: only the
+    /// columns a verify needs, every version (for the pending check), the
+    /// body of the latest version of each column decoded.
     async fn read_source(&self, backend: &dyn Backend, selection: Selection<'_>) -> Result<Source> {
         let columns = self.columns();
         let table = ddl::cells_table(self.ds.name());
-        let mut source = Source::default();
         let keys: Vec<Value> = match selection {
             Selection::Shards(shards) => shards.iter().map(|s| Value::Int(i64::from(*s))).collect(),
             Selection::Rows(rows) => rows.iter().map(|r| Value::Uuid(*r)).collect(),
@@ -510,11 +545,24 @@ impl Chunk<'_> {
             Selection::Shards(_) => "shard",
             Selection::Rows(_) => "row_key",
         };
-        let mut raw: HashMap<(Uuid, String), Cell<Vec<u8>>> = HashMap::new();
+        let types = [
+            ColType::Uuid,
+            ColType::Text,
+            ColType::Int,
+            ColType::Int,
+            ColType::Bytes,
+        ];
+        let mut at: HashMap<Uuid, usize> = HashMap::new();
+        let mut raw: Vec<SourceRow<Vec<u8>>> = Vec::new();
+        let shards = self.ds.def.shards;
+        let mut cells = 0u64;
         for part in keys.chunks(MAX_PARAMS / 2) {
             let mut sql = Sql::new(backend.dialect());
-            select_cells(&mut sql, &table, None);
-            sql.push(" WHERE ")
+            sql.push("SELECT ")
+                .idents(["row_key", "column_name", "ref_key", "added_id", "body"])
+                .push(" FROM ")
+                .ident(&table)
+                .push(" WHERE ")
                 .ident(by)
                 .push(" IN ")
                 .bind_list(part.iter().cloned())
@@ -522,21 +570,40 @@ impl Chunk<'_> {
                 .ident("column_name")
                 .push(" IN ")
                 .bind_list(columns.iter().map(|c| Value::Text(c.clone())));
-            for row in backend.fetch(&sql, &crate::cells::CELL_TYPES).await? {
-                let cell = decoded_cell(row, &|b: &[u8]| Ok(b.to_vec()))?;
-                source.cells += 1;
-                source.rows.insert(cell.row_key, cell.shard);
-                let key = (cell.row_key, cell.column.clone());
-                let newest = source
-                    .newest_added
-                    .entry(key.clone())
-                    .or_insert(cell.added_id);
-                *newest = (*newest).max(cell.added_id);
-                match raw.get(&key) {
-                    Some(kept) if kept.ref_key >= cell.ref_key => {}
-                    _ => {
-                        raw.insert(key, cell);
-                    }
+            for row in backend.fetch(&sql, &types).await? {
+                let mut row = row.into_iter();
+                let (
+                    Some(Value::Uuid(row_key)),
+                    Some(Value::Text(column)),
+                    Some(Value::Int(ref_key)),
+                    Some(Value::Int(added_id)),
+                    Some(Value::Bytes(body)),
+                ) = (row.next(), row.next(), row.next(), row.next(), row.next())
+                else {
+                    return Err(Error::Internal("cell row has unexpected NULLs".into()));
+                };
+                let Some(c) = columns.iter().position(|name| *name == column) else {
+                    continue;
+                };
+                cells += 1;
+                let i = *at.entry(row_key).or_insert_with(|| {
+                    raw.push(SourceRow {
+                        row_key,
+                        shard: row_shard(&row_key, shards),
+                        latest: vec![None; columns.len()],
+                        newest_added: vec![0; columns.len()],
+                        unreadable: vec![false; columns.len()],
+                    });
+                    raw.len() - 1
+                });
+                let SourceRow {
+                    latest,
+                    newest_added: newest,
+                    ..
+                } = &mut raw[i];
+                newest[c] = newest[c].max(added_id);
+                if latest[c].as_ref().is_none_or(|(kept, _)| *kept < ref_key) {
+                    latest[c] = Some((ref_key, body));
                 }
             }
         }
@@ -547,142 +614,277 @@ impl Chunk<'_> {
             .flat_map(|&i| self.ds.indexes[i].def.members())
             .map(str::to_string)
             .collect();
-        for (key, cell) in raw {
-            match codec::decode_members(&cell.body, &members) {
-                Ok(body) => {
-                    source.latest.insert(
-                        key,
-                        Cell {
-                            row_key: cell.row_key,
-                            column: cell.column,
-                            ref_key: cell.ref_key,
-                            body,
-                            created_at: cell.created_at,
-                            shard: cell.shard,
-                            added_id: cell.added_id,
-                        },
-                    );
+        let mut rows: Vec<SourceRow> = raw
+            .into_iter()
+            .map(|row| {
+                let mut unreadable = row.unreadable;
+                let latest = row
+                    .latest
+                    .into_iter()
+                    .enumerate()
+                    .map(|(c, cell)| {
+                        let (ref_key, body) = cell?;
+                        match codec::decode_members(&body, &members) {
+                            Ok(body) => Some((ref_key, body)),
+                            Err(_) => {
+                                unreadable[c] = true;
+                                None
+                            }
+                        }
+                    })
+                    .collect();
+                SourceRow {
+                    row_key: row.row_key,
+                    shard: row.shard,
+                    latest,
+                    newest_added: row.newest_added,
+                    unreadable,
                 }
-                Err(_) => {
-                    source.unreadable.insert(key);
-                }
-            }
-        }
-        Ok(source)
+            })
+            .collect();
+        // In row-key order: reports come out sorted, and the databases
+        // look the stored rows up in key order.
+        rows.sort_unstable_by_key(|r| r.row_key);
+        let at = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.row_key, i))
+            .collect();
+        Ok(Source {
+            columns,
+            rows,
+            at,
+            cells,
+        })
     }
 
-    /// Compares the source's rows (or only `only`) with the stored entries.
-    async fn compare(
+    /// The entries of `index` that the source's rows (or only those of
+    /// `only`) give; rows the maintainer has not caught up with are counted
+    /// as pending, rows with an undecodable latest cell as unreadable.
+    fn expected(
         &self,
+        index: usize,
         offsets: &BTreeMap<u32, Vec<i64>>,
         source: &Source,
         only: Option<&BTreeSet<(usize, Uuid)>>,
         progress: &mut VerifyProgress,
+    ) -> Vec<Expected> {
+        let runtime = &self.ds.indexes[index];
+        let columns: Vec<usize> = runtime
+            .def
+            .columns
+            .iter()
+            .filter_map(|c| source.column(c))
+            .collect();
+        // The lowest offset among the index's consumers, per shard.
+        let applied = |shard: u32| -> i64 {
+            offsets.get(&shard).map_or(0, |per| {
+                self.consumers
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.index == index)
+                    .map(|(i, _)| per[i])
+                    .min()
+                    .unwrap_or(0)
+            })
+        };
+        let mut out = Vec::new();
+        for row in &source.rows {
+            if only.is_some_and(|o| !o.contains(&(index, row.row_key))) {
+                continue;
+            }
+            let newest = columns
+                .iter()
+                .map(|&c| row.newest_added[c])
+                .max()
+                .unwrap_or(0);
+            if newest > applied(row.shard) {
+                progress.pending += 1;
+                continue;
+            }
+            if columns.iter().any(|&c| row.unreadable[c]) {
+                progress.unreadable += 1;
+                continue;
+            }
+            progress.rows += 1;
+            let mut scratch = PassResult::default();
+            let entry = entry_from(
+                runtime,
+                self.ds.def.shards,
+                |column| {
+                    let c = source.column(column)?;
+                    row.latest[c].as_ref().map(|(r, body)| (*r, body))
+                },
+                &mut scratch,
+            );
+            out.push(Expected {
+                row_key: row.row_key,
+                shard: row.shard,
+                entry,
+            });
+        }
+        out
+    }
+
+    /// The first look at a chunk: each index's expected entries are
+    /// compared by the databases (`bulk`), which return only the rows that
+    /// differ. The mismatches are candidates for [`Chunk::settle`].
+    async fn compare_bulk(
+        &self,
+        offsets: &BTreeMap<u32, Vec<i64>>,
+        source: &Source,
+        progress: &mut VerifyProgress,
+    ) -> Result<Vec<Found>> {
+        let targets = self.ds.map.clusters();
+        let expected: Vec<(usize, Vec<Expected>)> = self
+            .indexes
+            .iter()
+            .map(|&index| (index, self.expected(index, offsets, source, None, progress)))
+            .collect();
+        // Per index and target cluster: the rows whose entry belongs there
+        // (compared), and the others (any live row there is extra).
+        let mut lists: Vec<(usize, usize, Vec<&Expected>, Vec<&Expected>)> = Vec::new();
+        for (index, rows) in &expected {
+            for &target in &targets {
+                let (here, elsewhere) = rows.iter().partition(|e| {
+                    e.entry.shard.map(|s| self.ds.map.cluster_of(s)) == Some(target)
+                });
+                lists.push((*index, target, here, elsewhere));
+            }
+        }
+        let mut reads: Vec<futures::future::BoxFuture<'_, Result<Vec<Found>>>> = Vec::new();
+        for (index, target, here, elsewhere) in &lists {
+            let runtime = &self.ds.indexes[*index];
+            for part in bulk::batches(here.len(), bulk::rows_per_statement(runtime)) {
+                reads.push(Box::pin(self.bulk_mismatches(*index, *target, &here[part])));
+            }
+            for part in elsewhere.chunks(KEYS_PER_STATEMENT) {
+                reads.push(Box::pin(self.bulk_extra(*index, *target, part)));
+            }
+        }
+        // One statement at a time: a run keeps at most two in flight (two
+        // chunks at once when it runs flat out), so most of the
+        // maintenance pool stays free for the maintainer's passes and
+        // leases.
+        let mut found = Vec::new();
+        for read in reads {
+            found.extend(read.await?);
+        }
+        found.sort_by_key(|f| (f.index, f.row_key, f.target));
+        Ok(found)
+    }
+
+    /// The rows of `rows` (whose entries belong on `target`) whose stored
+    /// row on `target` is missing or stale.
+    async fn bulk_mismatches(
+        &self,
+        index: usize,
+        target: usize,
+        rows: &[&Expected],
+    ) -> Result<Vec<Found>> {
+        let runtime = &self.ds.indexes[index];
+        let backend = self.topology.clusters[target].maintenance()?;
+        let pairs: Vec<(Uuid, &Entry)> = rows.iter().map(|e| (e.row_key, &e.entry)).collect();
+        let sql = bulk::mismatches(backend.dialect(), runtime, &pairs);
+        let by_key: HashMap<Uuid, &Expected> = rows.iter().map(|e| (e.row_key, *e)).collect();
+        let mut found = Vec::new();
+        for row in backend.fetch(&sql, &[ColType::Uuid, ColType::Int]).await? {
+            let Some(Value::Uuid(row_key)) = row.first() else {
+                continue;
+            };
+            let Some(e) = by_key.get(row_key) else {
+                continue;
+            };
+            let live = row.get(1).is_some_and(|v| !v.is_null());
+            found.push(Found {
+                index,
+                row_key: *row_key,
+                shard: e.shard,
+                kind: if live {
+                    DriftKind::Stale
+                } else {
+                    DriftKind::Missing
+                },
+                target,
+                expected: Some(e.entry.clone()),
+                stored: None,
+            });
+        }
+        Ok(found)
+    }
+
+    /// The rows of `rows` (whose entries belong elsewhere, or nowhere) that
+    /// have a live stored row on `target`.
+    async fn bulk_extra(
+        &self,
+        index: usize,
+        target: usize,
+        rows: &[&Expected],
+    ) -> Result<Vec<Found>> {
+        let runtime = &self.ds.indexes[index];
+        let backend = self.topology.clusters[target].maintenance()?;
+        let keys: Vec<Uuid> = rows.iter().map(|e| e.row_key).collect();
+        let sql = bulk::live(backend.dialect(), runtime, &keys);
+        let by_key: HashMap<Uuid, &Expected> = rows.iter().map(|e| (e.row_key, *e)).collect();
+        Ok(backend
+            .fetch(&sql, &[ColType::Uuid])
+            .await?
+            .into_iter()
+            .filter_map(|row| match row.first() {
+                Some(Value::Uuid(row_key)) => by_key.get(row_key).map(|e| Found {
+                    index,
+                    row_key: *row_key,
+                    shard: e.shard,
+                    kind: DriftKind::Extra,
+                    target,
+                    expected: None,
+                    stored: None,
+                }),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The second look at candidate mismatches (the rows of `only`): the
+    /// stored rows are read and compared with the expected entries in Rust
+    /// ([`same`]).
+    async fn compare_exact(
+        &self,
+        offsets: &BTreeMap<u32, Vec<i64>>,
+        source: &Source,
+        only: &BTreeSet<(usize, Uuid)>,
+        progress: &mut VerifyProgress,
     ) -> Result<Vec<Found>> {
         let mut found = Vec::new();
         let targets = self.ds.map.clusters();
-        // Every index's stored rows, read at once.
-        let lists: Vec<(usize, Vec<Uuid>)> = self
-            .indexes
-            .iter()
-            .map(|&index| {
-                let rows: Vec<Uuid> = source
-                    .rows
-                    .keys()
-                    .copied()
-                    .filter(|r| only.is_none_or(|o| o.contains(&(index, *r))))
-                    .collect();
-                (index, rows)
-            })
-            .filter(|(_, rows)| !rows.is_empty())
-            .collect();
-        let stored_all = if self.concurrent {
-            futures::future::try_join_all(lists.iter().map(|(index, rows)| {
-                read_stored(
-                    self.topology,
-                    &self.ds.indexes[*index],
-                    &targets,
-                    rows,
-                    true,
-                )
-            }))
-            .await?
-        } else {
-            let mut all = Vec::new();
-            for (index, rows) in &lists {
-                all.push(
-                    read_stored(
-                        self.topology,
-                        &self.ds.indexes[*index],
-                        &targets,
-                        rows,
-                        false,
-                    )
-                    .await?,
-                );
+        for &index in self.indexes {
+            let expected = self.expected(index, offsets, source, Some(only), progress);
+            if expected.is_empty() {
+                continue;
             }
-            all
-        };
-        for ((index, rows), stored) in lists.into_iter().zip(stored_all) {
             let runtime = &self.ds.indexes[index];
-            // The lowest offset among the index's consumers, per shard.
-            let applied = |shard: u32| -> i64 {
-                offsets.get(&shard).map_or(0, |per| {
-                    self.consumers
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, c)| c.index == index)
-                        .map(|(i, _)| per[i])
-                        .min()
-                        .unwrap_or(0)
-                })
-            };
-            for row_key in rows {
-                let shard = source.rows[&row_key];
-                let columns = &runtime.def.columns;
-                let newest = columns
-                    .iter()
-                    .filter_map(|c| source.newest_added.get(&(row_key, c.clone())))
-                    .max()
-                    .copied()
-                    .unwrap_or(0);
-                if newest > applied(shard) {
-                    progress.pending += 1;
-                    continue;
-                }
-                if columns
-                    .iter()
-                    .any(|c| source.unreadable.contains(&(row_key, c.clone())))
-                {
-                    progress.unreadable += 1;
-                    continue;
-                }
-                progress.rows += 1;
-                let mut scratch = PassResult::default();
-                let expected = compute_entry(
-                    runtime,
-                    self.ds.def.shards,
-                    row_key,
-                    &source.latest,
-                    &mut scratch,
-                );
-                let home = expected.shard.map(|s| self.ds.map.cluster_of(s));
+            let rows: Vec<Uuid> = expected.iter().map(|e| e.row_key).collect();
+            let stored = read_stored(self.topology, runtime, &targets, &rows).await?;
+            for e in expected {
+                let home = e.entry.shard.map(|s| self.ds.map.cluster_of(s));
                 for &target in &targets {
-                    let live = stored.get(&(target, row_key)).filter(|s| s.shard.is_some());
+                    let live = stored
+                        .get(&(target, e.row_key))
+                        .filter(|s| s.shard.is_some());
                     let kind = match (home == Some(target), live) {
                         (true, None) => Some(DriftKind::Missing),
-                        (true, Some(s)) if !same(&expected, s) => Some(DriftKind::Stale),
+                        (true, Some(s)) if !same(&e.entry, s) => Some(DriftKind::Stale),
                         (false, Some(_)) => Some(DriftKind::Extra),
                         _ => None,
                     };
                     if let Some(kind) = kind {
                         found.push(Found {
                             index,
-                            row_key,
-                            shard,
+                            row_key: e.row_key,
+                            shard: e.shard,
                             kind,
                             target,
-                            expected: (home == Some(target)).then(|| expected.clone()),
+                            expected: (home == Some(target)).then(|| e.entry.clone()),
                             stored: live.cloned(),
                         });
                     }
@@ -725,7 +927,7 @@ impl Chunk<'_> {
         // The second look counts nothing but the drift it confirms.
         let mut again = VerifyProgress::default();
         let mut confirmed = self
-            .compare(&offsets, &source, Some(&only), &mut again)
+            .compare_exact(&offsets, &source, &only, &mut again)
             .await?;
         progress.pending += again.pending;
         // Rows with no cells left in the index columns: whatever is live is extra.
@@ -736,12 +938,11 @@ impl Chunk<'_> {
         confirmed.retain(|f| first.contains_key(&(f.index, f.row_key, f.target)));
         let missing_rows: Vec<&Found> = found
             .iter()
-            .filter(|f| !source.rows.contains_key(&f.row_key) && f.kind == DriftKind::Extra)
+            .filter(|f| source.row(&f.row_key).is_none() && f.kind == DriftKind::Extra)
             .collect();
         for f in missing_rows {
             let runtime = &self.ds.indexes[f.index];
-            let stored =
-                read_stored(self.topology, runtime, &[f.target], &[f.row_key], false).await?;
+            let stored = read_stored(self.topology, runtime, &[f.target], &[f.row_key]).await?;
             if let Some(live) = stored
                 .get(&(f.target, f.row_key))
                 .filter(|s| s.shard.is_some())
@@ -866,36 +1067,21 @@ impl Chunk<'_> {
             let backend = self.topology.clusters[target].maintenance()?.clone();
             let mut after: Option<Uuid> = None;
             loop {
-                let mut sql = Sql::new(backend.dialect());
-                sql.push("SELECT ")
-                    .ident("row_key")
-                    .push(" FROM ")
-                    .ident(&runtime.table)
-                    .push(" WHERE ")
-                    .ident(ddl::INDEX_SHARD_COLUMN)
-                    .push(" IS NOT NULL");
-                if let Some(after) = after {
-                    sql.push(" AND ")
-                        .ident("row_key")
-                        .push(" > ")
-                        .bind(Value::Uuid(after));
-                }
-                sql.push(" ORDER BY ")
-                    .ident("row_key")
-                    .push(&format!(" LIMIT {KEYS_PER_STATEMENT}"));
-                let page: Vec<Uuid> = backend
-                    .fetch(&sql, &[ColType::Uuid])
-                    .await?
-                    .into_iter()
-                    .filter_map(|row| match row.into_iter().next() {
-                        Some(Value::Uuid(u)) => Some(u),
-                        _ => None,
-                    })
-                    .collect();
-                let Some(last) = page.last().copied() else {
-                    break;
-                };
-                after = Some(last);
+                // A page of up to ORPHAN_PAGE keys of the index table, ending
+                // at `upper` (the last page has none), whose live entries
+                // the database checks against its own cells: only those
+                // without a cell here come back, to be looked for on the
+                // row's cell cluster (another one in a multi-cluster
+                // datastore).
+                let upper = page_end(backend.as_ref(), &runtime.table, after).await?;
+                let page = live_without_local_cells(
+                    backend.as_ref(),
+                    runtime,
+                    &ddl::cells_table(self.ds.name()),
+                    after,
+                    upper,
+                )
+                .await?;
                 let mut by_cluster: BTreeMap<usize, Vec<Uuid>> = BTreeMap::new();
                 for row_key in &page {
                     let shard = row_shard(row_key, self.ds.def.shards);
@@ -907,7 +1093,12 @@ impl Chunk<'_> {
                     }
                 }
                 for (cell_cluster, rows) in by_cluster {
-                    let have = self.rows_with_cells(cell_cluster, runtime, &rows).await?;
+                    let mut have = HashSet::new();
+                    if cell_cluster != target {
+                        for part in rows.chunks(KEYS_PER_STATEMENT) {
+                            have.extend(self.rows_with_cells(cell_cluster, runtime, part).await?);
+                        }
+                    }
                     let lonely: Vec<Found> = rows
                         .iter()
                         .filter(|r| !have.contains(r))
@@ -926,8 +1117,9 @@ impl Chunk<'_> {
                         self.settle(lonely, options.repair, progress, out).await?;
                     }
                 }
-                if page.len() < KEYS_PER_STATEMENT {
-                    break;
+                match upper {
+                    Some(upper) => after = Some(upper),
+                    None => break,
                 }
             }
         }
@@ -973,13 +1165,90 @@ enum Selection<'a> {
     Rows(&'a [Uuid]),
 }
 
+/// Index rows a page of the orphan phase covers: sized so that a page
+/// is one short statement even on a server's statement timeout.
+const ORPHAN_PAGE: usize = 10_000;
+
+/// The key that ends the page of `table` after `after`: the
+/// [`ORPHAN_PAGE`]th key, or `None` when fewer keys are left.
+async fn page_end(backend: &dyn Backend, table: &str, after: Option<Uuid>) -> Result<Option<Uuid>> {
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("SELECT ")
+        .ident("row_key")
+        .push(" FROM ")
+        .ident(table);
+    if let Some(after) = after {
+        sql.push(" WHERE ")
+            .ident("row_key")
+            .push(" > ")
+            .bind(Value::Uuid(after));
+    }
+    sql.push(" ORDER BY ")
+        .ident("row_key")
+        .push(&format!(" LIMIT 1 OFFSET {}", ORPHAN_PAGE - 1));
+    Ok(backend
+        .fetch(&sql, &[ColType::Uuid])
+        .await?
+        .into_iter()
+        .next()
+        .and_then(|row| row.into_iter().next())
+        .and_then(|v| v.as_uuid()))
+}
+
+/// The live entries of `runtime` with keys in (`after`, `upper`] whose row
+/// has no cell in the index's columns in this database.
+async fn live_without_local_cells(
+    backend: &dyn Backend,
+    runtime: &IndexRuntime,
+    cells_table: &str,
+    after: Option<Uuid>,
+    upper: Option<Uuid>,
+) -> Result<Vec<Uuid>> {
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("SELECT t.")
+        .ident("row_key")
+        .push(" FROM ")
+        .ident(&runtime.table)
+        .push(" t WHERE t.")
+        .ident(ddl::INDEX_SHARD_COLUMN)
+        .push(" IS NOT NULL");
+    if let Some(after) = after {
+        sql.push(" AND t.")
+            .ident("row_key")
+            .push(" > ")
+            .bind(Value::Uuid(after));
+    }
+    if let Some(upper) = upper {
+        sql.push(" AND t.")
+            .ident("row_key")
+            .push(" <= ")
+            .bind(Value::Uuid(upper));
+    }
+    sql.push(" AND NOT EXISTS (SELECT 1 FROM ")
+        .ident(cells_table)
+        .push(" c WHERE c.")
+        .ident("row_key")
+        .push(" = t.")
+        .ident("row_key")
+        .push(" AND c.")
+        .ident("column_name")
+        .push(" IN ")
+        .bind_list(runtime.def.columns.iter().map(|c| Value::Text(c.clone())))
+        .push(")");
+    Ok(backend
+        .fetch(&sql, &[ColType::Uuid])
+        .await?
+        .into_iter()
+        .filter_map(|row| row.into_iter().next().and_then(|v| v.as_uuid()))
+        .collect())
+}
+
 /// The stored rows of `rows` in `runtime`'s table on each of `targets`.
 async fn read_stored(
     topology: &Topology,
     runtime: &IndexRuntime,
     targets: &[usize],
     rows: &[Uuid],
-    concurrent: bool,
 ) -> Result<HashMap<(usize, Uuid), Stored>> {
     let index = &runtime.def;
     let mut names: Vec<String> = vec!["row_key".into(), ddl::INDEX_SHARD_COLUMN.into()];
@@ -990,28 +1259,12 @@ async fn read_stored(
     types.extend(index.fields.iter().map(|f| col_type(f.ty)));
     types.extend(index.columns.iter().map(|_| ColType::Int));
     types.push(ColType::DateTime);
-    let mut reads = Vec::new();
+    let mut pages = Vec::new();
     for &target in targets {
         for part in rows.chunks(KEYS_PER_STATEMENT) {
-            reads.push(read_page(
-                topology,
-                &runtime.table,
-                &names,
-                &types,
-                target,
-                part,
-            ));
+            pages.push(read_page(topology, &runtime.table, &names, &types, target, part).await?);
         }
     }
-    let pages = if concurrent {
-        futures::future::try_join_all(reads).await?
-    } else {
-        let mut pages = Vec::new();
-        for read in reads {
-            pages.push(read.await?);
-        }
-        pages
-    };
     let mut stored = HashMap::new();
     for (target, page) in pages {
         for row in page {

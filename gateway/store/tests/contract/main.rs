@@ -141,6 +141,7 @@ contract_suite!(
     prune_keeps_cells_a_consumer_has_not_read,
     prune_keeps_cells_a_quarantine_names,
     prune_while_writing_keeps_every_latest_version,
+    the_smallest_difference_of_any_field_is_stale,
 );
 
 // The index contract again with cells and index entries spread over two

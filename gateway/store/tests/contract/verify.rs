@@ -273,3 +273,102 @@ pub async fn an_interrupted_verify_resumes_where_it_stopped(env: Arc<Env>) {
     assert_eq!(done.next_shard, None);
     store.shutdown(Duration::from_secs(5)).await;
 }
+
+/// The databases compare the entries on the first look (`verify/bulk.rs`):
+/// a stored row that differs from its entry by the least step of any
+/// field type, ref key or shard must still be found, on every backend.
+pub async fn the_smallest_difference_of_any_field_is_stale(env: Arc<Env>) {
+    let store = env.open().await;
+    let kind = env.kind;
+    let city_u = Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+    let item = |row: Uuid| {
+        vec![
+            NewCell {
+                row_key: row,
+                column: "DATA".into(),
+                ref_key: 3,
+                body: json!({
+                    "owner": "alice",
+                    "n": 41,
+                    "x": 0.1,
+                    "s": "Abc",
+                    "t": "2024-05-01T10:00:00.123456Z",
+                    "u": city_u.to_string(),
+                }),
+            },
+            NewCell {
+                row_key: row,
+                column: "FLAGS".into(),
+                ref_key: 5,
+                body: json!({"b": true}),
+            },
+        ]
+    };
+    let (t_plus_1us, x_plus_ulps, b_flipped) = match kind {
+        Kind::Sqlite => ("t + 1", "x + 0.000000000000001", "NOT b"),
+        Kind::MySql => (
+            "t + INTERVAL 1 MICROSECOND",
+            "x + 0.000000000000001",
+            "NOT b",
+        ),
+        Kind::Postgres => (
+            "t + INTERVAL '1 microsecond'",
+            "x + 0.000000000000001",
+            "NOT b",
+        ),
+    };
+    let other_u = uuid_sql(kind, Uuid::from_u128(city_u.as_u128() ^ 1));
+    let edits: Vec<(&str, String)> = vec![
+        ("an int off by one", "n = n + 1".into()),
+        ("an int set NULL", "n = NULL".into()),
+        ("a float by a few ulps", format!("x = {x_plus_ulps}")),
+        ("a string's case", "s = 'abc'".into()),
+        ("a string's trailing space", "s = 'Abc '".into()),
+        ("a datetime by a microsecond", format!("t = {t_plus_1us}")),
+        ("a uuid by a bit", format!("u = {other_u}")),
+        ("a bool flipped", format!("b = {b_flipped}")),
+        ("a ref key", "_ref_flags = _ref_flags + 1".into()),
+        ("the shard", "_shard = _shard + 1".into()),
+    ];
+    let rows: Vec<Uuid> = (0..=edits.len()).map(|_| Uuid::new_v4()).collect();
+    let cells: Vec<NewCell> = rows.iter().flat_map(|r| item(*r)).collect();
+    store.put_cells("items", cells).await.unwrap();
+    store.sync_indexes().await.unwrap();
+    let table = store.index_table("items", "items_index").unwrap();
+    for ((_, set), row) in edits.iter().zip(&rows) {
+        harness::execute(
+            kind,
+            &env.url,
+            &format!(
+                "UPDATE {table} SET {set} WHERE row_key = {}",
+                uuid_sql(kind, *row)
+            ),
+        )
+        .await;
+    }
+    let mut drift = Vec::new();
+    store
+        .verify_indexes(
+            "items",
+            &VerifyOptions {
+                restart: true,
+                duty: 1.0,
+                ..VerifyOptions::default()
+            },
+            &mut |_: &VerifyProgress| {},
+            &mut |d: &Drift| drift.push(d.clone()),
+        )
+        .await
+        .expect("verify runs");
+    for ((what, _), row) in edits.iter().zip(&rows) {
+        let found: Vec<DriftKind> = drift
+            .iter()
+            .filter(|d| d.row_key == *row)
+            .map(|d| d.kind)
+            .collect();
+        assert_eq!(found, vec![DriftKind::Stale], "{what}: {drift:#?}");
+    }
+    // The last row was not touched.
+    assert_eq!(drift.len(), edits.len(), "{drift:#?}");
+    store.shutdown(Duration::from_secs(5)).await;
+}
