@@ -56,6 +56,8 @@ const FIRST_CHUNK: u32 = 16;
 const MAX_CHUNK: u32 = 1024;
 /// Cells per `DELETE` statement.
 const DELETE_BATCH: usize = 2000;
+/// Attempts of a chunk that lost a race with writers, after the first.
+const CHUNK_RETRIES: u32 = 5;
 
 /// What to delete.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -194,9 +196,22 @@ pub(crate) async fn prune(
                     first: from,
                     last: to,
                 };
-                let examined =
-                    prune_chunk(backend.as_ref(), ds, options, &expected, chunk, &mut report)
-                        .await?;
+                // A chunk that loses a race with writers (a deadlock, a
+                // serialization failure) is examined again: what its first
+                // attempt deleted is gone and stays counted.
+                let mut attempt = 0;
+                let examined = loop {
+                    match prune_chunk(backend.as_ref(), ds, options, &expected, chunk, &mut report)
+                        .await
+                    {
+                        Err(err) if err.is_retryable() && attempt < CHUNK_RETRIES => {
+                            attempt += 1;
+                            tracing::debug!(datastore = %ds.name(), attempt, error = %err, "prune chunk retried after a lost race");
+                            crate::retry::backoff(attempt).await;
+                        }
+                        other => break other?,
+                    }
+                };
                 let shards = to - from + 1;
                 report.shards += shards;
                 progress.shards_done += shards;
