@@ -255,7 +255,7 @@ test('explorer by keyboard alone: skip link, navigation, the query form', async 
     const run = await tabTo((f) => f.tag === 'BUTTON' && f.text === 'Run query', 'the run button');
     assertVisibleFocus(run);
     await page.keyboard.press('Enter');
-    await page.getByText(/^Page 1: \d+ entr/).waitFor();
+    await page.getByRole('region', { name: 'Results' }).getByText(/^Page 1: \d+ entr/).waitFor();
     assert.ok((await resultRows(page)).length > 0);
     browser.assertClean();
   } finally {
