@@ -405,8 +405,23 @@ impl Worker {
                 self.claimed.remove(bucket);
             }
         }
+        self.take_in(outcome, false);
+    }
+
+    /// Takes in the outcome of a pass for the versions being built.
+    fn built(&mut self, outcome: std::result::Result<Built, tokio::task::JoinError>) {
+        self.take_in(outcome, true);
+    }
+
+    /// Takes in the outcome of a pass, live or for the versions being
+    /// built (`building`).
+    fn take_in(
+        &mut self,
+        outcome: std::result::Result<Built, tokio::task::JoinError>,
+        building: bool,
+    ) {
         let (Some(topology), Ok(done)) = (self.topology.upgrade(), outcome) else {
-            tracing::error!(datastore = %self.datastore, "an index maintenance pass did not end");
+            tracing::error!(datastore = %self.datastore, building, "an index maintenance pass did not end");
             return;
         };
         let Ok(ds) = topology.datastore(&self.datastore) else {
@@ -417,29 +432,9 @@ impl Worker {
             &topology,
             &done.batch,
             &done.group,
-            false,
+            building,
             &done.down,
             done.result,
-        );
-    }
-
-    /// Takes in the outcome of a pass for the versions being built.
-    fn built(&mut self, outcome: std::result::Result<Built, tokio::task::JoinError>) {
-        let (Some(topology), Ok(built)) = (self.topology.upgrade(), outcome) else {
-            tracing::error!(datastore = %self.datastore, "an index build pass did not end");
-            return;
-        };
-        let Ok(ds) = topology.datastore(&self.datastore) else {
-            return;
-        };
-        self.take_attempts(&ds, &built.batch, &built.group, built.attempts);
-        self.settle(
-            &topology,
-            &built.batch,
-            &built.group,
-            true,
-            &built.down,
-            built.result,
         );
     }
 
