@@ -633,7 +633,7 @@ impl Collector for StoreCollector {
         }
         let mut family = encoder.encode_descriptor(
             "cellgate_storage_maintenance_statements",
-            "SQL statements this process sent to each cluster's master through its maintenance pool (index maintenance, triggers, subscription tails), 0 where they share the master's pool and count in cellgate_storage_statements",
+            "SQL statements this process sent to each cluster's master for background work (index maintenance, triggers, subscription tails) through its maintenance pool, or on SQLite its maintenance lane to the one writer; 0 where they share the master's pool (storage.maintenance_connections 0) and count in cellgate_storage_statements",
             None,
             CounterType,
         )?;

@@ -282,9 +282,9 @@ impl Store {
             };
             let (master, master_breaker) =
                 guard(storage::connect(&cluster.master, &connect).await?, "master");
-            let maintenance = if config.maintenance_connections == 0
-                || master.dialect() == storage::Dialect::Sqlite
-            {
+            let maintenance = if let Some(lane) = master.maintenance_lane() {
+                lane
+            } else if config.maintenance_connections == 0 {
                 master.clone()
             } else {
                 let connect = ConnectOptions {

@@ -87,7 +87,9 @@ pub(crate) struct Cluster {
     pub(crate) master: Arc<dyn Backend>,
     /// The master again, through a pool of its own for index maintenance
     /// (`storage.maintenance_connections`), so maintenance never waits for
-    /// a connection behind requests; the master's own pool on SQLite.
+    /// a connection behind requests; on SQLite the master's connections,
+    /// its write transactions ahead of the requests' queued ones
+    /// (`Backend::maintenance_lane`).
     maintenance: Arc<dyn Backend>,
     /// Read by the reads that allow a replica, and by every read while the
     /// master's breaker is open (`replicas.rs`).

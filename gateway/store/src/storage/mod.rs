@@ -81,6 +81,13 @@ pub trait Backend: Send + Sync + 'static {
     fn breaker(&self) -> Option<breaker::BreakerStatus> {
         None
     }
+
+    /// The same database for index maintenance, when it is not a pool of
+    /// its own: on SQLite, the same connections, whose write transactions
+    /// go ahead of the queued ones of requests (`sqlite.rs`).
+    fn maintenance_lane(&self) -> Option<Arc<dyn Backend>> {
+        None
+    }
 }
 
 /// An open transaction; dropped without `commit` it rolls back.
@@ -228,6 +235,9 @@ macro_rules! sqlx_backend {
             /// Dropped with the backend or taken by `close`, which stops
             /// its background tasks.
             stop: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+            /// Writes go ahead of the ordinary writers waiting for the
+            /// writer pool, if it has a lane (`Pool::with_lane`).
+            first: bool,
         }
 
         /// An open transaction on one pooled connection.
@@ -305,6 +315,15 @@ macro_rules! sqlx_backend {
             ) -> $crate::Result<$crate::storage::pool::Conn<$db>> {
                 pool.acquire().await.map_err(|e| self.error(e))
             }
+
+            async fn acquire_writer(&self) -> $crate::Result<$crate::storage::pool::Conn<$db>> {
+                let conn = if self.first {
+                    self.writer.acquire_first().await
+                } else {
+                    self.writer.acquire().await
+                };
+                conn.map_err(|e| self.error(e))
+            }
         }
 
         #[async_trait::async_trait]
@@ -347,7 +366,7 @@ macro_rules! sqlx_backend {
 
             async fn execute(&self, sql: &$crate::storage::Sql) -> $crate::Result<u64> {
                 let limit = self.statement_timeout;
-                let mut conn = self.acquire(&self.writer).await?;
+                let mut conn = self.acquire_writer().await?;
                 count(&self.statements);
                 let outcome =
                     $crate::storage::answered(limit, build(sql).execute(conn.start())).await;
@@ -363,7 +382,7 @@ macro_rules! sqlx_backend {
                 // finds its connection lost is repeated on another one.
                 let mut attempts = lost_connection_attempts(&self.writer, true);
                 let conn = loop {
-                    let mut conn = self.acquire(&self.writer).await?;
+                    let mut conn = self.acquire_writer().await?;
                     count(&self.statements);
                     let begin = <Manager as sqlx::TransactionManager>::begin(
                         conn.start(),
@@ -399,6 +418,10 @@ macro_rules! sqlx_backend {
 
             fn statements(&self) -> u64 {
                 self.statements.load(std::sync::atomic::Ordering::Relaxed)
+            }
+
+            fn maintenance_lane(&self) -> Option<std::sync::Arc<dyn $crate::storage::Backend>> {
+                self.lane()
             }
 
             async fn close(&self) {

@@ -14,6 +14,11 @@ use super::{sqlx_backend, ColType, ConnectOptions, Dialect, Value};
 sqlx_backend!(MySqlBackend, MySqlTx, MySql, Dialect::MySql, None);
 
 impl MySqlBackend {
+    /// A pool of its own serves index maintenance on a server
+    /// (`storage.maintenance_connections`).
+    fn lane(&self) -> Option<std::sync::Arc<dyn super::Backend>> {
+        None
+    }
     /// Nothing to do before the writer closes.
     async fn closing(_writer: &super::pool::Pool<MySql>) {}
 
@@ -36,6 +41,7 @@ impl MySqlBackend {
             statement_timeout: Some(options.statement_timeout),
             statements: Default::default(),
             stop: Default::default(),
+            first: false,
         })
     }
 }

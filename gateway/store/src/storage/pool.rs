@@ -50,6 +50,10 @@ pub(crate) struct Pool<DB: Database> {
     acquire_timeout: Duration,
     /// Longest wait for the round trip that settles a connection.
     settle_timeout: Option<Duration>,
+    /// With a lane ([`Pool::with_lane`]), ordinary callers wait their turn
+    /// on it, so that at most one of them waits in the pool's own queue
+    /// and [`Pool::acquire_first`] goes ahead of the rest.
+    lane: Option<std::sync::Arc<tokio::sync::Mutex<()>>>,
 }
 
 impl<DB: Database> Clone for Pool<DB> {
@@ -59,6 +63,7 @@ impl<DB: Database> Clone for Pool<DB> {
             max_size: self.max_size,
             acquire_timeout: self.acquire_timeout,
             settle_timeout: self.settle_timeout,
+            lane: self.lane.clone(),
         }
     }
 }
@@ -82,14 +87,40 @@ impl<DB: Database> Pool<DB> {
             max_size,
             acquire_timeout,
             settle_timeout,
+            lane: None,
         }
+    }
+
+    /// The pool with a lane for [`Pool::acquire_first`]: callers of it
+    /// wait for at most the connection in use and one ordinary caller,
+    /// however many others queue.
+    pub(crate) fn with_lane(mut self) -> Pool<DB> {
+        self.lane = Some(Default::default());
+        self
     }
 
     /// Lends a connection, opening one if none is idle and the pool has
     /// room; sqlx's `PoolTimedOut` after the acquire timeout, `PoolClosed`
     /// once the pool is closed.
     pub(crate) async fn acquire(&self) -> Result<Conn<DB>, sqlx::Error> {
-        let object = match tokio::time::timeout(self.acquire_timeout, self.inner.get()).await {
+        self.lend(false).await
+    }
+
+    /// As [`Pool::acquire`], ahead of the ordinary callers still waiting
+    /// when the pool has a lane.
+    pub(crate) async fn acquire_first(&self) -> Result<Conn<DB>, sqlx::Error> {
+        self.lend(true).await
+    }
+
+    async fn lend(&self, first: bool) -> Result<Conn<DB>, sqlx::Error> {
+        let get = async {
+            let _turn = match (&self.lane, first) {
+                (Some(lane), false) => Some(lane.lock().await),
+                _ => None,
+            };
+            self.inner.get().await
+        };
+        let object = match tokio::time::timeout(self.acquire_timeout, get).await {
             Err(_) | Ok(Err(PoolError::Timeout(_))) => return Err(sqlx::Error::PoolTimedOut),
             Ok(Err(PoolError::Backend(e))) => return Err(e),
             Ok(Err(_)) => return Err(sqlx::Error::PoolClosed),
@@ -196,5 +227,67 @@ impl<DB: Database> Drop for Conn<DB> {
                 drop(Object::take(object));
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+    use std::sync::{Arc, Mutex};
+
+    use sqlx::sqlite::SqliteConnectOptions;
+
+    use super::*;
+
+    /// Who got the one connection, in order.
+    async fn take(pool: Pool<sqlx::Sqlite>, who: &'static str, order: Arc<Mutex<Vec<&str>>>) {
+        let conn = if who.starts_with("first") {
+            pool.acquire_first().await
+        } else {
+            pool.acquire().await
+        }
+        .expect("a connection");
+        order.lock().unwrap().push(who);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        drop(conn);
+    }
+
+    #[tokio::test]
+    async fn a_caller_of_the_lane_goes_ahead_of_queued_callers() {
+        let options = SqliteConnectOptions::from_str("sqlite::memory:").unwrap();
+        let pool = Pool::<sqlx::Sqlite>::new(options, 1, Duration::from_secs(10), None).with_lane();
+        let held = pool.acquire().await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for who in ["a", "b", "c", "first"] {
+            tasks.push(tokio::spawn(take(pool.clone(), who, order.clone())));
+            // Each queues before the next one asks.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(held);
+        for task in tasks {
+            task.await.unwrap();
+        }
+        // `a` was already waiting for the connection itself; `first`
+        // passes `b` and `c`, which wait for their turn in the lane.
+        assert_eq!(*order.lock().unwrap(), ["a", "first", "b", "c"]);
+    }
+
+    #[tokio::test]
+    async fn without_a_lane_callers_are_served_in_order() {
+        let options = SqliteConnectOptions::from_str("sqlite::memory:").unwrap();
+        let pool = Pool::<sqlx::Sqlite>::new(options, 1, Duration::from_secs(10), None);
+        let held = pool.acquire().await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for who in ["a", "b", "c", "first"] {
+            tasks.push(tokio::spawn(take(pool.clone(), who, order.clone())));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(held);
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), ["a", "b", "c", "first"]);
     }
 }

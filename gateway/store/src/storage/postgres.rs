@@ -20,6 +20,11 @@ sqlx_backend!(
 );
 
 impl PostgresBackend {
+    /// A pool of its own serves index maintenance on a server
+    /// (`storage.maintenance_connections`).
+    fn lane(&self) -> Option<std::sync::Arc<dyn super::Backend>> {
+        None
+    }
     /// Nothing to do before the writer closes.
     async fn closing(_writer: &super::pool::Pool<Postgres>) {}
 
@@ -44,6 +49,7 @@ impl PostgresBackend {
             statement_timeout: Some(options.statement_timeout),
             statements: Default::default(),
             stop: Default::default(),
+            first: false,
         })
     }
 }

@@ -30,6 +30,26 @@ sqlx_backend!(
 );
 
 impl SqliteBackend {
+    /// Index maintenance shares the one writer with requests. Its write
+    /// transactions go ahead of the requests' queued ones: otherwise at a
+    /// write rate the writer cannot sustain for both, every pass waits
+    /// behind the whole queue, the backlog of unapplied cells grows
+    /// without bound, and so does index lag. Ahead of the queue, the
+    /// writes slow down instead (back-pressure), and the rate the store
+    /// sustains is one its indexes keep up with.
+    fn lane(&self) -> Option<std::sync::Arc<dyn super::Backend>> {
+        Some(std::sync::Arc::new(SqliteBackend {
+            writer: self.writer.clone(),
+            reader: self.reader.clone(),
+            cluster: self.cluster.clone(),
+            statement_timeout: None,
+            statements: Default::default(),
+            // Closing it closes nothing the store's own backend does not.
+            stop: std::sync::Mutex::new(None),
+            first: true,
+        }))
+    }
+
     /// Before the writer closes: the WAL copied back, so the next process
     /// neither replays it nor waits for this one's closing checkpoint.
     async fn closing(writer: &Pool<Sqlite>) {
@@ -51,7 +71,9 @@ impl SqliteBackend {
             .pragma("temp_store", "memory")
             // Checkpoints run in the background (see `checkpoint_in_background`),
             // not inside whichever commit crosses the WAL size threshold.
-            .pragma("wal_autocheckpoint", "0");
+            .pragma("wal_autocheckpoint", "0")
+            // The WAL file is cut back to this size when it starts over.
+            .pragma("journal_size_limit", (WAL_RESET_PAGES * 4096).to_string());
         if let Some(parent) = connect.get_filename().parent() {
             if !parent.as_os_str().is_empty() {
                 std::fs::create_dir_all(parent).map_err(|e| {
@@ -76,7 +98,8 @@ impl SqliteBackend {
             1,
             options.acquire_timeout.max(Duration::from_secs(30)),
             None,
-        );
+        )
+        .with_lane();
         let reader = Pool::new(
             connect.pragma("cache_size", format!("-{}", READER_CACHE_KIB)),
             options.max_connections.clamp(1, 8),
@@ -98,6 +121,7 @@ impl SqliteBackend {
             statement_timeout: None,
             statements: Default::default(),
             stop: std::sync::Mutex::new(Some(stop)),
+            first: false,
         })
     }
 }
@@ -110,19 +134,30 @@ const READER_CACHE_KIB: u32 = 8 * 1024;
 /// Longest wait for a lock another process holds.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// WAL pages (4 KiB each, 64 MiB) past which the WAL file is truncated
-/// once copied back: passive checkpoints copy frames but never shrink the
-/// file, which under steady writes and reads would otherwise grow for as
-/// long as the process runs, and be copied back in one go by whichever
-/// process closes the database last.
-const WAL_TRUNCATE_PAGES: i64 = 16_384;
+/// WAL pages (4 KiB each, 64 MiB) past which the WAL is made to start
+/// over. Passive checkpoints copy frames back but, under steady writes,
+/// never catch up with the writer, so the WAL would never be reused and
+/// would grow for as long as the process runs. Also the size the WAL file
+/// is cut back to when it starts over (`journal_size_limit`).
+const WAL_RESET_PAGES: i64 = 16_384;
 
 /// Copies the WAL back into the database file every few hundred
-/// milliseconds with a passive checkpoint, which never blocks writers, and
-/// truncates the WAL when it has grown past [`WAL_TRUNCATE_PAGES`]. Left to
-/// SQLite, the commit that crosses the WAL threshold would do it inline and
-/// stall every writer behind it for milliseconds. Stops when the backend is
-/// dropped.
+/// milliseconds with a passive checkpoint, which never blocks writers.
+/// Left to SQLite, the commit that crosses the WAL threshold would do it
+/// inline and stall every writer behind it.
+///
+/// Once the WAL has grown past [`WAL_RESET_PAGES`], a second passive
+/// checkpoint copies what the writer added during the first, and a third
+/// runs on the writer connection: no frame can be added while it runs, so
+/// it copies the last few and leaves the WAL fully copied back, and the
+/// next write transaction starts the WAL over from its beginning (cutting
+/// the file back to the limit). Only that third one holds up writers, for
+/// the frames of a few milliseconds and one `fsync` (30–40 ms at 3,000
+/// cells/s on a virtual disk). A `TRUNCATE` checkpoint did the same but
+/// also waited for every reader to leave the WAL and truncated the file:
+/// 40–200 ms with the writer held, about once a second at that rate, and
+/// the main cause of the write and index-lag tail. Stops when the backend
+/// is dropped.
 fn checkpoint_in_background(
     writer: &Pool<Sqlite>,
     reader: &Pool<Sqlite>,
@@ -138,9 +173,13 @@ fn checkpoint_in_background(
                 _ = &mut stopped => return,
                 _ = interval.tick() => {}
             }
-            let checkpoint = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)");
-            let outcome = match checkpoint_with(&reader, checkpoint).await {
-                Ok((_, pages, _)) if pages >= WAL_TRUNCATE_PAGES => truncate_wal(&writer).await,
+            let outcome = match checkpoint_with(&reader, passive()).await {
+                Ok((_, pages, _)) if pages >= WAL_RESET_PAGES => {
+                    match checkpoint_with(&reader, passive()).await {
+                        Ok(_) => checkpoint_with(&writer, passive()).await.map(|_| ()),
+                        Err(err) => Err(err),
+                    }
+                }
                 Ok(_) => Ok(()),
                 Err(err) => Err(err),
             };
@@ -149,6 +188,13 @@ fn checkpoint_in_background(
             }
         }
     });
+}
+
+/// A passive checkpoint: copies back what no reader still needs, without
+/// waiting for anyone; answers (busy, WAL frames, frames copied back).
+fn passive<'q>(
+) -> sqlx::query::QueryAs<'q, Sqlite, (i64, i64, i64), sqlx::sqlite::SqliteArguments<'q>> {
+    sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
 }
 
 /// Runs a checkpoint on a connection of `pool`.
@@ -165,26 +211,6 @@ async fn checkpoint_with<'q>(
     let row = checkpoint.fetch_one(conn.start()).await;
     conn.settled();
     row
-}
-
-/// Copies what is left of the WAL back and truncates it, on the writer
-/// connection so this process's writers wait instead of failing; gives up
-/// at once (to try again later) while a reader still needs old frames.
-async fn truncate_wal(writer: &Pool<Sqlite>) -> Result<(), sqlx::Error> {
-    let mut conn = writer.acquire().await?;
-    sqlx::query("PRAGMA busy_timeout = 50")
-        .execute(&mut *conn)
-        .await?;
-    let truncated = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-        .execute(&mut *conn)
-        .await;
-    sqlx::query(&format!(
-        "PRAGMA busy_timeout = {}",
-        BUSY_TIMEOUT.as_millis()
-    ))
-    .execute(&mut *conn)
-    .await?;
-    truncated.map(|_| ())
 }
 
 /// Copies the WAL back and truncates it on the last open connection when
