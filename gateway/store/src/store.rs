@@ -262,13 +262,7 @@ impl Store {
                     cluster.name
                 )));
             }
-            let timeouts = config.timeouts();
-            let connect = ConnectOptions {
-                cluster: cluster.name.clone(),
-                max_connections: config.max_connections,
-                acquire_timeout: timeouts.acquire,
-                statement_timeout: timeouts.statement,
-            };
+            let connect = config.connect_options(&cluster.name);
             // One breaker per node: the master's two pools share one.
             let guard = |backend: Arc<dyn storage::Backend>, node: &str| match breakers {
                 Some(settings) if backend.dialect() != storage::Dialect::Sqlite => {
@@ -1168,7 +1162,15 @@ impl Store {
         on_drift: &mut (dyn FnMut(&crate::indexes::Drift) + Send),
     ) -> Result<crate::indexes::VerifyReport> {
         let ds = self.topology_ref().datastore(datastore)?;
-        crate::indexes::verify::run(self.topology_ref(), &ds, options, on_progress, on_drift).await
+        crate::indexes::verify::run(
+            &self.inner.topology,
+            &self.inner.storage,
+            ds,
+            options,
+            on_progress,
+            on_drift,
+        )
+        .await
     }
 
     /// Starts a verify (and repair) of `datastore` in the background;

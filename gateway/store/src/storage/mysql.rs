@@ -15,7 +15,7 @@ sqlx_backend!(MySqlBackend, MySqlTx, MySql, Dialect::MySql, None);
 
 impl MySqlBackend {
     /// Nothing to do before the writer closes.
-    async fn closing(_writer: &super::pool::Pool<MySql>) {}
+    async fn closing(_writer: &super::pool::Pool<MySql>, _background: bool) {}
 
     pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
         let url = url.replacen("mariadb:", "mysql:", 1);
@@ -23,6 +23,11 @@ impl MySqlBackend {
             .map_err(|e| crate::Error::Config(format!("invalid mysql url: {e}")))?
             .charset("utf8mb4")
             .statement_cache_capacity(1024);
+        let connect = if options.background {
+            sqlx::ConnectOptions::disable_statement_logging(connect)
+        } else {
+            connect
+        };
         let pool = super::pool::Pool::new(
             connect,
             options.max_connections,
@@ -36,6 +41,7 @@ impl MySqlBackend {
             statement_timeout: Some(options.statement_timeout),
             statements: Default::default(),
             stop: Default::default(),
+            background: options.background,
         })
     }
 }

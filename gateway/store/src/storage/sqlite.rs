@@ -32,8 +32,12 @@ sqlx_backend!(
 impl SqliteBackend {
     /// Before the writer closes: the WAL copied back, so the next process
     /// neither replays it nor waits for this one's closing checkpoint.
-    async fn closing(writer: &Pool<Sqlite>) {
-        truncate_on_close(writer).await;
+    /// Not for background connections: the foreground's backend, still
+    /// open, checkpoints when it closes.
+    async fn closing(writer: &Pool<Sqlite>, background: bool) {
+        if !background {
+            truncate_on_close(writer).await;
+        }
     }
 
     pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
@@ -52,6 +56,11 @@ impl SqliteBackend {
             // Checkpoints run in the background (see `checkpoint_in_background`),
             // not inside whichever commit crosses the WAL size threshold.
             .pragma("wal_autocheckpoint", "0");
+        let connect = if options.background {
+            sqlx::ConnectOptions::disable_statement_logging(connect)
+        } else {
+            connect
+        };
         if let Some(parent) = connect.get_filename().parent() {
             if !parent.as_os_str().is_empty() {
                 std::fs::create_dir_all(parent).map_err(|e| {
@@ -88,7 +97,12 @@ impl SqliteBackend {
         drop(writer.acquire().await.map_err(err)?);
         drop(reader.acquire().await.map_err(err)?);
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        checkpoint_in_background(&writer, &reader, stopped);
+        // Background connections leave the checkpoints to the foreground's
+        // backend of the same file: one checkpointer is enough, and it
+        // copies back what both wrote.
+        if !options.background {
+            checkpoint_in_background(&writer, &reader, stopped);
+        }
         Ok(SqliteBackend {
             writer,
             reader,
@@ -98,6 +112,7 @@ impl SqliteBackend {
             statement_timeout: None,
             statements: Default::default(),
             stop: std::sync::Mutex::new(Some(stop)),
+            background: options.background,
         })
     }
 }
