@@ -6,19 +6,21 @@
 //!    scan reads every row of the cell table (all columns, bodies
 //!    included, no decoding) in chunks of 64 shards with the store's own
 //!    backend; the verify is `Store::verify_indexes` over every index and
-//!    shard with `duty` 1 (no pauses), on its own thread at nice 0. Their
-//!    ratio is the figure the verify is held to (at most 2×).
+//!    shard with `duty` 1 (no pauses), on its own thread at nice 0 (in
+//!    this task with `--nice off`). Their ratio is the figure the verify
+//!    is held to (at most 2×).
 //! 3. **Foreground impact**: index queries of random drivers at
 //!    `--concurrency`, in `--rounds` rounds of a `--duration` slice alone
 //!    and a slice as long beside a verify with the store's defaults (duty
 //!    0.5, nice 19), so that whatever else the machine does weighs on
 //!    both alike; p50/p99 of both, the p99 ratio, and the cells per second
-//!    the verify got through beside the queries. Each slice beside starts
-//!    the verify (resuming the previous slice's run) and stops it at its
-//!    end.
+//!    the verify got through beside the queries. One verify runs across
+//!    the slices: it is polled only in the slices beside the queries, and
+//!    in the others waits after its chunk under way.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -166,11 +168,16 @@ pub async fn run(args: VerifyBenchArgs) -> anyhow::Result<ExitCode> {
         scans_cpu.push(scan_cpu);
         let (started, cpu_before) = (Instant::now(), cpu()?);
         // At nice 0: what the run costs, whatever else the machine does
-        // (the plain scan runs at the process's priority too).
+        // (the plain scan runs at the process's priority too); in this
+        // task with `--nice off`.
+        let nice = match args.nice {
+            Some(Nice(None)) => None,
+            _ => Some(0),
+        };
         let options = VerifyOptions {
             duty: 1.0,
             restart: true,
-            nice: Some(0),
+            nice,
             ..VerifyOptions::default()
         };
         let mut drift = 0u64;
@@ -211,14 +218,21 @@ pub async fn run(args: VerifyBenchArgs) -> anyhow::Result<ExitCode> {
     let mut alone = hdrhistogram::Histogram::<u64>::new(3)?;
     let mut beside = hdrhistogram::Histogram::<u64>::new(3)?;
     let (mut cells, mut seconds) = (0u64, 0f64);
+    let verified = AtomicU64::new(0);
+    let verifying = verify_continuously(&store, &options, &verified);
+    let mut verifying = Box::pin(verifying);
     for round in 1..=args.rounds {
         let a = foreground(&store, &data, args.concurrency, args.duration).await?;
-        let started = Instant::now();
-        let (b, verified) = beside_verify(&store, &data, &args, &options, round == 1).await?;
+        let (started, before) = (Instant::now(), verified.load(Relaxed));
+        let b = tokio::select! {
+            result = foreground(&store, &data, args.concurrency, args.duration) => result?,
+            err = &mut verifying => return Err(err.context("the verify beside the queries failed")),
+        };
         seconds += started.elapsed().as_secs_f64();
-        cells += verified;
+        let slice = verified.load(Relaxed) - before;
+        cells += slice;
         println!(
-            "round {round}: p99 alone {:.2} ms, beside a verify {:.2} ms ({:.2}), {verified} cells verified",
+            "round {round}: p99 alone {:.2} ms, beside a verify {:.2} ms ({:.2}), {slice} cells verified",
             p99_ms(&a),
             p99_ms(&b),
             p99_ms(&b) / p99_ms(&a).max(0.001)
@@ -226,6 +240,7 @@ pub async fn run(args: VerifyBenchArgs) -> anyhow::Result<ExitCode> {
         alone.add(&a)?;
         beside.add(&b)?;
     }
+    drop(verifying);
     let line = |what: &str, h: &hdrhistogram::Histogram<u64>| {
         println!(
             "{what}: {} queries, p50 {:.2} ms, p99 {:.2} ms",
@@ -256,50 +271,29 @@ fn p99_ms(h: &hdrhistogram::Histogram<u64>) -> f64 {
     h.value_at_quantile(0.99) as f64 / 1000.0
 }
 
-/// Foreground queries for one slice beside a verify (started over when
-/// `first`, else resuming the previous slice's run, and started again
-/// whenever it ends); the verify is stopped with the slice. Returns the
-/// queries' latencies and the cells the verify read in the slice (a chunk
-/// under way at the end is not counted).
-async fn beside_verify(
+/// Verifies the datastore over and over (the first run starts over),
+/// adding the cells read to `verified`; returns only on an error. It works
+/// while it is polled: between the slices beside the queries it waits (on
+/// its own thread, for its progress to be taken), its chunk under way
+/// finished.
+async fn verify_continuously(
     store: &Store,
-    data: &Dataset,
-    args: &VerifyBenchArgs,
     options: &VerifyOptions,
-    first: bool,
-) -> anyhow::Result<(hdrhistogram::Histogram<u64>, u64)> {
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-    // Cells of the runs that ended within the slice, and of the one under
-    // way (less those of the run it resumed, which its progress counts).
-    let (ended, current) = (AtomicU64::new(0), AtomicU64::new(0));
-    let resumed = match store.last_verify(DATASTORE).await? {
-        Some(checkpoint) if !first && checkpoint.next_shard.is_some() => checkpoint.progress.cells,
-        _ => 0,
+    verified: &AtomicU64,
+) -> anyhow::Error {
+    let options = VerifyOptions {
+        restart: true,
+        ..options.clone()
     };
-    let verifying = async {
-        let mut options = VerifyOptions {
-            restart: first,
-            ..options.clone()
-        };
-        let mut from = resumed;
-        loop {
-            let mut on_progress =
-                |p: &VerifyProgress| current.store(p.cells.saturating_sub(from), Relaxed);
-            let mut on_drift = |_: &Drift| {};
-            let run = store.verify_indexes(DATASTORE, &options, &mut on_progress, &mut on_drift);
-            if let Err(err) = run.await {
-                return anyhow::Error::from(err);
-            }
-            ended.fetch_add(current.swap(0, Relaxed), Relaxed);
-            options.restart = true;
-            from = 0;
+    loop {
+        let base = verified.load(Relaxed);
+        let mut on_progress = |p: &VerifyProgress| verified.store(base + p.cells, Relaxed);
+        let mut on_drift = |_: &Drift| {};
+        let run = store.verify_indexes(DATASTORE, &options, &mut on_progress, &mut on_drift);
+        if let Err(err) = run.await {
+            return anyhow::Error::from(err);
         }
-    };
-    let histogram = tokio::select! {
-        result = foreground(store, data, args.concurrency, args.duration) => result?,
-        err = verifying => return Err(err.context("the verify beside the queries failed")),
-    };
-    Ok((histogram, ended.load(Relaxed) + current.load(Relaxed)))
+    }
 }
 
 /// Reads every cell row, bodies included, 64 shards a statement.

@@ -1153,7 +1153,9 @@ impl Store {
     /// drift found through the maintainer's guarded writes (safe while
     /// gateways run). `on_progress` is called after every chunk of shards,
     /// `on_drift` for every mismatching entry. A full run resumes where an
-    /// unfinished run of the same scope stopped.
+    /// unfinished run of the same scope stopped. With `options.nice` (the
+    /// default) the run works on a thread of its own, at that priority,
+    /// with connections of its own; the callbacks are called on this task.
     pub async fn verify_indexes(
         &self,
         datastore: &str,

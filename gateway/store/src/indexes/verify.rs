@@ -35,7 +35,10 @@
 //! catalog of the datastore's first cluster (item `verify`) after every
 //! chunk; a run with the same scope resumes after the last chunk done. Each
 //! chunk is followed by a pause in proportion to its duration (`duty`), so
-//! a run leaves the databases to the foreground most of the time.
+//! a run leaves the databases to the foreground most of the time, and by
+//! default the run works on a low-priority thread with connections of its
+//! own (`verify/thread.rs`), so it takes the CPU only when the foreground
+//! leaves it idle.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;

@@ -211,3 +211,28 @@ fn lower_priority(nice: i32) {
 /// Elsewhere the thread keeps the process's priority.
 #[cfg(not(target_os = "linux"))]
 fn lower_priority(_nice: i32) {}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    /// The nice value of the calling thread.
+    fn nice() -> i32 {
+        // SAFETY: reads the scheduling attributes of the calling thread.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+    }
+
+    /// What the design relies on: the nice value set on the run's thread
+    /// holds for that thread only, and threads it starts (SQLite's
+    /// connection threads) inherit it.
+    #[test]
+    fn a_lowered_thread_and_the_threads_it_starts_run_at_its_nice_value() {
+        let before = nice();
+        let (own, started) = std::thread::spawn(|| {
+            super::lower_priority(19);
+            (nice(), std::thread::spawn(nice).join().unwrap())
+        })
+        .join()
+        .unwrap();
+        assert_eq!((own, started), (19, 19));
+        assert_eq!(nice(), before);
+    }
+}
