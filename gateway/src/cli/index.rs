@@ -90,6 +90,18 @@ pub struct VerifyArgs {
     /// Start over instead of resuming an unfinished run of the same scope.
     #[arg(long)]
     pub restart: bool,
+    /// Nice value of the run's thread and of its SQLite connections (-20
+    /// to 19; Linux only): 19, the lowest priority, leaves the CPU to
+    /// everything else on the machine, a gateway's requests first.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 19,
+        env = "CELLGATE_VERIFY_NICE",
+        value_parser = clap::value_parser!(i32).range(-20..=19),
+        allow_negative_numbers = true
+    )]
+    pub nice: i32,
     #[command(flatten)]
     pub store: StoreArgs,
 }
@@ -400,6 +412,7 @@ async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         repair: args.repair,
         duty: args.duty,
         restart: args.restart,
+        nice: Some(args.nice),
     };
     let mut drift_total = 0u64;
     let mut unrepaired = 0u64;

@@ -266,6 +266,18 @@ impl StorageConfig {
         }
     }
 
+    /// The settings of the request pools of `cluster`'s databases.
+    pub(crate) fn connect_options(&self, cluster: &str) -> crate::storage::ConnectOptions {
+        let timeouts = self.timeouts();
+        crate::storage::ConnectOptions {
+            cluster: cluster.to_string(),
+            max_connections: self.max_connections,
+            acquire_timeout: timeouts.acquire,
+            statement_timeout: timeouts.statement,
+            background: false,
+        }
+    }
+
     /// How long `GET /readyz` waits (`readiness_timeout_ms`).
     pub fn readiness_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.readiness_timeout_ms)

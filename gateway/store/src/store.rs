@@ -262,13 +262,7 @@ impl Store {
                     cluster.name
                 )));
             }
-            let timeouts = config.timeouts();
-            let connect = ConnectOptions {
-                cluster: cluster.name.clone(),
-                max_connections: config.max_connections,
-                acquire_timeout: timeouts.acquire,
-                statement_timeout: timeouts.statement,
-            };
+            let connect = config.connect_options(&cluster.name);
             // One breaker per node: the master's two pools share one.
             let guard = |backend: Arc<dyn storage::Backend>, node: &str| match breakers {
                 Some(settings) if backend.dialect() != storage::Dialect::Sqlite => {
@@ -1159,7 +1153,9 @@ impl Store {
     /// drift found through the maintainer's guarded writes (safe while
     /// gateways run). `on_progress` is called after every chunk of shards,
     /// `on_drift` for every mismatching entry. A full run resumes where an
-    /// unfinished run of the same scope stopped.
+    /// unfinished run of the same scope stopped. With `options.nice` (the
+    /// default) the run works on a thread of its own, at that priority,
+    /// with connections of its own; the callbacks are called on this task.
     pub async fn verify_indexes(
         &self,
         datastore: &str,
@@ -1168,7 +1164,15 @@ impl Store {
         on_drift: &mut (dyn FnMut(&crate::indexes::Drift) + Send),
     ) -> Result<crate::indexes::VerifyReport> {
         let ds = self.topology_ref().datastore(datastore)?;
-        crate::indexes::verify::run(self.topology_ref(), &ds, options, on_progress, on_drift).await
+        crate::indexes::verify::run(
+            &self.inner.topology,
+            &self.inner.storage,
+            ds,
+            options,
+            on_progress,
+            on_drift,
+        )
+        .await
     }
 
     /// Starts a verify (and repair) of `datastore` in the background;

@@ -462,6 +462,41 @@ impl Topology {
         }
     }
 
+    /// A topology of the same definitions and clusters whose clusters
+    /// reach their masters through `masters` (one per cluster, in order):
+    /// the connections of work that must not share the request pools (a
+    /// verify on a thread of its own). Each cluster keeps the state it has
+    /// now; the copy has no replicas, and nothing listens to its events.
+    pub(crate) fn apart(&self, masters: Vec<Arc<dyn Backend>>) -> Topology {
+        assert_eq!(masters.len(), self.clusters.len(), "one master per cluster");
+        let clusters = self
+            .clusters
+            .iter()
+            .zip(masters)
+            .map(|(cluster, master)| {
+                let copy = Cluster::new(
+                    cluster.index,
+                    cluster.name.clone(),
+                    master.clone(),
+                    master,
+                    Vec::new(),
+                );
+                copy.set_state(cluster.state());
+                copy
+            })
+            .collect();
+        Topology {
+            defined: ArcSwap::new(self.defined()),
+            clusters,
+            buffer_count: self.buffer_count,
+            buffer_shortfall: self.buffer_shortfall,
+            max_replica_lag: self.max_replica_lag,
+            lags: crate::replicas::LagBoard::default(),
+            max_batch: self.max_batch,
+            events: Events::new().0,
+        }
+    }
+
     /// The definitions served now and their runtimes.
     pub(crate) fn defined(&self) -> Arc<Defined> {
         self.defined.load_full()

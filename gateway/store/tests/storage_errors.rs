@@ -23,6 +23,7 @@ fn options() -> ConnectOptions {
         max_connections: 2,
         acquire_timeout: Duration::from_millis(500),
         statement_timeout: Duration::from_millis(500),
+        background: false,
     }
 }
 

@@ -35,9 +35,13 @@
 //! catalog of the datastore's first cluster (item `verify`) after every
 //! chunk; a run with the same scope resumes after the last chunk done. Each
 //! chunk is followed by a pause in proportion to its duration (`duty`), so
-//! a run leaves the databases to the foreground most of the time.
+//! a run leaves the databases to the foreground most of the time, and by
+//! default the run works on a low-priority thread with connections of its
+//! own (`verify/thread.rs`), so it takes the CPU only when the foreground
+//! leaves it idle.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -46,6 +50,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 mod bulk;
+mod thread;
 
 use super::apply::{
     consumers, entry_from, read_offsets, Consumer, Entry, Pass, PassResult, Touched,
@@ -56,6 +61,7 @@ use crate::error::{Error, Result};
 use crate::shards::row_shard;
 use crate::storage::{ddl, Backend, ColType, Sql, Value, MAX_PARAMS};
 use crate::topology::{DatastoreRuntime, IndexRuntime, Topology};
+use crate::StorageConfig;
 
 /// Catalog item of a datastore's verify progress.
 const CHECKPOINT_ITEM: &str = "verify";
@@ -84,6 +90,13 @@ pub struct VerifyOptions {
     pub duty: f64,
     /// Start over even if an unfinished run of the same scope was recorded.
     pub restart: bool,
+    /// Run on an OS thread of its own at this nice value (19, the lowest
+    /// priority, by default; Linux only, elsewhere the thread keeps the
+    /// process's), with connections of its own opened from that thread,
+    /// so that on SQLite the database work runs at that priority too.
+    /// `None`: in the caller's task, on the store's maintenance
+    /// connections.
+    pub nice: Option<i32>,
 }
 
 impl Default for VerifyOptions {
@@ -95,6 +108,7 @@ impl Default for VerifyOptions {
             repair: false,
             duty: 0.5,
             restart: false,
+            nice: Some(19),
         }
     }
 }
@@ -281,14 +295,89 @@ struct Found {
     stored: Option<Stored>,
 }
 
-/// Runs a verify (and repair) of `ds`, calling `on_progress` after every
-/// chunk and `on_drift` for every confirmed mismatch.
+/// Where a run reports what it finds, and has its checkpoints written.
+#[async_trait::async_trait]
+pub(crate) trait Listener: Send {
+    /// A confirmed mismatch.
+    fn drift(&mut self, drift: &Drift);
+
+    /// The progress after a chunk (and after the last phase), with the
+    /// checkpoint to record first (of a full run). The run goes on once
+    /// this returns, and stops with its error.
+    async fn progress(
+        &mut self,
+        progress: &VerifyProgress,
+        checkpoint: Option<&VerifyCheckpoint>,
+    ) -> Result<()>;
+}
+
+/// The caller's callbacks, as the listener of a run; the checkpoints go
+/// to `topology`.
+pub(crate) struct Callbacks<'a> {
+    pub(crate) topology: &'a Topology,
+    pub(crate) ds: &'a DatastoreRuntime,
+    pub(crate) on_progress: &'a mut (dyn FnMut(&VerifyProgress) + Send),
+    pub(crate) on_drift: &'a mut (dyn FnMut(&Drift) + Send),
+}
+
+#[async_trait::async_trait]
+impl Listener for Callbacks<'_> {
+    fn drift(&mut self, drift: &Drift) {
+        (self.on_drift)(drift);
+    }
+
+    async fn progress(
+        &mut self,
+        progress: &VerifyProgress,
+        checkpoint: Option<&VerifyCheckpoint>,
+    ) -> Result<()> {
+        if let Some(checkpoint) = checkpoint {
+            let home = self.ds.map.cluster_of(0);
+            write_checkpoint(self.topology, self.ds, home, checkpoint).await?;
+        }
+        (self.on_progress)(progress);
+        // A caller that stops the run from its callback (by dropping it)
+        // gets the chance before the run goes on: without it, the next
+        // chunk's checkpoint could already be sent, and an interrupted
+        // run resumed past where its caller saw it stop
+        // (`an_interrupted_verify_resumes_where_it_stopped`, PostgreSQL).
+        tokio::task::yield_now().await;
+        Ok(())
+    }
+}
+
+/// Runs a verify (and repair) of `ds` as `options` ask: on a thread of its
+/// own with `options.nice`, else in this task. Calls `on_progress` after
+/// every chunk and `on_drift` for every confirmed mismatch.
 pub(crate) async fn run(
-    topology: &Topology,
-    ds: &DatastoreRuntime,
+    topology: &Arc<Topology>,
+    storage: &StorageConfig,
+    ds: Arc<DatastoreRuntime>,
     options: &VerifyOptions,
     on_progress: &mut (dyn FnMut(&VerifyProgress) + Send),
     on_drift: &mut (dyn FnMut(&Drift) + Send),
+) -> Result<VerifyReport> {
+    let mut callbacks = Callbacks {
+        topology,
+        ds: &ds,
+        on_progress,
+        on_drift,
+    };
+    match options.nice {
+        None => run_on(topology, &ds, options, &mut callbacks).await,
+        Some(nice) => {
+            let ds = ds.clone();
+            thread::run(topology, storage, ds, options.clone(), nice, &mut callbacks).await
+        }
+    }
+}
+
+/// Runs a verify (and repair) of `ds` on the connections of `topology`.
+pub(crate) async fn run_on(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    options: &VerifyOptions,
+    listener: &mut dyn Listener,
 ) -> Result<VerifyReport> {
     let started = Instant::now();
     let indexes = selected_indexes(ds, &options.indexes)?;
@@ -380,7 +469,7 @@ pub(crate) async fn run(
         let (now, part, drift, took) = result?;
         progress.add(&part);
         for d in &drift {
-            on_drift(d);
+            listener.drift(d);
         }
         if checkpointed {
             let last = *now.last().expect("a chunk has shards");
@@ -390,9 +479,10 @@ pub(crate) async fn run(
             checkpoint.next_shard = Some(shards.get(at).copied().unwrap_or(ds.def.shards));
             checkpoint.progress = progress.clone();
             checkpoint.updated_at = Utc::now();
-            write_checkpoint(topology, ds, home, &checkpoint).await?;
         }
-        on_progress(&progress);
+        listener
+            .progress(&progress, checkpointed.then_some(&checkpoint))
+            .await?;
         pause(took, options.duty).await;
     }
     drop(results);
@@ -410,16 +500,14 @@ pub(crate) async fn run(
                 .orphans(index, &shards, options, &mut progress, &mut drift)
                 .await?;
             for d in &drift {
-                on_drift(d);
+                listener.drift(d);
             }
         }
-        on_progress(&progress);
-    }
-    if checkpointed {
+        // A full run: the sample is `None`.
         checkpoint.next_shard = None;
         checkpoint.progress = progress.clone();
         checkpoint.updated_at = Utc::now();
-        write_checkpoint(topology, ds, home, &checkpoint).await?;
+        listener.progress(&progress, Some(&checkpoint)).await?;
     }
     Ok(VerifyReport {
         datastore: ds.name().to_string(),

@@ -115,6 +115,11 @@ pub struct ConnectOptions {
     /// connection is then closed rather than reused. SQLite, a local file,
     /// waits on its own busy timeout instead.
     pub statement_timeout: Duration,
+    /// Connections for background work that runs beside the pools of the
+    /// requests (an index verify): they log no slow statements (a
+    /// throttled run's statements are slow by design), and on SQLite they
+    /// leave the WAL checkpoints to the foreground's backend.
+    pub background: bool,
 }
 
 impl Default for ConnectOptions {
@@ -125,6 +130,7 @@ impl Default for ConnectOptions {
             max_connections: 16,
             acquire_timeout: timeouts.acquire,
             statement_timeout: timeouts.statement,
+            background: false,
         }
     }
 }
@@ -238,6 +244,8 @@ macro_rules! sqlx_backend {
             /// Writes go ahead of the ordinary writers waiting for the
             /// writer pool, if it has a lane (`Pool::with_lane`).
             first: bool,
+            /// Opened with [`ConnectOptions::background`].
+            background: bool,
         }
 
         /// An open transaction on one pooled connection.
@@ -431,7 +439,7 @@ macro_rules! sqlx_backend {
                 }
                 self.reader.close().await;
                 // The writer is the last open connection now.
-                Self::closing(&self.writer).await;
+                Self::closing(&self.writer, self.background).await;
                 self.writer.close().await;
             }
         }

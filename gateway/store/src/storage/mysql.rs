@@ -20,7 +20,7 @@ impl MySqlBackend {
         None
     }
     /// Nothing to do before the writer closes.
-    async fn closing(_writer: &super::pool::Pool<MySql>) {}
+    async fn closing(_writer: &super::pool::Pool<MySql>, _background: bool) {}
 
     pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
         let url = url.replacen("mariadb:", "mysql:", 1);
@@ -28,6 +28,11 @@ impl MySqlBackend {
             .map_err(|e| crate::Error::Config(format!("invalid mysql url: {e}")))?
             .charset("utf8mb4")
             .statement_cache_capacity(1024);
+        let connect = if options.background {
+            sqlx::ConnectOptions::disable_statement_logging(connect)
+        } else {
+            connect
+        };
         let pool = super::pool::Pool::new(
             connect,
             options.max_connections,
@@ -42,6 +47,7 @@ impl MySqlBackend {
             statements: Default::default(),
             stop: Default::default(),
             first: false,
+            background: options.background,
         })
     }
 }

@@ -26,7 +26,7 @@ impl PostgresBackend {
         None
     }
     /// Nothing to do before the writer closes.
-    async fn closing(_writer: &super::pool::Pool<Postgres>) {}
+    async fn closing(_writer: &super::pool::Pool<Postgres>, _background: bool) {}
 
     pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
         let connect = PgConnectOptions::from_str(url)
@@ -36,6 +36,11 @@ impl PostgresBackend {
             // (triggered by the cost estimates of large `IN`/`VALUES`
             // lists) would add a hundred milliseconds or more to each.
             .options([("jit", "off")]);
+        let connect = if options.background {
+            sqlx::ConnectOptions::disable_statement_logging(connect)
+        } else {
+            connect
+        };
         let pool = super::pool::Pool::new(
             connect,
             options.max_connections,
@@ -50,6 +55,7 @@ impl PostgresBackend {
             statements: Default::default(),
             stop: Default::default(),
             first: false,
+            background: options.background,
         })
     }
 }

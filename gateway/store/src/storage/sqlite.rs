@@ -47,13 +47,18 @@ impl SqliteBackend {
             // Closing it closes nothing the store's own backend does not.
             stop: std::sync::Mutex::new(None),
             first: true,
+            background: self.background,
         }))
     }
 
     /// Before the writer closes: the WAL copied back, so the next process
     /// neither replays it nor waits for this one's closing checkpoint.
-    async fn closing(writer: &Pool<Sqlite>) {
-        truncate_on_close(writer).await;
+    /// Not for background connections: the foreground's backend, still
+    /// open, checkpoints when it closes.
+    async fn closing(writer: &Pool<Sqlite>, background: bool) {
+        if !background {
+            truncate_on_close(writer).await;
+        }
     }
 
     pub async fn connect(url: &str, options: &ConnectOptions) -> crate::Result<Self> {
@@ -74,6 +79,11 @@ impl SqliteBackend {
             .pragma("wal_autocheckpoint", "0")
             // The WAL file is cut back to this size when it starts over.
             .pragma("journal_size_limit", (WAL_RESET_PAGES * 4096).to_string());
+        let connect = if options.background {
+            sqlx::ConnectOptions::disable_statement_logging(connect)
+        } else {
+            connect
+        };
         if let Some(parent) = connect.get_filename().parent() {
             if !parent.as_os_str().is_empty() {
                 std::fs::create_dir_all(parent).map_err(|e| {
@@ -111,7 +121,12 @@ impl SqliteBackend {
         drop(writer.acquire().await.map_err(err)?);
         drop(reader.acquire().await.map_err(err)?);
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        checkpoint_in_background(&writer, &reader, stopped);
+        // Background connections leave the checkpoints to the foreground's
+        // backend of the same file: one checkpointer is enough, and it
+        // copies back what both wrote.
+        if !options.background {
+            checkpoint_in_background(&writer, &reader, stopped);
+        }
         Ok(SqliteBackend {
             writer,
             reader,
@@ -122,6 +137,7 @@ impl SqliteBackend {
             statements: Default::default(),
             stop: std::sync::Mutex::new(Some(stop)),
             first: false,
+            background: options.background,
         })
     }
 }
