@@ -117,6 +117,14 @@ pub enum Error {
     /// A maintenance pass found that another process took its lease.
     #[error("lease `{0}` is held by another process")]
     LeaseLost(String),
+    /// A verify that records its progress is already running on the
+    /// datastore (`indexes/verify/lease.rs`).
+    #[error("a verify of datastore `{datastore}` is already running ({holder}, its lease runs until {until} unless renewed): wait for it to end, or run a sampled verify, which records no progress")]
+    VerifyRunning {
+        datastore: String,
+        holder: String,
+        until: chrono::DateTime<chrono::Utc>,
+    },
     /// A biz tag that was never created (tags are created by `cellgate ids
     /// create-tag`, the `createIdTag` mutation or `ids.tags` in the
     /// configuration, never by a request for IDs).
@@ -162,6 +170,7 @@ impl Error {
             Error::LayoutUpgradeRequired(_) => "LAYOUT_UPGRADE_REQUIRED",
             Error::IndexBuilding { .. } => "INDEX_BUILDING",
             Error::LeaseLost(_) => "LEASE_LOST",
+            Error::VerifyRunning { .. } => "VERIFY_RUNNING",
             Error::UnknownBizTag(_) => "UNKNOWN_BIZ_TAG",
             Error::IdSourceUnavailable(_) => "ID_SOURCE_UNAVAILABLE",
             Error::ClockMovedBackwards { .. } => "CLOCK_MOVED_BACKWARDS",

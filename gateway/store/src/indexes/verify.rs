@@ -50,6 +50,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 mod bulk;
+mod lease;
 mod thread;
 
 use super::apply::{
@@ -314,6 +315,8 @@ pub(crate) trait Listener: Send {
 /// The caller's callbacks, as the listener of a run; the checkpoints go
 /// to `topology`.
 pub(crate) struct Callbacks<'a> {
+    /// The lease of a run that records its progress.
+    lease: Option<&'a lease::RunLease>,
     pub(crate) topology: &'a Topology,
     pub(crate) ds: &'a DatastoreRuntime,
     pub(crate) on_progress: &'a mut (dyn FnMut(&VerifyProgress) + Send),
@@ -331,6 +334,9 @@ impl Listener for Callbacks<'_> {
         progress: &VerifyProgress,
         checkpoint: Option<&VerifyCheckpoint>,
     ) -> Result<()> {
+        if let Some(lease) = self.lease {
+            lease.check()?;
+        }
         if let Some(checkpoint) = checkpoint {
             let home = self.ds.map.cluster_of(0);
             write_checkpoint(self.topology, self.ds, home, checkpoint).await?;
@@ -357,7 +363,13 @@ pub(crate) async fn run(
     on_progress: &mut (dyn FnMut(&VerifyProgress) + Send),
     on_drift: &mut (dyn FnMut(&Drift) + Send),
 ) -> Result<VerifyReport> {
+    // A run that records its progress runs alone on the datastore.
+    let lease = match options.sample {
+        None => Some(lease::RunLease::take(topology, &ds).await?),
+        Some(_) => None,
+    };
     let mut callbacks = Callbacks {
+        lease: lease.as_ref(),
         topology,
         ds: &ds,
         on_progress,

@@ -149,6 +149,7 @@ contract_suite!(
 contract_suite_on_two_clusters!(
     injected_drift_is_found_key_by_key_and_repaired,
     an_interrupted_verify_resumes_where_it_stopped,
+    a_second_recording_verify_waits_for_the_first,
     index_follows_latest_cells,
     shard_field_change_moves_the_entry,
     older_versions_never_overwrite_newer,

@@ -372,3 +372,63 @@ pub async fn the_smallest_difference_of_any_field_is_stale(env: Arc<Env>) {
     assert_eq!(drift.len(), edits.len(), "{drift:#?}");
     store.shutdown(Duration::from_secs(5)).await;
 }
+
+/// Two gateways on one datastore: while one runs a verify that records its
+/// progress, a second such run is refused (a sampled one is not), and once
+/// the first is stopped the next run goes ahead.
+pub async fn a_second_recording_verify_waits_for_the_first(env: Arc<Env>) {
+    let first = open(&env).await;
+    let second = open(&env).await;
+    let cells: Vec<NewCell> = (0..60)
+        .map(|_| trip(Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4()))
+        .collect();
+    first.put_cells("trips", cells).await.unwrap();
+    first.sync_indexes().await.unwrap();
+    // The first run pauses 99 times as long as each chunk took: it is
+    // still under way when the second one asks.
+    let slow = VerifyOptions {
+        restart: true,
+        duty: 0.01,
+        ..VerifyOptions::default()
+    };
+    let started = tokio::sync::Notify::new();
+    let mut on_progress = |_: &VerifyProgress| started.notify_one();
+    let mut ignore = |_: &Drift| {};
+    let second_run = async {
+        started.notified().await;
+        let refused = second
+            .verify_indexes("trips", &VerifyOptions::default(), &mut |_| {}, &mut |_| {})
+            .await
+            .expect_err("a second recording verify is refused");
+        let sampled = second
+            .verify_indexes(
+                "trips",
+                &VerifyOptions {
+                    sample: Some(4),
+                    ..VerifyOptions::default()
+                },
+                &mut |_| {},
+                &mut |_| {},
+            )
+            .await;
+        (refused, sampled)
+    };
+    let (refused, sampled) = tokio::select! {
+        outcome = first.verify_indexes("trips", &slow, &mut on_progress, &mut ignore) => {
+            panic!("the first run ended before the second asked: {outcome:?}")
+        }
+        both = second_run => both,
+    };
+    assert_eq!(refused.code(), "VERIFY_RUNNING", "{refused}");
+    assert!(refused.to_string().contains("trips"), "{refused}");
+    let sampled = sampled.expect("a sampled verify records nothing and runs beside");
+    assert_eq!(sampled.progress.drift(), 0);
+    // The first run was dropped: the next one goes ahead.
+    let report = second
+        .verify_indexes("trips", &VerifyOptions::default(), &mut |_| {}, &mut |_| {})
+        .await
+        .expect("the lease of a stopped run is taken over");
+    assert_eq!(report.progress.drift(), 0);
+    first.shutdown(Duration::from_secs(5)).await;
+    second.shutdown(Duration::from_secs(5)).await;
+}
