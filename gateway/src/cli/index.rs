@@ -439,10 +439,20 @@ async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             }
             shown += 1;
         };
-        let result = store
-            .verify_indexes(datastore, &options, &mut on_progress, &mut on_drift)
-            .await;
+        // Ctrl-C stops the run where its last chunk was recorded, and
+        // gives its lease up, so the same command resumes at once.
+        let result = tokio::select! {
+            result = store.verify_indexes(datastore, &options, &mut on_progress, &mut on_drift) => {
+                Some(result)
+            }
+            _ = tokio::signal::ctrl_c() => None,
+        };
         bar.finish_and_clear();
+        let Some(result) = result else {
+            store.shutdown(Duration::from_secs(2)).await;
+            eprintln!("verify of `{datastore}` interrupted; run it again to resume");
+            return Ok(ExitCode::from(130));
+        };
         if let Some(err) = write_error {
             anyhow::bail!("cannot write the report: {err}");
         }

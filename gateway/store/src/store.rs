@@ -566,6 +566,7 @@ impl Store {
     /// the store without waiting on this one. The store answers nothing
     /// afterwards.
     pub async fn shutdown(&self, grace: Duration) {
+        crate::indexes::verify::settle(grace).await;
         self.inner.ids.shutdown().await;
         let consumers: Vec<Arc<triggers::ConsumerState>> =
             std::mem::take(&mut *self.inner.consumers.lock().expect("consumers"));

@@ -375,13 +375,23 @@ pub(crate) async fn run(
         on_progress,
         on_drift,
     };
-    match options.nice {
+    let result = match options.nice {
         None => run_on(topology, &ds, options, &mut callbacks).await,
         Some(nice) => {
             let ds = ds.clone();
             thread::run(topology, storage, ds, options.clone(), nice, &mut callbacks).await
         }
+    };
+    if let Some(lease) = lease {
+        lease.release().await;
     }
+    result
+}
+
+/// Waits (at most `grace`) until the verify leases of runs dropped before
+/// they ended are given up, so a process that exits leaves them free.
+pub(crate) async fn settle(grace: Duration) {
+    lease::settle(grace).await;
 }
 
 /// Runs a verify (and repair) of `ds` on the connections of `topology`.

@@ -384,11 +384,12 @@ pub async fn a_second_recording_verify_waits_for_the_first(env: Arc<Env>) {
         .collect();
     first.put_cells("trips", cells).await.unwrap();
     first.sync_indexes().await.unwrap();
-    // The first run pauses 99 times as long as each chunk took: it is
-    // still under way when the second one asks.
+    // The first run pauses 999 times as long as each chunk took (at most
+    // 10 s): it is still under way, renewing its lease, when the second
+    // one asks.
     let slow = VerifyOptions {
         restart: true,
-        duty: 0.01,
+        duty: 0.001,
         ..VerifyOptions::default()
     };
     let started = tokio::sync::Notify::new();

@@ -7,15 +7,16 @@
 //! the lease `verify:<datastore>` on the datastore's first cluster
 //! (`leases.rs`), renews it in the background while it runs, and gives it
 //! up when it ends. A second run is refused with `VERIFY_RUNNING`, naming
-//! the holder. A run whose lease was taken over (its process stalled past
-//! the lease time) stops before its next checkpoint.
+//! the holder, once it has seen the lease renewed (within a few seconds);
+//! a lease that is not renewed, that of a run whose process died, is
+//! taken over once it expires (within 10 s). A run whose lease was taken
+//! over (its process stalled past the lease time) stops before its next
+//! checkpoint.
 //!
-//! A run dropped by its caller (Ctrl-C, a test) gives its lease up from a
-//! task of its own; the next run of the same process waits for that (up to
-//! 2 s) instead of being refused. One in another process that died keeps
-//! the lease until it expires (30 s).
+//! A run that ends gives its lease up before it returns. One dropped by
+//! its caller (Ctrl-C, a test) does so from a task of its own, which
+//! `Store::shutdown` waits for.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -27,9 +28,9 @@ use crate::leases::{self, Lease, LeaseRow};
 use crate::storage::Backend;
 use crate::topology::{DatastoreRuntime, Topology};
 
-/// How long a run's lease lasts unless renewed: how long a run whose
-/// process died blocks the next one.
-const LEASE_TIME: Duration = Duration::from_secs(30);
+/// How long a run's lease lasts unless renewed (every third of it): how
+/// long the next run waits to see whether the holder is alive.
+const LEASE_TIME: Duration = Duration::from_secs(10);
 
 /// The lease of one recording run; given up when dropped.
 pub(super) struct RunLease {
@@ -38,11 +39,9 @@ pub(super) struct RunLease {
     holder: String,
     lost: Arc<AtomicBool>,
     renewal: tokio::task::JoinHandle<()>,
+    /// Given up already ([`RunLease::release`]).
+    released: bool,
 }
-
-/// Waits of 50 ms for the lease of a dropped run of this process to be
-/// given up.
-const DROPPED_WAITS: usize = 40;
 
 /// The lease row `name`.
 async fn read(backend: &dyn Backend, name: &str) -> Result<LeaseRow> {
@@ -51,12 +50,6 @@ async fn read(backend: &dyn Backend, name: &str) -> Result<LeaseRow> {
         .into_iter()
         .find(|r| r.name == name)
         .ok_or_else(|| Error::Internal(format!("lease `{name}` was not created")))
-}
-
-/// The holders of the runs of this process that are still under way.
-fn running() -> &'static Mutex<HashSet<String>> {
-    static RUNNING: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
-    RUNNING.get_or_init(Default::default)
 }
 
 /// What every holder of this process starts with.
@@ -75,17 +68,19 @@ impl RunLease {
         let backend = topology.clusters[home].maintenance()?.clone();
         let name = format!("verify:{}", ds.name());
         leases::ensure(backend.as_ref(), std::slice::from_ref(&name)).await?;
-        // A run of this process that was dropped gives its lease up from a
-        // task of its own: that lands within moments, and is waited for.
+        // A held lease is watched: renewed, its holder runs (refused);
+        // given up or expired unrenewed, it is taken. A run of this
+        // process that was dropped gives its lease up within moments, one
+        // whose process died within the lease time.
         let mut row = read(backend.as_ref(), &name).await?;
-        for _ in 0..DROPPED_WAITS {
-            let dropped_here = row.expires_at > chrono::Utc::now()
-                && row.holder.starts_with(process_prefix())
-                && !running().lock().expect("verify runs").contains(&row.holder);
-            if !dropped_here {
-                break;
+        let seen = row.expires_at;
+        let deadline = std::time::Instant::now() + LEASE_TIME + Duration::from_secs(1);
+        while row.expires_at > chrono::Utc::now() {
+            if row.expires_at != seen || std::time::Instant::now() > deadline {
+                return Err(refused(ds, backend.as_ref(), &name, &row).await);
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tracing::info!(holder = %row.holder, until = %row.expires_at, "waiting to see whether the verify lease is renewed");
+            tokio::time::sleep(Duration::from_millis(200)).await;
             row = read(backend.as_ref(), &name).await?;
         }
         let holder = format!(
@@ -98,10 +93,6 @@ impl RunLease {
         else {
             return Err(refused(ds, backend.as_ref(), &name, &row).await);
         };
-        running()
-            .lock()
-            .expect("verify runs")
-            .insert(holder.clone());
         let lost = Arc::new(AtomicBool::new(false));
         let renewal = tokio::spawn(renew(backend.clone(), holder.clone(), lease, lost.clone()));
         Ok(RunLease {
@@ -110,6 +101,7 @@ impl RunLease {
             holder,
             lost,
             renewal,
+            released: false,
         })
     }
 
@@ -122,20 +114,52 @@ impl RunLease {
     }
 }
 
-impl Drop for RunLease {
-    fn drop(&mut self) {
+impl RunLease {
+    /// Gives the lease up, at the end of the run.
+    pub(super) async fn release(mut self) {
+        self.released = true;
         self.renewal.abort();
-        running().lock().expect("verify runs").remove(&self.holder);
+        give_up(self.backend.clone(), self.holder.clone(), self.name.clone()).await;
+    }
+}
+
+impl Drop for RunLease {
+    /// A run dropped before it ended gives its lease up from a task of its
+    /// own; [`settle`] waits for those.
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.renewal.abort();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (backend, holder, name) =
-                (self.backend.clone(), self.holder.clone(), self.name.clone());
-            runtime.spawn(async move {
-                if let Err(err) = leases::release(backend.as_ref(), &holder, &[name]).await {
-                    tracing::debug!(error = %err, "giving up a verify lease failed; it expires");
-                }
-            });
+            let task = runtime.spawn(give_up(
+                self.backend.clone(),
+                self.holder.clone(),
+                self.name.clone(),
+            ));
+            let mut pending = pending().lock().expect("pending releases");
+            pending.retain(|t| !t.is_finished());
+            pending.push(task);
         }
     }
+}
+
+async fn give_up(backend: Arc<dyn Backend>, holder: String, name: String) {
+    if let Err(err) = leases::release(backend.as_ref(), &holder, &[name]).await {
+        tracing::debug!(error = %err, "giving up a verify lease failed; it expires");
+    }
+}
+
+/// The releases of dropped runs, under way.
+fn pending() -> &'static Mutex<Vec<tokio::task::JoinHandle<()>>> {
+    static PENDING: OnceLock<Mutex<Vec<tokio::task::JoinHandle<()>>>> = OnceLock::new();
+    PENDING.get_or_init(Default::default)
+}
+
+/// Waits (at most `grace`) for the releases of dropped runs.
+pub(super) async fn settle(grace: Duration) {
+    let tasks = std::mem::take(&mut *pending().lock().expect("pending releases"));
+    let _ = tokio::time::timeout(grace, futures::future::join_all(tasks)).await;
 }
 
 /// Renews `lease` every third of the lease time; marks it lost once
