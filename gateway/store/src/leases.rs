@@ -364,6 +364,17 @@ pub async fn release(backend: &dyn Backend, holder: &str, names: &[String]) -> R
     Ok(())
 }
 
+/// A holder name of this process that no other process or holder shares:
+/// `<host>:<pid>:<8 random hex digits>`.
+pub(crate) fn new_holder() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".to_string());
+    format!(
+        "{host}:{}:{}",
+        std::process::id(),
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
 /// The member lease name of `holder`.
 pub fn member_name(holder: &str) -> String {
     format!("member:{holder}")

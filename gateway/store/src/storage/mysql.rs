@@ -19,6 +19,7 @@ impl MySqlBackend {
     fn lane(&self) -> Option<std::sync::Arc<dyn super::Backend>> {
         None
     }
+
     /// Nothing to do before the writer closes.
     async fn closing(_writer: &super::pool::Pool<MySql>, _background: bool) {}
 

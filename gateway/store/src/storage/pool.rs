@@ -252,42 +252,45 @@ mod tests {
         drop(conn);
     }
 
-    #[tokio::test]
-    async fn a_caller_of_the_lane_goes_ahead_of_queued_callers() {
-        let options = SqliteConnectOptions::from_str("sqlite::memory:").unwrap();
-        let pool = Pool::<sqlx::Sqlite>::new(options, 1, Duration::from_secs(10), None).with_lane();
+    /// The order in which `a`, `b`, `c` and then `first` (by
+    /// `acquire_first`), each queued before the next asks, get the one
+    /// connection of `pool` once it is given back.
+    async fn served_order(pool: Pool<sqlx::Sqlite>) -> Vec<&'static str> {
         let held = pool.acquire().await.unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for who in ["a", "b", "c", "first"] {
             tasks.push(tokio::spawn(take(pool.clone(), who, order.clone())));
-            // Each queues before the next one asks.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         drop(held);
         for task in tasks {
             task.await.unwrap();
         }
+        let order = order.lock().unwrap().clone();
+        order
+    }
+
+    fn one_connection() -> Pool<sqlx::Sqlite> {
+        let options = SqliteConnectOptions::from_str("sqlite::memory:").unwrap();
+        Pool::new(options, 1, Duration::from_secs(10), None)
+    }
+
+    #[tokio::test]
+    async fn a_caller_of_the_lane_goes_ahead_of_queued_callers() {
         // `a` was already waiting for the connection itself; `first`
         // passes `b` and `c`, which wait for their turn in the lane.
-        assert_eq!(*order.lock().unwrap(), ["a", "first", "b", "c"]);
+        assert_eq!(
+            served_order(one_connection().with_lane()).await,
+            ["a", "first", "b", "c"]
+        );
     }
 
     #[tokio::test]
     async fn without_a_lane_callers_are_served_in_order() {
-        let options = SqliteConnectOptions::from_str("sqlite::memory:").unwrap();
-        let pool = Pool::<sqlx::Sqlite>::new(options, 1, Duration::from_secs(10), None);
-        let held = pool.acquire().await.unwrap();
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        for who in ["a", "b", "c", "first"] {
-            tasks.push(tokio::spawn(take(pool.clone(), who, order.clone())));
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        drop(held);
-        for task in tasks {
-            task.await.unwrap();
-        }
-        assert_eq!(*order.lock().unwrap(), ["a", "b", "c", "first"]);
+        assert_eq!(
+            served_order(one_connection()).await,
+            ["a", "b", "c", "first"]
+        );
     }
 }

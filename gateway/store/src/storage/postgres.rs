@@ -25,6 +25,7 @@ impl PostgresBackend {
     fn lane(&self) -> Option<std::sync::Arc<dyn super::Backend>> {
         None
     }
+
     /// Nothing to do before the writer closes.
     async fn closing(_writer: &super::pool::Pool<Postgres>, _background: bool) {}
 

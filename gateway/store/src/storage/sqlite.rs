@@ -189,16 +189,15 @@ fn checkpoint_in_background(
                 _ = &mut stopped => return,
                 _ = interval.tick() => {}
             }
-            let outcome = match checkpoint_with(&reader, passive()).await {
-                Ok((_, pages, _)) if pages >= WAL_RESET_PAGES => {
-                    match checkpoint_with(&reader, passive()).await {
-                        Ok(_) => checkpoint_with(&writer, passive()).await.map(|_| ()),
-                        Err(err) => Err(err),
-                    }
+            let outcome = async {
+                let (_, pages, _) = checkpoint_with(&reader, passive()).await?;
+                if pages >= WAL_RESET_PAGES {
+                    checkpoint_with(&reader, passive()).await?;
+                    checkpoint_with(&writer, passive()).await?;
                 }
-                Ok(_) => Ok(()),
-                Err(err) => Err(err),
-            };
+                Ok::<_, sqlx::Error>(())
+            }
+            .await;
             if let Err(err) = outcome {
                 tracing::debug!(error = %err, "background WAL checkpoint failed");
             }

@@ -37,7 +37,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
-use uuid::Uuid;
 
 use super::apply::{self};
 use super::lag::ClusterLag;
@@ -200,15 +199,9 @@ fn histogram() -> hdrhistogram::Histogram<u64> {
 
 impl Maintainer {
     pub(crate) fn new(options: MaintainerOptions) -> Maintainer {
-        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".to_string());
-        let holder = format!(
-            "{host}:{}:{}",
-            std::process::id(),
-            &Uuid::new_v4().simple().to_string()[..8]
-        );
         Maintainer {
             options,
-            holder,
+            holder: crate::leases::new_holder(),
             workers: Mutex::new(HashMap::new()),
             delays_total_us: Mutex::new(histogram()),
             delays_us: Mutex::new(histogram()),

@@ -21,8 +21,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use uuid::Uuid;
-
 use crate::error::{Error, Result};
 use crate::leases::{self, Lease, LeaseRow};
 use crate::storage::Backend;
@@ -52,15 +50,6 @@ async fn read(backend: &dyn Backend, name: &str) -> Result<LeaseRow> {
         .ok_or_else(|| Error::Internal(format!("lease `{name}` was not created")))
 }
 
-/// What every holder of this process starts with.
-fn process_prefix() -> &'static str {
-    static PREFIX: OnceLock<String> = OnceLock::new();
-    PREFIX.get_or_init(|| {
-        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".to_string());
-        format!("verify {host}:{}:", std::process::id())
-    })
-}
-
 impl RunLease {
     /// Takes the verify lease of `ds`, or fails with `VERIFY_RUNNING`.
     pub(super) async fn take(topology: &Topology, ds: &DatastoreRuntime) -> Result<RunLease> {
@@ -83,11 +72,7 @@ impl RunLease {
             tokio::time::sleep(Duration::from_millis(200)).await;
             row = read(backend.as_ref(), &name).await?;
         }
-        let holder = format!(
-            "{}{}",
-            process_prefix(),
-            &Uuid::new_v4().simple().to_string()[..8]
-        );
+        let holder = format!("verify {}", leases::new_holder());
         let Some(lease) =
             leases::acquire(backend.as_ref(), &row, &holder, LEASE_TIME, Duration::ZERO).await?
         else {
@@ -112,9 +97,7 @@ impl RunLease {
         }
         Ok(())
     }
-}
 
-impl RunLease {
     /// Gives the lease up, at the end of the run.
     pub(super) async fn release(mut self) {
         self.released = true;
