@@ -39,6 +39,17 @@ CREATE TABLE IF NOT EXISTS `cellgate_id_segments` (
   PRIMARY KEY (`biz_tag`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
+CREATE TABLE IF NOT EXISTS `cellgate_topology` (
+  `datastore` VARBINARY(512) NOT NULL,
+  `version` BIGINT NOT NULL,
+  `ranges` LONGTEXT NOT NULL,
+  `work` LONGTEXT NOT NULL,
+  `cutover` BIGINT NOT NULL,
+  `moving` LONGTEXT NOT NULL,
+  `updated_at` DATETIME(6) NOT NULL,
+  PRIMARY KEY (`datastore`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
 -- datastore `payments`: 256 logical shards
 
 CREATE TABLE IF NOT EXISTS `payments_cells` (

@@ -40,6 +40,17 @@ CREATE TABLE IF NOT EXISTS "cellgate_id_segments" (
   PRIMARY KEY ("biz_tag")
 );
 
+CREATE TABLE IF NOT EXISTS "cellgate_topology" (
+  "datastore" TEXT COLLATE "C" NOT NULL,
+  "version" BIGINT NOT NULL,
+  "ranges" TEXT NOT NULL,
+  "work" TEXT NOT NULL,
+  "cutover" BIGINT NOT NULL,
+  "moving" TEXT NOT NULL,
+  "updated_at" TIMESTAMPTZ NOT NULL,
+  PRIMARY KEY ("datastore")
+);
+
 -- datastore `payments`: 256 logical shards
 
 CREATE TABLE IF NOT EXISTS "payments_cells" (

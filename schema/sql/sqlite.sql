@@ -40,6 +40,17 @@ CREATE TABLE IF NOT EXISTS "cellgate_id_segments" (
   PRIMARY KEY ("biz_tag")
 );
 
+CREATE TABLE IF NOT EXISTS "cellgate_topology" (
+  "datastore" TEXT NOT NULL,
+  "version" INTEGER NOT NULL,
+  "ranges" TEXT NOT NULL,
+  "work" TEXT NOT NULL,
+  "cutover" INTEGER NOT NULL,
+  "moving" TEXT NOT NULL,
+  "updated_at" INTEGER NOT NULL,
+  PRIMARY KEY ("datastore")
+);
+
 -- datastore `payments`: 256 logical shards
 
 CREATE TABLE IF NOT EXISTS "payments_cells" (

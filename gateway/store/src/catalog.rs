@@ -258,7 +258,7 @@ pub(crate) fn validate_defined(
     let mut problems = Vec::new();
     for ds in defined.sorted() {
         let name = ds.name();
-        let ranges = format_ranges(&ds.map.ranges_of(cluster.index));
+        let ranges = format_ranges(&ds.map().ranges_of(cluster.index));
         let recorded_shards = catalog.get(&(name.to_string(), "shards".to_string()));
         if let Some(recorded) = recorded_shards {
             if recorded != &ds.def.shards.to_string() {
@@ -272,8 +272,16 @@ pub(crate) fn validate_defined(
             }
         }
         let recorded_ranges = catalog.get(&(name.to_string(), "ranges".to_string()));
+        // The range of a move in progress may be recorded on either side.
+        let settled = |text: &str| -> Vec<u32> {
+            let moving = ds.routes.moving();
+            parse_ranges(text)
+                .into_iter()
+                .filter(|s| moving.as_ref().is_none_or(|m| !m.contains(*s)))
+                .collect()
+        };
         match recorded_ranges {
-            Some(recorded) if recorded != &ranges => {
+            Some(recorded) if settled(recorded) != settled(&ranges) => {
                 let now = if ranges.is_empty() {
                     "none".to_string()
                 } else {
@@ -394,7 +402,7 @@ async fn prepare_once(
     )];
     let mut superseded: Vec<(String, String, String)> = Vec::new();
     for ds in datastores {
-        let owned = ds.map.ranges_of(cluster.index);
+        let owned = ds.map().ranges_of(cluster.index);
         if owned.is_empty() {
             continue;
         }
@@ -463,6 +471,71 @@ async fn prepare_once(
         }
     }
     records.extend(superseded);
+    write_records(tx.as_mut(), dialect, &records, now).await?;
+    tx.commit().await
+}
+
+/// Creates the tables of `ds` (and of its index versions) on a cluster
+/// that holds none of its shards yet, the target of a shard move, and
+/// records its shard count there.
+pub(crate) async fn prepare_tables(backend: &dyn Backend, ds: &DatastoreRuntime) -> Result<()> {
+    let dialect = backend.dialect();
+    with_retry("creating a move target's tables", || async {
+        let mut tx = backend.begin().await?;
+        for stmt in ddl::datastore_ddl(dialect, ds.name()) {
+            tx.execute(&raw(dialect, &stmt)).await?;
+        }
+        for index in &ds.indexes {
+            for stmt in ddl::index_ddl(dialect, &index.def, index.version) {
+                tx.execute(&raw(dialect, &stmt)).await?;
+            }
+        }
+        tx.commit().await
+    })
+    .await?;
+    let mut records = vec![("shards".to_string(), ds.def.shards.to_string())];
+    for index in &ds.indexes {
+        let record = IndexRecord {
+            signature: index.signature.clone(),
+            state: if index.is_ready() {
+                IndexState::Ready
+            } else {
+                IndexState::Building
+            },
+            fields: fields_text(&index.def),
+        };
+        records.push((
+            index_item(&index.def.name, index.version),
+            serde_json::to_string(&record).expect("record serializes"),
+        ));
+    }
+    record(backend, ds.name(), &records).await
+}
+
+/// The shards of a catalog `ranges` value (`0-2047,3000-3100`).
+fn parse_ranges(text: &str) -> Vec<u32> {
+    text.split(',')
+        .filter_map(|part| {
+            let (a, b) = part.split_once('-')?;
+            Some(a.parse::<u32>().ok()?..=b.parse::<u32>().ok()?)
+        })
+        .flatten()
+        .collect()
+}
+
+/// Writes catalog items of `datastore` on one cluster.
+pub(crate) async fn record(
+    backend: &dyn Backend,
+    datastore: &str,
+    items: &[(String, String)],
+) -> Result<()> {
+    let dialect = backend.dialect();
+    let now = Value::DateTime(crate::storage::value::truncate_to_micros(Utc::now()));
+    let records: Vec<(String, String, String)> = items
+        .iter()
+        .map(|(item, value)| (datastore.to_string(), item.clone(), value.clone()))
+        .collect();
+    let mut tx = backend.begin().await?;
     write_records(tx.as_mut(), dialect, &records, now).await?;
     tx.commit().await
 }
@@ -537,7 +610,7 @@ pub(crate) async fn mark_ready(
     };
     let value = serde_json::to_string(&record).expect("record serializes");
     let now = Value::DateTime(crate::storage::value::truncate_to_micros(Utc::now()));
-    for cluster in ds.map.clusters() {
+    for cluster in ds.map().clusters() {
         let Ok(backend) = topology.clusters[cluster].master() else {
             continue;
         };
@@ -577,7 +650,7 @@ pub(crate) async fn drop_index(
         }
     }
     let mut dropped = Vec::new();
-    for cluster in ds.map.clusters() {
+    for cluster in ds.map().clusters() {
         let backend = topology.clusters[cluster].master()?;
         let dialect = backend.dialect();
         let catalog = read(backend.as_ref()).await?;

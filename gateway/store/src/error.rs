@@ -125,6 +125,16 @@ pub enum Error {
         holder: String,
         until: chrono::DateTime<chrono::Utc>,
     },
+    /// A shard is moving to another cluster, or has moved and the route
+    /// that reached this cluster was stale: its writes wait for the cut-over
+    /// (`moves`), and the write is retried on the new route; this error
+    /// reaches a client only when the cut-over did not end in time.
+    #[error("shard {shard} of `{datastore}` is moving to another cluster; retry shortly")]
+    ShardMoving { datastore: String, shard: u32 },
+    /// A shard move that cannot start or go on (another move is running, a
+    /// range that is not where the move says, a target that is not ready).
+    #[error("{0}")]
+    Move(String),
     /// A biz tag that was never created (tags are created by `cellgate ids
     /// create-tag`, the `createIdTag` mutation or `ids.tags` in the
     /// configuration, never by a request for IDs).
@@ -171,6 +181,8 @@ impl Error {
             Error::IndexBuilding { .. } => "INDEX_BUILDING",
             Error::LeaseLost(_) => "LEASE_LOST",
             Error::VerifyRunning { .. } => "VERIFY_RUNNING",
+            Error::ShardMoving { .. } => "SHARD_MOVING",
+            Error::Move(_) => "MOVE_REFUSED",
             Error::UnknownBizTag(_) => "UNKNOWN_BIZ_TAG",
             Error::IdSourceUnavailable(_) => "ID_SOURCE_UNAVAILABLE",
             Error::ClockMovedBackwards { .. } => "CLOCK_MOVED_BACKWARDS",
@@ -210,6 +222,7 @@ impl Error {
             | Error::BreakerOpen { .. }
             | Error::ClusterNotReady { .. }
             | Error::IndexBuilding { .. }
+            | Error::ShardMoving { .. }
             | Error::IdSourceUnavailable(_)
             | Error::ClockMovedBackwards { .. } => true,
             Error::Shared(inner) => inner.is_transient(),

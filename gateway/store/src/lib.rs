@@ -71,6 +71,7 @@ mod error;
 pub mod ids;
 pub mod indexes;
 pub mod leases;
+pub mod moves;
 mod options;
 mod reload;
 pub mod replicas;

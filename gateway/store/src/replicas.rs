@@ -338,7 +338,7 @@ async fn applied(replica: &dyn Backend, datastore: &str, wanted: &[(u32, i64)]) 
         .collect();
     Ok(wanted.iter().all(|(shard, added_id)| {
         next.get(&i64::from(*shard))
-            .is_some_and(|next| next > added_id)
+            .is_some_and(|next| next.abs() > *added_id)
     }))
 }
 
@@ -351,9 +351,9 @@ async fn counters(backend: &dyn Backend, datastore: &str) -> Result<i64> {
     };
     let mut sql = Sql::new(dialect);
     // SUM of a BIGINT is a NUMERIC (DECIMAL) on PostgreSQL and MySQL.
-    sql.push("SELECT CAST(COALESCE(SUM(")
+    sql.push("SELECT CAST(COALESCE(SUM(ABS(")
         .ident("next_added_id")
-        .push(&format!("), 0) AS {integer}) FROM "))
+        .push(&format!(")), 0) AS {integer}) FROM "))
         .ident(&ddl::shards_table(datastore));
     let rows = backend.fetch(&sql, &[ColType::Int]).await?;
     Ok(rows.first().and_then(|r| r[0].as_int()).unwrap_or(0))

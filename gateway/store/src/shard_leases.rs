@@ -68,6 +68,14 @@ pub(crate) struct ShardLeases {
 }
 
 impl ShardLeases {
+    /// Every shard of the buckets, in order.
+    pub(crate) fn shards(&self) -> Vec<u32> {
+        self.buckets
+            .iter()
+            .flat_map(|b| b.shards.iter().copied())
+            .collect()
+    }
+
     /// The buckets of the shards of `ds` held by `cluster`, leases named
     /// `<prefix><n>`, none held yet.
     pub(crate) fn new(
@@ -78,7 +86,7 @@ impl ShardLeases {
         ttl: Duration,
     ) -> ShardLeases {
         let shards: Vec<u32> = ds
-            .map
+            .work_map()
             .ranges_of(cluster)
             .into_iter()
             .flat_map(|(a, b)| a..=b)

@@ -59,6 +59,10 @@ pub struct StoreOptions {
     pub ids: crate::ids::IdsOptions,
     /// The shared log tails of followers (GraphQL subscriptions).
     pub tail: triggers::tail::TailOptions,
+    /// Follow the stored topology and acknowledge the versions served (the
+    /// normal mode, with more than one cluster: every process that routes
+    /// requests must). `cellgate shard move` turns it off for itself.
+    pub follow_topology: bool,
 }
 
 impl StoreOptions {
@@ -76,6 +80,7 @@ impl StoreOptions {
                 ..crate::ids::IdsOptions::default()
             },
             tail: triggers::tail::TailOptions::default(),
+            follow_topology: true,
         }
     }
 }
@@ -148,6 +153,10 @@ pub struct DatastoreMetrics {
     pub maintenance: MaintenanceMetrics,
     /// Index verify runs of this process and the drift they found.
     pub verify: crate::indexes::VerifyTotals,
+    /// The stored topology version this process serves (0: none read).
+    pub topology_version: i64,
+    /// The shard move in progress, as last read from the stored topology.
+    pub moving: Option<crate::moves::MoveRecord>,
 }
 
 /// The state of one index as the store serves it.
@@ -318,6 +327,14 @@ impl Store {
             }
         }
         let mut warnings = Vec::new();
+        let stored = crate::moves::stored::open(
+            &clusters,
+            catalogs[0].is_some(),
+            &defs,
+            &maps,
+            &mut warnings,
+        )
+        .await?;
         let reachable: Vec<&catalog::Catalog> = catalogs.iter().flatten().collect();
         let plans = catalog::plan_indexes(&defs, &reachable, &mut warnings);
         let mut datastores = HashMap::new();
@@ -331,10 +348,14 @@ impl Store {
                 })
                 .collect();
             let map = maps[&def.name].clone();
-            datastores.insert(
-                def.name.clone(),
-                Arc::new(DatastoreRuntime::new(def.clone(), map, indexes)),
-            );
+            let runtime = DatastoreRuntime::new(def.clone(), map, indexes);
+            if let Some(served) = stored.get(&def.name) {
+                runtime.routes.set_moving(served.moving.clone());
+                runtime
+                    .routes
+                    .set(served.version, served.map.clone(), served.work.clone());
+            }
+            datastores.insert(def.name.clone(), Arc::new(runtime));
         }
         let (events, written) = Events::new();
         let topology = Arc::new(Topology::new(
@@ -380,6 +401,14 @@ impl Store {
                 stopped,
                 options.maintain_indexes,
             );
+        }
+        if options.follow_topology && topology.clusters.len() > 1 && !options.converting_v1 {
+            tokio::spawn(crate::moves::follow::follow(
+                Arc::downgrade(&topology),
+                maintainer.clone(),
+                maintainer.holder.clone(),
+                shutdown.subscribe(),
+            ));
         }
         let replayer = Arc::new(cells::replay::Replayer::new(
             maintainer.holder.clone(),
@@ -599,6 +628,8 @@ impl Store {
                 replay_conflicts: ds.replay_conflicts.load(Relaxed),
                 maintenance: self.inner.maintainer.metrics(&ds),
                 verify: self.inner.verifier.totals(ds.name()),
+                topology_version: ds.routes.version(),
+                moving: ds.routes.moving(),
             })
             .collect();
         let replica_lag = topology.lags.all();
@@ -921,7 +952,7 @@ impl Store {
                 if ds.indexes.is_empty() {
                     continue;
                 }
-                for cluster in ds.map.clusters() {
+                for cluster in ds.map().clusters() {
                     maintainer::apply_all(
                         topology,
                         &ds,
@@ -939,7 +970,7 @@ impl Store {
             if ds.indexes.is_empty() {
                 continue;
             }
-            for cluster in ds.map.clusters() {
+            for cluster in ds.map().clusters() {
                 let backend = topology.clusters[cluster].master()?;
                 let heads = cells::heads(backend.as_ref(), &ds).await?;
                 targets.insert(
@@ -1078,12 +1109,12 @@ impl Store {
             name: triggers::offsets_key(name),
         }];
         let mut out = Vec::new();
-        for cluster in ds.map.clusters() {
+        for cluster in ds.map().clusters() {
             let backend = topology.clusters[cluster].master()?;
             let mut shards: Vec<ShardLag> = lag::behind(backend.as_ref(), &ds, &consumer)
                 .await?
                 .into_iter()
-                .filter(|b| b.shard < ds.map.shards() && ds.map.cluster_of(b.shard) == cluster)
+                .filter(|b| b.shard < ds.map().shards() && ds.map().cluster_of(b.shard) == cluster)
                 .map(|b| ShardLag {
                     shard: b.shard,
                     pending_cells: b.head - b.offset,

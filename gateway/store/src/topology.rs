@@ -43,6 +43,7 @@ pub(crate) struct Topology {
     /// Largest number of cells in one put.
     pub(crate) max_batch: usize,
     pub(crate) events: Events,
+    pub(crate) moves: MoveSignals,
 }
 
 tokio::task_local! {
@@ -316,7 +317,11 @@ pub(crate) fn index_signature(index: &Index) -> String {
 /// A datastore's definition with its routing and index versions.
 pub(crate) struct DatastoreRuntime {
     pub(crate) def: Datastore,
-    pub(crate) map: ShardMap,
+    /// Where its shards live; shared with the runtimes that replace this
+    /// one on a reload, and swapped as the stored topology changes
+    /// (`moves/follow.rs`), so a request pinned to older definitions
+    /// still routes by the newest map.
+    pub(crate) routes: Arc<Routes>,
     /// In the order of `def.indexes`; shared with the runtime that
     /// replaces this one on a reload where the index keeps its version.
     pub(crate) indexes: Vec<Arc<IndexRuntime>>,
@@ -336,7 +341,7 @@ impl DatastoreRuntime {
     pub(crate) fn new(def: Datastore, map: ShardMap, indexes: Vec<Arc<IndexRuntime>>) -> Self {
         DatastoreRuntime {
             def,
-            map,
+            routes: Arc::new(Routes::new(map)),
             indexes,
             cells_written: Arc::default(),
             cells_duplicate: Arc::default(),
@@ -350,7 +355,7 @@ impl DatastoreRuntime {
     pub(crate) fn redefined(&self, def: Datastore, indexes: Vec<Arc<IndexRuntime>>) -> Self {
         DatastoreRuntime {
             def,
-            map: self.map.clone(),
+            routes: self.routes.clone(),
             indexes,
             cells_written: self.cells_written.clone(),
             cells_duplicate: self.cells_duplicate.clone(),
@@ -361,6 +366,18 @@ impl DatastoreRuntime {
 
     pub(crate) fn name(&self) -> &str {
         &self.def.name
+    }
+
+    /// Where requests find each shard now.
+    pub(crate) fn map(&self) -> Arc<ShardMap> {
+        self.routes.map.load_full()
+    }
+
+    /// Which cluster's workers (index maintenance, triggers) follow each
+    /// shard's log now: the routing map, but while a moved shard range's
+    /// last cells on its old cluster are being applied there.
+    pub(crate) fn work_map(&self) -> Arc<ShardMap> {
+        self.routes.work.load_full()
     }
 
     /// Fails with `UNKNOWN_COLUMN`, listing the declared columns, unless
@@ -394,6 +411,91 @@ impl DatastoreRuntime {
             .indexes
             .iter()
             .any(|i| i.columns.iter().any(|c| c == column))
+    }
+}
+
+/// The shard maps of a datastore and the stored topology version they
+/// came from.
+pub(crate) struct Routes {
+    map: ArcSwap<ShardMap>,
+    work: ArcSwap<ShardMap>,
+    version: AtomicI64,
+    /// Told each new version.
+    changed: tokio::sync::watch::Sender<i64>,
+    /// The move in progress, if any, as last read.
+    moving: std::sync::Mutex<Option<crate::moves::MoveRecord>>,
+}
+
+impl Routes {
+    pub(crate) fn new(map: ShardMap) -> Routes {
+        Routes {
+            work: ArcSwap::from_pointee(map.clone()),
+            map: ArcSwap::from_pointee(map),
+            version: AtomicI64::new(0),
+            changed: tokio::sync::watch::channel(0).0,
+            moving: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The move in progress, if any, as last read.
+    pub(crate) fn moving(&self) -> Option<crate::moves::MoveRecord> {
+        self.moving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_moving(&self, record: Option<crate::moves::MoveRecord>) {
+        *self.moving.lock().unwrap_or_else(|e| e.into_inner()) = record;
+    }
+
+    /// Learns of the versions served after this call.
+    pub(crate) fn watch(&self) -> tokio::sync::watch::Receiver<i64> {
+        self.changed.subscribe()
+    }
+
+    /// The stored topology version served now (0 before one was read).
+    pub(crate) fn version(&self) -> i64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Serves `map` (and `work`) of stored topology `version` from now on.
+    pub(crate) fn set(&self, version: i64, map: ShardMap, work: ShardMap) {
+        self.map.store(Arc::new(map));
+        self.work.store(Arc::new(work));
+        self.version.store(version, Ordering::Release);
+        self.changed.send_replace(version);
+    }
+}
+
+/// How the write path waits for a shard move's cut-over.
+#[derive(Default)]
+pub(crate) struct MoveSignals {
+    /// Wakes the topology follower (`moves/follow.rs`) to read the stored
+    /// topology at once.
+    pub(crate) poke: tokio::sync::Notify,
+}
+
+/// How long a write that met a moving shard waits for a new topology
+/// version before it tries again anyway.
+const MOVE_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl MoveSignals {
+    /// Asks for the stored topology to be read now, then waits until a
+    /// version newer than `seen`'s is served, [`MOVE_RECHECK`] at most.
+    /// False once `deadline` has passed.
+    pub(crate) async fn wait(
+        &self,
+        mut seen: tokio::sync::watch::Receiver<i64>,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        self.poke.notify_one();
+        let until = deadline.min(tokio::time::Instant::now() + MOVE_RECHECK);
+        let _ = tokio::time::timeout_at(until, seen.changed()).await;
+        tokio::time::Instant::now() < deadline
     }
 }
 
@@ -459,6 +561,7 @@ impl Topology {
             lags: crate::replicas::LagBoard::default(),
             max_batch,
             events,
+            moves: MoveSignals::default(),
         }
     }
 
@@ -494,6 +597,7 @@ impl Topology {
             lags: crate::replicas::LagBoard::default(),
             max_batch: self.max_batch,
             events: Events::new().0,
+            moves: MoveSignals::default(),
         }
     }
 
@@ -534,11 +638,9 @@ impl Topology {
         items: impl IntoIterator<Item = (u32, T)>,
     ) -> BTreeMap<usize, Vec<T>> {
         let mut groups: BTreeMap<usize, Vec<T>> = BTreeMap::new();
+        let map = ds.map();
         for (shard, item) in items {
-            groups
-                .entry(ds.map.cluster_of(shard))
-                .or_default()
-                .push(item);
+            groups.entry(map.cluster_of(shard)).or_default().push(item);
         }
         groups
     }
@@ -546,13 +648,12 @@ impl Topology {
     /// Where the shards of `datastore` live: contiguous `(first, last,
     /// cluster name)` ranges, in shard order.
     pub(crate) fn ranges(&self, ds: &DatastoreRuntime) -> Vec<(u32, u32, String)> {
-        let mut ranges: Vec<(u32, u32, String)> = ds
-            .map
+        let map = ds.map();
+        let mut ranges: Vec<(u32, u32, String)> = map
             .clusters()
             .into_iter()
             .flat_map(|c| {
-                ds.map
-                    .ranges_of(c)
+                map.ranges_of(c)
                     .into_iter()
                     .map(move |(first, last)| (first, last, c))
             })

@@ -199,7 +199,7 @@ async fn convert_shard(
             ds.def.shards
         )));
     }
-    let owner = ds.map.cluster_of(shard);
+    let owner = ds.map().cluster_of(shard);
     if owner != cluster {
         return Err(Error::Catalog(format!(
             "shard {shard} of `{datastore}` is stored on cluster `{}` but the topology routes it to `{}`; \

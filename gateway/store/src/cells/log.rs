@@ -66,7 +66,7 @@ pub(crate) async fn cells_for_shard(
             ds.def.shards - 1
         )));
     }
-    let cluster = ds.map.cluster_of(shard);
+    let cluster = ds.map().cluster_of(shard);
     let shards = BTreeSet::from([shard]);
     read_on(topology, &ds, cluster, &shards, read, |node| {
         let ds = &ds;
@@ -136,7 +136,12 @@ async fn added_id_before(
         .push(" = ")
         .bind(Value::Int(i64::from(shard)));
     let next = backend.fetch(&sql, &[ColType::Int]).await?;
-    Ok(next.first().and_then(|row| row[0].as_int()).unwrap_or(1) - 1)
+    // A fenced counter (a shard moving away) is negated: its head stays.
+    Ok(next
+        .first()
+        .and_then(|row| row[0].as_int())
+        .map_or(1, i64::abs)
+        - 1)
 }
 
 /// The keys of the cells after each `(shard, after)` position, in shard
@@ -339,6 +344,6 @@ pub(crate) async fn heads(backend: &dyn Backend, ds: &DatastoreRuntime) -> Resul
     let rows = backend.fetch(&sql, &[ColType::Int, ColType::Int]).await?;
     Ok(rows
         .into_iter()
-        .filter_map(|row| Some((row[0].as_int()? as u32, row[1].as_int()? - 1)))
+        .filter_map(|row| Some((row[0].as_int()? as u32, row[1].as_int()?.abs() - 1)))
         .collect())
 }

@@ -174,9 +174,11 @@ pub(crate) async fn prune(
         statements: 0,
         elapsed_ms: 0,
     };
-    let clusters = ds.map.clusters();
-    let ranges: Vec<(usize, Vec<(u32, u32)>)> =
-        clusters.iter().map(|&c| (c, ds.map.ranges_of(c))).collect();
+    let clusters = ds.map().clusters();
+    let ranges: Vec<(usize, Vec<(u32, u32)>)> = clusters
+        .iter()
+        .map(|&c| (c, ds.map().ranges_of(c)))
+        .collect();
     let mut progress = PruneProgress {
         shards_total: ranges
             .iter()
@@ -239,7 +241,7 @@ fn expected_consumers(topology: &Topology, ds: &DatastoreRuntime) -> Vec<String>
         .indexes
         .iter()
         .flat_map(|index| {
-            ds.map
+            ds.map()
                 .clusters()
                 .into_iter()
                 .map(|c| index.consumer(&topology.clusters[c].name))

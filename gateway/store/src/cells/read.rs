@@ -133,7 +133,7 @@ pub(crate) async fn get_cell(
     let ds = topology.datastore(datastore)?;
     ds.check_column(&key.column)?;
     let shard = row_shard(&key.row_key, ds.def.shards);
-    let cluster = ds.map.cluster_of(shard);
+    let cluster = ds.map().cluster_of(shard);
     let shards = std::iter::once(shard).collect();
     let table = ddl::cells_table(ds.name());
     read_on(topology, &ds, cluster, &shards, read, |node| {
@@ -166,7 +166,7 @@ pub(crate) async fn history(
     let ds = topology.datastore(datastore)?;
     ds.check_column(column)?;
     let shard = row_shard(&row_key, ds.def.shards);
-    let cluster = ds.map.cluster_of(shard);
+    let cluster = ds.map().cluster_of(shard);
     let shards = std::iter::once(shard).collect();
     let table = ddl::cells_table(ds.name());
     read_on(topology, &ds, cluster, &shards, read, |node| {
@@ -466,7 +466,7 @@ fn latest_of_c(sql: &mut Sql, table: &str) {
 /// Whether any cluster of the datastore holds a cell; unreachable clusters
 /// count as empty.
 pub(crate) async fn has_cells(topology: &Topology, ds: &DatastoreRuntime) -> Result<bool> {
-    for cluster in ds.map.clusters() {
+    for cluster in ds.map().clusters() {
         let Ok(master) = topology.clusters[cluster].master() else {
             continue;
         };

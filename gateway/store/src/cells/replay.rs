@@ -328,7 +328,7 @@ async fn replay(
                 continue;
             }
             groups
-                .entry(ds.map.cluster_of(cell.shard))
+                .entry(ds.map().cluster_of(cell.shard))
                 .or_default()
                 .push(cell);
         }

@@ -69,6 +69,10 @@ const LOOKUP_CHUNK: usize = 500;
 /// and MariaDB accept by default (a single larger body goes alone).
 const INSERT_BYTES: usize = 4 * 1024 * 1024;
 
+/// How long a write waits for the cut-over of a moving shard before it
+/// fails with `SHARD_MOVING` (a move's cut-over takes a fraction of this).
+const MOVE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Batches at least this large are encoded off the async runtime.
 const ENCODE_OFF_RUNTIME: usize = 16;
 
@@ -118,20 +122,42 @@ pub(crate) async fn put_cells(
         first_of.insert(prepared.key.clone(), (index, body_hash));
         accepted.push((prepared.shard, prepared));
     }
-    let groups = topology.by_cluster(&ds, accepted);
-    let writes = groups.into_iter().map(|(cluster, mut group)| {
-        group.sort_by_key(|p| (p.shard, p.index));
-        write_cluster(topology, &ds, cluster, group)
-    });
     let mut token = ReadToken {
         datastore: datastore.to_string(),
         ..ReadToken::default()
     };
-    for (outcome, heads) in futures::future::join_all(writes).await {
-        for (index, result) in outcome {
-            results[index] = Some(result);
+    // Cells of a shard that is moving are written once the move's cut-over
+    // lets them, on the cluster the shard lives on then.
+    let mut pending = accepted;
+    let deadline = tokio::time::Instant::now() + MOVE_WAIT;
+    loop {
+        let seen = ds.routes.watch();
+        let groups = topology.by_cluster(&ds, pending);
+        let writes = groups.into_iter().map(|(cluster, mut group)| {
+            group.sort_by_key(|p| (p.shard, p.index));
+            write_cluster(topology, &ds, cluster, group)
+        });
+        let mut moving = Vec::new();
+        for (outcome, heads, group) in futures::future::join_all(writes).await {
+            let mut retry = std::collections::HashSet::new();
+            for (index, result) in outcome {
+                if matches!(&result, Err(e) if matches!(**e, Error::ShardMoving { .. })) {
+                    retry.insert(index);
+                }
+                results[index] = Some(result);
+            }
+            token.extend(heads);
+            moving.extend(
+                group
+                    .into_iter()
+                    .filter(|p| retry.contains(&p.index))
+                    .map(|p| (p.shard, p)),
+            );
         }
-        token.extend(heads);
+        if moving.is_empty() || !topology.moves.wait(seen, deadline).await {
+            break;
+        }
+        pending = moving;
     }
     // A key repeated inside the batch: same body is a duplicate of the
     // first occurrence, a different body a conflict with it.
@@ -195,6 +221,16 @@ async fn write_cluster(
     ds: &DatastoreRuntime,
     cluster: usize,
     group: Vec<Prepared>,
+) -> (Vec<(usize, PutResult)>, Vec<(u32, i64)>, Vec<Prepared>) {
+    let (outcome, heads) = write_group(topology, ds, cluster, &group).await;
+    (outcome, heads, group)
+}
+
+async fn write_group(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    cluster: usize,
+    group: &[Prepared],
 ) -> (Vec<(usize, PutResult)>, Vec<(u32, i64)>) {
     let fail_all = |group: &[Prepared], err: Error| {
         let err = Arc::new(err);
@@ -206,17 +242,17 @@ async fn write_cluster(
     let no_heads = Vec::new;
     if let Err(err) = topology.clusters[cluster].master() {
         if !err.is_transient() {
-            return (fail_all(&group, err), no_heads());
+            return (fail_all(group, err), no_heads());
         }
     }
-    let buffered = match buffer(topology, ds, cluster, &group).await {
+    let buffered = match buffer(topology, ds, cluster, group).await {
         Ok(buffered) => buffered,
-        Err(err) => return (fail_all(&group, err), no_heads()),
+        Err(err) => return (fail_all(group, err), no_heads()),
     };
     let primary = async {
         let master = topology.clusters[cluster].master()?;
         with_retry("committing a batch", || {
-            commit_primary(master.as_ref(), ds.name(), &group)
+            commit_primary(master.as_ref(), ds.name(), group)
         })
         .await
     }
@@ -255,7 +291,7 @@ async fn write_cluster(
         }
         Err(err) => {
             release_buffers(topology, ds, buffered).await;
-            (fail_all(&group, err), no_heads())
+            (fail_all(group, err), no_heads())
         }
     }
 }
@@ -421,6 +457,8 @@ pub(super) async fn commit_primary(
     let existing = existing_bodies(master, &cells_table, group, |c| &c.key).await?;
     let mut statuses: Vec<Option<PutResult>> = Vec::with_capacity(group.len());
     let mut new_cells: Vec<&Prepared> = Vec::new();
+    // Where each new cell's status goes.
+    let mut positions: Vec<usize> = Vec::new();
     // A duplicate's stored cell counts as written by this call for its read
     // token: a retried write must read back like the first attempt.
     let mut duplicates: BTreeMap<u32, i64> = BTreeMap::new();
@@ -441,6 +479,7 @@ pub(super) async fn commit_primary(
             }),
             None => {
                 new_cells.push(cell);
+                positions.push(statuses.len());
                 None
             }
         });
@@ -456,6 +495,14 @@ pub(super) async fn commit_primary(
     }
 
     let created_at = Value::DateTime(truncate_to_micros(Utc::now()));
+    // A cell of a shard whose counter row is missing or fenced (negative:
+    // the shard is moving away, `moves`) is not written here.
+    let moving = |statuses: &mut Vec<Option<PutResult>>, shard: u32, position: usize| {
+        statuses[position] = Some(Err(Arc::new(Error::ShardMoving {
+            datastore: datastore.to_string(),
+            shard,
+        })));
+    };
     if let Some(sql) = one_statement(dialect, datastore, &new_cells, &created_at) {
         let mut heads: Vec<(u32, i64)> = master
             .fetch(&sql, &[ColType::Int, ColType::Int])
@@ -463,6 +510,11 @@ pub(super) async fn commit_primary(
             .iter()
             .filter_map(|row| Some((row[0].as_int()? as u32, row[1].as_int()? - 1)))
             .collect();
+        for (cell, position) in new_cells.iter().zip(&positions) {
+            if !heads.iter().any(|(shard, _)| *shard == cell.shard) {
+                moving(&mut statuses, cell.shard, *position);
+            }
+        }
         heads.extend(duplicates);
         return Ok((written(statuses), heads));
     }
@@ -473,14 +525,25 @@ pub(super) async fn commit_primary(
         shards
     };
     let mut next_ids = lock_shards(tx.as_mut(), dialect, datastore, &shards).await?;
+    next_ids.retain(|_, next| *next > 0);
     let mut numbered: Vec<(&Prepared, i64)> = Vec::with_capacity(new_cells.len());
-    for cell in new_cells {
-        let next = next_ids
-            .get_mut(&cell.shard)
-            .ok_or_else(|| missing_shard(datastore, cell.shard))?;
-        numbered.push((cell, *next));
-        *next += 1;
+    for (cell, position) in new_cells.into_iter().zip(positions) {
+        match next_ids.get_mut(&cell.shard) {
+            Some(next) => {
+                numbered.push((cell, *next));
+                *next += 1;
+            }
+            None => moving(&mut statuses, cell.shard, position),
+        }
     }
+    if numbered.is_empty() {
+        tx.commit().await?;
+        return Ok((written(statuses), duplicates.into_iter().collect()));
+    }
+    let shards: Vec<u32> = shards
+        .into_iter()
+        .filter(|s| next_ids.contains_key(s))
+        .collect();
     // `shards` is sorted: the group is.
     let advanced: Vec<(u32, i64)> = shards.iter().map(|s| (*s, next_ids[s])).collect();
     let mut heads: Vec<(u32, i64)> = advanced.iter().map(|(s, next)| (*s, next - 1)).collect();
@@ -516,14 +579,15 @@ pub(super) async fn commit_primary(
 ///
 /// ```sql
 /// WITH locked AS (SELECT shard, next_added_id FROM <ds>_shards
-///                 WHERE shard IN (…) ORDER BY shard FOR UPDATE),
+///                 WHERE shard IN (…) AND next_added_id > 0
+///                 ORDER BY shard FOR UPDATE),
 ///      advanced AS (UPDATE <ds>_shards s SET next_added_id = l.next_added_id + v.n
 ///                   FROM locked l, (VALUES (shard, n), …) v(shard, n)
 ///                   WHERE s.shard = l.shard AND v.shard = l.shard
 ///                   RETURNING s.shard, s.next_added_id),
 ///      inserted AS (INSERT INTO <ds>_cells (…)
 ///                   SELECT v.shard, l.next_added_id + v.k, … FROM (VALUES …) v(…)
-///                   LEFT JOIN locked l ON l.shard = v.shard)
+///                   JOIN locked l ON l.shard = v.shard)
 /// SELECT shard, next_added_id FROM advanced
 /// ```
 ///
@@ -574,7 +638,9 @@ fn one_statement(
         .ident("shard")
         .push(" IN ")
         .bind_list(counts.iter().map(|(s, _)| Value::Int(i64::from(*s))))
-        .push(" ORDER BY ")
+        .push(" AND ")
+        .ident("next_added_id")
+        .push(" > 0 ORDER BY ")
         .ident("shard")
         .push(dialect.for_update())
         .push("), ")
@@ -633,9 +699,9 @@ fn one_statement(
     for col in &super::read::CELL_COLUMNS[2..] {
         sql.push(", ").ident(col);
     }
-    // A shard without a counter row gets a NULL `added_id`, which fails
-    // the whole statement: nothing of the group commits.
-    sql.push(") LEFT JOIN ")
+    // The cells of a shard without a usable counter row (missing, or
+    // fenced by a move) are left out; `advanced` does not name the shard.
+    sql.push(") JOIN ")
         .ident("locked")
         .push(" l ON l.")
         .ident("shard")
@@ -661,12 +727,6 @@ fn cell_row(cell: &Prepared, added_id: i64, created_at: &Value) -> Vec<Value> {
         Value::Bytes(cell.encoded.clone()),
         created_at.clone(),
     ]
-}
-
-fn missing_shard(datastore: &str, shard: u32) -> Error {
-    Error::Internal(format!(
-        "shard {shard} of `{datastore}` has no counter row on its cluster; run `cellgate migrate`"
-    ))
 }
 
 /// Locks the counter rows of `shards` (sorted) in shard order and returns

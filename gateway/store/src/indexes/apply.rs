@@ -69,7 +69,7 @@ pub(crate) struct Consumer {
 
 /// The consumers of a datastore: every index × every cluster of its shards.
 pub(crate) fn consumers(topology: &Topology, ds: &DatastoreRuntime) -> Vec<Consumer> {
-    let clusters = ds.map.clusters();
+    let clusters = ds.map().clusters();
     ds.indexes
         .iter()
         .enumerate()
@@ -665,7 +665,7 @@ impl Pass<'_> {
         for ((index, row_key), entry) in entries {
             let here = entry
                 .shard
-                .is_some_and(|s| self.ds.map.cluster_of(s) == target);
+                .is_some_and(|s| self.ds.map().cluster_of(s) == target);
             rows[*index].push((*row_key, entry, here));
         }
         for (i, runtime) in self.ds.indexes.iter().enumerate() {

@@ -36,9 +36,9 @@ pub(crate) async fn behind(
     let mut sql = Sql::new(backend.dialect());
     sql.push("SELECT s.")
         .ident("shard")
-        .push(", s.")
+        .push(", ABS(s.")
         .ident("next_added_id")
-        .push(", c.")
+        .push("), c.")
         .ident("consumer")
         .push(", o.")
         .ident("added_id")
@@ -64,9 +64,9 @@ pub(crate) async fn behind(
         .ident("consumer")
         .push(" = c.")
         .ident("consumer")
-        .push(" WHERE s.")
+        .push(" WHERE ABS(s.")
         .ident("next_added_id")
-        .push(" - 1 > COALESCE(o.")
+        .push(") - 1 > COALESCE(o.")
         .ident("added_id")
         .push(", 0)");
     let rows = backend
@@ -149,9 +149,9 @@ pub(crate) async fn log_cells(backend: &dyn Backend, ds: &DatastoreRuntime) -> R
     };
     let mut sql = Sql::new(dialect);
     // SUM of a BIGINT is a NUMERIC (DECIMAL) on PostgreSQL and MySQL.
-    sql.push("SELECT CAST(COALESCE(SUM(")
+    sql.push("SELECT CAST(COALESCE(SUM(ABS(")
         .ident("next_added_id")
-        .push(&format!(" - 1), 0) AS {integer}) FROM "))
+        .push(&format!(") - 1), 0) AS {integer}) FROM "))
         .ident(&ddl::shards_table(ds.name()));
     let rows = backend.fetch(&sql, &[ColType::Int]).await?;
     Ok(rows.first().and_then(|r| r[0].as_int()).unwrap_or(0))

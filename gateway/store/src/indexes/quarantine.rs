@@ -43,7 +43,7 @@ pub(crate) async fn list(
     ds: &DatastoreRuntime,
 ) -> Result<Vec<QuarantinedEntry>> {
     let mut entries = Vec::new();
-    for cluster in ds.map.clusters() {
+    for cluster in ds.map().clusters() {
         let backend = topology.clusters[cluster].master()?;
         let mut sql = Sql::new(backend.dialect());
         sql.push("SELECT ")
@@ -128,7 +128,7 @@ pub(crate) async fn retry(
             continue;
         }
         let (touched, forget) = by_cluster
-            .entry(ds.map.cluster_of(entry.shard))
+            .entry(ds.map().cluster_of(entry.shard))
             .or_default();
         match ds.indexes.iter().position(|i| i.def.name == entry.index) {
             Some(position) => {

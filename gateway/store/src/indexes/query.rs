@@ -310,7 +310,7 @@ pub(crate) async fn run_plan_with_cells<B>(
     read: &ReadOptions,
 ) -> Result<Option<(IndexPage, Vec<Cell<B>>)>> {
     let ds = topology.datastore(&plan.datastore)?;
-    let (Some(cluster), false) = (ds.map.sole_cluster(), columns.is_empty()) else {
+    let (Some(cluster), false) = (ds.map().sole_cluster(), columns.is_empty()) else {
         return Ok(None);
     };
     let runtime = ds.index(&plan.index.name)?;

@@ -338,7 +338,7 @@ impl Listener for Callbacks<'_> {
             lease.check()?;
         }
         if let Some(checkpoint) = checkpoint {
-            let home = self.ds.map.cluster_of(0);
+            let home = self.ds.map().cluster_of(0);
             write_checkpoint(self.topology, self.ds, home, checkpoint).await?;
         }
         (self.on_progress)(progress);
@@ -409,7 +409,7 @@ pub(crate) async fn run_on(
         .collect();
     let shards = selected_shards(ds, options)?;
     let scope = scope_text(ds, &indexes, options);
-    let home = ds.map.cluster_of(0);
+    let home = ds.map().cluster_of(0);
     let mut progress = VerifyProgress {
         shards_total: shards.len() as u32,
         ..VerifyProgress::default()
@@ -452,11 +452,11 @@ pub(crate) async fn run_on(
     let chunk = ((CHUNK_CELLS as f64 / per_shard.max(1.0)) as usize).clamp(1, MAX_CHUNK);
     let mut chunks: Vec<Vec<u32>> = Vec::new();
     while !todo.is_empty() {
-        let cluster = ds.map.cluster_of(todo[0]);
+        let cluster = ds.map().cluster_of(todo[0]);
         let len = todo
             .iter()
             .take(chunk)
-            .take_while(|s| ds.map.cluster_of(**s) == cluster)
+            .take_while(|s| ds.map().cluster_of(**s) == cluster)
             .count();
         let (now, rest) = todo.split_at(len);
         chunks.push(now.to_vec());
@@ -477,7 +477,7 @@ pub(crate) async fn run_on(
                 ds,
                 consumers: consumers_ref,
                 indexes: indexes_ref,
-                cluster: ds.map.cluster_of(now[0]),
+                cluster: ds.map().cluster_of(now[0]),
             };
             let mut part = VerifyProgress::default();
             let mut drift = Vec::new();
@@ -545,7 +545,7 @@ pub(crate) async fn last_run(
     topology: &Topology,
     ds: &DatastoreRuntime,
 ) -> Result<Option<VerifyCheckpoint>> {
-    read_checkpoint(topology, ds, ds.map.cluster_of(0)).await
+    read_checkpoint(topology, ds, ds.map().cluster_of(0)).await
 }
 
 fn selected_indexes(ds: &DatastoreRuntime, names: &[String]) -> Result<Vec<usize>> {
@@ -845,7 +845,7 @@ impl Chunk<'_> {
         source: &Source,
         progress: &mut VerifyProgress,
     ) -> Result<Vec<Found>> {
-        let targets = self.ds.map.clusters();
+        let targets = self.ds.map().clusters();
         let expected: Vec<(usize, Vec<Expected>)> = self
             .indexes
             .iter()
@@ -857,7 +857,7 @@ impl Chunk<'_> {
         for (index, rows) in &expected {
             for &target in &targets {
                 let (here, elsewhere) = rows.iter().partition(|e| {
-                    e.entry.shard.map(|s| self.ds.map.cluster_of(s)) == Some(target)
+                    e.entry.shard.map(|s| self.ds.map().cluster_of(s)) == Some(target)
                 });
                 lists.push((*index, target, here, elsewhere));
             }
@@ -966,7 +966,7 @@ impl Chunk<'_> {
         progress: &mut VerifyProgress,
     ) -> Result<Vec<Found>> {
         let mut found = Vec::new();
-        let targets = self.ds.map.clusters();
+        let targets = self.ds.map().clusters();
         for &index in self.indexes {
             let expected = self.expected(index, offsets, source, Some(only), progress);
             if expected.is_empty() {
@@ -976,7 +976,7 @@ impl Chunk<'_> {
             let rows: Vec<Uuid> = expected.iter().map(|e| e.row_key).collect();
             let stored = read_stored(self.topology, runtime, &targets, &rows).await?;
             for e in expected {
-                let home = e.entry.shard.map(|s| self.ds.map.cluster_of(s));
+                let home = e.entry.shard.map(|s| self.ds.map().cluster_of(s));
                 for &target in &targets {
                     let live = stored
                         .get(&(target, e.row_key))
@@ -1138,7 +1138,7 @@ impl Chunk<'_> {
         let mut by_cluster: BTreeMap<usize, Touched> = BTreeMap::new();
         for f in confirmed {
             by_cluster
-                .entry(self.ds.map.cluster_of(f.shard))
+                .entry(self.ds.map().cluster_of(f.shard))
                 .or_default()
                 .insert((f.index, f.row_key), (f.shard, 0));
         }
@@ -1173,7 +1173,7 @@ impl Chunk<'_> {
     ) -> Result<()> {
         let runtime = &self.ds.indexes[index];
         let selected: HashSet<u32> = shards.iter().copied().collect();
-        for target in self.ds.map.clusters() {
+        for target in self.ds.map().clusters() {
             let backend = self.topology.clusters[target].maintenance()?.clone();
             let mut after: Option<Uuid> = None;
             loop {
@@ -1197,7 +1197,7 @@ impl Chunk<'_> {
                     let shard = row_shard(row_key, self.ds.def.shards);
                     if selected.contains(&shard) {
                         by_cluster
-                            .entry(self.ds.map.cluster_of(shard))
+                            .entry(self.ds.map().cluster_of(shard))
                             .or_default()
                             .push(*row_key);
                     }
@@ -1486,7 +1486,7 @@ fn hex_text(bytes: &[u8]) -> String {
 /// (one statement per cluster).
 async fn cells_per_shard(topology: &Topology, ds: &DatastoreRuntime) -> Result<f64> {
     let mut cells = 0i64;
-    for cluster in ds.map.clusters() {
+    for cluster in ds.map().clusters() {
         let backend = topology.clusters[cluster].maintenance()?;
         let mut sql = Sql::new(backend.dialect());
         sql.push("SELECT ")
@@ -1497,6 +1497,7 @@ async fn cells_per_shard(topology: &Topology, ds: &DatastoreRuntime) -> Result<f
         cells += rows
             .iter()
             .filter_map(|r| r.first().and_then(Value::as_int))
+            .map(i64::abs)
             .sum::<i64>();
     }
     Ok(cells as f64 / f64::from(ds.def.shards.max(1)))

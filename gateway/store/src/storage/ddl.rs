@@ -13,6 +13,8 @@
 //! | `<ds>_ix_<index>[_v<N>]` | one entry per row key of one index version | `row_key` |
 //!
 //! and per cluster `cellgate_catalog` (what the tables were built from),
+//! `cellgate_topology` (the shard ranges of each datastore and the move in
+//! progress, used on the first cluster),
 //! `cellgate_leases` (named leases with fencing tokens), `cellgate_tokens`
 //! (API tokens, used on the first cluster) and `cellgate_id_segments` (Leaf
 //! segments per biz tag, used on the cluster `ids.cluster` names). The number of
@@ -51,6 +53,11 @@ pub const TOKENS_TABLE: &str = "cellgate_tokens";
 /// Leaf segments of ID allocation: one row per biz tag with the highest
 /// ID handed out in a segment so far (`ids/segment.rs`).
 pub const ID_SEGMENTS_TABLE: &str = "cellgate_id_segments";
+
+/// The stored topology (`moves/stored.rs`): per datastore, which cluster
+/// holds each shard range, its version, and the shard move in progress.
+/// Used on the first cluster.
+pub const TOPOLOGY_TABLE: &str = "cellgate_topology";
 
 /// The registry of the per-shard layout that preceded this one; its
 /// presence marks a store that needs `cellgate migrate --from-v1`.
@@ -358,6 +365,18 @@ pub fn cluster_ddl(dialect: Dialect) -> Vec<String> {
             .col("description", Col::Text, true)
             .col("update_time", Col::DateTime, true)
             .primary_key(&["biz_tag"])
+            .build(),
+    );
+    out.extend(
+        TableDef::new(dialect, TOPOLOGY_TABLE)
+            .col("datastore", Col::Name, true)
+            .col("version", Col::BigInt, true)
+            .col("ranges", Col::Text, true)
+            .col("work", Col::Text, true)
+            .col("cutover", Col::BigInt, true)
+            .col("moving", Col::Text, true)
+            .col("updated_at", Col::DateTime, true)
+            .primary_key(&["datastore"])
             .build(),
     );
     out

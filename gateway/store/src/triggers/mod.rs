@@ -309,11 +309,10 @@ pub(crate) fn start(
         stop,
         tasks: Mutex::new(Vec::new()),
     });
-    let clusters: Vec<usize> = (0..topology.clusters.len())
-        .filter(|c| !ds.map.ranges_of(*c).is_empty())
-        .collect();
+    // A worker per cluster, shards or not: a shard move hands a cluster
+    // shards it did not have (the worker realigns on the work map).
     let mut tasks = Vec::new();
-    for cluster in clusters {
+    for cluster in 0..topology.clusters.len() {
         let worker = worker::Worker::new(topology, &ds, cluster, holder, state.clone());
         tasks.push(tokio::spawn(worker.run(shutdown.clone())));
     }

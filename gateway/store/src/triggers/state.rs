@@ -342,7 +342,7 @@ fn clusters<'t>(
     ds: &DatastoreRuntime,
 ) -> Result<Vec<(usize, &'t std::sync::Arc<dyn Backend>)>> {
     (0..topology.clusters.len())
-        .filter(|c| !ds.map.ranges_of(*c).is_empty())
+        .filter(|c| !ds.map().ranges_of(*c).is_empty())
         .map(|c| {
             let cluster = &topology.clusters[c];
             if cluster.state() != ClusterState::Ready {
@@ -410,7 +410,7 @@ pub(crate) async fn rewind(
     for (cluster, backend) in clusters(topology, &ds)? {
         let dialect = backend.dialect();
         let shards: Vec<u32> = ds
-            .map
+            .map()
             .ranges_of(cluster)
             .into_iter()
             .flat_map(|(a, b)| a..=b)

@@ -358,9 +358,9 @@ async fn run(tails: Arc<Tails>, tail: Arc<Tail>) {
 /// The last `added_id` of every shard of `ds`, one statement per cluster.
 async fn read_heads(topology: &Topology, ds: &DatastoreRuntime) -> Result<Vec<(u32, i64)>> {
     let mut all = Vec::new();
-    for cluster in ds.map.clusters() {
+    for cluster in ds.map().clusters() {
         let backend = ready_backend(topology, cluster)?;
-        let ranges = ds.map.ranges_of(cluster);
+        let ranges = ds.map().ranges_of(cluster);
         let held = |s: u32| ranges.iter().any(|(a, b)| (*a..=*b).contains(&s));
         all.extend(
             crate::cells::heads(backend.as_ref(), ds)
@@ -406,7 +406,7 @@ async fn catch_up(
         let mut by_cluster: BTreeMap<usize, Vec<(u32, i64)>> = BTreeMap::new();
         for (shard, at) in behind {
             by_cluster
-                .entry(ds.map.cluster_of(shard))
+                .entry(ds.map().cluster_of(shard))
                 .or_default()
                 .push((shard, at));
         }
@@ -759,7 +759,7 @@ impl Follower {
             let mut by_cluster: BTreeMap<usize, Vec<(u32, i64)>> = BTreeMap::new();
             for (shard, p) in behind {
                 by_cluster
-                    .entry(ds.map.cluster_of(shard))
+                    .entry(ds.map().cluster_of(shard))
                     .or_default()
                     .push((shard, p));
             }

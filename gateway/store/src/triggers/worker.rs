@@ -139,7 +139,40 @@ impl Worker {
             let Ok(ds) = topology.datastore(&self.datastore) else {
                 return;
             };
+            let owned: Vec<u32> = ds
+                .work_map()
+                .ranges_of(self.cluster)
+                .into_iter()
+                .flat_map(|(a, b)| a..=b)
+                .collect();
             let cluster = &topology.clusters[self.cluster];
+            if owned != self.leases.shards() {
+                // A shard move changed the shards this cluster's log is
+                // followed for: give up the old buckets, take the new ones.
+                if let Ok(backend) = cluster.maintenance() {
+                    self.leases.release_all(backend.as_ref(), false).await;
+                }
+                self.leases = ShardLeases::new(
+                    &ds,
+                    self.cluster,
+                    format!("trig:{}:{}:", self.state.options.name, ds.name()),
+                    self.holder.clone(),
+                    self.state.options.lease_time,
+                );
+                self.positions.clear();
+                self.heads.clear();
+                next_lease = Instant::now();
+                self.publish();
+            }
+            if owned.is_empty() {
+                drop((topology, ds));
+                tokio::select! {
+                    changed = stop.changed() => ending |= changed.is_err(),
+                    changed = shutdown.changed() => ending |= changed.is_err(),
+                    _ = tokio::time::sleep(NOT_READY) => {}
+                }
+                continue;
+            }
             let backend = match (cluster.state(), cluster.maintenance()) {
                 (ClusterState::Ready, Ok(backend)) => backend.clone(),
                 _ => {

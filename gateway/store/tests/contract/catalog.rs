@@ -138,7 +138,7 @@ fn two_clusters(a: &str, b: &str, split: Option<u32>) -> StorageConfig {
     }
 }
 
-pub async fn shards_moved_between_clusters_are_refused(env: Arc<Env>) {
+pub async fn configured_ranges_only_seed_the_stored_topology(env: Arc<Env>) {
     let other = env.extra_url().await;
     let defs = files(&[("trips/indexes/by_driver.yaml", BY_DRIVER)], TRIPS);
     let store = env
@@ -168,17 +168,28 @@ pub async fn shards_moved_between_clusters_are_refused(env: Arc<Env>) {
         .unwrap();
     assert!(joined.is_none(), "a page joined across clusters");
     drop(store);
-    let err = env
+    // Other ranges in the configuration move nothing: the stored topology
+    // is served (only `cellgate shard move` changes it), with a warning.
+    let store = env
         .open_custom(&defs, two_clusters(&env.url, &other, Some(1024)), true)
         .await
-        .err()
-        .expect("moved shard ranges are refused");
-    assert_eq!(err.code(), "CATALOG_MISMATCH");
-    assert!(
-        err.to_string()
-            .contains("cluster `a` holds shards 0-2047 of `trips` but the topology now routes shards 0-1023 to it"),
-        "{err}"
+        .expect("the stored topology is served");
+    assert_eq!(
+        store.topology("trips"),
+        vec![(0, 2047, "a".to_string()), (2048, 4095, "b".to_string())]
     );
+    assert!(
+        store.warnings().iter().any(|w| w.contains(
+            "the configuration's shard ranges differ from the stored topology (version 1: 0-2047:a,2048-4095:b)"
+        )),
+        "{:?}",
+        store.warnings()
+    );
+    let page = store
+        .query_index("trips", &by("by_driver", driver.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(page.entries.len(), 50, "nothing hidden");
 }
 
 pub async fn a_new_index_is_built_from_the_log(env: Arc<Env>) {

@@ -8,6 +8,7 @@ mod concurrency;
 mod harness;
 mod ids;
 mod maintenance;
+mod moves;
 mod moving_leases;
 mod partial;
 mod prune;
@@ -19,6 +20,7 @@ use catalog::*;
 use concurrency::*;
 use ids::*;
 use maintenance::*;
+use moves::*;
 use moving_leases::*;
 use partial::*;
 use prune::*;
@@ -72,6 +74,9 @@ where
 }
 
 contract_suite!(
+    a_shard_range_moves_while_two_gateways_write_and_read,
+    a_move_killed_at_every_phase_resumes,
+    a_move_is_aborted_before_the_switch_and_reversed_after,
     put_get_latest_and_history,
     writes_are_idempotent_and_conflicts_are_refused,
     batches_span_shards_and_report_per_cell,
@@ -91,7 +96,7 @@ contract_suite!(
     limit_sized_bodies_read_back,
     index_query_is_an_index_range_scan,
     a_new_shard_count_is_refused,
-    shards_moved_between_clusters_are_refused,
+    configured_ranges_only_seed_the_stored_topology,
     a_new_index_is_built_from_the_log,
     a_changed_index_gets_a_new_version,
     a_partial_index_holds_the_rows_its_predicate_selects,

@@ -263,7 +263,7 @@ impl Maintainer {
     pub(crate) fn metrics(&self, ds: &DatastoreRuntime) -> MaintenanceMetrics {
         let lag = self.lag.lock().expect("lag");
         let mut metrics = MaintenanceMetrics::default();
-        for cluster in ds.map.clusters() {
+        for cluster in ds.work_map().clusters() {
             if let Some(l) = lag.get(&(ds.name().to_string(), cluster)) {
                 metrics.pending_cells += l.pending_cells;
                 metrics.lagging_shards += l.shards.len();
@@ -345,7 +345,7 @@ fn start_workers(
     if ds.indexes.is_empty() {
         return;
     }
-    for cluster in ds.map.clusters() {
+    for cluster in ds.work_map().clusters() {
         let (sender, receiver) = mpsc::unbounded_channel();
         let key = (ds.name().to_string(), cluster);
         maintainer

@@ -29,7 +29,7 @@ pub(super) async fn mark_ready_indexes(
                 // cluster's log once per consumer (target cluster).
                 let mut total = Some(0);
                 let mut complete = true;
-                for cluster in ds.map.clusters() {
+                for cluster in ds.work_map().clusters() {
                     match lag.get(&(ds.name().to_string(), cluster)) {
                         None => {
                             complete = false;
@@ -92,7 +92,7 @@ pub(crate) async fn measure(
 ) -> Result<Vec<(usize, ClusterLag)>> {
     let consumers = apply::consumers(topology, ds);
     let mut out = Vec::new();
-    for cluster in ds.map.clusters() {
+    for cluster in ds.work_map().clusters() {
         let backend = topology.clusters[cluster].master()?;
         out.push((
             cluster,

@@ -53,7 +53,7 @@ async fn read(backend: &dyn Backend, name: &str) -> Result<LeaseRow> {
 impl RunLease {
     /// Takes the verify lease of `ds`, or fails with `VERIFY_RUNNING`.
     pub(super) async fn take(topology: &Topology, ds: &DatastoreRuntime) -> Result<RunLease> {
-        let home = ds.map.cluster_of(0);
+        let home = ds.map().cluster_of(0);
         let backend = topology.clusters[home].maintenance()?.clone();
         let name = format!("verify:{}", ds.name());
         leases::ensure(backend.as_ref(), std::slice::from_ref(&name)).await?;

@@ -1,0 +1,559 @@
+//! The statements a move runs on the clusters: copying cells, counters,
+//! offsets and index entries from the source to the target, fencing and
+//! opening counters, and deleting the source's copy.
+//!
+//! Every copy is idempotent (`INSERT` skipping rows whose key exists, or
+//! an upsert keeping the larger offset), so a move killed anywhere runs
+//! the same step again harmlessly.
+
+use std::collections::BTreeMap;
+
+use crate::cells::CELL_TYPES;
+use crate::error::Result;
+use crate::storage::{ddl, Backend, ColType, Dialect, Sql, Value, MAX_PARAMS};
+use crate::topology::DatastoreRuntime;
+
+/// Bytes of bodies per `INSERT` of copied cells.
+const INSERT_BYTES: usize = 4 * 1024 * 1024;
+
+const CELL_COLUMNS: [&str; 7] = [
+    "shard",
+    "added_id",
+    "row_key",
+    "column_name",
+    "ref_key",
+    "body",
+    "created_at",
+];
+
+fn ints(shards: impl IntoIterator<Item = u32>) -> Vec<Value> {
+    shards
+        .into_iter()
+        .map(|s| Value::Int(i64::from(s)))
+        .collect()
+}
+
+fn between(sql: &mut Sql, column: &str, first: u32, last: u32) {
+    sql.ident(column)
+        .push(" BETWEEN ")
+        .bind(Value::Int(i64::from(first)))
+        .push(" AND ")
+        .bind(Value::Int(i64::from(last)));
+}
+
+/// Each shard's counter in `first..=last` on `backend`, as stored (negative
+/// when fenced).
+pub(crate) async fn counters(
+    backend: &dyn Backend,
+    datastore: &str,
+    first: u32,
+    last: u32,
+) -> Result<BTreeMap<u32, i64>> {
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("SELECT ")
+        .idents(["shard", "next_added_id"])
+        .push(" FROM ")
+        .ident(&ddl::shards_table(datastore))
+        .push(" WHERE ");
+    between(&mut sql, "shard", first, last);
+    Ok(backend
+        .fetch(&sql, &[ColType::Int, ColType::Int])
+        .await?
+        .iter()
+        .filter_map(|r| Some((r[0].as_int()? as u32, r[1].as_int()?)))
+        .collect())
+}
+
+/// The last `added_id` per shard of `first..=last` in `backend`'s cells.
+pub(crate) async fn copied_heads(
+    backend: &dyn Backend,
+    datastore: &str,
+    first: u32,
+    last: u32,
+) -> Result<BTreeMap<u32, i64>> {
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("SELECT ")
+        .ident("shard")
+        .push(", MAX(")
+        .ident("added_id")
+        .push(") FROM ")
+        .ident(&ddl::cells_table(datastore))
+        .push(" WHERE ");
+    between(&mut sql, "shard", first, last);
+    sql.push(" GROUP BY ").ident("shard");
+    Ok(backend
+        .fetch(&sql, &[ColType::Int, ColType::Int])
+        .await?
+        .iter()
+        .filter_map(|r| Some((r[0].as_int()? as u32, r[1].as_int()?)))
+        .collect())
+}
+
+/// Copies the cells of `first..=last` that the target lacks (every cell
+/// past the target's last `added_id` of its shard), `chunk` at a time;
+/// `progress(cells)` after each chunk. Returns the cells copied.
+///
+/// `known` is where the target's copy of each shard stands, if the caller
+/// knows it from an earlier pass (else it is read from the target: a scan
+/// of the range's keys, kept off the fence's critical path); it is left at
+/// the source's heads this pass copied up to.
+pub(crate) async fn copy_cells(
+    source: &dyn Backend,
+    target: &dyn Backend,
+    ds: &DatastoreRuntime,
+    (first, last): (u32, u32),
+    chunk: usize,
+    known: &mut Option<BTreeMap<u32, i64>>,
+    progress: &mut (dyn FnMut(u64) + Send),
+) -> Result<u64> {
+    let heads: BTreeMap<u32, i64> = counters(source, ds.name(), first, last)
+        .await?
+        .into_iter()
+        .map(|(s, next)| (s, next.abs() - 1))
+        .collect();
+    let mut from = match known.take() {
+        Some(known) => known,
+        None => copied_heads(target, ds.name(), first, last).await?,
+    };
+    let mut reached = from.clone();
+    for (shard, head) in &heads {
+        let at = reached.entry(*shard).or_insert(0);
+        *at = (*at).max(*head);
+    }
+    // Shards with cells to copy, and where each one's copy stands.
+    let mut todo: BTreeMap<u32, i64> = heads
+        .iter()
+        .filter_map(|(shard, head)| {
+            let at = from.remove(shard).unwrap_or(0);
+            (*head > at).then_some((*shard, at))
+        })
+        .collect();
+    let table = ddl::cells_table(ds.name());
+    let group = source.dialect().max_or_terms().clamp(1, 64);
+    let mut copied = 0u64;
+    while !todo.is_empty() {
+        let shards: Vec<(u32, i64)> = todo.iter().take(group).map(|(s, a)| (*s, *a)).collect();
+        let mut sql = Sql::new(source.dialect());
+        sql.push("SELECT ")
+            .idents(CELL_COLUMNS)
+            .push(" FROM ")
+            .ident(&table)
+            .push(" WHERE ");
+        crate::cells::positions_condition(&mut sql, &shards, " > ");
+        sql.push(" ORDER BY ")
+            .idents(["shard", "added_id"])
+            .push(&format!(" LIMIT {chunk}"));
+        let rows = source.fetch(&sql, &CELL_TYPES).await?;
+        let mut seen: BTreeMap<u32, i64> = BTreeMap::new();
+        for row in &rows {
+            if let (Some(shard), Some(added)) = (row[0].as_int(), row[1].as_int()) {
+                seen.insert(shard as u32, added);
+            }
+        }
+        insert_cells(target, &table, &rows).await?;
+        copied += rows.len() as u64;
+        progress(rows.len() as u64);
+        let full = rows.len() >= chunk;
+        for (shard, _) in &shards {
+            match seen.get(shard) {
+                // A full page may stop inside this shard, or before it.
+                Some(added) if full && heads.get(shard).is_some_and(|h| h > added) => {
+                    todo.insert(*shard, *added);
+                }
+                None if full => {}
+                _ => {
+                    todo.remove(shard);
+                }
+            }
+        }
+    }
+    *known = Some(reached);
+    Ok(copied)
+}
+
+async fn insert_cells(target: &dyn Backend, table: &str, rows: &[Vec<Value>]) -> Result<()> {
+    let dialect = target.dialect();
+    let mut start = 0;
+    while start < rows.len() {
+        let mut end = start;
+        let mut bytes = 0;
+        while end < rows.len() && end - start < MAX_PARAMS / 7 {
+            let size = match &rows[end][5] {
+                Value::Bytes(b) => b.len(),
+                _ => 0,
+            };
+            if end > start && bytes + size > INSERT_BYTES {
+                break;
+            }
+            bytes += size;
+            end += 1;
+        }
+        let mut sql = Sql::new(dialect);
+        sql.push(dialect.insert_ignore())
+            .ident(table)
+            .push(" (")
+            .idents(CELL_COLUMNS)
+            .push(") VALUES ")
+            .values(rows[start..end].iter().cloned())
+            .push(dialect.on_conflict_do_nothing());
+        target.execute(&sql).await?;
+        start = end;
+    }
+    Ok(())
+}
+
+/// Writes the target's counter rows of the moved range: the source's
+/// values, fenced (negative) until the cut-over opens them.
+pub(crate) async fn copy_counters(
+    target: &dyn Backend,
+    datastore: &str,
+    source_counters: &BTreeMap<u32, i64>,
+) -> Result<()> {
+    let dialect = target.dialect();
+    let rows: Vec<(u32, i64)> = source_counters
+        .iter()
+        .map(|(s, next)| (*s, -next.abs()))
+        .collect();
+    for chunk in rows.chunks(MAX_PARAMS / 2) {
+        let mut sql = Sql::new(dialect);
+        sql.push("INSERT INTO ")
+            .ident(&ddl::shards_table(datastore))
+            .push(" (")
+            .idents(["shard", "next_added_id"])
+            .push(") VALUES ")
+            .values(
+                chunk
+                    .iter()
+                    .map(|(s, n)| vec![Value::Int(i64::from(*s)), Value::Int(*n)]),
+            )
+            .push(&dialect.upsert(&["shard"], &["next_added_id"]));
+        target.execute(&sql).await?;
+    }
+    Ok(())
+}
+
+/// Negates the counters of `first..=last` that are positive (`fence`) or
+/// negative (`open`): a fenced shard takes no writes, and the statement
+/// waits for the writes holding its counter locks.
+pub(crate) async fn flip_counters(
+    backend: &dyn Backend,
+    datastore: &str,
+    (first, last): (u32, u32),
+    fence: bool,
+) -> Result<u64> {
+    let mut sql = Sql::new(backend.dialect());
+    sql.push("UPDATE ")
+        .ident(&ddl::shards_table(datastore))
+        .push(" SET ")
+        .ident("next_added_id")
+        .push(" = 0 - ")
+        .ident("next_added_id")
+        .push(" WHERE ");
+    between(&mut sql, "shard", first, last);
+    sql.push(" AND ")
+        .ident("next_added_id")
+        .push(if fence { " > 0" } else { " < 0" });
+    backend.execute(&sql).await
+}
+
+/// Every offset row of `first..=last` (index consumers and triggers) from
+/// the source to the target, keeping the larger where the target has one.
+pub(crate) async fn copy_offsets(
+    source: &dyn Backend,
+    target: &dyn Backend,
+    datastore: &str,
+    (first, last): (u32, u32),
+) -> Result<u64> {
+    let table = ddl::offsets_table(datastore);
+    let mut sql = Sql::new(source.dialect());
+    sql.push("SELECT ")
+        .idents(["shard", "consumer", "added_id", "updated_at"])
+        .push(" FROM ")
+        .ident(&table)
+        .push(" WHERE ");
+    between(&mut sql, "shard", first, last);
+    let rows = source
+        .fetch(
+            &sql,
+            &[ColType::Int, ColType::Text, ColType::Int, ColType::DateTime],
+        )
+        .await?;
+    upsert_offsets(target, &table, &rows).await?;
+    Ok(rows.len() as u64)
+}
+
+/// Upserts offset rows, keeping the larger `added_id`.
+async fn upsert_offsets(target: &dyn Backend, table: &str, rows: &[Vec<Value>]) -> Result<()> {
+    let dialect = target.dialect();
+    for chunk in rows.chunks(MAX_PARAMS / 4) {
+        let mut sql = Sql::new(dialect);
+        sql.push("INSERT INTO ")
+            .ident(table)
+            .push(" (")
+            .idents(["shard", "consumer", "added_id", "updated_at"])
+            .push(") VALUES ")
+            .values(chunk.iter().cloned());
+        let added = dialect.quote("added_id");
+        match dialect {
+            Dialect::MySql => sql.push(&format!(
+                " ON DUPLICATE KEY UPDATE {added} = GREATEST({added}, VALUES({added}))"
+            )),
+            Dialect::Postgres => sql.push(&format!(
+                " ON CONFLICT ({}, {}) DO UPDATE SET {added} = GREATEST({table_q}.{added}, excluded.{added})",
+                dialect.quote("shard"),
+                dialect.quote("consumer"),
+                table_q = dialect.quote(table),
+            )),
+            Dialect::Sqlite => sql.push(&format!(
+                " ON CONFLICT ({}, {}) DO UPDATE SET {added} = MAX({added}, excluded.{added})",
+                dialect.quote("shard"),
+                dialect.quote("consumer"),
+            )),
+        };
+        target.execute(&sql).await?;
+    }
+    Ok(())
+}
+
+/// On a cell cluster, gives the consumers that will write index entries to
+/// `target` the offsets of those writing to `source` (`ix:<index>:<v>:<source>`
+/// → `…:<target>`), where they have none yet: the entries the move copies
+/// from the source reflect at least those offsets, and the target's
+/// consumers apply the log from there.
+pub(crate) async fn snapshot_index_offsets(
+    cell_cluster: &dyn Backend,
+    ds: &DatastoreRuntime,
+    source: &str,
+    target: &str,
+) -> Result<u64> {
+    let table = ddl::offsets_table(ds.name());
+    let mut copied = 0;
+    for index in &ds.indexes {
+        let from = index.consumer(source);
+        let to = index.consumer(target);
+        let mut sql = Sql::new(cell_cluster.dialect());
+        sql.push("SELECT ")
+            .idents(["shard", "added_id", "updated_at"])
+            .push(" FROM ")
+            .ident(&table)
+            .push(" WHERE ")
+            .ident("consumer")
+            .push(" = ")
+            .bind(Value::Text(from));
+        let rows: Vec<Vec<Value>> = cell_cluster
+            .fetch(&sql, &[ColType::Int, ColType::Int, ColType::DateTime])
+            .await?
+            .into_iter()
+            .map(|r| {
+                vec![
+                    r[0].clone(),
+                    Value::Text(to.clone()),
+                    r[1].clone(),
+                    r[2].clone(),
+                ]
+            })
+            .collect();
+        let dialect = cell_cluster.dialect();
+        for chunk in rows.chunks(MAX_PARAMS / 4) {
+            let mut sql = Sql::new(dialect);
+            sql.push(dialect.insert_ignore())
+                .ident(&table)
+                .push(" (")
+                .idents(["shard", "consumer", "added_id", "updated_at"])
+                .push(") VALUES ")
+                .values(chunk.iter().cloned())
+                .push(dialect.on_conflict_do_nothing());
+            cell_cluster.execute(&sql).await?;
+        }
+        copied += rows.len() as u64;
+    }
+    Ok(copied)
+}
+
+/// The columns of an index version's table with their types.
+fn index_columns(index: &crate::topology::IndexRuntime) -> Vec<(String, ColType)> {
+    let mut cols = vec![
+        ("row_key".to_string(), ColType::Uuid),
+        (ddl::INDEX_SHARD_COLUMN.to_string(), ColType::Int),
+    ];
+    for field in &index.def.fields {
+        cols.push((
+            field.name.clone(),
+            crate::indexes::entry::col_type(field.ty),
+        ));
+    }
+    for column in &index.def.columns {
+        cols.push((ddl::ref_column(column), ColType::Int));
+    }
+    cols.push(("_updated_at".to_string(), ColType::DateTime));
+    cols
+}
+
+/// Copies the index entries whose index shard is in `first..=last` from
+/// the source's index tables to the target's, `chunk` at a time, skipping
+/// rows the target has. Returns the entries copied.
+pub(crate) async fn copy_entries(
+    source: &dyn Backend,
+    target: &dyn Backend,
+    ds: &DatastoreRuntime,
+    (first, last): (u32, u32),
+    chunk: usize,
+) -> Result<u64> {
+    let mut copied = 0;
+    for index in &ds.indexes {
+        let cols = index_columns(index);
+        let names: Vec<&str> = cols.iter().map(|(n, _)| n.as_str()).collect();
+        let types: Vec<ColType> = cols.iter().map(|(_, t)| *t).collect();
+        let mut after: Option<uuid::Uuid> = None;
+        loop {
+            let mut sql = Sql::new(source.dialect());
+            sql.push("SELECT ")
+                .idents(names.iter().copied())
+                .push(" FROM ")
+                .ident(&index.table)
+                .push(" WHERE ");
+            between(&mut sql, ddl::INDEX_SHARD_COLUMN, first, last);
+            if let Some(after) = after {
+                sql.push(" AND ")
+                    .ident("row_key")
+                    .push(" > ")
+                    .bind(Value::Uuid(after));
+            }
+            sql.push(" ORDER BY ")
+                .ident("row_key")
+                .push(&format!(" LIMIT {chunk}"));
+            let rows = source.fetch(&sql, &types).await?;
+            let Some(last_row) = rows.last() else { break };
+            after = last_row[0].as_uuid();
+            let dialect = target.dialect();
+            for part in rows.chunks((MAX_PARAMS / names.len()).max(1)) {
+                let mut sql = Sql::new(dialect);
+                sql.push(dialect.insert_ignore())
+                    .ident(&index.table)
+                    .push(" (")
+                    .idents(names.iter().copied())
+                    .push(") VALUES ")
+                    .values(part.iter().cloned())
+                    .push(dialect.on_conflict_do_nothing());
+                target.execute(&sql).await?;
+            }
+            copied += rows.len() as u64;
+            if rows.len() < chunk {
+                break;
+            }
+        }
+    }
+    Ok(copied)
+}
+
+/// Per shard of `heads`, `(cells, xxh3 of their added ids, keys and
+/// bodies)` of its cells up to its head, in `added_id` order: the whole
+/// range read in `(shard, added_id)` order, `chunk` cells a statement.
+pub(crate) async fn checksums(
+    backend: &dyn Backend,
+    datastore: &str,
+    heads: &BTreeMap<u32, i64>,
+    chunk: usize,
+    progress: &mut (dyn FnMut(u64) + Send),
+) -> Result<BTreeMap<u32, (u64, u64)>> {
+    let (Some((&first, _)), Some((&last, _))) = (heads.first_key_value(), heads.last_key_value())
+    else {
+        return Ok(BTreeMap::new());
+    };
+    let mut hashers: BTreeMap<u32, (u64, xxhash_rust::xxh3::Xxh3)> = heads
+        .keys()
+        .map(|s| (*s, (0, xxhash_rust::xxh3::Xxh3::new())))
+        .collect();
+    let (mut shard, mut after) = (first, 0i64);
+    loop {
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("SELECT ")
+            .idents(CELL_COLUMNS)
+            .push(" FROM ")
+            .ident(&ddl::cells_table(datastore))
+            .push(" WHERE ");
+        between(&mut sql, "shard", shard, last);
+        sql.push(" AND (")
+            .ident("shard")
+            .push(" > ")
+            .bind(Value::Int(i64::from(shard)))
+            .push(" OR ")
+            .ident("added_id")
+            .push(" > ")
+            .bind(Value::Int(after))
+            .push(") ORDER BY ")
+            .idents(["shard", "added_id"])
+            .push(&format!(" LIMIT {chunk}"));
+        let rows = backend.fetch(&sql, &CELL_TYPES).await?;
+        for row in &rows {
+            let (Some(s), Some(added)) = (row[0].as_int(), row[1].as_int()) else {
+                continue;
+            };
+            (shard, after) = (s as u32, added);
+            // Cells written on the target after the cut-over do not count.
+            if heads.get(&shard).is_none_or(|head| added > *head) {
+                continue;
+            }
+            let Some((count, hasher)) = hashers.get_mut(&shard) else {
+                continue;
+            };
+            *count += 1;
+            hasher.update(&added.to_be_bytes());
+            if let Some(key) = row[2].as_uuid() {
+                hasher.update(key.as_bytes());
+            }
+            hasher.update(row[3].as_text().unwrap_or("").as_bytes());
+            hasher.update(&row[4].as_int().unwrap_or(0).to_be_bytes());
+            if let Value::Bytes(body) = &row[5] {
+                hasher.update(body);
+            }
+        }
+        progress(rows.len() as u64);
+        if rows.len() < chunk {
+            return Ok(hashers
+                .into_iter()
+                .map(|(s, (count, hasher))| (s, (count, hasher.digest())))
+                .collect());
+        }
+    }
+}
+
+/// Deletes the rows of `first..=last` from a cluster that no longer holds
+/// them: cells (`chunk` shards at a time), counters, offsets, trigger
+/// quarantine and the index entries whose index shard is in the range.
+pub(crate) async fn delete_range(
+    backend: &dyn Backend,
+    ds: &DatastoreRuntime,
+    (first, last): (u32, u32),
+    progress: &mut (dyn FnMut(u64) + Send),
+) -> Result<()> {
+    let name = ds.name();
+    let mut tables: Vec<(String, &str)> = Vec::new();
+    for index in &ds.indexes {
+        tables.push((index.table.clone(), ddl::INDEX_SHARD_COLUMN));
+    }
+    tables.push((ddl::offsets_table(name), "shard"));
+    tables.push((ddl::trigger_quarantine_table(name), "shard"));
+    tables.push((ddl::shards_table(name), "shard"));
+    // Cells a few shards at a time, so no statement holds a huge delete.
+    let mut shard = first;
+    while shard <= last {
+        let to = (shard + 15).min(last);
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("DELETE FROM ")
+            .ident(&ddl::cells_table(name))
+            .push(" WHERE ")
+            .ident("shard")
+            .push(" IN ")
+            .bind_list(ints(shard..=to));
+        progress(backend.execute(&sql).await?);
+        shard = to + 1;
+    }
+    for (table, column) in tables {
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("DELETE FROM ").ident(&table).push(" WHERE ");
+        between(&mut sql, column, first, last);
+        backend.execute(&sql).await?;
+    }
+    Ok(())
+}
