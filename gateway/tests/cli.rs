@@ -264,6 +264,7 @@ async fn migrate_creates_one_table_set_whatever_the_shard_count() {
             "cellgate_id_segments",
             "cellgate_leases",
             "cellgate_tokens",
+            "cellgate_topology",
             "sqlite_sequence",
             "t_buffer",
             "t_cells",

@@ -81,8 +81,19 @@ async fn health_readiness_and_metrics() {
         r#"cellgate_cluster_ready{cluster="main"} 1"#,
         "# TYPE cellgate_index_buckets_held gauge",
         "cellgate_index_delay_samples_total",
+        r#"cellgate_topology_version{datastore="trips"} 1"#,
+        "# TYPE cellgate_shard_move_phase gauge",
+        "# TYPE cellgate_shard_move_cells_copied gauge",
     ] {
         assert!(text.contains(expected), "missing `{expected}` in:\n{text}");
+    }
+    // No move is recorded: the move families have no series
+    // (`shard_move.rs` has one).
+    for absent in [
+        "cellgate_shard_move_phase{",
+        "cellgate_shard_move_cells_copied{",
+    ] {
+        assert!(!text.contains(absent), "unexpected `{absent}` in:\n{text}");
     }
 }
 

@@ -1,8 +1,9 @@
 // The web explorer at `/ui/`, used as a person would, at 1280 and 390 px:
 // datastores, an index query with a range filter paged forward and back,
 // the generated GraphQL, a row with its history, a shard's cell log that
-// follows new cells, and the health page. Expected values are read from the
-// API in the test (the demo data may grow); assertions are on visible text.
+// follows new cells, and the health page (with each datastore's topology
+// version). Expected values are read from the API in the test (the demo
+// data may grow); assertions are on visible text.
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -63,7 +64,7 @@ for (const width of [1280, 390]) {
     await browser.context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: server.url });
     try {
       const api = (
-        await gql(server.url, '{ datastores { name columns { name } indexes { name shardField } topology { cluster } } }')
+        await gql(server.url, '{ datastores { name columns { name } indexes { name shardField } topology { cluster } topologyVersion } }')
       ).datastores;
       const trips = api.find((d) => d.name === 'trips');
 
@@ -87,6 +88,7 @@ for (const width of [1280, 390]) {
       }
       const ranges = await page.getByRole('table', { name: 'Shard ranges' }).innerText();
       for (const range of trips.topology) assert.ok(ranges.includes(range.cluster), ranges);
+      await page.getByText(`(topology version ${trips.topologyVersion}):`).waitFor();
       await checkPage(page, 'datastore', width);
 
       // The index query form, with a range filter and an order.
@@ -195,6 +197,12 @@ for (const width of [1280, 390]) {
         await eventually(async () => (await row.innerText()).includes('up to date'), `${ds.name}'s indexes are up to date`);
       }
       await page.getByText('No buffers: this gateway has one storage cluster.').waitFor();
+      const topology = page.getByRole('table', { name: 'Topology per datastore' });
+      for (const ds of api) {
+        const row = topology.getByRole('row').filter({ has: page.getByRole('rowheader', { name: ds.name, exact: true }) });
+        const cells = (await row.innerText()).split(/\t|\n/).map((t) => t.trim()).filter(Boolean);
+        assert.deepEqual(cells.slice(-2), [String(ds.topologyVersion), 'none'], `${ds.name}: version, no move`);
+      }
       await checkPage(page, 'health', width);
 
       browser.assertClean();

@@ -1,4 +1,4 @@
-// The explorer's pure modules (catalog, query builders, metrics parser) in
+// The explorer's pure modules (catalog, topology, query builders, metrics parser) in
 // Node against a real gateway: every document they build must be valid for
 // the real schema and return what the same query written by hand returns.
 
@@ -16,6 +16,7 @@ import {
   splitList,
   valueAtPath,
 } from '../../web/explorer/queries.js';
+import { TOPOLOGY_QUERY, buildTopology, moveText } from '../../web/explorer/topology.js';
 import { parseMetrics, sample, datastoreHealth, bufferHealth, breakers, replicaLag, indexBuilds } from '../../web/explorer/metrics.js';
 import { parseHeaderLines, formatHeaderLines } from '../../web/explorer/settings.js';
 
@@ -239,6 +240,25 @@ test('the metrics parser reads the gateway’s /metrics', async () => {
   assert.equal(sample(escaped, 'x', { b: 'back\\slash' }), 2.5);
   assert.equal(sample(escaped, 'x', { a: 'other' }), 1);
   assert.equal(sample(escaped, 'x', { a: 'missing' }), null);
+});
+
+test('the topology is read as served, and a recorded move reads as one line', async () => {
+  const topology = buildTopology(await gql(server.url, TOPOLOGY_QUERY));
+  assert.deepEqual([...topology.keys()].sort(), ['payments', 'trips']);
+  const text = await (await fetch(`${server.url}/metrics`)).text();
+  for (const [name, ds] of topology) {
+    assert.equal(ds.version, sample(parseMetrics(text), 'cellgate_topology_version', { datastore: name }), name);
+    assert.equal(ds.move, null, `${name}: no move recorded`);
+    assert.deepEqual(ds.ranges, findDatastore(catalog, name).topology, name);
+  }
+  assert.equal(moveText(null), null);
+  const move = { first: 0, last: 1023, source: 'a', target: 'c', phase: 'drain', startedAt: '2024-03-05T07:40:00Z', cellsCopied: '0', keepSource: false };
+  assert.equal(moveText(move), 'Moving shards 0–1023 from a to c: phase drain (started 2024-03-05T07:40:00Z).');
+  assert.equal(
+    moveText({ ...move, phase: 'catch_up', cellsCopied: '1200', startedAt: '2024-03-05T07:40:00.102398160Z' }),
+    'Moving shards 0–1023 from a to c: phase catch_up (started 2024-03-05T07:40:00Z, 1200 cells copied).',
+  );
+  assert.match(moveText({ ...move, phase: 'done', keepSource: true }), /^Moved shards 0–1023 from a to c, keeping the copy on a /);
 });
 
 test('request header lines parse and print', () => {

@@ -16,6 +16,7 @@ pub async fn datastores_describe_definitions_and_topology(env: Arc<Env>) {
                 columns { name graphqlName }
                 indexes { name graphqlField shardField columns fields { name graphqlName path type column } }
                 topology { first last cluster }
+                topologyVersion move { phase }
             } }",
             json!({}),
         )
@@ -123,6 +124,9 @@ pub async fn datastores_describe_definitions_and_topology(env: Arc<Env>) {
             next = last + 1;
         }
         assert_eq!(next, shards, "{datastore}");
+        // Served from the stored topology's first version; no move recorded.
+        assert_eq!(datastore["topologyVersion"], 1, "{datastore}");
+        assert_eq!(datastore["move"], Value::Null, "{datastore}");
     }
 }
 

@@ -3,6 +3,7 @@
 
 import { requestHeaders } from './settings.js';
 import { CATALOG_QUERY, buildCatalog } from './catalog.js';
+import { TOPOLOGY_QUERY, buildTopology } from './topology.js';
 
 const base = new URL('../', window.location.href);
 
@@ -85,4 +86,9 @@ export function loadCatalog() {
     });
   }
   return catalog;
+}
+
+/** Each datastore's topology as served now (see topology.js), read at each call. */
+export async function loadTopology({ signal } = {}) {
+  return buildTopology(await graphql(TOPOLOGY_QUERY, {}, { signal }));
 }

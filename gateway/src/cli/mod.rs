@@ -23,6 +23,7 @@ mod migrate;
 mod reload;
 mod schema;
 mod serve;
+mod shard;
 mod store_args;
 mod token;
 mod trigger;
@@ -141,6 +142,9 @@ pub enum Command {
     /// Webhook triggers: `list` the defined ones, `status` of their
     /// quarantines, `rewind` to deliver again, `quarantine [--retry]`.
     Trigger(TriggerArgs),
+    /// Shard ranges: `status` prints where they live, `move` moves one to
+    /// another cluster online (resumable, `--dry-run`, `--abort`).
+    Shard(shard::ShardArgs),
 }
 
 /// Runs a parsed command line; errors are for `main` to print.
@@ -159,6 +163,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::run(args).await,
         Command::Token(args) => token::run(args).await,
         Command::Trigger(args) => trigger::run(args).await,
+        Command::Shard(args) => shard::run(args).await,
     }
 }
 

@@ -66,6 +66,7 @@ static ASSETS: &[Asset] = embed![
     "explorer/metrics.js",
     "explorer/queries.js",
     "explorer/settings.js",
+    "explorer/topology.js",
     "explorer/views/breadcrumbs.js",
     "explorer/views/datastore.js",
     "explorer/views/health.js",

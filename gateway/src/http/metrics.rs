@@ -1,8 +1,8 @@
 //! `GET /metrics`: Prometheus metrics in the OpenMetrics text format.
 //!
 //! The gateway's own metrics (requests by operation and outcome, request
-//! latency) are kept in `prometheus-client` metrics; the store's counters
-//! and index lag (and the trigger consumers' figures, from
+//! latency) are kept in `prometheus-client` metrics; the store's counters,
+//! index lag and topology (and the trigger consumers' figures, from
 //! [`Store::consumers`]) are read from [`Store::metrics`] at each scrape by a
 //! collector, so there is one source of truth for them. `prometheus-client`
 //! rather than a hand-written encoder: histograms, label escaping and the
@@ -452,6 +452,7 @@ impl Collector for StoreCollector {
                 }
             }
         }
+        encode_topology(&snapshot.datastores, &mut encoder)?;
         let mut family = encoder.encode_descriptor(
             "cellgate_index_drift",
             "Mismatching index entries found by verify runs of this process, by kind (missing, stale, extra)",
@@ -705,6 +706,58 @@ impl Collector for StoreCollector {
         }
         encode_ids(&self.0.ids().metrics(), &mut encoder)
     }
+}
+
+/// The stored topology each datastore is served from, and the shard move
+/// recorded for it: the phase as an info-style series (one, labelled with
+/// the current phase), so a dashboard can show the move and alert on one
+/// that stays in a phase too long.
+fn encode_topology(
+    datastores: &[cellgate_store::DatastoreMetrics],
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    use prometheus_client::metrics::MetricType::Gauge as GaugeType;
+    let mut family = encoder.encode_descriptor(
+        "cellgate_topology_version",
+        "The stored topology version this process serves, per datastore; each step a shard move records (a phase, a new route) makes a new one (0: none read yet)",
+        None,
+        GaugeType,
+    )?;
+    for ds in datastores {
+        let labels = [("datastore", ds.name.as_str())];
+        ConstGauge::new(ds.topology_version).encode(family.encode_family(&labels)?)?;
+    }
+    let mut family = encoder.encode_descriptor(
+        "cellgate_shard_move_phase",
+        "The shard move recorded for a datastore (`cellgate shard move`): 1, labelled with its shard range, source and target clusters and current phase; no series while none is recorded",
+        None,
+        GaugeType,
+    )?;
+    for ds in datastores {
+        let Some(moving) = &ds.moving else { continue };
+        let shards = format!("{}-{}", moving.first, moving.last);
+        let labels = [
+            ("datastore", ds.name.as_str()),
+            ("shards", shards.as_str()),
+            ("source", moving.source.as_str()),
+            ("target", moving.target.as_str()),
+            ("phase", moving.phase.name()),
+        ];
+        ConstGauge::new(1).encode(family.encode_family(&labels)?)?;
+    }
+    let mut family = encoder.encode_descriptor(
+        "cellgate_shard_move_cells_copied",
+        "Cells the shard move recorded for a datastore has copied to its target, as recorded when its current phase began",
+        None,
+        GaugeType,
+    )?;
+    for ds in datastores {
+        let Some(moving) = &ds.moving else { continue };
+        let labels = [("datastore", ds.name.as_str())];
+        let copied = i64::try_from(moving.copied).unwrap_or(i64::MAX);
+        ConstGauge::new(copied).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 /// The ID allocator's figures: per biz tag, and the snowflake worker.

@@ -1,10 +1,12 @@
 // `#/ds/<name>`: a datastore's columns, indexes (fields, types, shard
-// field) and shard topology, with forms to open a row or a shard's log, and
-// a link to its live tail.
+// field) and shard topology as served now (its version, and the shard move
+// in progress), with forms to open a row or a shard's log, and a link to
+// its live tail.
 
-import { loadCatalog } from '../api.js';
+import { loadCatalog, loadTopology } from '../api.js';
 import { h, replace, tableWrap, uid, errorBox } from '../dom.js';
 import { findDatastore } from '../catalog.js';
+import { moveText } from '../topology.js';
 import { isUuid } from '../queries.js';
 import { plural } from '../format.js';
 import { breadcrumbs, dsHref } from './breadcrumbs.js';
@@ -15,6 +17,7 @@ export async function datastorePage(main, [name], ctx) {
   const ds = findDatastore(catalog, name);
   if (!ds) return notFound(main, ctx, `No datastore is named “${name}”.`);
   ctx.setTitle(ds.name);
+  const live = (await loadTopology({ signal: ctx.signal })).get(ds.name);
 
   replace(
     main,
@@ -29,7 +32,7 @@ export async function datastorePage(main, [name], ctx) {
     ),
     columnsSection(ds),
     indexesSection(ds),
-    topologySection(ds),
+    topologySection(ds, live),
   );
 }
 
@@ -122,13 +125,21 @@ function indexesSection(ds) {
   );
 }
 
-function topologySection(ds) {
+function topologySection(ds, live) {
   const id = uid('topology');
+  const move = live ? moveText(live.move) : null;
   return h(
     'section',
     { 'aria-labelledby': id },
     h('h2', { id }, 'Shards'),
-    h('p', {}, `${plural(ds.shards, 'logical shard', 'logical shards')}, placed on storage clusters in ranges:`),
+    h(
+      'p',
+      {},
+      `${plural(ds.shards, 'logical shard', 'logical shards')}, placed on storage clusters in ranges`,
+      live ? ` (topology version ${live.version})` : '',
+      ':',
+    ),
+    move ? h('p', { class: 'state' }, move) : null,
     tableWrap(
       'Shard ranges',
       h(
@@ -142,7 +153,7 @@ function topologySection(ds) {
         h(
           'tbody',
           {},
-          ds.topology.map((r) =>
+          (live ? live.ranges : ds.topology).map((r) =>
             h('tr', {}, h('td', {}, String(r.first)), h('td', {}, String(r.last)), h('td', {}, String(r.last - r.first + 1)), h('td', {}, r.cluster)),
           ),
         ),

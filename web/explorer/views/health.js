@@ -1,12 +1,14 @@
 // `#/health`: is the gateway ready (every storage master answers `/readyz`),
-// which clusters hold which shards, how far each datastore's indexes lag
+// which clusters hold which shards (the topology version each datastore is
+// served from, and the shard moves in progress), how far each datastore's indexes lag
 // behind its cells, the progress of indexes being built, and the writes buffered while a primary was down
-// (`/metrics`). Refreshed every few seconds.
+// (`/metrics`, and `Query.datastores` for the topology). Refreshed every few seconds.
 
 import { h, replace, tableWrap, uid, errorBox } from '../dom.js';
-import { loadCatalog, getText } from '../api.js';
+import { loadCatalog, loadTopology, getText } from '../api.js';
 import { parseMetrics, datastoreHealth, bufferHealth, breakers, replicaLag, indexBuilds, sample } from '../metrics.js';
 import { clock, plural } from '../format.js';
+import { moveText } from '../topology.js';
 
 const REFRESH_MS = 5000;
 
@@ -15,6 +17,7 @@ export async function healthPage(main, _match, ctx) {
   ctx.setTitle('Health');
   const readiness = h('div');
   const clusters = h('div');
+  const moves = h('div');
   const lag = h('div');
   const builds = h('div');
   const buffers = h('div');
@@ -27,9 +30,10 @@ export async function healthPage(main, _match, ctx) {
 
   async function refresh() {
     try {
-      const [ready, metrics] = await Promise.all([
+      const [ready, metrics, topology] = await Promise.all([
         getText('readyz', { signal: ctx.signal }),
         getText('metrics', { signal: ctx.signal }),
+        loadTopology({ signal: ctx.signal }),
       ]);
       const isReady = ready.ok;
       replace(
@@ -45,13 +49,14 @@ export async function healthPage(main, _match, ctx) {
       );
       if (lastReady !== null && lastReady !== isReady) ctx.announce(isReady ? 'The gateway is ready again.' : 'The gateway is not ready.');
       lastReady = isReady;
+      replace(moves, topologyTable(catalog, topology));
       if (!metrics.ok) {
-        replace(clusters, clusterTable(catalog, isReady, null));
+        replace(clusters, clusterTable(catalog, topology, isReady, null));
         throw new Error(`/metrics answered HTTP ${metrics.status}`);
       }
       const samples = parseMetrics(metrics.text);
       definitionsLine(readiness, samples);
-      replace(clusters, clusterTable(catalog, isReady, samples));
+      replace(clusters, clusterTable(catalog, topology, isReady, samples));
       replace(lag, lagTable(catalog, samples));
       replace(builds, buildsList(samples));
       replace(buffers, bufferTable(catalog, samples));
@@ -73,6 +78,7 @@ export async function healthPage(main, _match, ctx) {
 
   const readyId = uid('ready');
   const clustersId = uid('clusters');
+  const movesId = uid('moves');
   const lagId = uid('lag');
   const buffersId = uid('buffers');
   const buildsId = uid('builds');
@@ -83,6 +89,18 @@ export async function healthPage(main, _match, ctx) {
     updated,
     h('section', { 'aria-labelledby': readyId }, h('h2', { id: readyId }, 'Readiness'), readiness),
     h('section', { 'aria-labelledby': clustersId }, h('h2', { id: clustersId }, 'Storage clusters'), clusters),
+    h(
+      'section',
+      { 'aria-labelledby': movesId },
+      h('h2', { id: movesId }, 'Shard topology'),
+      h(
+        'p',
+        { class: 'hint' },
+        h('code', {}, 'cellgate shard move'),
+        ' moves a range of shards to another cluster while the gateways serve it. Each step it records (a phase, a new route for the range) makes a new topology version, which every gateway follows.',
+      ),
+      moves,
+    ),
     h(
       'section',
       { 'aria-labelledby': lagId },
@@ -113,10 +131,11 @@ export async function healthPage(main, _match, ctx) {
   };
 }
 
-function clusterTable(catalog, ready, samples) {
+function clusterTable(catalog, topology, ready, samples) {
   const byCluster = new Map();
   for (const ds of catalog.datastores) {
-    for (const range of ds.topology) {
+    const live = topology.get(ds.name);
+    for (const range of live ? live.ranges : ds.topology) {
       if (!byCluster.has(range.cluster)) byCluster.set(range.cluster, []);
       byCluster.get(range.cluster).push(`${ds.name} ${range.first}–${range.last}`);
     }
@@ -141,6 +160,31 @@ function clusterTable(catalog, ready, samples) {
             h('td', {}, lagText(samples, cluster)),
           ),
         ),
+      ),
+    ),
+  );
+}
+
+function topologyTable(catalog, topology) {
+  return tableWrap(
+    'Topology per datastore',
+    h(
+      'table',
+      {},
+      h('thead', {}, h('tr', {}, ['Datastore', 'Topology version', 'Shard move'].map((t) => h('th', { scope: 'col' }, t)))),
+      h(
+        'tbody',
+        {},
+        catalog.datastores.map((ds) => {
+          const live = topology.get(ds.name);
+          return h(
+            'tr',
+            {},
+            h('th', { scope: 'row' }, ds.name),
+            h('td', {}, live ? String(live.version) : '–'),
+            h('td', {}, (live && moveText(live.move)) || 'none'),
+          );
+        }),
       ),
     ),
   );

@@ -1,5 +1,12 @@
 //! `Query.datastores`: the definitions and the shard topology, as
 //! clients and the explorer read them.
+//!
+//! The definitions part is built once with the schema. The topology part
+//! (the shard ranges, the stored topology version, the shard move in
+//! progress) is read from the store at each request: `cellgate shard move`
+//! changes it while the gateway serves, without a schema rebuild.
+
+use std::collections::HashMap;
 
 use async_graphql::dynamic::{Field, FieldFuture, Object, TypeRef};
 use async_graphql::Value;
@@ -28,10 +35,24 @@ pub(super) fn metadata_types() -> Vec<Object> {
                 "indexes",
                 TypeRef::named_nn_list_nn("IndexInfo"),
             ))
-            .field(meta_field(
-                "topology",
-                TypeRef::named_nn_list_nn("ShardRangeInfo"),
-            ))
+            .field(
+                meta_field("topology", TypeRef::named_nn_list_nn("ShardRangeInfo")).description(
+                    "Where the shards live now: contiguous ranges of shards per storage cluster, \
+                     from the topology version this gateway serves.",
+                ),
+            )
+            .field(
+                meta_field("topologyVersion", TypeRef::named_nn(TypeRef::INT)).description(
+                    "The stored topology version this gateway serves; each step a shard move \
+                     records (a phase, a new route) makes a new one (0: none read yet).",
+                ),
+            )
+            .field(
+                meta_field("move", TypeRef::named("ShardMoveInfo")).description(
+                    "The shard move recorded for this datastore (`cellgate shard move`), as this \
+                     gateway last read it; null when none is.",
+                ),
+            )
             .field(clusters_field()),
         Object::new("ColumnInfo")
             .field(meta_field("name", TypeRef::named_nn(TypeRef::STRING)))
@@ -69,7 +90,107 @@ pub(super) fn metadata_types() -> Vec<Object> {
             .field(meta_field("first", TypeRef::named_nn(TypeRef::INT)))
             .field(meta_field("last", TypeRef::named_nn(TypeRef::INT)))
             .field(meta_field("cluster", TypeRef::named_nn(TypeRef::STRING))),
+        shard_move_type(),
     ]
+}
+
+/// `ShardMoveInfo`: a recorded move of a shard range between clusters.
+fn shard_move_type() -> Object {
+    let field = |name, ty, description| meta_field(name, ty).description(description);
+    Object::new("ShardMoveInfo")
+        .description(
+            "A move of a shard range to another cluster (`cellgate shard move`), as recorded in \
+             the stored topology. It goes through the phases copy, catch_up, fence, switch, \
+             drain, verify, cleanup; a move kept with `--keep-source` stays recorded at `done` \
+             until it is finished or moved back.",
+        )
+        .field(field(
+            "first",
+            TypeRef::named_nn(TypeRef::INT),
+            "The first shard of the range.",
+        ))
+        .field(field(
+            "last",
+            TypeRef::named_nn(TypeRef::INT),
+            "The last shard of the range (inclusive).",
+        ))
+        .field(field(
+            "source",
+            TypeRef::named_nn(TypeRef::STRING),
+            "The cluster the range moves from.",
+        ))
+        .field(field(
+            "target",
+            TypeRef::named_nn(TypeRef::STRING),
+            "The cluster the range moves to.",
+        ))
+        .field(field(
+            "phase",
+            TypeRef::named_nn(TypeRef::STRING),
+            "The phase recorded last: copy, catch_up, fence, switch, drain, verify, cleanup \
+             or done.",
+        ))
+        .field(field(
+            "startedAt",
+            TypeRef::named_nn(scalars::DATETIME),
+            "When the move started.",
+        ))
+        .field(field(
+            "cellsCopied",
+            TypeRef::named_nn(scalars::INT64),
+            "Cells copied to the target, as recorded when the current phase began.",
+        ))
+        .field(field(
+            "keepSource",
+            TypeRef::named_nn(TypeRef::BOOLEAN),
+            "The source's copy is kept when the move is done (`--keep-source`), so the range \
+             can be moved back cheaply.",
+        ))
+}
+
+/// The parts of a datastore's `DatastoreInfo` that change while the
+/// gateway serves (see the module doc).
+fn live_topology(store: &cellgate_store::Store) -> HashMap<String, Vec<(&'static str, Value)>> {
+    store
+        .metrics()
+        .datastores
+        .into_iter()
+        .map(|ds| {
+            let ranges = store
+                .topology(&ds.name)
+                .into_iter()
+                .map(|(first, last, cluster)| {
+                    obj(vec![
+                        ("first", Value::from(first)),
+                        ("last", Value::from(last)),
+                        ("cluster", Value::String(cluster)),
+                    ])
+                })
+                .collect();
+            let fields = vec![
+                ("topology", Value::List(ranges)),
+                ("topologyVersion", Value::from(ds.topology_version)),
+                ("move", ds.moving.as_ref().map_or(Value::Null, move_info)),
+            ];
+            (ds.name, fields)
+        })
+        .collect()
+}
+
+fn move_info(record: &cellgate_store::moves::MoveRecord) -> Value {
+    obj(vec![
+        ("first", Value::from(record.first)),
+        ("last", Value::from(record.last)),
+        ("source", Value::String(record.source.clone())),
+        ("target", Value::String(record.target.clone())),
+        ("phase", Value::String(record.phase.name().to_string())),
+        ("startedAt", scalars::datetime_value(record.started_at)),
+        (
+            "cellsCopied",
+            scalars::int64_value(i64::try_from(record.copied).unwrap_or(i64::MAX)),
+        ),
+        ("keepSource", Value::Boolean(record.keep_source)),
+    ])
 }
 
 /// `DatastoreInfo.clusters`: the clusters holding the datastore's shards,
@@ -117,21 +238,11 @@ pub(super) fn opt(s: &Option<String>) -> Value {
 }
 
 /// `Query.datastores`: definitions and topology, for tools and the explorer.
-pub(super) fn datastores_field(topology: Topology<'_>, defs: &index_dsl::Definitions) -> Field {
+pub(super) fn datastores_field(defs: &index_dsl::Definitions) -> Field {
     let value = Value::List(
         defs.datastores
             .iter()
             .map(|d| {
-                let topology = topology(&d.name)
-                    .into_iter()
-                    .map(|(first, last, cluster)| {
-                        obj(vec![
-                            ("first", Value::from(first)),
-                            ("last", Value::from(last)),
-                            ("cluster", Value::String(cluster)),
-                        ])
-                    })
-                    .collect();
                 obj(vec![
                     ("name", Value::String(d.name.clone())),
                     ("description", opt(&d.description)),
@@ -156,7 +267,6 @@ pub(super) fn datastores_field(topology: Topology<'_>, defs: &index_dsl::Definit
                         "indexes",
                         Value::List(d.indexes.iter().map(index_info).collect()),
                     ),
-                    ("topology", Value::List(topology)),
                 ])
             })
             .collect(),
@@ -180,7 +290,33 @@ pub(super) fn datastores_field(topology: Topology<'_>, defs: &index_dsl::Definit
                     _ => false,
                 });
             }
-            FieldFuture::new(async move { Ok(Some(meta_value(value))) })
+            FieldFuture::new(async move {
+                let store = ctx.data::<cellgate_store::Store>()?;
+                let mut live = live_topology(store);
+                if let Value::List(items) = &mut value {
+                    for item in items {
+                        let Value::Object(fields) = item else {
+                            continue;
+                        };
+                        let name = match fields.get("name") {
+                            Some(Value::String(name)) => name.clone(),
+                            _ => continue,
+                        };
+                        // A datastore the store does not serve (yet) has
+                        // no shard on any cluster.
+                        let found = live.remove(&name).unwrap_or_else(|| {
+                            vec![
+                                ("topology", Value::List(Vec::new())),
+                                ("topologyVersion", Value::from(0)),
+                            ]
+                        });
+                        for (key, v) in found {
+                            fields.insert(scalars::name(key), v);
+                        }
+                    }
+                }
+                Ok(Some(meta_value(value)))
+            })
         },
     )
     .description("Every datastore's definition, indexes and shard topology.")

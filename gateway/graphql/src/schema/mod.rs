@@ -57,8 +57,7 @@ pub(crate) use self::index::{entry_value, shard_arguments, PAGE_INFO_FIELDS};
 pub(super) struct DatastoreRoot;
 /// The schema for the store's definitions.
 pub fn build_schema(store: &Store, limits: GraphqlLimits) -> cellgate_store::Result<Schema> {
-    let topology = |ds: &str| store.topology(ds);
-    schema_for(&store.definitions(), &topology, limits)
+    schema_for(&store.definitions(), limits)
 }
 
 /// The schema of only the `visible` datastores of the store: what
@@ -70,22 +69,17 @@ pub fn build_visible_schema(
 ) -> cellgate_store::Result<Schema> {
     let mut defs = (*store.definitions()).clone();
     defs.datastores.retain(|d| visible.contains(&d.name));
-    let topology = |ds: &str| store.topology(ds);
-    schema_for(&defs, &topology, limits)
+    schema_for(&defs, limits)
 }
 
 /// The SDL of the schema for `defs`, as exported to `schema/schema.graphql`.
 pub fn sdl(defs: &index_dsl::Definitions) -> cellgate_store::Result<String> {
-    let schema = schema_for(defs, &|_| Vec::new(), GraphqlLimits::default())?;
+    let schema = schema_for(defs, GraphqlLimits::default())?;
     Ok(schema.sdl())
 }
 
-/// Shard ranges per datastore: `(first, last, cluster)`.
-pub(super) type Topology<'t> = &'t dyn Fn(&str) -> Vec<(u32, u32, String)>;
-
 pub(super) fn schema_for(
     defs: &index_dsl::Definitions,
-    topology: Topology<'_>,
     limits: GraphqlLimits,
 ) -> cellgate_store::Result<Schema> {
     let defs = defs.clone();
@@ -157,7 +151,7 @@ pub(super) fn schema_for(
     }
     builder = builder.register(status_enum);
     let mut query = Object::new("Query").description("Reads of every datastore, and IDs.");
-    query = query.field(datastores_field(topology, &defs));
+    query = query.field(datastores_field(&defs));
     for field in crate::ids::query_fields() {
         query = query.field(field);
     }
