@@ -232,19 +232,26 @@ impl Dataset {
     /// A batch of new trips for the write workload.
     pub fn write_cells(&self) -> Vec<NewCell> {
         let mut rng = rand::thread_rng();
-        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         (0..self.batch)
             .map(|_| {
-                let driver = self.write_drivers[rng.gen_range(0..self.write_drivers.len())];
-                let city = self.cities[rng.gen_range(0..self.cities.len())];
-                NewCell {
-                    row_key: random_uuid(&mut rng),
-                    column: BASE.into(),
-                    ref_key: 1,
-                    body: trip_body(&mut rng, driver, city, &now),
-                }
+                let row_key = random_uuid(&mut rng);
+                self.new_trip(&mut rng, row_key)
             })
             .collect()
+    }
+
+    /// The BASE cell of a new trip of row `row_key`, created now, by one of
+    /// the write workload's drivers.
+    pub fn new_trip(&self, rng: &mut impl Rng, row_key: Uuid) -> NewCell {
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let driver = self.write_drivers[rng.gen_range(0..self.write_drivers.len())];
+        let city = self.cities[rng.gen_range(0..self.cities.len())];
+        NewCell {
+            row_key,
+            column: BASE.into(),
+            ref_key: 1,
+            body: trip_body(rng, driver, city, &now),
+        }
     }
 
     /// The variables of [`QUERY`] and [`ROWS`].
@@ -282,7 +289,8 @@ pub fn cell_input(cell: &NewCell) -> Value {
     })
 }
 
-fn random_uuid(rng: &mut impl Rng) -> Uuid {
+/// A random (version 4) UUID.
+pub fn random_uuid(rng: &mut impl Rng) -> Uuid {
     uuid::Builder::from_random_bytes(rng.gen()).into_uuid()
 }
 

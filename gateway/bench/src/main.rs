@@ -12,7 +12,8 @@
 //! (`triggers.rs`), `cellgate-bench subscriptions` idle graphql-ws
 //! subscriptions and their delivery (`subscriptions.rs`), `cellgate-bench verify`
 //! an index verify (`verify.rs`), `cellgate-bench lag` the time from a write's
-//! acknowledgement to its index entry being visible (`lag.rs`).
+//! acknowledgement to its index entry being visible (`lag.rs`),
+//! `cellgate-bench move` an online shard move under writes (`moves.rs`).
 //! It lives apart from the server so that a deployment carries none of its
 //! code or dependencies (an HTTP client, progress bars, histograms).
 //!
@@ -30,6 +31,7 @@ mod ids;
 mod lag;
 mod load;
 mod maintenance;
+mod moves;
 mod phase;
 mod probe;
 mod replicas;
@@ -180,6 +182,26 @@ enum Command {
     ///
     ///   cellgate-bench lag --step 0.5 --max-concurrency 4 --duration 1 --max-duration 2
     Lag(lag::LagBenchArgs),
+    /// Measure an online shard move under writes: the copy rate, the time
+    /// of each phase, and the latency of writes beside it.
+    ///
+    /// Three clusters of one backend (three SQLite files in a temporary
+    /// directory, or three fresh databases on the `--database` server,
+    /// dropped at the end): `a` holds shards 0-2047 of `trips`, `b`
+    /// 2048-4095, `c` none. Stores `--cells` cells whose rows hash into
+    /// shards 0-1023 and a quarter as many elsewhere, waits for the
+    /// indexes, then has two in-process gateways take `--rate` writes a
+    /// second (one new cell each at a random row key, open loop) while a
+    /// third store moves shards 0-1023 from `a` to `c`. Reports the cells
+    /// of the range, the copy rate, the time of each phase, the mover's
+    /// write pause, and write latency p50/p99/max for `--baseline-secs`
+    /// before the move, during the move, and for the writes to the moved
+    /// range during the move. Exits 1 if a write or the move failed.
+    ///
+    /// A smoke run of a few seconds:
+    ///
+    ///   cellgate-bench move --cells 2000 --rate 50 --baseline-secs 1
+    Move(moves::MoveBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -211,6 +233,7 @@ fn main() -> ExitCode {
             Some(Command::Replicas(args)) => replicas::run(args).await,
             Some(Command::Verify(args)) => verify::run(args).await,
             Some(Command::Lag(args)) => lag::run(args).await,
+            Some(Command::Move(args)) => moves::run(args).await,
             None => gateway::run(cli.gateway).await,
         }
     };
