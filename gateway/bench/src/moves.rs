@@ -65,7 +65,7 @@ const SLOW_MS: [u64; 2] = [100, 250];
 const GOAL_P99_MS: f64 = 100.0;
 const GOAL_MAX_MS: f64 = 250.0;
 /// The steps of the fence, as its progress counts them.
-const FENCE_STEPS: [&str; 3] = ["counters fenced", "last cells copied", "counters copied"];
+const FENCE_STEPS: [&str; 2] = ["counters fenced", "last cells and counters copied"];
 /// Pooled connections per database of each store when the three clusters
 /// are databases of one server: about a third of the store's defaults (16
 /// and 4), so that the two gateways and the mover need at most some 80

@@ -90,8 +90,9 @@ pub(crate) async fn copied_heads(
 }
 
 /// Copies the cells of `first..=last` that the target lacks (every cell
-/// past the target's last `added_id` of its shard), `chunk` at a time;
-/// `progress(cells)` after each chunk. Returns the cells copied.
+/// past the target's last `added_id` of its shard, up to the source's
+/// heads as this pass reads them first), at most `chunk` `added_id`s at a
+/// time; `progress(cells)` after each chunk. Returns the cells copied.
 ///
 /// `known` is where the target's copy of each shard stands, if the caller
 /// knows it from an earlier pass (else it is read from the target: a scan
@@ -106,10 +107,35 @@ pub(crate) async fn copy_cells(
     known: &mut Option<BTreeMap<u32, i64>>,
     progress: &mut (dyn FnMut(u64) + Send),
 ) -> Result<u64> {
-    let heads: BTreeMap<u32, i64> = counters(source, ds.name(), first, last)
-        .await?
-        .into_iter()
-        .map(|(s, next)| (s, next.abs() - 1))
+    let counters = counters(source, ds.name(), first, last).await?;
+    copy_cells_upto(
+        source,
+        target,
+        ds,
+        (first, last),
+        chunk,
+        known,
+        &counters,
+        progress,
+    )
+    .await
+}
+
+/// [`copy_cells`] up to the source's `counters` as the caller read them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn copy_cells_upto(
+    source: &dyn Backend,
+    target: &dyn Backend,
+    ds: &DatastoreRuntime,
+    (first, last): (u32, u32),
+    chunk: usize,
+    known: &mut Option<BTreeMap<u32, i64>>,
+    counters: &BTreeMap<u32, i64>,
+    progress: &mut (dyn FnMut(u64) + Send),
+) -> Result<u64> {
+    let heads: BTreeMap<u32, i64> = counters
+        .iter()
+        .map(|(s, next)| (*s, next.abs() - 1))
         .collect();
     let mut from = match known.take() {
         Some(known) => known,
@@ -120,49 +146,67 @@ pub(crate) async fn copy_cells(
         let at = reached.entry(*shard).or_insert(0);
         *at = (*at).max(*head);
     }
-    // Shards with cells to copy, and where each one's copy stands.
-    let mut todo: BTreeMap<u32, i64> = heads
+    // Shards with cells to copy: where each one's copy stands, and its head.
+    let mut todo: BTreeMap<u32, (i64, i64)> = heads
         .iter()
         .filter_map(|(shard, head)| {
             let at = from.remove(shard).unwrap_or(0);
-            (*head > at).then_some((*shard, at))
+            (*head > at).then_some((*shard, (at, *head)))
         })
         .collect();
     let table = ddl::cells_table(ds.name());
     let group = source.dialect().max_or_terms().clamp(1, 64);
+    let chunk = chunk.max(1) as i64;
     let mut copied = 0u64;
     while !todo.is_empty() {
-        let shards: Vec<(u32, i64)> = todo.iter().take(group).map(|(s, a)| (*s, *a)).collect();
-        let mut sql = Sql::new(source.dialect());
-        sql.push("SELECT ")
-            .idents(CELL_COLUMNS)
-            .push(" FROM ")
-            .ident(&table)
-            .push(" WHERE ");
-        crate::cells::positions_condition(&mut sql, &shards, " > ");
-        sql.push(" ORDER BY ")
-            .idents(["shard", "added_id"])
-            .push(&format!(" LIMIT {chunk}"));
-        let rows = source.fetch(&sql, &CELL_TYPES).await?;
-        let mut seen: BTreeMap<u32, i64> = BTreeMap::new();
-        for row in &rows {
-            if let (Some(shard), Some(added)) = (row[0].as_int(), row[1].as_int()) {
-                seen.insert(shard as u32, added);
+        // Up to `group` shards and `chunk` added_ids: each shard's piece is
+        // an exact key range, read by its own branch of a `UNION ALL`, so
+        // every database reads it off the primary key, whatever its
+        // statistics say (an `OR` of ranges under `ORDER BY … LIMIT` let
+        // PostgreSQL scan the whole table in key order for a few rows).
+        let mut pieces: Vec<(u32, i64, i64)> = Vec::new();
+        let mut budget = chunk;
+        for (shard, (at, head)) in &todo {
+            if pieces.len() >= group || budget <= 0 {
+                break;
             }
+            let upto = (*head).min(at + budget);
+            budget -= upto - at;
+            pieces.push((*shard, *at, upto));
         }
+        let mut sql = Sql::new(source.dialect());
+        for (i, (shard, at, upto)) in pieces.iter().enumerate() {
+            if i > 0 {
+                sql.push(" UNION ALL ");
+            }
+            sql.push("SELECT ")
+                .idents(CELL_COLUMNS)
+                .push(" FROM ")
+                .ident(&table)
+                .push(" WHERE ")
+                .ident("shard")
+                .push(" = ")
+                .bind(Value::Int(i64::from(*shard)))
+                .push(" AND ")
+                .ident("added_id")
+                .push(" > ")
+                .bind(Value::Int(*at))
+                .push(" AND ")
+                .ident("added_id")
+                .push(" <= ")
+                .bind(Value::Int(*upto));
+        }
+        let rows = source.fetch(&sql, &CELL_TYPES).await?;
         insert_cells(target, &table, &rows).await?;
         copied += rows.len() as u64;
         progress(rows.len() as u64);
-        let full = rows.len() >= chunk;
-        for (shard, _) in &shards {
-            match seen.get(shard) {
-                // A full page may stop inside this shard, or before it.
-                Some(added) if full && heads.get(shard).is_some_and(|h| h > added) => {
-                    todo.insert(*shard, *added);
-                }
-                None if full => {}
+        // Between chunks, a caller that stops the copy is let in.
+        tokio::task::yield_now().await;
+        for (shard, _, upto) in pieces {
+            match todo.get_mut(&shard) {
+                Some((at, head)) if upto < *head => *at = upto,
                 _ => {
-                    todo.remove(shard);
+                    todo.remove(&shard);
                 }
             }
         }

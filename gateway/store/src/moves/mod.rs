@@ -593,6 +593,9 @@ impl Mover<'_> {
                 done: 0,
                 total: 0,
             });
+            // A caller that stops the move (Ctrl-C) does so here, at the
+            // phase's start, rather than wherever its first query waits.
+            tokio::task::yield_now().await;
             let next = match phase {
                 Phase::Copy => self.copy(progress).await?,
                 Phase::CatchUp => self.catch_up(progress).await?,
@@ -723,32 +726,36 @@ impl Mover<'_> {
     async fn fence(&mut self, progress: &mut (dyn FnMut(&MoveProgress) + Send)) -> Result<Phase> {
         let (source, target) = (self.source()?, self.target()?);
         let range = self.range();
-        // Steps: fenced, tail copied, counters copied.
+        // Steps: fenced; tail and counters copied.
         let mut step = |done: u64| {
             progress(&MoveProgress {
                 phase: Phase::Fence,
                 done,
-                total: 3,
+                total: 2,
             })
         };
         self.fenced_at = Some(Instant::now());
         copy::flip_counters(source.as_ref(), self.ds.name(), range, true).await?;
         step(1);
-        let copied = copy::copy_cells(
-            source.as_ref(),
-            target.as_ref(),
-            &self.ds,
-            range,
-            self.options.chunk,
-            &mut self.copied,
-            &mut |_| {},
-        )
-        .await?;
+        // Fenced, the counters are final: the tail is copied up to them
+        // while the target takes them, side by side.
+        let counters = copy::counters(source.as_ref(), self.ds.name(), range.0, range.1).await?;
+        let mut quiet = |_| {};
+        let (copied, ()) = tokio::try_join!(
+            copy::copy_cells_upto(
+                source.as_ref(),
+                target.as_ref(),
+                &self.ds,
+                range,
+                self.options.chunk,
+                &mut self.copied,
+                &counters,
+                &mut quiet,
+            ),
+            copy::copy_counters(target.as_ref(), self.ds.name(), &counters),
+        )?;
         self.report.cells_copied += copied;
         step(2);
-        let counters = copy::counters(source.as_ref(), self.ds.name(), range.0, range.1).await?;
-        copy::copy_counters(target.as_ref(), self.ds.name(), &counters).await?;
-        step(3);
         // The offsets follow at the drain, and the catalogs' ranges once
         // the range is handed over: neither holds the writes up.
         let moved = self.moved_map(&self.ds.map())?;
