@@ -330,3 +330,36 @@ fn migrate_reports_an_unreachable_database_on_one_line() {
         "{err}"
     );
 }
+
+#[test]
+fn shard_move_refuses_a_duty_outside_zero_to_one() {
+    for duty in ["0", "1.5", "half"] {
+        let output = cellgate(
+            &root(),
+            &[
+                "shard",
+                "move",
+                "--datastore",
+                "trips",
+                "--shards",
+                "0-1023",
+                "--to",
+                "c",
+                "--duty",
+                duty,
+            ],
+        );
+        // A usage error from the argument parser, before any store opens.
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "stderr:\n{}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains("within (0, 1]"),
+            "{}",
+            stderr(&output)
+        );
+    }
+}

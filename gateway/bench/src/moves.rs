@@ -130,6 +130,10 @@ pub struct MoveBenchArgs {
     /// Cells per copy statement of the move. [default: the store's, 1000]
     #[arg(long, value_name = "N", env = "CELLGATE_BENCH_CHUNK")]
     pub chunk: Option<usize>,
+    /// Share of the time the move's copy, verify and cleanup work (as
+    /// `cellgate shard move --duty`). [default: the store's, 0.5]
+    #[arg(long, value_name = "F", env = "CELLGATE_BENCH_DUTY")]
+    pub duty: Option<f64>,
     /// Pooled connections per database of each of the three stores
     /// (`max_connections`). [default: the store's, 16, on SQLite; on a
     /// `--database` server 6, with 2 for index maintenance instead of 4:
@@ -604,6 +608,13 @@ async fn measure(
     let mut move_options = MoveOptions::new(DATASTORE, (0, last), TARGET);
     if let Some(chunk) = args.chunk {
         move_options.chunk = chunk.max(1);
+    }
+    if let Some(duty) = args.duty {
+        anyhow::ensure!(
+            duty > 0.0 && duty <= 1.0,
+            "--duty must be within (0, 1], not {duty}"
+        );
+        move_options.duty = duty;
     }
     let bar = crate::phase::progress_bar(
         0,

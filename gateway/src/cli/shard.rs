@@ -55,6 +55,11 @@ pub struct DoubleArgs {
     /// Cells per copy statement.
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub chunk: usize,
+    /// Share of the time the copy, the verify and the cleanup work
+    /// (0 < F <= 1): they pause after each chunk so the gateways' requests
+    /// keep the databases. The cut-over itself never pauses.
+    #[arg(long, value_name = "F", default_value_t = 0.5, value_parser = parse_duty)]
+    pub duty: f64,
     #[command(flatten)]
     pub store: StoreArgs,
 }
@@ -84,6 +89,11 @@ pub struct MoveArgs {
     /// Cells per copy statement.
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub chunk: usize,
+    /// Share of the time the copy, the verify and the cleanup work
+    /// (0 < F <= 1): they pause after each chunk so the gateways' requests
+    /// keep the databases. The cut-over itself never pauses.
+    #[arg(long, value_name = "F", default_value_t = 0.5, value_parser = parse_duty)]
+    pub duty: f64,
     /// Skip the index verify (and repair) after the switch.
     #[arg(long)]
     pub no_index_verify: bool,
@@ -98,6 +108,13 @@ pub struct StatusArgs {
     pub datastore: String,
     #[command(flatten)]
     pub store: StoreArgs,
+}
+
+fn parse_duty(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(duty) if duty > 0.0 && duty <= 1.0 => Ok(duty),
+        _ => Err(format!("must be a number within (0, 1], not `{text}`")),
+    }
 }
 
 fn parse_range(text: &str) -> Result<(u32, u32), String> {
@@ -168,6 +185,7 @@ async fn move_shards(args: MoveArgs) -> anyhow::Result<ExitCode> {
     options.dry_run = args.dry_run;
     options.keep_source = args.keep_source;
     options.chunk = args.chunk.max(1);
+    options.duty = args.duty;
     options.verify_indexes = !args.no_index_verify;
     let bar = progress_bar();
     let mut shown: Option<Phase> = None;
@@ -363,6 +381,7 @@ async fn double(args: DoubleArgs) -> anyhow::Result<ExitCode> {
     for (shards, target) in moves {
         let mut options = MoveOptions::new(&args.datastore, shards, &target);
         options.chunk = args.chunk.max(1);
+        options.duty = args.duty;
         let bar = progress_bar();
         let mut on_progress = |p: &MoveProgress| {
             bar.set_message(format!(

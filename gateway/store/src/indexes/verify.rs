@@ -595,7 +595,9 @@ fn scope_text(ds: &DatastoreRuntime, indexes: &[usize], options: &VerifyOptions)
     format!("{} shards {first}-{last}", names.join(","))
 }
 
-async fn pause(took: Duration, duty: f64) {
+/// After work that took `took`, the pause that makes it `duty` of the
+/// time (none at 1 or above; at most 10 s).
+pub(crate) async fn pause(took: Duration, duty: f64) {
     if duty > 0.0 && duty < 1.0 {
         let rest = took.mul_f64((1.0 - duty) / duty);
         tokio::time::sleep(rest.min(Duration::from_secs(10))).await;

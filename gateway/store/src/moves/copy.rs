@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use crate::cells::CELL_TYPES;
 use crate::error::Result;
+use crate::indexes::verify::pause;
 use crate::storage::{ddl, Backend, ColType, Dialect, Sql, Value, MAX_PARAMS};
 use crate::topology::DatastoreRuntime;
 
@@ -105,6 +106,7 @@ pub(crate) async fn copy_cells(
     (first, last): (u32, u32),
     chunk: usize,
     known: &mut Option<BTreeMap<u32, i64>>,
+    duty: f64,
     progress: &mut (dyn FnMut(u64) + Send),
 ) -> Result<u64> {
     let counters = counters(source, ds.name(), first, last).await?;
@@ -116,6 +118,7 @@ pub(crate) async fn copy_cells(
         chunk,
         known,
         &counters,
+        duty,
         progress,
     )
     .await
@@ -131,6 +134,7 @@ pub(crate) async fn copy_cells_upto(
     chunk: usize,
     known: &mut Option<BTreeMap<u32, i64>>,
     counters: &BTreeMap<u32, i64>,
+    duty: f64,
     progress: &mut (dyn FnMut(u64) + Send),
 ) -> Result<u64> {
     let heads: BTreeMap<u32, i64> = counters
@@ -196,12 +200,14 @@ pub(crate) async fn copy_cells_upto(
                 .push(" <= ")
                 .bind(Value::Int(*upto));
         }
+        let started = std::time::Instant::now();
         let rows = source.fetch(&sql, &CELL_TYPES).await?;
         insert_cells(target, &table, &rows).await?;
         copied += rows.len() as u64;
         progress(rows.len() as u64);
         // Between chunks, a caller that stops the copy is let in.
         tokio::task::yield_now().await;
+        pause(started.elapsed(), duty).await;
         for (shard, _, upto) in pieces {
             match todo.get_mut(&shard) {
                 Some((at, head)) if upto < *head => *at = upto,
@@ -498,6 +504,7 @@ pub(crate) async fn checksums(
     datastore: &str,
     heads: &BTreeMap<u32, i64>,
     chunk: usize,
+    duty: f64,
     progress: &mut (dyn FnMut(u64) + Send),
 ) -> Result<BTreeMap<u32, (u64, u64)>> {
     let (Some((&first, _)), Some((&last, _))) = (heads.first_key_value(), heads.last_key_value())
@@ -528,6 +535,7 @@ pub(crate) async fn checksums(
             .push(") ORDER BY ")
             .idents(["shard", "added_id"])
             .push(&format!(" LIMIT {chunk}"));
+        let started = std::time::Instant::now();
         let rows = backend.fetch(&sql, &CELL_TYPES).await?;
         for row in &rows {
             let (Some(s), Some(added)) = (row[0].as_int(), row[1].as_int()) else {
@@ -559,6 +567,7 @@ pub(crate) async fn checksums(
                 .map(|(s, (count, hasher))| (s, (count, hasher.digest())))
                 .collect());
         }
+        pause(started.elapsed(), duty).await;
     }
 }
 
@@ -569,6 +578,7 @@ pub(crate) async fn delete_range(
     backend: &dyn Backend,
     ds: &DatastoreRuntime,
     (first, last): (u32, u32),
+    duty: f64,
     progress: &mut (dyn FnMut(u64) + Send),
 ) -> Result<()> {
     let name = ds.name();
@@ -590,7 +600,9 @@ pub(crate) async fn delete_range(
             .ident("shard")
             .push(" IN ")
             .bind_list(ints(shard..=to));
+        let started = std::time::Instant::now();
         progress(backend.execute(&sql).await?);
+        pause(started.elapsed(), duty).await;
         shard = to + 1;
     }
     for (table, column) in tables {

@@ -79,6 +79,11 @@ pub struct MoveOptions {
     /// How long to wait for every gateway to acknowledge a new version
     /// before giving up (the move can be resumed).
     pub ack_timeout: Duration,
+    /// The share of the time the bulk work (the copy, the verify, the
+    /// cleanup and its index repair) runs: after a chunk of `t` it pauses
+    /// `t × (1 − duty) / duty`, leaving the databases to the requests. The
+    /// cut-over (catch-up to switch) always runs flat out. 1: no pauses.
+    pub duty: f64,
 }
 
 impl MoveOptions {
@@ -92,6 +97,7 @@ impl MoveOptions {
             chunk: 1000,
             verify_indexes: true,
             ack_timeout: Duration::from_secs(30),
+            duty: 0.5,
         }
     }
 }
@@ -273,7 +279,7 @@ impl Store {
         copy::flip_counters(source_backend.as_ref(), ds.name(), range, false).await?;
         let map = ds.map();
         write_ranges(&topology.clusters[source], &ds, &map).await?;
-        copy::delete_range(target_backend.as_ref(), &ds, range, &mut |_| {}).await?;
+        copy::delete_range(target_backend.as_ref(), &ds, range, 1.0, &mut |_| {}).await?;
         write_ranges(&topology.clusters[target], &ds, &map).await?;
         let mut next = row.clone();
         next.version += 1;
@@ -636,6 +642,7 @@ impl Mover<'_> {
             self.range(),
             self.options.chunk,
             &mut self.copied,
+            self.options.duty,
             &mut |n| {
                 done += n;
                 progress(&MoveProgress {
@@ -672,6 +679,7 @@ impl Mover<'_> {
                 self.range(),
                 self.options.chunk,
                 &mut self.copied,
+                1.0,
                 &mut |n| {
                     done += n;
                     progress(&MoveProgress {
@@ -717,6 +725,7 @@ impl Mover<'_> {
             self.range(),
             self.options.chunk,
             &mut self.copied,
+            1.0,
             &mut |_| {},
         )
         .await?;
@@ -750,6 +759,7 @@ impl Mover<'_> {
                 self.options.chunk,
                 &mut self.copied,
                 &counters,
+                1.0,
                 &mut quiet,
             ),
             copy::copy_counters(target.as_ref(), self.ds.name(), &counters),
@@ -859,6 +869,7 @@ impl Mover<'_> {
                 self.ds.name(),
                 &heads,
                 chunk,
+                self.options.duty,
                 &mut on_source
             ),
             copy::checksums(
@@ -866,6 +877,7 @@ impl Mover<'_> {
                 self.ds.name(),
                 &heads,
                 chunk,
+                self.options.duty,
                 &mut on_target
             ),
         )?;
@@ -900,9 +912,12 @@ impl Mover<'_> {
         if self.ds.indexes.is_empty() {
             return Ok(());
         }
+        // The whole datastore: the moved index shards hold entries of rows
+        // of every shard, and only a full run looks for entries without
+        // cells.
         let options = crate::indexes::VerifyOptions {
             repair: true,
-            duty: 1.0,
+            duty: self.options.duty,
             nice: None,
             restart: true,
             ..Default::default()
@@ -925,14 +940,20 @@ impl Mover<'_> {
     async fn cleanup(&mut self, progress: &mut (dyn FnMut(&MoveProgress) + Send)) -> Result<Phase> {
         let source = self.source()?;
         let mut done = 0;
-        copy::delete_range(source.as_ref(), &self.ds, self.range(), &mut |n| {
-            done += n;
-            progress(&MoveProgress {
-                phase: Phase::Cleanup,
-                done,
-                total: 0,
-            })
-        })
+        copy::delete_range(
+            source.as_ref(),
+            &self.ds,
+            self.range(),
+            self.options.duty,
+            &mut |n| {
+                done += n;
+                progress(&MoveProgress {
+                    phase: Phase::Cleanup,
+                    done,
+                    total: 0,
+                })
+            },
+        )
         .await?;
         // The indexes once the source's entries of the range are gone (a
         // verify before would count them as extra).
