@@ -99,6 +99,7 @@ pub(crate) async fn copied_heads(
 /// knows it from an earlier pass (else it is read from the target: a scan
 /// of the range's keys, kept off the fence's critical path); it is left at
 /// the source's heads this pass copied up to.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn copy_cells(
     source: &dyn Backend,
     target: &dyn Backend,
