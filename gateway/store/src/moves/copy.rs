@@ -164,43 +164,8 @@ pub(crate) async fn copy_cells_upto(
     let chunk = chunk.max(1) as i64;
     let mut copied = 0u64;
     while !todo.is_empty() {
-        // Up to `group` shards and `chunk` added_ids: each shard's piece is
-        // an exact key range, read by its own branch of a `UNION ALL`, so
-        // every database reads it off the primary key, whatever its
-        // statistics say (an `OR` of ranges under `ORDER BY … LIMIT` let
-        // PostgreSQL scan the whole table in key order for a few rows).
-        let mut pieces: Vec<(u32, i64, i64)> = Vec::new();
-        let mut budget = chunk;
-        for (shard, (at, head)) in &todo {
-            if pieces.len() >= group || budget <= 0 {
-                break;
-            }
-            let upto = (*head).min(at + budget);
-            budget -= upto - at;
-            pieces.push((*shard, *at, upto));
-        }
-        let mut sql = Sql::new(source.dialect());
-        for (i, (shard, at, upto)) in pieces.iter().enumerate() {
-            if i > 0 {
-                sql.push(" UNION ALL ");
-            }
-            sql.push("SELECT ")
-                .idents(CELL_COLUMNS)
-                .push(" FROM ")
-                .ident(&table)
-                .push(" WHERE ")
-                .ident("shard")
-                .push(" = ")
-                .bind(Value::Int(i64::from(*shard)))
-                .push(" AND ")
-                .ident("added_id")
-                .push(" > ")
-                .bind(Value::Int(*at))
-                .push(" AND ")
-                .ident("added_id")
-                .push(" <= ")
-                .bind(Value::Int(*upto));
-        }
+        let pieces = next_pieces(&todo, group, chunk);
+        let sql = select_pieces(source.dialect(), &table, &pieces, false);
         let started = std::time::Instant::now();
         let rows = source.fetch(&sql, &CELL_TYPES).await?;
         insert_cells(target, &table, &rows).await?;
@@ -209,17 +174,73 @@ pub(crate) async fn copy_cells_upto(
         // Between chunks, a caller that stops the copy is let in.
         tokio::task::yield_now().await;
         pause(started.elapsed(), duty).await;
-        for (shard, _, upto) in pieces {
-            match todo.get_mut(&shard) {
-                Some((at, head)) if upto < *head => *at = upto,
-                _ => {
-                    todo.remove(&shard);
-                }
-            }
-        }
+        advance(&mut todo, &pieces);
     }
     *known = Some(reached);
     Ok(copied)
+}
+
+/// The next chunk of a pass over `todo` (per shard: where the pass stands,
+/// and the last `added_id` to read): up to `group` shards and `chunk`
+/// `added_id`s, as `(shard, after, upto)`.
+fn next_pieces(todo: &BTreeMap<u32, (i64, i64)>, group: usize, chunk: i64) -> Vec<(u32, i64, i64)> {
+    let mut pieces = Vec::new();
+    let mut budget = chunk;
+    for (shard, (at, head)) in todo {
+        if pieces.len() >= group || budget <= 0 {
+            break;
+        }
+        let upto = (*head).min(at + budget);
+        budget -= upto - at;
+        pieces.push((*shard, *at, upto));
+    }
+    pieces
+}
+
+/// Moves `todo` past `pieces`, dropping the shards read to their end.
+fn advance(todo: &mut BTreeMap<u32, (i64, i64)>, pieces: &[(u32, i64, i64)]) {
+    for (shard, _, upto) in pieces {
+        match todo.get_mut(shard) {
+            Some((at, head)) if upto < head => *at = *upto,
+            _ => {
+                todo.remove(shard);
+            }
+        }
+    }
+}
+
+/// The cells of `pieces`: each shard's piece an exact key range read by
+/// its own branch of a `UNION ALL`, so every database reads it off the
+/// primary key whatever its statistics say (an `OR` of open ranges under
+/// `ORDER BY … LIMIT`, or one open range, let PostgreSQL scan far more of
+/// the table than the chunk). `ordered`: in `(shard, added_id)` order.
+fn select_pieces(dialect: Dialect, table: &str, pieces: &[(u32, i64, i64)], ordered: bool) -> Sql {
+    let mut sql = Sql::new(dialect);
+    for (i, (shard, at, upto)) in pieces.iter().enumerate() {
+        if i > 0 {
+            sql.push(" UNION ALL ");
+        }
+        sql.push("SELECT ")
+            .idents(CELL_COLUMNS)
+            .push(" FROM ")
+            .ident(table)
+            .push(" WHERE ")
+            .ident("shard")
+            .push(" = ")
+            .bind(Value::Int(i64::from(*shard)))
+            .push(" AND ")
+            .ident("added_id")
+            .push(" > ")
+            .bind(Value::Int(*at))
+            .push(" AND ")
+            .ident("added_id")
+            .push(" <= ")
+            .bind(Value::Int(*upto));
+    }
+    if ordered {
+        sql.push(" ORDER BY ").idents(["shard", "added_id"]);
+    }
+    sql
 }
 
 async fn insert_cells(target: &dyn Backend, table: &str, rows: &[Vec<Value>]) -> Result<()> {
@@ -499,7 +520,8 @@ pub(crate) async fn copy_entries(
 
 /// Per shard of `heads`, `(cells, xxh3 of their added ids, keys and
 /// bodies)` of its cells up to its head, in `added_id` order: the whole
-/// range read in `(shard, added_id)` order, `chunk` cells a statement.
+/// range read in `(shard, added_id)` order as exact key ranges of at most
+/// `chunk` `added_id`s a statement.
 pub(crate) async fn checksums(
     backend: &dyn Backend,
     datastore: &str,
@@ -508,46 +530,30 @@ pub(crate) async fn checksums(
     duty: f64,
     progress: &mut (dyn FnMut(u64) + Send),
 ) -> Result<BTreeMap<u32, (u64, u64)>> {
-    let (Some((&first, _)), Some((&last, _))) = (heads.first_key_value(), heads.last_key_value())
-    else {
-        return Ok(BTreeMap::new());
-    };
     let mut hashers: BTreeMap<u32, (u64, xxhash_rust::xxh3::Xxh3)> = heads
         .keys()
         .map(|s| (*s, (0, xxhash_rust::xxh3::Xxh3::new())))
         .collect();
-    let (mut shard, mut after) = (first, 0i64);
-    loop {
-        let mut sql = Sql::new(backend.dialect());
-        sql.push("SELECT ")
-            .idents(CELL_COLUMNS)
-            .push(" FROM ")
-            .ident(&ddl::cells_table(datastore))
-            .push(" WHERE ");
-        between(&mut sql, "shard", shard, last);
-        sql.push(" AND (")
-            .ident("shard")
-            .push(" > ")
-            .bind(Value::Int(i64::from(shard)))
-            .push(" OR ")
-            .ident("added_id")
-            .push(" > ")
-            .bind(Value::Int(after))
-            .push(") ORDER BY ")
-            .idents(["shard", "added_id"])
-            .push(&format!(" LIMIT {chunk}"));
+    // Cells written on the target after the cut-over (past the heads) do
+    // not count: each shard is read up to its head.
+    let mut todo: BTreeMap<u32, (i64, i64)> = heads
+        .iter()
+        .filter(|(_, head)| **head > 0)
+        .map(|(shard, head)| (*shard, (0, *head)))
+        .collect();
+    let table = ddl::cells_table(datastore);
+    let group = backend.dialect().max_or_terms().clamp(1, 64);
+    let chunk = chunk.max(1) as i64;
+    while !todo.is_empty() {
+        let pieces = next_pieces(&todo, group, chunk);
+        let sql = select_pieces(backend.dialect(), &table, &pieces, true);
         let started = std::time::Instant::now();
         let rows = backend.fetch(&sql, &CELL_TYPES).await?;
         for row in &rows {
-            let (Some(s), Some(added)) = (row[0].as_int(), row[1].as_int()) else {
+            let (Some(shard), Some(added)) = (row[0].as_int(), row[1].as_int()) else {
                 continue;
             };
-            (shard, after) = (s as u32, added);
-            // Cells written on the target after the cut-over do not count.
-            if heads.get(&shard).is_none_or(|head| added > *head) {
-                continue;
-            }
-            let Some((count, hasher)) = hashers.get_mut(&shard) else {
+            let Some((count, hasher)) = hashers.get_mut(&(shard as u32)) else {
                 continue;
             };
             *count += 1;
@@ -562,14 +568,13 @@ pub(crate) async fn checksums(
             }
         }
         progress(rows.len() as u64);
-        if rows.len() < chunk {
-            return Ok(hashers
-                .into_iter()
-                .map(|(s, (count, hasher))| (s, (count, hasher.digest())))
-                .collect());
-        }
+        advance(&mut todo, &pieces);
         pause(started.elapsed(), duty).await;
     }
+    Ok(hashers
+        .into_iter()
+        .map(|(s, (count, hasher))| (s, (count, hasher.digest())))
+        .collect())
 }
 
 /// Deletes the rows of `first..=last` from a cluster that no longer holds

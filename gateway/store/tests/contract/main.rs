@@ -77,6 +77,7 @@ contract_suite!(
     a_shard_range_moves_while_two_gateways_write_and_read,
     a_move_killed_at_every_phase_resumes,
     a_move_is_aborted_before_the_switch_and_reversed_after,
+    a_cell_that_differs_on_the_target_stops_the_move_at_its_verify,
     put_get_latest_and_history,
     writes_are_idempotent_and_conflicts_are_refused,
     batches_span_shards_and_report_per_cell,

@@ -608,3 +608,66 @@ pub async fn a_move_is_aborted_before_the_switch_and_reversed_after(env: Arc<Env
 async fn gateway_for_abort(storage: &StorageConfig) -> Store {
     gateway(storage).await
 }
+
+/// A cell that differs between the clusters after the copy stops the move
+/// at its verify, naming the shard, with the source kept.
+pub async fn a_cell_that_differs_on_the_target_stops_the_move_at_its_verify(env: Arc<Env>) {
+    let storage = storage(&env).await;
+    let gateway = gateway(&storage).await;
+    let mover = mover(&storage).await;
+    let cells: Vec<NewCell> = (0..200)
+        .map(|n| NewCell {
+            row_key: Uuid::new_v4(),
+            column: "BASE".into(),
+            ref_key: 1,
+            body: body(Uuid::new_v4(), n),
+        })
+        .collect();
+    gateway.put_cells("trips", cells).await.unwrap();
+    let options = MoveOptions::new("trips", RANGE, "c");
+    let reached = tokio::sync::Notify::new();
+    let mut on_progress = |p: &MoveProgress| {
+        if p.phase == Phase::Verify {
+            reached.notify_one()
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = reached.notified() => {}
+        outcome = mover.move_shards(&options, &mut on_progress) => {
+            panic!("the move ended before its verify: {outcome:?}")
+        }
+    }
+    let (a, c) = (&storage.clusters[0].master, &storage.clusters[2].master);
+    let shard = crate::harness::scalar(env.kind, c, "SELECT MIN(shard) FROM trips_cells")
+        .await
+        .expect("cells copied to the target");
+    crate::harness::execute(
+        env.kind,
+        c,
+        &format!(
+            "UPDATE trips_cells SET ref_key = ref_key + 100 WHERE shard = {shard} AND added_id = 1"
+        ),
+    )
+    .await;
+    let err = mover
+        .move_shards(&options, &mut |_| {})
+        .await
+        .expect_err("the verify finds the changed cell")
+        .to_string();
+    assert!(err.contains(&format!("shard {shard}:")), "{err}");
+    let status = gateway.topology_status("trips").await.unwrap();
+    assert_eq!(status.moving.map(|m| m.phase), Some(Phase::Verify));
+    assert!(
+        crate::harness::scalar(
+            env.kind,
+            a,
+            "SELECT COUNT(*) FROM trips_cells WHERE shard <= 1023"
+        )
+        .await
+            > Some(0),
+        "the source is kept"
+    );
+    mover.shutdown(Duration::from_secs(5)).await;
+    gateway.shutdown(Duration::from_secs(5)).await;
+}
