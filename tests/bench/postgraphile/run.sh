@@ -2,21 +2,36 @@
 # cellgate vs PostGraphile v5, side by side on the same local PostgreSQL.
 #
 #   tests/bench/postgraphile/run.sh [--trips N] [--duration S] [--seed N]
-#       [--concurrency "8 32"] [--drivers N] [--keep] [--smoke]
+#       [--concurrency "8 32"] [--drivers N] [--workloads "index bodies ..."]
+#       [--keep] [--smoke]
 #
-# Loads the same trips into cellgate (through tripsPutCells) and into a plain
-# table served by PostGraphile (COPY), checks that both APIs answer the same
-# rows, then drives both with the same wrk script: an index query (20 rows of
-# one driver since a time), the same with each row's body, and writes of 50
-# new trips; pgbench runs the SQL cellgate sent for the reads as a floor.
-# Prints a markdown table and writes it, with a JSON twin, to
-# tests/bench/postgraphile/results/<timestamp>.{md,json}.
+# Loads the same trips into cellgate (through tripsPutCells: a BASE and a
+# STATUS cell each) and into a plain table served by PostGraphile (COPY),
+# checks that both APIs answer the same rows for every read workload, then
+# drives both with the same wrk script, one workload after another (reads
+# first, then the write; --workloads picks some, default all):
+#   index    driverPartnerIndex: 20 trips of one driver since a time, 4 fields
+#   bodies   the same page with each row's BASE body
+#   city     cityTripsIndex: one city, since a time, fareTotal <= X, newest
+#            first, 20 rows, 4 fields
+#   in       driverPartnerIndex with driverPartnerUuidIn (5 drivers)
+#   bodies2  the `bodies` page with each row's BASE and STATUS bodies
+#   filter   cityTripsIndex with the filter string argument (city, time,
+#            fare_total > X, status = "completed")
+#   write    50 new trips per request
+# pgbench runs the SQL cellgate sent for each read as a floor. Around every
+# timed run it reads the CPU time of the gateway process and of PostgreSQL
+# (all postgres processes plus the postmaster's reaped children) from /proc.
+# Prints a markdown table (req/s, latencies, ratios, gateway and PostgreSQL
+# CPU ms per request, statements per request, index catch-up) and writes
+# it, with a JSON twin, to tests/bench/postgraphile/results/<timestamp>.{md,json}.
 #
 # Needs PostgreSQL at 127.0.0.1:5432 (user postgres, trust auth) with its
-# log at $PG_LOG; installs Node 22 and PostGraphile from npm into
-# node_modules here, and wrk from Debian if missing. cellgate is
-# $CELLGATE_BIN (default <repo>/target/release/cellgate, built with cargo if
-# missing). Exits non-zero on any failed request, mismatch or timeout.
+# log at $PG_LOG and its data directory readable (the postmaster's pid);
+# installs Node 22 and PostGraphile from npm into node_modules here, and wrk
+# from Debian if missing. cellgate is $CELLGATE_BIN (default
+# <repo>/target/release/cellgate, built with cargo if missing). Exits
+# non-zero on any failed request, mismatch or timeout.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,6 +44,7 @@ WARMUP=2
 SEED=42
 CONCURRENCY="8 32"
 CONCURRENCY_SET=0
+WORKLOADS=""
 KEEP=0
 SMOKE=0
 DB="${BENCH_DATABASE:-cellgate_vs_postgraphile}"
@@ -39,9 +55,14 @@ PG_LOG="${PG_LOG:-/var/log/postgresql/postgresql-15-main.log}"
 POOL=16
 PGL_ROLE=postgraphile_bench
 CELLGATE_BIN="${CELLGATE_BIN:-$REPO/target/release/cellgate}"
-COMMAND="$(echo "$0 $*" | sed 's/ *$//')"
+# The command as run, for the report: arguments with spaces (a workload
+# list) quoted so it can be pasted back.
+COMMAND="$0"
+for arg in "$@"; do
+  case "$arg" in *[[:space:]]*|"") COMMAND+=" \"$arg\"" ;; *) COMMAND+=" $arg" ;; esac
+done
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -50,6 +71,7 @@ while [ $# -gt 0 ]; do
     --duration) DURATION="$2"; shift 2 ;;
     --seed) SEED="$2"; shift 2 ;;
     --concurrency) CONCURRENCY="$2"; CONCURRENCY_SET=1; shift 2 ;;
+    --workloads) WORKLOADS="$2"; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --smoke) SMOKE=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -62,6 +84,8 @@ if [ "$SMOKE" = 1 ]; then
   TRIPS=2000 DRIVERS=50 DURATION=2 WARMUP=1
   [ "$CONCURRENCY_SET" = 1 ] || CONCURRENCY=8
 fi
+# Validated, in run order (reads first, then the write).
+WORKLOADS="$(python3 "$HERE/bench.py" --work "$HERE" workloads "$WORKLOADS")" || exit 2
 
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 WORK="$HERE/work/$STAMP"
@@ -161,9 +185,17 @@ fi
 psql_db -d postgres -c "SELECT 1" >/dev/null \
   || fail "PostgreSQL does not answer at $PG_HOST:$PG_PORT as $PG_USER"
 [ -r "$PG_LOG" ] || fail "cannot read the PostgreSQL log $PG_LOG (set PG_LOG)"
+# The postmaster, whose children (and their reaped CPU time) are the
+# PostgreSQL side of the CPU figures.
+PG_DATA="$(psql_db -d postgres -At -c 'SHOW data_directory')"
+PG_POSTMASTER="$(head -1 "$PG_DATA/postmaster.pid" 2>/dev/null || true)"
+[ -n "$PG_POSTMASTER" ] && [ -r "/proc/$PG_POSTMASTER/stat" ] \
+  || fail "cannot read the postmaster's pid from $PG_DATA/postmaster.pid"
+command -v pgrep >/dev/null || fail "pgrep is needed (procps)"
 
 echo "cellgate: $CELLGATE_BIN; node $("$NODE" --version); $(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
 echo "trips $TRIPS, drivers $DRIVERS, seed $SEED, duration $DURATION s, concurrency $CONCURRENCY"
+echo "workloads: $WORKLOADS; postmaster pid $PG_POSTMASTER"
 echo "work files: $WORK"
 
 # --- database ---------------------------------------------------------------
@@ -179,14 +211,31 @@ END \$\$;
 SQL
 psql_db -d "$DB" <<SQL
 CREATE SCHEMA plain;
+-- fare_total (from body.fare.total), status, is_completed and status_body
+-- (the STATUS cell) mirror cellgate's city_trips_index and STATUS column;
+-- the written trips leave them NULL, as cellgate's writes carry no STATUS.
 CREATE TABLE plain.trips (
   row_key uuid PRIMARY KEY,
   driver_partner_uuid uuid NOT NULL,
   city_uuid uuid NOT NULL,
   trip_created_at timestamptz NOT NULL,
-  body jsonb NOT NULL
+  body jsonb NOT NULL,
+  fare_total double precision,
+  status text,
+  is_completed boolean,
+  status_body jsonb
 );
 CREATE INDEX trips_driver_created ON plain.trips (driver_partner_uuid, trip_created_at, row_key);
+-- For the city and filter queries: one city, in time order either way, the
+-- other conditions checked on the rows (as cellgate's
+-- (city_uuid, trip_created_at, row_key) index on its index table serves
+-- them). Dropped before the write runs, whose table keeps the indexes of
+-- earlier runs.
+CREATE INDEX trips_city_created ON plain.trips (city_uuid, trip_created_at, row_key);
+-- PostGraphile offers filters only on indexed columns unless told.
+COMMENT ON COLUMN plain.trips.fare_total IS E'@behavior +filterBy';
+COMMENT ON COLUMN plain.trips.status IS E'@behavior +filterBy';
+COMMENT ON COLUMN plain.trips.is_completed IS E'@behavior +filterBy';
 GRANT USAGE ON SCHEMA plain TO $PGL_ROLE;
 GRANT SELECT, INSERT ON plain.trips TO $PGL_ROLE;
 SQL
@@ -209,14 +258,19 @@ echo "cellgate at $CG_URL (pid $CG_PID)"
 log "loading $TRIPS trips"
 bench load --trips "$TRIPS" --drivers "$DRIVERS"
 start_ns=$(date +%s%N)
-psql_db -d "$DB" -c "\\copy plain.trips (row_key, driver_partner_uuid, city_uuid, trip_created_at, body) FROM '$WORK/trips.csv' WITH (FORMAT csv)"
+psql_db -d "$DB" -c "\\copy plain.trips (row_key, driver_partner_uuid, city_uuid, trip_created_at, body, fare_total, status, is_completed, status_body) FROM '$WORK/trips.csv' WITH (FORMAT csv)"
 copy_ms=$(( ($(date +%s%N) - start_ns) / 1000000 ))
 echo "COPY into plain.trips: $copy_ms ms"
 [ "$KEEP" = 1 ] || rm -f "$WORK/trips.csv"
 echo "waiting for cellgate's indexes"
 bench catchup --timeout 900 --out "$WORK/load-catchup.json"
-rows="$(psql_db -d "$DB" -At -c "SELECT (SELECT count(*) FROM plain.trips) || ' ' || (SELECT count(*) FROM trips_ix_driver_partner_index)")"
-[ "$rows" = "$TRIPS $TRIPS" ] || fail "expected $TRIPS rows in plain.trips and the index, found $rows"
+rows="$(psql_db -d "$DB" -At -c "SELECT (SELECT count(*) FROM plain.trips) || ' ' ||
+  (SELECT count(*) FROM plain.trips WHERE status IS NOT NULL) || ' ' ||
+  (SELECT count(*) FROM trips_ix_driver_partner_index) || ' ' ||
+  (SELECT count(*) FROM trips_ix_city_trips_index) || ' ' ||
+  (SELECT count(*) FROM trips_ix_city_trips_index WHERE status IS NOT NULL AND fare_total IS NOT NULL)")"
+[ "$rows" = "$TRIPS $TRIPS $TRIPS $TRIPS $TRIPS" ] \
+  || fail "expected $TRIPS rows (plain.trips, with a status; driver_partner_index; city_trips_index, with status and fare), found $rows"
 echo "VACUUM ANALYZE (autovacuum may be off; both sides get the same treatment)"
 psql_db -d "$DB" -c "VACUUM (ANALYZE)"
 python3 - "$WORK" "$copy_ms" <<'PY'
@@ -239,12 +293,12 @@ echo "PostGraphile at $PGL_URL (pid $PGL_PID)"
 # --- same answers -----------------------------------------------------------
 log "checking that both answer the same rows"
 bench requests
-bench check --sample "$([ "$SMOKE" = 1 ] && echo 20 || echo 50)"
+bench check --workloads "$WORKLOADS" --sample "$([ "$SMOKE" = 1 ] && echo 20 || echo 50)"
 
 # --- statements per request -------------------------------------------------
 log "statements per request (log_statement = all for a moment)"
 LOGGING=1
-bench capture --log "$PG_LOG"
+bench capture --workloads "$WORKLOADS" --log "$PG_LOG"
 LOGGING=0
 bench catchup --timeout 300 >/dev/null
 
@@ -260,6 +314,7 @@ export META_COMMAND="$COMMAND" META_BIN="$CELLGATE_BIN" META_COMMIT="$commit" \
   META_PG="$(psql_db -d postgres -At -c 'SHOW server_version')" \
   META_NODE="$("$NODE" --version)" META_WRK="$(wrk --version 2>&1 | head -1 | cut -d' ' -f2)" \
   META_CONC="$CONCURRENCY" META_DURATION="$DURATION" META_WARMUP="$WARMUP" META_POOL="$POOL" \
+  META_WORKLOADS="$WORKLOADS" \
   META_STAMP="$STAMP" META_HERE="$HERE"
 python3 - "$WORK/meta.json" <<'PY'
 import json, os, sys
@@ -277,6 +332,7 @@ meta = {
     "filter_version": pkg("postgraphile-plugin-connection-filter"),
     "wrk_version": e["META_WRK"], "concurrency": e["META_CONC"], "duration": int(e["META_DURATION"]),
     "warmup": int(e["META_WARMUP"]), "pool": int(e["META_POOL"]), "wrk_threads": 2,
+    "workloads": e["META_WORKLOADS"],
 }
 json.dump(meta, open(sys.argv[1], "w"), indent=2)
 PY
@@ -307,10 +363,40 @@ pgbench_run() {
     || { cat "$stem.out" >&2; fail "pgbench $workload c$c"; }
 }
 
-for workload in index bodies write; do
+# CPU time so far, appended to $1.cpu as "<name> <epoch seconds>
+# <PostgreSQL ticks> <gateway ticks>": PostgreSQL is the postmaster and
+# every live child of it (utime + stime, fields 14-15 of /proc/<pid>/stat)
+# plus the postmaster's reaped children (cutime + cstime, fields 16-17), so
+# backends that ended meanwhile (pgbench's) still count; the gateway ($3,
+# none for pgbench) is cellgate's or node's process. Builtins but one
+# pgrep, so a snapshot takes milliseconds and hugs the run it brackets.
+cpu_snapshot() {
+  local out="$1" name="$2" gateway="${3:-}" now="$EPOCHREALTIME" pg gw="-" pid line f
+  read -r line <"/proc/$PG_POSTMASTER/stat" || fail "the postmaster ($PG_POSTMASTER) is gone"
+  read -r -a f <<<"${line##*) }"
+  pg=$((f[11] + f[12] + f[13] + f[14]))
+  for pid in $(pgrep -P "$PG_POSTMASTER"); do
+    { read -r line <"/proc/$pid/stat"; } 2>/dev/null || continue
+    read -r -a f <<<"${line##*) }"
+    pg=$((pg + f[11] + f[12]))
+  done
+  if [ -n "$gateway" ]; then
+    read -r line <"/proc/$gateway/stat" || fail "the gateway ($gateway) is gone"
+    read -r -a f <<<"${line##*) }"
+    gw=$((f[11] + f[12]))
+  fi
+  echo "$name $now $pg $gw" >>"$out.cpu"
+}
+
+for workload in $WORKLOADS; do
+  if [ "$workload" = write ]; then
+    # The write runs on the indexes PostGraphile's table had in earlier runs.
+    psql_db -d "$DB" -c "DROP INDEX IF EXISTS plain.trips_city_created"
+  fi
   for c in $CONCURRENCY; do
     for server in cellgate postgraphile; do
       log "$workload, concurrency $c: $server"
+      if [ "$server" = cellgate ]; then pid="$CG_PID"; else pid="$PGL_PID"; fi
       wrk_run "$server" "$workload" "$c" "$WARMUP" "$WORK/runs/$server-$workload-c$c.warmup.out"
       if [ "$workload" = write ] && [ "$server" = cellgate ]; then
         bench catchup --timeout 300 >/dev/null
@@ -323,11 +409,16 @@ for workload in index bodies write; do
           --out "$out.catchup.json" &
         POLLER_PID=$!
       fi
+      cpu_snapshot "$out" before "$pid"
       wrk_run "$server" "$workload" "$c" "$DURATION" "$out.out"
       if [ -n "$POLLER_PID" ]; then
         date +%s.%N >"$out.ended.tmp" && mv "$out.ended.tmp" "$out.ended"
+      fi
+      cpu_snapshot "$out" after "$pid"
+      if [ -n "$POLLER_PID" ]; then
         wait "$POLLER_PID" || { POLLER_PID=""; fail "index catch-up after the writes"; }
         POLLER_PID=""
+        cpu_snapshot "$out" caught_up "$pid"
       fi
       grep '^RESULT ' "$out.out" | cut -c1-240
     done
@@ -335,8 +426,10 @@ for workload in index bodies write; do
       log "$workload, concurrency $c: raw SQL (pgbench)"
       pgbench_run "$workload" "$c" "$WARMUP" "$WORK/runs/pgbench-$workload-c$c.warmup"
       rm -f "$WORK/runs/pgbench-$workload-c$c".log*
+      cpu_snapshot "$WORK/runs/pgbench-$workload-c$c" before
       pgbench_run "$workload" "$c" "$DURATION" "$WORK/runs/pgbench-$workload-c$c" \
         -l --log-prefix="$WORK/runs/pgbench-$workload-c$c.log"
+      cpu_snapshot "$WORK/runs/pgbench-$workload-c$c" after
       grep -E '^(tps|number of (failed|transactions))' "$WORK/runs/pgbench-$workload-c$c.out" || true
     fi
   done
