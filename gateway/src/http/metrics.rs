@@ -704,8 +704,46 @@ impl Collector for StoreCollector {
                 ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
             }
         }
+        encode_cell_cache(&snapshot.cell_cache, &mut encoder)?;
         encode_ids(&self.0.ids().metrics(), &mut encoder)
     }
+}
+
+/// The cells kept in memory by their full key (`storage.cell_cache_bytes`).
+fn encode_cell_cache(
+    cache: &cellgate_store::cells::CellCacheMetrics,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    use prometheus_client::metrics::MetricType::{Counter as CounterType, Gauge as GaugeType};
+    let gauge = |bytes: u64| ConstGauge::new(i64::try_from(bytes).unwrap_or(i64::MAX));
+    for (name, help, value) in [
+        (
+            "cellgate_cell_cache_budget_bytes",
+            "The memory the cell cache may hold (storage.cell_cache_bytes; 0: off)",
+            cache.budget_bytes,
+        ),
+        (
+            "cellgate_cell_cache_bytes",
+            "The memory the cell cache holds now: the kept bodies' JSON text plus a fixed cost per cell",
+            cache.bytes,
+        ),
+        (
+            "cellgate_cell_cache_cells",
+            "Cells the cell cache holds now",
+            cache.cells,
+        ),
+    ] {
+        gauge(value).encode(encoder.encode_descriptor(name, help, None, GaugeType)?)?;
+    }
+    let mut family = encoder.encode_descriptor(
+        "cellgate_cell_cache_lookups",
+        "Cells looked up in the cell cache by their full key: served from memory (hit) or read from the database (miss)",
+        None,
+        CounterType,
+    )?;
+    ConstCounter::new(cache.hits).encode(family.encode_family(&[("result", "hit")])?)?;
+    ConstCounter::new(cache.misses).encode(family.encode_family(&[("result", "miss")])?)?;
+    Ok(())
 }
 
 /// The stored topology each datastore is served from, and the shard move

@@ -117,6 +117,17 @@ pub struct StorageConfig {
     /// max_replica_lag_ms: 30000
     /// ```
     pub max_replica_lag_ms: u64,
+    /// Memory for cells kept by their full key (row, column, ref key), in
+    /// bytes of their bodies' JSON text. Cells are immutable, so a kept
+    /// cell is never stale: reads by full key, and the bodies of latest
+    /// reads (`row { … }` of index pages), whose statements then only look
+    /// up each row's latest ref key, are answered from memory. The least
+    /// used cells go first when it is full. 0 turns the cache off.
+    ///
+    /// ```yaml
+    /// cell_cache_bytes: 268435456
+    /// ```
+    pub cell_cache_bytes: u64,
 }
 
 /// See [`StorageConfig::breaker`].
@@ -216,6 +227,7 @@ impl Default for StorageConfig {
             buffer_count: 0,
             buffer_shortfall: BufferShortfall::Fail,
             max_replica_lag_ms: 30_000,
+            cell_cache_bytes: 256 << 20,
             clusters: Vec::new(),
             shards: BTreeMap::new(),
             max_connections: 16,

@@ -117,7 +117,7 @@ pub struct ReadOptions {
 
 impl ReadOptions {
     /// Reads that may go to a replica.
-    fn wants_replica(&self) -> bool {
+    pub(crate) fn wants_replica(&self) -> bool {
         self.consistency == Consistency::Replica || self.after.is_some()
     }
 

@@ -221,6 +221,8 @@ pub struct StoreMetrics {
     pub clusters: Vec<ClusterMetrics>,
     /// The latest lag of every replica (measured twice a second).
     pub replica_lag: Vec<crate::replicas::ReplicaLag>,
+    /// The cells kept by their full key (`storage.cell_cache_bytes`).
+    pub cell_cache: crate::cells::CellCacheMetrics,
 }
 
 /// One storage cluster, for monitoring.
@@ -369,6 +371,7 @@ impl Store {
             Duration::from_millis(config.max_replica_lag_ms),
             options.max_batch,
             events,
+            crate::cells::CellCache::new(config.cell_cache_bytes),
         ));
         for (cluster, found) in topology.clusters.iter().zip(&catalogs) {
             let Some(found) = found else { continue };
@@ -656,6 +659,7 @@ impl Store {
                 })
                 .collect(),
             replica_lag,
+            cell_cache: topology.cell_cache.metrics(),
         }
     }
 
@@ -926,7 +930,7 @@ impl Store {
     ) -> Result<Option<(IndexPage, Vec<Cell<Vec<u8>>>)>> {
         let topology = self.topology_ref();
         let plan = QueryPlan::build(&topology.datastore(datastore)?.def, query)?;
-        query::run_plan_with_cells(topology, &plan, columns, &codec::decode_json, read).await
+        query::run_plan_with_cells(topology, &plan, columns, read).await
     }
 
     /// Runs a plan built by [`QueryPlan::build`].

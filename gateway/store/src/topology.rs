@@ -44,6 +44,8 @@ pub(crate) struct Topology {
     pub(crate) max_batch: usize,
     pub(crate) events: Events,
     pub(crate) moves: MoveSignals,
+    /// Cells by their full key (`storage.cell_cache_bytes`).
+    pub(crate) cell_cache: crate::cells::CellCache,
 }
 
 tokio::task_local! {
@@ -551,6 +553,7 @@ impl Topology {
         max_replica_lag: std::time::Duration,
         max_batch: usize,
         events: Events,
+        cell_cache: crate::cells::CellCache,
     ) -> Topology {
         Topology {
             defined: ArcSwap::from_pointee(defined),
@@ -562,6 +565,7 @@ impl Topology {
             max_batch,
             events,
             moves: MoveSignals::default(),
+            cell_cache,
         }
     }
 
@@ -598,6 +602,7 @@ impl Topology {
             max_batch: self.max_batch,
             events: Events::new().0,
             moves: MoveSignals::default(),
+            cell_cache: self.cell_cache.clone(),
         }
     }
 

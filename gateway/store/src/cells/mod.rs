@@ -9,6 +9,7 @@
 //! versions (retention), the one operation that removes cells. All of them
 //! work on the topology (`topology.rs`); the `Store` is their façade.
 
+mod cache;
 pub mod codec;
 mod log;
 mod prune;
@@ -22,6 +23,8 @@ pub(crate) mod write;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+pub(crate) use cache::CellCache;
+pub use cache::CellCacheMetrics;
 pub use log::{Location, LogPage, MAX_LOG_PAGE};
 pub use prune::{PruneCounts, PruneOptions, PruneProgress, PruneReport};
 pub use replay::{Backlog, Conflict};
@@ -32,8 +35,8 @@ pub use replay::{Backlog, Conflict};
 pub(crate) use log::{cells_for_shard, heads, log_cells, log_keys, positions_condition};
 pub(crate) use prune::prune;
 pub(crate) use read::{
-    cell_from_row, decoded_cell, get_cell, get_cells, get_cells_latest, has_cells, history,
-    latest_cells_with, select_cells, with_latest_cells, Decode, CELL_TYPES,
+    cell_from_row, decoded_cell, get_cell, get_cells, get_cells_json, get_cells_latest, has_cells,
+    history, latest_cells_with, select_cells, with_latest_cells, with_latest_ref_keys, CELL_TYPES,
 };
 
 /// The full address of a cell.

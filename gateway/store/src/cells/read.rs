@@ -130,26 +130,12 @@ pub(crate) async fn get_cell(
     key: &CellKey,
     read: &ReadOptions,
 ) -> Result<Option<Cell>> {
-    let ds = topology.datastore(datastore)?;
-    ds.check_column(&key.column)?;
-    let shard = row_shard(&key.row_key, ds.def.shards);
-    let cluster = ds.map().cluster_of(shard);
-    let shards = std::iter::once(shard).collect();
-    let table = ddl::cells_table(ds.name());
-    read_on(topology, &ds, cluster, &shards, read, |node| {
-        let table = &table;
-        async move {
-            let mut sql = Sql::new(node.dialect());
-            select_cells(&mut sql, table, None);
-            key_condition(&mut sql, key.row_key, &key.column);
-            sql.push(" AND ")
-                .ident("ref_key")
-                .push(" = ")
-                .bind(Value::Int(key.ref_key));
-            Ok(fetch_cells(node.as_ref(), &sql).await?.pop())
-        }
-    })
-    .await
+    Ok(
+        get_cells(topology, datastore, std::slice::from_ref(key), read)
+            .await?
+            .pop()
+            .flatten(),
+    )
 }
 
 /// Versions of `(row_key, column)`, newest first, at most `limit`, with
@@ -190,71 +176,143 @@ pub(crate) async fn history(
     .await
 }
 
-/// Cells by key; one statement per cluster and chunk. Results follow the
-/// input order.
+/// Cells by key; one statement per cluster and chunk for the cells the
+/// cache does not hold. Results follow the input order.
 pub(crate) async fn get_cells(
     topology: &Topology,
     datastore: &str,
     keys: &[CellKey],
     read: &ReadOptions,
 ) -> Result<Vec<Option<Cell>>> {
+    get_cells_json(topology, datastore, keys, read)
+        .await?
+        .into_iter()
+        .map(|cell| cell.map(parsed_cell).transpose())
+        .collect()
+}
+
+/// A cell with its JSON text body parsed.
+fn parsed_cell(cell: Cell<Vec<u8>>) -> Result<Cell> {
+    let body = serde_json::from_slice(&cell.body).map_err(|e| Error::CorruptBody {
+        row_key: cell.row_key,
+        column: cell.column.clone(),
+        ref_key: cell.ref_key,
+        reason: format!("JSON: {e}"),
+    })?;
+    Ok(Cell {
+        row_key: cell.row_key,
+        column: cell.column,
+        ref_key: cell.ref_key,
+        body,
+        created_at: cell.created_at,
+        shard: cell.shard,
+        added_id: cell.added_id,
+    })
+}
+
+/// [`get_cells`] with each body as its JSON text: from the cell cache
+/// where it holds the cell, else from the database, keeping what it read.
+pub(crate) async fn get_cells_json(
+    topology: &Topology,
+    datastore: &str,
+    keys: &[CellKey],
+    read: &ReadOptions,
+) -> Result<Vec<Option<Cell<Vec<u8>>>>> {
     let ds = topology.datastore(datastore)?;
     for key in keys {
         ds.check_column(&key.column)?;
     }
+    let cache = &topology.cell_cache;
+    let mut found: Vec<Option<Cell<Vec<u8>>>> =
+        keys.iter().map(|k| cache.get_key(ds.name(), k)).collect();
+    let missing: Vec<CellKey> = keys
+        .iter()
+        .zip(&found)
+        .filter(|(_, cell)| cell.is_none())
+        .map(|(key, _)| key.clone())
+        .collect();
+    if missing.is_empty() {
+        return Ok(found);
+    }
+    let mut read_now = fetch_by_key(topology, &ds, &missing, read).await?;
+    for cell in read_now.values() {
+        cache.insert(ds.name(), cell);
+    }
+    // Each cell is moved out for the last key that asks for it.
+    for (i, key) in keys.iter().enumerate().rev() {
+        if found[i].is_none() {
+            found[i] = if keys[..i].contains(key) {
+                read_now.get(key).cloned()
+            } else {
+                read_now.remove(key)
+            };
+        }
+    }
+    Ok(found)
+}
+
+/// The cells at `keys`, bodies as JSON text, read from the database: one
+/// statement per cluster and chunk.
+async fn fetch_by_key(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    keys: &[CellKey],
+    read: &ReadOptions,
+) -> Result<HashMap<CellKey, Cell<Vec<u8>>>> {
     let groups = topology.by_cluster(
-        &ds,
+        ds,
         keys.iter()
             .map(|k| (row_shard(&k.row_key, ds.def.shards), k)),
     );
-    let reads = groups.into_iter().map(|(cluster, keys)| {
-        let ds = &ds;
-        async move {
-            let shards = keys
-                .iter()
-                .map(|k| row_shard(&k.row_key, ds.def.shards))
-                .collect();
-            read_on(topology, ds, cluster, &shards, read, |node| {
-                let keys = &keys;
-                async move {
-                    let mut found = Vec::new();
-                    for chunk in keys.chunks(READ_CHUNK) {
-                        let mut sql = Sql::new(node.dialect());
-                        select_cells(&mut sql, &ddl::cells_table(ds.name()), None);
-                        sql.push(" WHERE ")
-                            .ident("row_key")
-                            .push(" IN ")
-                            .bind_list(uuid_list(chunk.iter().map(|k| k.row_key)))
-                            .push(" AND ")
-                            .ident("column_name")
-                            .push(" IN ")
-                            .bind_list(text_list(chunk.iter().map(|k| k.column.as_str())))
-                            .push(" AND ")
-                            .ident("ref_key")
-                            .push(" IN ")
-                            .bind_list(int_list(chunk.iter().map(|k| k.ref_key)));
-                        found.extend(fetch_cells(node.as_ref(), &sql).await?);
+    let reads = groups.into_iter().map(|(cluster, keys)| async move {
+        let shards = keys
+            .iter()
+            .map(|k| row_shard(&k.row_key, ds.def.shards))
+            .collect();
+        read_on(topology, ds, cluster, &shards, read, |node| {
+            let keys = &keys;
+            async move {
+                let mut found = Vec::new();
+                for chunk in keys.chunks(READ_CHUNK) {
+                    let mut sql = Sql::new(node.dialect());
+                    select_cells(&mut sql, &ddl::cells_table(ds.name()), None);
+                    sql.push(" WHERE ")
+                        .ident("row_key")
+                        .push(" IN ")
+                        .bind_list(uuid_list(chunk.iter().map(|k| k.row_key)))
+                        .push(" AND ")
+                        .ident("column_name")
+                        .push(" IN ")
+                        .bind_list(text_list(chunk.iter().map(|k| k.column.as_str())))
+                        .push(" AND ")
+                        .ident("ref_key")
+                        .push(" IN ")
+                        .bind_list(int_list(chunk.iter().map(|k| k.ref_key)));
+                    for row in node.fetch(&sql, &CELL_TYPES).await? {
+                        found.push(decoded_cell(row, &codec::decode_json)?);
                     }
-                    Ok::<_, Error>(found)
                 }
-            })
-            .await
-        }
+                Ok::<_, Error>(found)
+            }
+        })
+        .await
     });
-    let mut found: HashMap<CellKey, Cell> = HashMap::new();
+    let wanted: HashSet<&CellKey> = keys.iter().collect();
+    let mut found = HashMap::new();
     for cells in futures::future::try_join_all(reads).await? {
         for cell in cells {
-            found.insert(
-                CellKey {
-                    row_key: cell.row_key,
-                    column: cell.column.clone(),
-                    ref_key: cell.ref_key,
-                },
-                cell,
-            );
+            let key = CellKey {
+                row_key: cell.row_key,
+                column: cell.column.clone(),
+                ref_key: cell.ref_key,
+            };
+            // The `IN` lists also match keys that were not asked for.
+            if wanted.contains(&key) {
+                found.insert(key, cell);
+            }
         }
     }
-    Ok(keys.iter().map(|k| found.get(k).cloned()).collect())
+    Ok(found)
 }
 
 /// The latest cell of each `(row_key, column)`; one statement per cluster
@@ -440,6 +498,35 @@ pub(crate) fn with_latest_cells(rows: &Sql, table: &str, columns: &[&str]) -> Sq
             .bind_list(column_list());
         latest_of_c(&mut sql, table);
     }
+    sql
+}
+
+/// Wraps `rows`, a statement whose first column is `row_key`, into one
+/// that adds, for each of `columns`, the ref key of its row's latest cell
+/// (NULL for none): `SELECT i.*, (SELECT MAX(m.ref_key) …), … FROM (rows)
+/// i`, one result row per row of `rows`. Each lookup reads only the
+/// unique key `(row_key, column_name, ref_key)`, backwards from its end,
+/// on every backend; the bodies then come from the cell cache or
+/// [`get_cells_json`]. The order of `rows` is not kept.
+pub(crate) fn with_latest_ref_keys(rows: &Sql, table: &str, columns: &[&str]) -> Sql {
+    let mut sql = Sql::new(rows.dialect());
+    sql.push("SELECT i.*");
+    for column in columns {
+        sql.push(", (SELECT MAX(m.")
+            .ident("ref_key")
+            .push(") FROM ")
+            .ident(table)
+            .push(" m WHERE m.")
+            .ident("row_key")
+            .push(" = i.")
+            .ident("row_key")
+            .push(" AND m.")
+            .ident("column_name")
+            .push(" = ")
+            .bind(Value::Text((*column).to_string()))
+            .push(")");
+    }
+    sql.push(" FROM (").append(rows).push(") i");
     sql
 }
 

@@ -18,7 +18,10 @@ use super::cursor::{self, Position};
 use super::entry::col_type;
 use super::plan::{IndexQuery, QueryPlan};
 use crate::cells::Cell;
-use crate::cells::{decoded_cell, with_latest_cells, Decode, CELL_TYPES};
+use crate::cells::{
+    codec, decoded_cell, get_cells_json, with_latest_cells, with_latest_ref_keys, CellKey,
+    CELL_TYPES,
+};
 use crate::error::Result;
 use crate::replicas::{read_on, ReadOptions};
 use crate::storage::{ddl, ColType, Dialect, Sql, Value};
@@ -298,17 +301,21 @@ pub(crate) async fn run_plan(
 }
 
 /// Runs a plan and reads the latest cells of `columns` for the rows of
-/// its page in the same statement ([`with_latest_cells`]), when one
-/// cluster holds every shard of the datastore, so that the rows' cells
-/// are where the index entries are. `None` when the cells are spread
-/// over clusters: the caller then reads them on their own clusters.
-pub(crate) async fn run_plan_with_cells<B>(
+/// its page, bodies as JSON text, when one cluster holds every shard of
+/// the datastore, so that the rows' cells are where the index entries are.
+/// `None` when the cells are spread over clusters: the caller then reads
+/// them on their own clusters.
+///
+/// With the cell cache on, the page's statement looks up only each row's
+/// latest ref keys ([`with_latest_ref_keys`]) and the bodies come from the
+/// cache, or from one more statement for the cells it does not hold. With
+/// it off, one statement reads the bodies too ([`with_latest_cells`]).
+pub(crate) async fn run_plan_with_cells(
     topology: &Topology,
     plan: &QueryPlan,
     columns: &[&str],
-    decode: Decode<'_, B>,
     read: &ReadOptions,
-) -> Result<Option<(IndexPage, Vec<Cell<B>>)>> {
+) -> Result<Option<(IndexPage, Vec<Cell<Vec<u8>>>)>> {
     let ds = topology.datastore(&plan.datastore)?;
     let (Some(cluster), false) = (ds.map().sole_cluster(), columns.is_empty()) else {
         return Ok(None);
@@ -323,37 +330,89 @@ pub(crate) async fn run_plan_with_cells<B>(
         .values()
         .flat_map(|values| values.iter().cloned())
         .collect();
+    let cache = &topology.cell_cache;
     let mut types = plan.types();
     let width = types.len();
-    types.extend(CELL_TYPES);
+    if cache.enabled() {
+        types.extend(columns.iter().map(|_| ColType::Int));
+    } else {
+        types.extend(CELL_TYPES);
+    }
     let cells_table = ddl::cells_table(ds.name());
-    let found = read_on(
-        topology,
-        &ds,
-        cluster,
-        &BTreeSet::new(),
-        &read.for_index(),
-        |node| {
-            let rows = plan.sql(node.dialect(), &runtime.table, &values);
-            let sql = with_latest_cells(&rows, &cells_table, columns);
-            let types = &types;
-            async move { node.fetch(&sql, types).await }
-        },
-    )
+    let read = read.for_index();
+    let found = read_on(topology, &ds, cluster, &BTreeSet::new(), &read, |node| {
+        let rows = plan.sql(node.dialect(), &runtime.table, &values);
+        let sql = if cache.enabled() {
+            with_latest_ref_keys(&rows, &cells_table, columns)
+        } else {
+            with_latest_cells(&rows, &cells_table, columns)
+        };
+        let types = &types;
+        async move { node.fetch(&sql, types).await }
+    })
     .await?;
-    let mut entries: Vec<Vec<Value>> = Vec::new();
-    let mut seen = HashSet::new();
-    let mut cells = Vec::new();
-    for mut row in found {
-        let cell = row.split_off(width);
-        if !cell[0].is_null() {
-            cells.push(decoded_cell(cell, decode)?);
+    if !cache.enabled() {
+        let mut entries: Vec<Vec<Value>> = Vec::new();
+        let mut seen = HashSet::new();
+        let mut cells = Vec::new();
+        for mut row in found {
+            let cell = row.split_off(width);
+            if !cell[0].is_null() {
+                cells.push(decoded_cell(cell, &codec::decode_json)?);
+            }
+            if seen.insert(row[0].as_uuid()) {
+                entries.push(row);
+            }
         }
-        if seen.insert(row[0].as_uuid()) {
-            entries.push(row);
+        entries.sort_by(|a, b| plan.compare(a, b));
+        return Ok(Some((plan.page(entries), cells)));
+    }
+    let mut rows: Vec<(Vec<Value>, Vec<Value>)> = found
+        .into_iter()
+        .map(|mut row| {
+            let refs = row.split_off(width);
+            (row, refs)
+        })
+        .collect();
+    rows.sort_by(|a, b| plan.compare(&a.0, &b.0));
+    // The row past the page only tells that another page exists.
+    let mut cells = Vec::new();
+    let mut missing = Vec::new();
+    for (row, refs) in rows.iter().take(plan.limit as usize) {
+        let Some(row_key) = row[0].as_uuid() else {
+            continue;
+        };
+        for (column, ref_key) in columns.iter().zip(refs) {
+            let Value::Int(ref_key) = *ref_key else {
+                continue;
+            };
+            match cache.get(ds.name(), row_key, column, ref_key) {
+                Some(cell) => cells.push(cell),
+                None => missing.push(CellKey {
+                    row_key,
+                    column: (*column).to_string(),
+                    ref_key,
+                }),
+            }
         }
     }
-    entries.sort_by(|a, b| plan.compare(a, b));
+    if !missing.is_empty() {
+        let mut read_now = get_cells_json(topology, ds.name(), &missing, &read).await?;
+        // A replica other than the one that named a ref key may not have its
+        // cell yet; the master has every cell it named.
+        if read_now.iter().any(Option::is_none) && read.wants_replica() {
+            let again: Vec<CellKey> = missing
+                .iter()
+                .zip(&read_now)
+                .filter(|(_, cell)| cell.is_none())
+                .map(|(key, _)| key.clone())
+                .collect();
+            let master = ReadOptions::default();
+            read_now.extend(get_cells_json(topology, ds.name(), &again, &master).await?);
+        }
+        cells.extend(read_now.into_iter().flatten());
+    }
+    let entries = rows.into_iter().map(|(row, _)| row).collect();
     Ok(Some((plan.page(entries), cells)))
 }
 

@@ -1615,11 +1615,14 @@ async fn statements_per_batch_and_page(env: Arc<Env>) {
 }
 
 /// The joined read behind direct GraphQL answers returns what the index
-/// query and the latest-cell read return on their own, in one statement:
-/// the latest version of each column, nothing for a column a row lacks,
-/// the page in order with the right next-page flag.
+/// query and the latest-cell read return on their own: the latest version
+/// of each column, nothing for a column a row lacks, the page in order
+/// with the right next-page flag. Without the cell cache it is one
+/// statement; with it, one for the page and its rows' latest ref keys and
+/// one for the bodies it does not hold, then one once it holds them, and
+/// a newer version written meanwhile is read at once.
 async fn an_index_page_reads_its_rows_latest_cells_in_one_statement(env: Arc<Env>) {
-    let store = env.open().await;
+    let store = env.open_tuned(|o| o.storage.cell_cache_bytes = 0).await;
     let driver = Uuid::new_v4();
     let city = Uuid::new_v4();
     let rows: Vec<Uuid> = (0..30).map(|_| Uuid::new_v4()).collect();
@@ -1642,63 +1645,110 @@ async fn an_index_page_reads_its_rows_latest_cells_in_one_statement(env: Arc<Env
     }
     store.sync_indexes().await.unwrap();
     let columns = ["BASE", "STATUS"];
-    let mut after = None;
-    for page_number in 0.. {
-        let query = IndexQuery {
-            first: Some(12),
-            after: after.clone(),
-            order_by: vec![OrderBy {
-                field: "trip_created_at".into(),
-                descending: true,
-            }],
-            ..by_driver(driver)
-        };
-        let before = statements(&store);
-        let (page, cells) = store
-            .query_index_with_cells_json("trips", &query, &columns, &Default::default())
-            .await
-            .unwrap()
-            .expect("one cluster holds every shard");
-        assert_eq!(statements(&store) - before, 1, "page {page_number}");
-        let expected = store.query_index("trips", &query).await.unwrap();
-        assert_eq!(page, expected, "page {page_number}");
-        let wanted: Vec<(Uuid, String)> = page
-            .entries
-            .iter()
-            .flat_map(|e| columns.iter().map(|c| (e.row_key, c.to_string())))
-            .collect();
-        let separate: BTreeMap<(Uuid, String), (i64, Vec<u8>)> = store
-            .get_cells_latest_json("trips", &wanted, &Default::default())
-            .await
-            .unwrap()
-            .into_iter()
-            .flatten()
-            .map(|c| ((c.row_key, c.column), (c.ref_key, c.body)))
-            .collect();
-        let on_page: BTreeSet<Uuid> = page.entries.iter().map(|e| e.row_key).collect();
-        let joined: BTreeMap<(Uuid, String), (i64, Vec<u8>)> = cells
-            .into_iter()
-            .filter(|c| on_page.contains(&c.row_key))
-            .map(|c| ((c.row_key, c.column), (c.ref_key, c.body)))
-            .collect();
-        assert_eq!(joined, separate, "page {page_number}");
-        for entry in &page.entries {
-            let i = rows.iter().position(|r| *r == entry.row_key).unwrap();
-            let base = &joined[&(entry.row_key, "BASE".to_string())];
-            assert_eq!(
-                base.0,
-                if i % 3 == 0 { 7 } else { 1 },
-                "latest BASE of row {i}"
-            );
-            let status = joined.get(&(entry.row_key, "STATUS".to_string()));
-            assert_eq!(status.is_some(), i % 2 == 0, "STATUS of row {i}");
+    let cached = env.open().await;
+    for (store, cache) in [(&store, false), (&cached, true)] {
+        let mut after = None;
+        for page_number in 0.. {
+            let query = IndexQuery {
+                first: Some(12),
+                after: after.clone(),
+                order_by: vec![OrderBy {
+                    field: "trip_created_at".into(),
+                    descending: true,
+                }],
+                ..by_driver(driver)
+            };
+            let read = || async {
+                let before = statements(store);
+                let (page, mut cells) = store
+                    .query_index_with_cells_json("trips", &query, &columns, &Default::default())
+                    .await
+                    .unwrap()
+                    .expect("one cluster holds every shard");
+                cells.sort_by_key(|c| (c.row_key, c.column.clone()));
+                (page, cells, statements(store) - before)
+            };
+            let (page, cells, sent) = read().await;
+            if cache {
+                assert!(sent <= 2, "page {page_number}: {sent} statements");
+                let (again, kept, sent) = read().await;
+                assert_eq!(sent, 1, "page {page_number} again");
+                assert_eq!((&again, &kept), (&page, &cells), "page {page_number} again");
+            } else {
+                assert_eq!(sent, 1, "page {page_number}");
+            }
+            let expected = store.query_index("trips", &query).await.unwrap();
+            assert_eq!(page, expected, "page {page_number}");
+            let wanted: Vec<(Uuid, String)> = page
+                .entries
+                .iter()
+                .flat_map(|e| columns.iter().map(|c| (e.row_key, c.to_string())))
+                .collect();
+            let separate: BTreeMap<(Uuid, String), (i64, Vec<u8>)> = store
+                .get_cells_latest_json("trips", &wanted, &Default::default())
+                .await
+                .unwrap()
+                .into_iter()
+                .flatten()
+                .map(|c| ((c.row_key, c.column), (c.ref_key, c.body)))
+                .collect();
+            let on_page: BTreeSet<Uuid> = page.entries.iter().map(|e| e.row_key).collect();
+            let joined: BTreeMap<(Uuid, String), (i64, Vec<u8>)> = cells
+                .into_iter()
+                .filter(|c| on_page.contains(&c.row_key))
+                .map(|c| ((c.row_key, c.column), (c.ref_key, c.body)))
+                .collect();
+            assert_eq!(joined, separate, "page {page_number}");
+            for entry in &page.entries {
+                let i = rows.iter().position(|r| *r == entry.row_key).unwrap();
+                let base = &joined[&(entry.row_key, "BASE".to_string())];
+                assert_eq!(
+                    base.0,
+                    if i % 3 == 0 { 7 } else { 1 },
+                    "latest BASE of row {i}"
+                );
+                let status = joined.get(&(entry.row_key, "STATUS".to_string()));
+                assert_eq!(status.is_some(), i % 2 == 0, "STATUS of row {i}");
+            }
+            if !page.has_next_page {
+                assert_eq!(page_number, 2, "30 rows in pages of 12");
+                break;
+            }
+            after = page.end_cursor.clone();
         }
-        if !page.has_next_page {
-            assert_eq!(page_number, 2, "30 rows in pages of 12");
-            break;
-        }
-        after = page.end_cursor.clone();
     }
+    // A newer version of a kept cell is read at once: the latest ref keys
+    // come from the database.
+    let query = IndexQuery {
+        first: Some(30),
+        ..by_driver(driver)
+    };
+    let read = || async {
+        cached
+            .query_index_with_cells_json("trips", &query, &["BASE"], &Default::default())
+            .await
+            .unwrap()
+            .expect("one cluster holds every shard")
+            .1
+    };
+    let kept = read().await;
+    assert_eq!(kept.len(), 30);
+    let mut newer = trip(driver, city, "2024-01-01T00:00:59Z");
+    newer["fare"]["total"] = json!(123.5);
+    cached
+        .put_cell("trips", cell(rows[0], "BASE", 9, newer.clone()))
+        .await
+        .unwrap();
+    cached.sync_indexes().await.unwrap();
+    let now = read().await;
+    let first = now.iter().find(|c| c.row_key == rows[0]).expect("row 0");
+    assert_eq!(first.ref_key, 9);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&first.body).unwrap(),
+        newer
+    );
+    let metrics = cached.metrics().cell_cache;
+    assert!(metrics.hits >= 30 && metrics.cells >= 30, "{metrics:?}");
 }
 
 // Regression: MySQL's `_bin` collations pad with spaces, so `'a'` and
