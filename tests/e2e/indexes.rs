@@ -899,6 +899,11 @@ pub async fn direct_answers_equal_the_executors(env: Arc<Env>) {
         edges { node { rowKey row { base { refKey } } } }
       } }
     }";
+    let listed = "query($drivers: [UUID!]!, $since: DateTime!) {
+      trips { driverPartnerIndex(driverPartnerUuidIn: $drivers, where: {tripCreatedAt: {gte: $since}}, first: 5) {
+        edges { node { rowKey driverPartnerUuid row { base { body } } } }
+      } }
+    }";
     let token = server
         .data(
             "mutation($c: [TripsCellInput!]!) { tripsPutCells(cells: $c) { readToken } }",
@@ -935,6 +940,28 @@ pub async fn direct_answers_equal_the_executors(env: Arc<Env>) {
             true,
         ),
         (rows, json!({"driver": driver}), true),
+        (
+            listed,
+            json!({"drivers": [Uuid::new_v4(), driver], "since": "2024-05-02T00:00:00Z"}),
+            true,
+        ),
+        // A single value for a list (a list of one), a null item, an item
+        // of the wrong type: the executor's.
+        (
+            listed,
+            json!({"drivers": driver, "since": "2024-05-02T00:00:00Z"}),
+            false,
+        ),
+        (
+            listed,
+            json!({"drivers": [driver, null], "since": "2024-05-02T00:00:00Z"}),
+            false,
+        ),
+        (
+            listed,
+            json!({"drivers": [driver, "nope"], "since": "2024-05-02T00:00:00Z"}),
+            false,
+        ),
         (filtered, json!({"driver": driver}), true),
         (tokened, json!({"driver": driver, "token": token}), true),
         (tokened, json!({"driver": driver, "token": null}), true),

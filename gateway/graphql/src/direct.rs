@@ -11,7 +11,7 @@
 //!
 //! It takes only documents of one shape, which keeps it equivalent to the
 //! executor: one query operation without directives or fragments whose
-//! variables are all scalars without defaults, selecting one index field of
+//! variables are all scalars or lists of scalars without defaults, selecting one index field of
 //! one datastore, and under it only `edges { cursor node { rowKey <index
 //! fields> row { rowKey <column> { <Cell fields> } } } }` and `pageInfo`.
 //! Anything else, and every request it cannot answer as the executor would
@@ -82,12 +82,14 @@ pub struct Direct {
     columns: Vec<Arc<str>>,
 }
 
-/// A declared variable: a scalar, nullable or not.
+/// A declared variable: a scalar or a list of scalars, nullable or not.
 #[derive(Debug)]
 struct Variable {
     name: Name,
     scalar: Name,
     nullable: bool,
+    /// For a list, whether its items may be null.
+    list: Option<bool>,
 }
 
 #[derive(Debug)]
@@ -150,8 +152,13 @@ impl Direct {
         let mut variables = Vec::new();
         for variable in &definition.variable_definitions {
             let variable = &variable.node;
-            let BaseType::Named(scalar) = &variable.var_type.node.base else {
-                return None;
+            // A scalar, or a list of scalars (an `in` list's values).
+            let (scalar, list) = match &variable.var_type.node.base {
+                BaseType::Named(scalar) => (scalar, None),
+                BaseType::List(item) => match &item.base {
+                    BaseType::Named(scalar) => (scalar, Some(item.nullable)),
+                    BaseType::List(_) => return None,
+                },
             };
             if variable.default_value.is_some()
                 || !variable.directives.is_empty()
@@ -163,6 +170,7 @@ impl Direct {
                 name: variable.name.node.clone(),
                 scalar: scalar.clone(),
                 nullable: variable.var_type.node.nullable,
+                list,
             });
         }
         let [root] = fields(&definition.selection_set.node)?[..] else {
@@ -273,7 +281,15 @@ impl Direct {
             // A nullable variable that is not given is null.
             let valid = match variables.get(&variable.name).unwrap_or(&Value::Null) {
                 Value::Null => variable.nullable,
-                value => scalar_input(&variable.scalar, value),
+                // A single value given for a list (coerced to a list of
+                // one) is left to async-graphql.
+                Value::List(items) => variable.list.is_some_and(|items_nullable| {
+                    items.iter().all(|item| match item {
+                        Value::Null => items_nullable,
+                        item => scalar_input(&variable.scalar, item),
+                    })
+                }),
+                value => variable.list.is_none() && scalar_input(&variable.scalar, value),
             };
             if !valid {
                 return None;
