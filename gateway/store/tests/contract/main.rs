@@ -1537,6 +1537,79 @@ async fn index_query_is_an_index_range_scan(env: Arc<Env>) {
         let page = store.query_index("trips", &query).await.unwrap();
         assert_eq!(page.entries.len(), 5);
     }
+    // An `in` list: one range scan of the index per value, a page each.
+    let listed = IndexQuery {
+        index: "driver_partner_index".into(),
+        conditions: vec![cond(
+            "driver_partner_uuid",
+            CompareOp::In,
+            drivers[7..10]
+                .iter()
+                .map(|d| Literal::String(d.to_string()))
+                .collect(),
+        )],
+        order_by: vec![OrderBy {
+            field: "trip_created_at".into(),
+            descending: true,
+        }],
+        fields: vec!["city_uuid".into()],
+        first: Some(5),
+        ..Default::default()
+    };
+    let plan = QueryPlan::build(defs.datastore("trips").unwrap(), &listed).unwrap();
+    let values: Vec<Value> = plan.shards.values().flatten().cloned().collect();
+    assert_eq!(values.len(), 3);
+    let dialect = match env.kind {
+        Kind::Sqlite => cellgate_store::storage::Dialect::Sqlite,
+        Kind::MySql => cellgate_store::storage::Dialect::MySql,
+        Kind::Postgres => cellgate_store::storage::Dialect::Postgres,
+    };
+    let sql = plan.sql(dialect, &table, &values);
+    assert_eq!(
+        sql.text().matches(" UNION ALL ").count(),
+        2,
+        "{}",
+        sql.text()
+    );
+    assert_eq!(sql.text().matches(" LIMIT 6").count(), 3, "{}", sql.text());
+    let explained = explain(&env, &sql).await;
+    let index = match env.kind {
+        Kind::MySql => r#""key": "k3""#.to_string(),
+        _ => format!("{table}_k3"),
+    };
+    assert!(explained.matches(&index).count() >= 3, "{explained}");
+    // The merged page: the 5 newest of the three drivers' entries.
+    let page = store.query_index("trips", &listed).await.unwrap();
+    let mut all = Vec::new();
+    for driver in &drivers[7..10] {
+        let one = IndexQuery {
+            conditions: vec![cond(
+                "driver_partner_uuid",
+                CompareOp::Eq,
+                vec![Literal::String(driver.to_string())],
+            )],
+            first: Some(1000),
+            ..listed.clone()
+        };
+        all.extend(store.query_index("trips", &one).await.unwrap().entries);
+    }
+    all.sort_by(|a, b| {
+        let at = |e: &cellgate_store::indexes::IndexEntry| {
+            let (_, value) = e
+                .fields
+                .iter()
+                .find(|(name, _)| name == "trip_created_at")
+                .expect("projected")
+                .clone();
+            value
+        };
+        at(b).sort_cmp(&at(a)).then(b.row_key.cmp(&a.row_key))
+    });
+    let keys = |entries: &[cellgate_store::indexes::IndexEntry]| {
+        entries.iter().map(|e| e.row_key).collect::<Vec<_>>()
+    };
+    assert_eq!(keys(&page.entries), keys(&all[..5]));
+    assert!(page.has_next_page);
 }
 
 /// Statements this store sent to its one cluster so far.
