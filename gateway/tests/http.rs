@@ -84,6 +84,9 @@ async fn health_readiness_and_metrics() {
         r#"cellgate_topology_version{datastore="trips"} 1"#,
         "# TYPE cellgate_shard_move_phase gauge",
         "# TYPE cellgate_shard_move_cells_copied gauge",
+        "cellgate_cell_cache_budget_bytes 268435456",
+        "cellgate_cell_cache_cells 0",
+        r#"cellgate_cell_cache_lookups_total{result="hit"} 0"#,
     ] {
         assert!(text.contains(expected), "missing `{expected}` in:\n{text}");
     }
@@ -94,6 +97,46 @@ async fn health_readiness_and_metrics() {
         "cellgate_shard_move_cells_copied{",
     ] {
         assert!(!text.contains(absent), "unexpected `{absent}` in:\n{text}");
+    }
+
+    // A cell read twice by its full key: read from the database, then
+    // from the cell cache, with the same answer.
+    let row = uuid::Uuid::new_v4();
+    let put = json!({
+        "query": "mutation($c: [TripsCellInput!]!) { tripsPutCells(cells: $c) { status } }",
+        "variables": { "c": [{ "rowKey": row, "column": "BASE", "refKey": 3, "body": { "n": 1, "s": "ü\u{0000}" } }] },
+    });
+    let written: Value = post(&server, None, &put).await.json().await.unwrap();
+    assert_eq!(
+        written["data"]["tripsPutCells"][0]["status"], "WRITTEN",
+        "{written}"
+    );
+    let read = json!({
+        "query": "query($r: UUID!) { trips { cell(rowKey: $r, column: BASE, refKey: 3) { refKey body createdAt } } }",
+        "variables": { "r": row },
+    });
+    let first: Value = post(&server, None, &read).await.json().await.unwrap();
+    let second: Value = post(&server, None, &read).await.json().await.unwrap();
+    assert_eq!(
+        first["data"]["trips"]["cell"]["body"],
+        json!({ "n": 1, "s": "ü\u{0000}" }),
+        "{first}"
+    );
+    assert_eq!(first, second);
+    let text = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for expected in [
+        "cellgate_cell_cache_cells 1",
+        r#"cellgate_cell_cache_lookups_total{result="hit"} 1"#,
+        r#"cellgate_cell_cache_lookups_total{result="miss"} 1"#,
+    ] {
+        assert!(text.contains(expected), "missing `{expected}` in:\n{text}");
     }
 }
 

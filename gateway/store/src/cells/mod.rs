@@ -27,6 +27,7 @@ pub(crate) use cache::CellCache;
 pub use cache::CellCacheMetrics;
 pub use log::{Location, LogPage, MAX_LOG_PAGE};
 pub use prune::{PruneCounts, PruneOptions, PruneProgress, PruneReport};
+pub use read::with_latest_ref_keys;
 pub use replay::{Backlog, Conflict};
 
 // What the rest of the store uses of reading cells: `Store` delegates its
@@ -36,7 +37,7 @@ pub(crate) use log::{cells_for_shard, heads, log_cells, log_keys, positions_cond
 pub(crate) use prune::prune;
 pub(crate) use read::{
     cell_from_row, decoded_cell, get_cell, get_cells, get_cells_json, get_cells_latest, has_cells,
-    history, latest_cells_with, select_cells, with_latest_cells, with_latest_ref_keys, CELL_TYPES,
+    history, latest_cells_with, select_cells, with_latest_cells, CELL_TYPES,
 };
 
 /// The full address of a cell.

@@ -508,7 +508,7 @@ pub(crate) fn with_latest_cells(rows: &Sql, table: &str, columns: &[&str]) -> Sq
 /// unique key `(row_key, column_name, ref_key)`, backwards from its end,
 /// on every backend; the bodies then come from the cell cache or
 /// [`get_cells_json`]. The order of `rows` is not kept.
-pub(crate) fn with_latest_ref_keys(rows: &Sql, table: &str, columns: &[&str]) -> Sql {
+pub fn with_latest_ref_keys(rows: &Sql, table: &str, columns: &[&str]) -> Sql {
     let mut sql = Sql::new(rows.dialect());
     sql.push("SELECT i.*");
     for column in columns {
