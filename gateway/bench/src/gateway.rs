@@ -13,15 +13,18 @@
 //!    the first `200` of `/readyz`;
 //! 3. **workloads over HTTP** (`query`, `rows`, `write`), each with the
 //!    statements per request from `/metrics`, and index maintenance
-//!    sampled while the writes run;
+//!    sampled while the writes run; after the reads and before the writes,
+//!    the **raw SQL baseline** of the reads (`raw.rs`): cellgate's own
+//!    statement for each request through sqlx, beside the idle server;
 //! 4. the same **workloads through the Rust API**, in-process, after the
 //!    server has stopped;
 //! 5. the **exact statement probe** (`probe.rs`).
 //!
 //! With `--url` the target is a gateway that is already running, maybe of
 //! another version: loading and the workloads go over HTTP, and the steps
-//! that need the store itself (the figures, the cold start, the Rust path,
-//! the probe) are left out. The same client thus measures two binaries.
+//! that need the store itself (the figures, the cold start, the raw SQL
+//! baseline, the Rust path, the probe) are left out. The same client thus
+//! measures two binaries.
 //!
 //! Only one process works on the store at a time, and each waits until the
 //! previous one has given up its index maintenance leases
@@ -33,8 +36,8 @@
 //! Files: `dataset.rs` (the trips and the requests), `phase.rs` (a measured
 //! phase), `http.rs` (GraphQL and `/metrics`), `server.rs` (the child
 //! process), `load.rs`, `maintenance.rs` (samples and drains),
-//! `probe.rs`, `database.rs` (emptiness, size, leases), `report.rs`
-//! (tables and JSON).
+//! `probe.rs`, `database.rs` (emptiness, size, leases), `raw.rs` (the raw
+//! SQL baseline), `report.rs` (tables and JSON).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -307,6 +310,24 @@ pub struct BenchArgs {
     /// Also write the results as JSON to FILE, to compare runs.
     #[arg(long, value_name = "FILE", env = "CELLGATE_BENCH_JSON")]
     pub json: Option<PathBuf>,
+
+    /// Run the raw SQL baseline of `query` and `rows` after their HTTP
+    /// phases: for each request, the statement cellgate sends for it (built
+    /// with the store's `QueryPlan`), through sqlx on a pool of the
+    /// benchmark's own of the gateway's size, at the same concurrency and
+    /// duration, every column decoded. Reports transactions/s, p50/p99 and
+    /// HTTP req/s ÷ raw tx/s. Needs the database, so not with `--url`.
+    /// [default: true, except with --url]
+    #[arg(
+        long,
+        value_name = "BOOL",
+        env = "CELLGATE_BENCH_RAW",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub raw: Option<bool>,
 }
 
 /// Longest wait for an in-process store's index maintenance to stop.
@@ -328,6 +349,16 @@ impl BenchArgs {
         workloads
     }
 
+    /// Whether the raw SQL baseline runs: on a store of the run's own,
+    /// when `query` or `rows` does.
+    fn raw_baseline(&self, workloads: &[Workload]) -> bool {
+        self.url.is_none()
+            && self.raw.unwrap_or(true)
+            && workloads
+                .iter()
+                .any(|w| matches!(w, Workload::Query | Workload::Rows))
+    }
+
     fn drain_timeout(&self) -> Duration {
         Duration::from_secs(self.drain_timeout)
     }
@@ -347,6 +378,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!(
             "--url drives a running gateway over HTTP only, so the trips are loaded through \
              GraphQL (leave out --load-via rust)"
+        );
+    }
+    if args.url.is_some() && args.raw == Some(true) {
+        anyhow::bail!(
+            "--raw runs cellgate's statements on the database itself, which --url does not \
+             give (leave out --raw, or give --database instead of --url)"
         );
     }
     if cfg!(debug_assertions) {
@@ -386,6 +423,7 @@ fn parameters(
     backend: &'static str,
     target: String,
     via: LoadVia,
+    raw_pool_connections: Option<u32>,
 ) -> Parameters {
     Parameters {
         backend,
@@ -404,6 +442,7 @@ fn parameters(
         sample_every_ms: SAMPLE_EVERY.as_millis() as u64,
         request_timeout_seconds: args.request_timeout,
         drain_timeout_seconds: args.drain_timeout,
+        raw_pool_connections,
     }
 }
 
@@ -427,6 +466,7 @@ async fn external(
         "external",
         format!("the gateway at {} (HTTP only)", gateway.base),
         LoadVia::Graphql,
+        None,
     ));
     print!("{}", report.header());
     match gateway.readyz(Duration::from_secs(5)).await {
@@ -488,6 +528,7 @@ async fn local(
     };
     database.ensure_empty().await?;
     let via = args.load_via.unwrap_or(LoadVia::Rust);
+    let raw = args.raw_baseline(workloads);
     let mut report = Report::new(parameters(
         args,
         data,
@@ -495,6 +536,7 @@ async fn local(
         database.backend_name(),
         target,
         via,
+        raw.then(|| crate::raw::pool_size(&database)),
     ));
     print!("{}", report.header());
 
@@ -546,6 +588,13 @@ async fn local(
     settle(&database, loader).await?;
     load.storage = Some(database.figures().await?);
     report.load = Some(load);
+    // The index table the raw SQL baseline reads, while no other process
+    // uses the store.
+    let raw_table = if raw {
+        Some(crate::raw::index_table(&defs, &database).await?)
+    } else {
+        None
+    };
 
     // 2. and 3. Cold start, then HTTP.
     let server = Server::start(
@@ -564,9 +613,32 @@ async fn local(
     );
     let gateway = server.gateway.clone();
     let source = Arc::new(Source::Http(gateway.clone()));
-    let http = run_workloads(&mut report, args, "HTTP", &source, workloads, |w| {
-        http_op(w, gateway.clone(), data.clone())
-    })
+    // The reads, then their raw SQL baseline beside the idle server, on
+    // the same data (the writes come last, as in every path).
+    let (reads, writes): (Vec<Workload>, Vec<Workload>) =
+        workloads.iter().partition(|w| **w != Workload::Write);
+    let http = async {
+        run_workloads(&mut report, args, "HTTP", &source, &reads, |w| {
+            http_op(w, gateway.clone(), data.clone())
+        })
+        .await?;
+        if let Some(table) = &raw_table {
+            let baseline = crate::raw::Baseline {
+                defs: &defs,
+                database: &database,
+                table,
+                data,
+                concurrency: args.concurrency,
+                duration: Duration::from_secs(args.duration),
+                request_timeout: args.request_timeout(),
+            };
+            raw_baseline(&mut report, &baseline, &gateway, &reads).await;
+        }
+        run_workloads(&mut report, args, "HTTP", &source, &writes, |w| {
+            http_op(w, gateway.clone(), data.clone())
+        })
+        .await
+    }
     .await;
     drop(source);
     server.stop().await?;
@@ -596,6 +668,33 @@ async fn local(
         eprintln!("the store is kept in `{}`", dir.display());
     }
     Ok(Some(report))
+}
+
+/// The raw SQL baseline of the read workloads (`raw.rs`), checked against
+/// the pages the server at `gateway` answers. What fails is reported as a
+/// problem of the run, which then exits 1; the other phases still run.
+async fn raw_baseline(
+    report: &mut Report,
+    baseline: &crate::raw::Baseline<'_>,
+    gateway: &Gateway,
+    workloads: &[Workload],
+) {
+    let outcome = async {
+        let pages = crate::raw::http_pages(gateway, baseline.data).await?;
+        crate::raw::run(
+            baseline,
+            workloads,
+            &pages,
+            &report.runs,
+            &mut report.problems,
+        )
+        .await
+    }
+    .await;
+    match outcome {
+        Ok(raw) => report.raw = raw,
+        Err(e) => report.problems.push(format!("raw SQL: {e:#}")),
+    }
 }
 
 async fn open_store(defs: &Definitions, database: &Database) -> anyhow::Result<Store> {

@@ -20,7 +20,8 @@
 //! Files: `dataset.rs` (the trips and the requests), `phase.rs` (a measured
 //! phase), `http.rs` (GraphQL and `/metrics`), `server.rs` (the child
 //! process), `load.rs`, `maintenance.rs` (samples and drains), `probe.rs`,
-//! `database.rs` (emptiness, size, leases), `report.rs` (tables and JSON).
+//! `database.rs` (emptiness, size, leases), `raw.rs` (the raw SQL
+//! baseline), `report.rs` (tables and JSON).
 
 mod buffer;
 mod database;
@@ -34,6 +35,7 @@ mod maintenance;
 mod moves;
 mod phase;
 mod probe;
+mod raw;
 mod replicas;
 mod report;
 mod server;
@@ -70,7 +72,9 @@ const DEFAULT_DATASTORES: &str = "./datastores";
 /// times `cellgate serve` from spawn to the first 200 of `/readyz`; runs the
 /// `query`, `rows` and `write` workloads for `--duration` seconds each at
 /// `--concurrency`, over HTTP and then in-process through the Rust API, with
-/// p50/p99 latency, statements per request, and pending cells, lag, apply
+/// p50/p99 latency, statements per request, a raw SQL baseline of `query`
+/// and `rows` (cellgate's own statements through sqlx; `--raw false` leaves
+/// it out), and pending cells, lag, apply
 /// rate and drain time of index maintenance during the writes; and ends
 /// with an exact count of statements per write batch and per page of rows.
 /// With `--url` it drives an already running gateway over HTTP only. Prints

@@ -16,6 +16,7 @@ use crate::load::LoadReport;
 use crate::maintenance::{MaintenanceReport, Spread, SAMPLE_EVERY};
 use crate::phase::Outcome;
 use crate::probe::ProbeReport;
+use crate::raw::RawReport;
 use crate::server::ColdStart;
 use cellgate_store::storage::redact_url as redact;
 
@@ -40,6 +41,9 @@ pub struct Parameters {
     pub sample_every_ms: u64,
     pub request_timeout_seconds: u64,
     pub drain_timeout_seconds: u64,
+    /// Connections of the raw SQL baseline's pool; `None` when it does
+    /// not run (`--raw false`, `--url`, or no `query` or `rows`).
+    pub raw_pool_connections: Option<u32>,
 }
 
 /// One workload on one path.
@@ -102,6 +106,8 @@ pub struct Report {
     pub load: Option<LoadReport>,
     pub cold_start: Option<ColdStart>,
     pub runs: Vec<RunReport>,
+    /// The raw SQL baseline of the read workloads (`--raw`).
+    pub raw: Vec<RawReport>,
     pub maintenance: Vec<MaintenanceReport>,
     pub probe: Option<ProbeReport>,
     /// What went wrong besides failed requests; any makes the exit code 1.
@@ -119,6 +125,7 @@ impl Report {
             load: None,
             cold_start: None,
             runs: Vec::new(),
+            raw: Vec::new(),
             maintenance: Vec::new(),
             probe: None,
             problems: Vec::new(),
@@ -126,7 +133,9 @@ impl Report {
     }
 
     pub fn failed(&self) -> bool {
-        !self.problems.is_empty() || self.runs.iter().any(RunReport::failed)
+        !self.problems.is_empty()
+            || self.runs.iter().any(RunReport::failed)
+            || self.raw.iter().any(RawReport::failed)
     }
 
     /// The header: how to repeat this run.
@@ -169,6 +178,13 @@ impl Report {
             p.concurrency,
             p.write_batch
         );
+        if let Some(connections) = p.raw_pool_connections {
+            let _ = writeln!(
+                out,
+                "raw SQL:     cellgate's statement per query/rows request through sqlx, \
+                 {connections} pooled connections, after the HTTP reads"
+            );
+        }
         out
     }
 
@@ -263,6 +279,9 @@ impl Report {
                 }
             );
         }
+        if !self.raw.is_empty() {
+            self.raw_table(&mut out);
+        }
         if !self.maintenance.is_empty() {
             let _ = writeln!(
                 out,
@@ -325,6 +344,15 @@ impl Report {
             let _ = writeln!(out, "\nsummary");
             out.push_str(&summary);
         }
+        for r in self.raw.iter().filter(|r| r.first_error.is_some()) {
+            let _ = writeln!(
+                out,
+                "\n{} (raw SQL): {} errors, the first: {}",
+                r.workload,
+                r.errors,
+                r.first_error.as_deref().unwrap_or_default()
+            );
+        }
         for r in self.runs.iter().filter(|r| r.first_error.is_some()) {
             let _ = writeln!(
                 out,
@@ -384,6 +412,19 @@ impl Report {
                 );
             }
         }
+        for r in &self.raw {
+            let _ = writeln!(
+                out,
+                "  {}: HTTP/raw SQL throughput {}x ({} req/s over HTTP, {:.0} tx/s of raw SQL), \
+                 p50 {}x, p99 {}x",
+                r.workload,
+                opt(r.http_over_raw, 2),
+                opt(r.http_requests_per_second, 0),
+                r.transactions_per_second,
+                opt(r.http_p50_over_raw, 2),
+                opt(r.http_p99_over_raw, 2),
+            );
+        }
         for m in &self.maintenance {
             let _ = writeln!(
                 out,
@@ -406,6 +447,46 @@ impl Report {
             );
         }
         out
+    }
+
+    /// The raw SQL baseline: each workload's transactions beside its HTTP
+    /// requests, and the statements.
+    fn raw_table(&self, out: &mut String) {
+        let connections = self.raw[0].pool_connections;
+        let _ = writeln!(
+            out,
+            "\nraw SQL baseline (cellgate's own statement per request through sqlx, {connections} \
+             pooled connections, concurrency {})",
+            self.parameters.concurrency
+        );
+        let _ = writeln!(
+            out,
+            "  {:<7} {:>9} {:>10} {:>9} {:>9} {:>7} {:>10} {:>9}",
+            "", "tx", "tx/s", "p50 ms", "p99 ms", "errors", "HTTP req/s", "HTTP/raw"
+        );
+        for r in &self.raw {
+            let _ = writeln!(
+                out,
+                "  {:<7} {:>9} {:>10.1} {:>9.2} {:>9.2} {:>7} {:>10} {:>9}",
+                r.workload,
+                r.transactions,
+                r.transactions_per_second,
+                r.p50_ms,
+                r.p99_ms,
+                r.errors,
+                opt(r.http_requests_per_second, 1),
+                opt(r.http_over_raw, 2),
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  tx: one statement, sent and every column of every row decoded; each checked \
+             first against the rows of {} HTTP pages",
+            self.raw[0].checked_pages
+        );
+        for r in &self.raw {
+            let _ = writeln!(out, "  {}: {}", r.workload, r.statement);
+        }
     }
 
     /// Writes the report as JSON to `path`.

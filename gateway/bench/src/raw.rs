@@ -1,0 +1,735 @@
+//! The raw SQL baseline of the `query` and `rows` workloads: for each
+//! request, the one statement cellgate sends for it, run through sqlx on a
+//! pool of the benchmark's own, so that a run can state what the gateway
+//! costs over the database alone (HTTP requests/s ÷ raw transactions/s).
+//!
+//! The statements are not written here but built with the store's public
+//! API, as the store builds them: `QueryPlan::build` of the workload's
+//! index query, then `QueryPlan::sql` on the index table; for `rows`,
+//! `cells::with_latest_ref_keys` around that page, which is the one
+//! statement a gateway with its cell cache warm (the default) sends for a
+//! page with `row { base { body } }` (the bodies come from the cache). One
+//! statement per driver is built before the phase, so the measured time is
+//! the database's and the client's: a round trip, binding, and decoding
+//! every column of every row into typed values, as a client would.
+//!
+//! The pool is the size of the gateway's read pool for the same storage
+//! configuration (`storage.max_connections`, 16 by default; on SQLite the
+//! gateway's readers are at most 8), and lends connections without a test
+//! round trip, as the store's pool does. On SQLite it opens the gateway's
+//! own file beside it; WAL lets the reads run while the server is up.
+//!
+//! Before a workload is measured, its statement is run for a few drivers
+//! and checked against the pages the gateway answered over HTTP for the
+//! same drivers: the same row keys, and one more row (the lookahead) when
+//! the page is full. A statement that does not find cellgate's rows (a UUID
+//! bound in the wrong representation, say) would measure nothing.
+
+use std::collections::{HashMap, HashSet};
+use std::str::FromStr as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use index_dsl::Definitions;
+use serde::Serialize;
+use serde_json::Value as Json;
+use sqlx::Row as _;
+use uuid::Uuid;
+
+use crate::database::Database;
+use crate::dataset::{Dataset, BASE, DATASTORE, INDEX, PAGE, QUERY};
+use crate::gateway::Workload;
+use crate::http::Gateway;
+use crate::phase::{Op, Outcome};
+use cellgate_store::cells::with_latest_ref_keys;
+use cellgate_store::indexes::entry::col_type;
+use cellgate_store::indexes::QueryPlan;
+use cellgate_store::storage::redact_url as redact;
+use cellgate_store::storage::{ddl, ColType, Dialect, Sql, Value};
+use cellgate_store::{Store, StoreOptions};
+
+/// Drivers whose HTTP page each statement is checked against.
+pub const CHECKED_PAGES: usize = 5;
+
+/// Most reader connections of the gateway's SQLite store (`sqlite.rs` of
+/// the store clamps `storage.max_connections` to it).
+const SQLITE_READERS: u32 = 8;
+
+/// Longest wait for a store opened to read the index table's name to stop.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The raw SQL baseline of one workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct RawReport {
+    pub workload: &'static str,
+    /// The statement of the first queried driver, placeholders in the
+    /// backend's syntax; every request sends one like it.
+    pub statement: String,
+    /// Connections of the benchmark's pool.
+    pub pool_connections: u32,
+    /// HTTP pages the statement's rows were checked against.
+    pub checked_pages: usize,
+    /// One transaction is one request's statement, sent and decoded.
+    pub transactions: u64,
+    pub errors: u64,
+    pub seconds: f64,
+    pub transactions_per_second: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// The same workload over HTTP, for the ratios.
+    pub http_requests_per_second: Option<f64>,
+    /// HTTP requests/s ÷ raw transactions/s.
+    pub http_over_raw: Option<f64>,
+    /// HTTP p50 ÷ raw p50 and p99 ÷ p99.
+    pub http_p50_over_raw: Option<f64>,
+    pub http_p99_over_raw: Option<f64>,
+    pub first_error: Option<String>,
+}
+
+impl RawReport {
+    pub fn failed(&self) -> bool {
+        self.errors > 0 || self.transactions == 0
+    }
+}
+
+/// The name of the index table the workloads read, as the store reports
+/// it (`Store::indexes`). The store is opened without index maintenance,
+/// so it takes no lease, and stopped again.
+pub async fn index_table(defs: &Definitions, database: &Database) -> anyhow::Result<String> {
+    let mut options = StoreOptions::new(database.storage());
+    options.maintain_indexes = false;
+    let store = Store::open(defs.clone(), options)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open the store ({}): {e}", redact(&database.url)))?;
+    let status = store.indexes(DATASTORE);
+    store.shutdown(SHUTDOWN_GRACE).await;
+    let status = status.map_err(|e| anyhow::anyhow!("cannot read the indexes: {e}"))?;
+    status
+        .into_iter()
+        .find(|index| index.name == INDEX)
+        .map(|index| index.table)
+        .ok_or_else(|| anyhow::anyhow!("the store has no `{INDEX}` index"))
+}
+
+/// The connections the baseline uses: as many as the gateway reads
+/// through on the same storage configuration.
+pub fn pool_size(database: &Database) -> u32 {
+    let size = database.storage().max_connections.max(1);
+    if database.dialect == Dialect::Sqlite {
+        size.min(SQLITE_READERS)
+    } else {
+        size
+    }
+}
+
+/// The row keys of the HTTP pages of the first [`CHECKED_PAGES`] queried
+/// drivers, in the order the gateway answered them.
+pub async fn http_pages(
+    gateway: &Gateway,
+    data: &Dataset,
+) -> anyhow::Result<Vec<(Uuid, Vec<Uuid>)>> {
+    let mut pages = Vec::new();
+    for &driver in data.queried_drivers().iter().take(CHECKED_PAGES) {
+        let answer = gateway
+            .graphql(QUERY, data.query_variables(driver))
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot read the page of driver {driver}: {e}"))?;
+        let edges = answer
+            .pointer("/trips/driverPartnerIndex/edges")
+            .and_then(Json::as_array)
+            .ok_or_else(|| anyhow::anyhow!("no page for driver {driver} over HTTP"))?;
+        let keys = edges
+            .iter()
+            .map(|edge| {
+                edge.pointer("/node/rowKey")
+                    .and_then(Json::as_str)
+                    .and_then(|key| Uuid::parse_str(key).ok())
+                    .ok_or_else(|| anyhow::anyhow!("an entry without a row key over HTTP"))
+            })
+            .collect::<anyhow::Result<Vec<Uuid>>>()?;
+        pages.push((driver, keys));
+    }
+    Ok(pages)
+}
+
+/// A pool of the benchmark's own on the database of the run.
+pub enum Pool {
+    Sqlite(sqlx::SqlitePool),
+    MySql(sqlx::MySqlPool),
+    Postgres(sqlx::PgPool),
+}
+
+impl Pool {
+    /// Opens `size` connections at most to `database`, with the session
+    /// settings the store's own connections have that bear on reads.
+    pub async fn connect(
+        database: &Database,
+        size: u32,
+        timeout: Duration,
+    ) -> anyhow::Result<Pool> {
+        let failed = |e: sqlx::Error| {
+            anyhow::anyhow!(
+                "cannot open the raw SQL pool on {}: {e}",
+                redact(&database.url)
+            )
+        };
+        Ok(match database.dialect {
+            Dialect::Postgres => {
+                let options = sqlx::postgres::PgConnectOptions::from_str(&database.url)
+                    .map_err(failed)?
+                    .statement_cache_capacity(1024)
+                    .options([("jit", "off")]);
+                Pool::Postgres(
+                    pool_options(size, timeout)
+                        .connect_with(options)
+                        .await
+                        .map_err(failed)?,
+                )
+            }
+            Dialect::MySql => {
+                let url = database.url.replacen("mariadb:", "mysql:", 1);
+                let options = sqlx::mysql::MySqlConnectOptions::from_str(&url)
+                    .map_err(failed)?
+                    .charset("utf8mb4")
+                    .statement_cache_capacity(1024);
+                Pool::MySql(
+                    pool_options(size, timeout)
+                        .connect_with(options)
+                        .await
+                        .map_err(failed)?,
+                )
+            }
+            Dialect::Sqlite => {
+                let options = sqlx::sqlite::SqliteConnectOptions::from_str(&database.url)
+                    .map_err(failed)?
+                    .create_if_missing(false)
+                    .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                    .busy_timeout(Duration::from_secs(10))
+                    .statement_cache_capacity(1024)
+                    .pragma("temp_store", "memory")
+                    // The page cache of the store's reader connections.
+                    .pragma("cache_size", "-8192");
+                Pool::Sqlite(
+                    pool_options(size, timeout)
+                        .connect_with(options)
+                        .await
+                        .map_err(failed)?,
+                )
+            }
+        })
+    }
+
+    /// Runs `sql` and decodes every column of every row as `types`.
+    pub async fn fetch(
+        &self,
+        sql: &Sql,
+        types: &[ColType],
+    ) -> Result<Vec<Vec<Value>>, sqlx::Error> {
+        match self {
+            Pool::Postgres(pool) => {
+                let mut query = sqlx::query(sql.text());
+                for value in sql.params() {
+                    query = bind_postgres(query, value);
+                }
+                let rows = query.fetch_all(pool).await?;
+                rows.iter()
+                    .map(|row| decode_all(types, |i, ty| decode_postgres(row, i, ty)))
+                    .collect()
+            }
+            Pool::MySql(pool) => {
+                let mut query = sqlx::query(sql.text());
+                for value in sql.params() {
+                    query = bind_mysql(query, value);
+                }
+                let rows = query.fetch_all(pool).await?;
+                rows.iter()
+                    .map(|row| decode_all(types, |i, ty| decode_mysql(row, i, ty)))
+                    .collect()
+            }
+            Pool::Sqlite(pool) => {
+                let mut query = sqlx::query(sql.text());
+                for value in sql.params() {
+                    query = bind_sqlite(query, value);
+                }
+                let rows = query.fetch_all(pool).await?;
+                rows.iter()
+                    .map(|row| decode_all(types, |i, ty| decode_sqlite(row, i, ty)))
+                    .collect()
+            }
+        }
+    }
+
+    async fn close(&self) {
+        match self {
+            Pool::Postgres(pool) => pool.close().await,
+            Pool::MySql(pool) => pool.close().await,
+            Pool::Sqlite(pool) => pool.close().await,
+        }
+    }
+}
+
+/// A pool that lends idle connections without a test round trip (sqlx
+/// pings each one by default), as the store's pool does.
+fn pool_options<DB: sqlx::Database>(size: u32, timeout: Duration) -> sqlx::pool::PoolOptions<DB> {
+    sqlx::pool::PoolOptions::new()
+        .max_connections(size)
+        .min_connections(0)
+        .acquire_timeout(timeout)
+        .test_before_acquire(false)
+}
+
+fn decode_all(
+    types: &[ColType],
+    decode: impl Fn(usize, ColType) -> Result<Value, sqlx::Error>,
+) -> Result<Vec<Value>, sqlx::Error> {
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, ty)| decode(i, *ty))
+        .collect()
+}
+
+/// The statements of one workload, one per queried driver.
+pub struct Statements {
+    workload: Workload,
+    by_driver: HashMap<Uuid, Sql>,
+    /// The columns of a row: the row key, the projected index fields and,
+    /// for `rows`, the BASE ref key.
+    types: Vec<ColType>,
+    /// The statement of the first queried driver, for the report.
+    example: String,
+}
+
+impl Statements {
+    /// Builds the statement of every queried driver, as cellgate builds
+    /// it for the request of `workload` on the index table `table`.
+    pub fn build(
+        defs: &Definitions,
+        dialect: Dialect,
+        table: &str,
+        data: &Dataset,
+        workload: Workload,
+    ) -> anyhow::Result<Statements> {
+        let datastore = defs
+            .datastore(DATASTORE)
+            .ok_or_else(|| anyhow::anyhow!("no `{DATASTORE}` datastore"))?;
+        let cells_table = ddl::cells_table(DATASTORE);
+        let mut by_driver = HashMap::new();
+        let mut types = Vec::new();
+        let mut example = String::new();
+        for &driver in data.queried_drivers() {
+            let plan = QueryPlan::build(datastore, &data.index_query(driver))
+                .map_err(|e| anyhow::anyhow!("cannot plan the index query: {e}"))?;
+            // Every shard-field value, as the store's single-cluster reads
+            // pass them.
+            let values: Vec<Value> = plan.shards.values().flatten().cloned().collect();
+            let page = plan.sql(dialect, table, &values);
+            let sql = match workload {
+                Workload::Rows => with_latest_ref_keys(&page, &cells_table, &[BASE]),
+                Workload::Query | Workload::Write => page,
+            };
+            if by_driver.is_empty() {
+                types.push(ColType::Uuid);
+                types.extend(
+                    plan.projection
+                        .iter()
+                        .map(|&p| col_type(plan.index.fields[p].ty)),
+                );
+                if workload == Workload::Rows {
+                    types.push(ColType::Int);
+                }
+                example = sql.text().to_string();
+            }
+            by_driver.insert(driver, sql);
+        }
+        anyhow::ensure!(!by_driver.is_empty(), "no queried driver");
+        Ok(Statements {
+            workload,
+            by_driver,
+            types,
+            example,
+        })
+    }
+
+    /// Runs the statement of `driver` and checks its rows as a page of
+    /// the workload: at least one entry, at most the page and its
+    /// lookahead, and with `rows` a BASE ref key on every row.
+    async fn run(&self, pool: &Pool, driver: Uuid) -> Result<Vec<Vec<Value>>, String> {
+        let sql = self
+            .by_driver
+            .get(&driver)
+            .ok_or_else(|| format!("no statement for driver {driver}"))?;
+        let rows = pool
+            .fetch(sql, &self.types)
+            .await
+            .map_err(|e| e.to_string())?;
+        if rows.is_empty() {
+            return Err(format!("no index entries for driver {driver}"));
+        }
+        if rows.len() > PAGE as usize + 1 {
+            return Err(format!(
+                "{} rows for driver {driver}, more than a page and its lookahead",
+                rows.len()
+            ));
+        }
+        if self.workload == Workload::Rows
+            && !rows
+                .iter()
+                .all(|row| row.last().is_some_and(|v| v.as_int().is_some()))
+        {
+            return Err(format!("a row of driver {driver} has no BASE cell"));
+        }
+        Ok(rows)
+    }
+
+    /// Checks the statement's rows against the pages the gateway answered
+    /// over HTTP: the same row keys (in the same order for `query`; the
+    /// `rows` statement does not keep the order), plus the lookahead row
+    /// when the page is full.
+    async fn check(&self, pool: &Pool, pages: &[(Uuid, Vec<Uuid>)]) -> anyhow::Result<()> {
+        for (driver, http) in pages {
+            let rows = self
+                .run(pool, *driver)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let raw: Vec<Uuid> = rows.iter().filter_map(|row| row[0].as_uuid()).collect();
+            let (same, counted) = same_page(self.workload, &raw, http);
+            anyhow::ensure!(
+                same && counted,
+                "the raw SQL of `{}` returned {} rows for driver {driver} where the gateway's page \
+                 has {} entries{}; the statement does not find cellgate's rows",
+                self.workload.name(),
+                raw.len(),
+                http.len(),
+                if same { "" } else { " with other row keys" }
+            );
+        }
+        Ok(())
+    }
+
+    fn op(self: &Arc<Self>, pool: &Arc<Pool>, data: &Arc<Dataset>) -> Op {
+        let (statements, pool, data) = (self.clone(), pool.clone(), data.clone());
+        Arc::new(move || {
+            let (statements, pool, data) = (statements.clone(), pool.clone(), data.clone());
+            Box::pin(async move {
+                let driver = data.random_driver();
+                statements.run(&pool, driver).await.map(|_| 0)
+            })
+        })
+    }
+}
+
+/// Whether the row keys `raw` of a statement are those of the gateway's
+/// page `http` (in its order for `query`; the `rows` statement does not
+/// keep the order), and whether there are as many, one more (the
+/// lookahead) when the page is full.
+fn same_page(workload: Workload, raw: &[Uuid], http: &[Uuid]) -> (bool, bool) {
+    let counted =
+        raw.len() == http.len() || (http.len() == PAGE as usize && raw.len() == http.len() + 1);
+    let same = match workload {
+        Workload::Rows => {
+            let found: HashSet<&Uuid> = raw.iter().collect();
+            http.iter().all(|key| found.contains(key))
+        }
+        Workload::Query | Workload::Write => raw.iter().take(http.len()).eq(http.iter()),
+    };
+    (same, counted)
+}
+
+/// What the baseline needs of the run.
+pub struct Baseline<'a> {
+    pub defs: &'a Definitions,
+    pub database: &'a Database,
+    pub table: &'a str,
+    pub data: &'a Arc<Dataset>,
+    pub concurrency: u32,
+    pub duration: Duration,
+    pub request_timeout: Duration,
+}
+
+/// Runs the baseline of each of `workloads` (`query`, `rows`) after
+/// checking its statement against `pages`; a workload whose statement
+/// does not match is reported as a problem and not measured. `http` is
+/// the HTTP run of each workload, for the ratios.
+pub async fn run(
+    baseline: &Baseline<'_>,
+    workloads: &[Workload],
+    pages: &[(Uuid, Vec<Uuid>)],
+    http: &[crate::report::RunReport],
+    problems: &mut Vec<String>,
+) -> anyhow::Result<Vec<RawReport>> {
+    let workloads: Vec<Workload> = workloads
+        .iter()
+        .copied()
+        .filter(|w| matches!(w, Workload::Query | Workload::Rows))
+        .collect();
+    if workloads.is_empty() {
+        return Ok(Vec::new());
+    }
+    let size = pool_size(baseline.database);
+    let pool = Arc::new(Pool::connect(baseline.database, size, baseline.request_timeout).await?);
+    let mut reports = Vec::new();
+    for workload in workloads {
+        let statements = Arc::new(Statements::build(
+            baseline.defs,
+            baseline.database.dialect,
+            baseline.table,
+            baseline.data,
+            workload,
+        )?);
+        if let Err(e) = statements.check(&pool, pages).await {
+            problems.push(format!("raw SQL: {e:#}"));
+            continue;
+        }
+        let label = format!("{} (raw SQL)", workload.name());
+        let outcome = crate::phase::run(
+            &label,
+            baseline.concurrency,
+            baseline.duration,
+            baseline.request_timeout,
+            statements.op(&pool, baseline.data),
+        )
+        .await?;
+        let http = http
+            .iter()
+            .find(|r| r.workload == workload.name() && r.path == "HTTP");
+        reports.push(report(
+            workload,
+            &statements,
+            size,
+            pages.len(),
+            &outcome,
+            http,
+        ));
+    }
+    pool.close().await;
+    Ok(reports)
+}
+
+fn report(
+    workload: Workload,
+    statements: &Statements,
+    pool_connections: u32,
+    checked_pages: usize,
+    outcome: &Outcome,
+    http: Option<&crate::report::RunReport>,
+) -> RawReport {
+    let (p50, p99) = (outcome.ms(0.5), outcome.ms(0.99));
+    let ratio = |http: f64, raw: f64| (raw > 0.0).then_some(http / raw);
+    RawReport {
+        workload: workload.name(),
+        statement: statements.example.clone(),
+        pool_connections,
+        checked_pages,
+        transactions: outcome.requests,
+        errors: outcome.errors,
+        seconds: outcome.elapsed.as_secs_f64(),
+        transactions_per_second: outcome.per_second(),
+        p50_ms: p50,
+        p99_ms: p99,
+        http_requests_per_second: http.map(|h| h.requests_per_second),
+        http_over_raw: http.and_then(|h| ratio(h.requests_per_second, outcome.per_second())),
+        http_p50_over_raw: http.and_then(|h| ratio(h.p50_ms, p50)),
+        http_p99_over_raw: http.and_then(|h| ratio(h.p99_ms, p99)),
+        first_error: outcome.first_error.clone(),
+    }
+}
+
+// Binding and decoding as the store's drivers do (`storage/{postgres,
+// mysql,sqlite}.rs`), so that the values reach the columns in the
+// representation the store wrote: PostgreSQL `UUID` and `TIMESTAMPTZ`;
+// MySQL/MariaDB `BINARY(16)` and `DATETIME(6)` in UTC; SQLite 16-byte
+// `BLOB`s and integer microseconds since the Unix epoch.
+
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+type MySqlQuery<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;
+type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
+
+fn bind_postgres<'q>(query: PgQuery<'q>, value: &'q Value) -> PgQuery<'q> {
+    match value {
+        // PostgreSQL needs the type of every parameter, NULL included.
+        Value::Null(ty) => match ty {
+            ColType::Bool => query.bind(None::<bool>),
+            ColType::Int => query.bind(None::<i64>),
+            ColType::Float => query.bind(None::<f64>),
+            ColType::Text => query.bind(None::<String>),
+            ColType::Bytes => query.bind(None::<Vec<u8>>),
+            ColType::Uuid => query.bind(None::<Uuid>),
+            ColType::DateTime => query.bind(None::<chrono::DateTime<chrono::Utc>>),
+        },
+        Value::Bool(v) => query.bind(*v),
+        Value::Int(v) => query.bind(*v),
+        Value::Float(v) => query.bind(*v),
+        Value::Text(v) => query.bind(v.as_str()),
+        Value::Bytes(v) => query.bind(v.as_slice()),
+        Value::Uuid(v) => query.bind(*v),
+        Value::DateTime(v) => query.bind(*v),
+    }
+}
+
+fn bind_mysql<'q>(query: MySqlQuery<'q>, value: &'q Value) -> MySqlQuery<'q> {
+    match value {
+        Value::Null(_) => query.bind(None::<i64>),
+        Value::Bool(v) => query.bind(*v),
+        Value::Int(v) => query.bind(*v),
+        Value::Float(v) => query.bind(*v),
+        Value::Text(v) => query.bind(v.as_str()),
+        Value::Bytes(v) => query.bind(v.as_slice()),
+        Value::Uuid(v) => query.bind(v.as_bytes().as_slice()),
+        // A DATETIME, not a TIMESTAMP (whose range ends in 2038).
+        Value::DateTime(v) => query.bind(v.naive_utc()),
+    }
+}
+
+fn bind_sqlite<'q>(query: SqliteQuery<'q>, value: &'q Value) -> SqliteQuery<'q> {
+    match value {
+        Value::Null(_) => query.bind(None::<i64>),
+        Value::Bool(v) => query.bind(*v),
+        Value::Int(v) => query.bind(*v),
+        Value::Float(v) => query.bind(*v),
+        Value::Text(v) => query.bind(v.as_str()),
+        Value::Bytes(v) => query.bind(v.as_slice()),
+        Value::Uuid(v) => query.bind(v.as_bytes().as_slice()),
+        Value::DateTime(v) => query.bind(v.timestamp_micros()),
+    }
+}
+
+fn decode_postgres(
+    row: &sqlx::postgres::PgRow,
+    i: usize,
+    ty: ColType,
+) -> Result<Value, sqlx::Error> {
+    let null = Value::Null(ty);
+    Ok(match ty {
+        ColType::Bool => row.try_get::<Option<bool>, _>(i)?.map_or(null, Value::Bool),
+        ColType::Int => row.try_get::<Option<i64>, _>(i)?.map_or(null, Value::Int),
+        ColType::Float => row.try_get::<Option<f64>, _>(i)?.map_or(null, Value::Float),
+        ColType::Text => row
+            .try_get::<Option<String>, _>(i)?
+            .map_or(null, Value::Text),
+        ColType::Bytes => row
+            .try_get::<Option<Vec<u8>>, _>(i)?
+            .map_or(null, Value::Bytes),
+        ColType::Uuid => row.try_get::<Option<Uuid>, _>(i)?.map_or(null, Value::Uuid),
+        ColType::DateTime => row
+            .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>(i)?
+            .map_or(null, Value::DateTime),
+    })
+}
+
+fn decode_mysql(row: &sqlx::mysql::MySqlRow, i: usize, ty: ColType) -> Result<Value, sqlx::Error> {
+    let null = Value::Null(ty);
+    Ok(match ty {
+        ColType::Bool => row.try_get::<Option<bool>, _>(i)?.map_or(null, Value::Bool),
+        ColType::Int => row.try_get::<Option<i64>, _>(i)?.map_or(null, Value::Int),
+        ColType::Float => row.try_get::<Option<f64>, _>(i)?.map_or(null, Value::Float),
+        // Binary-collated text reaches the driver flagged as VARBINARY.
+        ColType::Text => match row.try_get_unchecked::<Option<Vec<u8>>, _>(i)? {
+            None => null,
+            Some(bytes) => {
+                Value::Text(String::from_utf8(bytes).map_err(|e| sqlx::Error::Decode(Box::new(e)))?)
+            }
+        },
+        ColType::Bytes => row
+            .try_get::<Option<Vec<u8>>, _>(i)?
+            .map_or(null, Value::Bytes),
+        ColType::Uuid => uuid_from_bytes(row.try_get(i)?)?,
+        ColType::DateTime => row
+            .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>(i)?
+            .map_or(null, Value::DateTime),
+    })
+}
+
+fn decode_sqlite(
+    row: &sqlx::sqlite::SqliteRow,
+    i: usize,
+    ty: ColType,
+) -> Result<Value, sqlx::Error> {
+    let null = Value::Null(ty);
+    Ok(match ty {
+        ColType::Bool => row.try_get::<Option<bool>, _>(i)?.map_or(null, Value::Bool),
+        ColType::Int => row.try_get::<Option<i64>, _>(i)?.map_or(null, Value::Int),
+        ColType::Float => row.try_get::<Option<f64>, _>(i)?.map_or(null, Value::Float),
+        ColType::Text => row
+            .try_get::<Option<String>, _>(i)?
+            .map_or(null, Value::Text),
+        ColType::Bytes => row
+            .try_get::<Option<Vec<u8>>, _>(i)?
+            .map_or(null, Value::Bytes),
+        ColType::Uuid => uuid_from_bytes(row.try_get(i)?)?,
+        ColType::DateTime => match row.try_get::<Option<i64>, _>(i)? {
+            None => null,
+            Some(micros) => Value::DateTime(
+                chrono::DateTime::from_timestamp_micros(micros)
+                    .ok_or_else(|| sqlx::Error::Decode("datetime out of range".into()))?,
+            ),
+        },
+    })
+}
+
+fn uuid_from_bytes(bytes: Option<Vec<u8>>) -> Result<Value, sqlx::Error> {
+    match bytes {
+        None => Ok(Value::Null(ColType::Uuid)),
+        Some(bytes) => Uuid::from_slice(&bytes)
+            .map(Value::Uuid)
+            .map_err(|e| sqlx::Error::Decode(Box::new(e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn definitions() -> Definitions {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../datastores");
+        index_dsl::load_dir(&dir).expect("the example definitions load")
+    }
+
+    #[test]
+    fn statements_are_the_page_and_for_rows_its_latest_ref_keys() {
+        let defs = definitions();
+        let data = Dataset::new(100, 3, false, 7, 50);
+        let table = ddl::index_table(DATASTORE, INDEX, 1);
+        let query = Statements::build(&defs, Dialect::Postgres, &table, &data, Workload::Query)
+            .expect("query statements");
+        let rows = Statements::build(&defs, Dialect::Postgres, &table, &data, Workload::Rows)
+            .expect("rows statements");
+        assert_eq!(query.by_driver.len(), data.queried_drivers().len());
+        assert_eq!(query.types, [ColType::Uuid, ColType::DateTime]);
+        assert_eq!(rows.types, [ColType::Uuid, ColType::DateTime, ColType::Int]);
+        let driver = data.queried_drivers()[0];
+        let (page, joined) = (&query.by_driver[&driver], &rows.by_driver[&driver]);
+        assert!(page.text().ends_with(" LIMIT 21"), "{}", page.text());
+        assert_eq!(page.params()[0], Value::Uuid(driver));
+        // The page is the inner statement, its placeholders after the
+        // column name's.
+        assert!(joined
+            .text()
+            .starts_with("SELECT i.*, (SELECT MAX(m.\"ref_key\")"));
+        assert_eq!(joined.params()[0], Value::Text(BASE.to_string()));
+        assert_eq!(&joined.params()[1..], page.params());
+    }
+
+    #[test]
+    fn a_page_matches_with_its_lookahead_and_rows_in_any_order() {
+        let keys: Vec<Uuid> = (0..=PAGE as u128).map(Uuid::from_u128).collect();
+        let full = &keys[..PAGE as usize];
+        assert_eq!(same_page(Workload::Query, &keys, full), (true, true));
+        assert_eq!(same_page(Workload::Query, full, full), (true, true));
+        assert_eq!(
+            same_page(Workload::Query, &keys[..3], &keys[..3]),
+            (true, true)
+        );
+        // A short page has no lookahead row.
+        assert_eq!(
+            same_page(Workload::Query, &keys[..4], &keys[..3]),
+            (true, false)
+        );
+        let mut shuffled = keys.clone();
+        shuffled.reverse();
+        assert_eq!(same_page(Workload::Query, &shuffled, full), (false, true));
+        assert_eq!(same_page(Workload::Rows, &shuffled, full), (true, true));
+        assert!(!same_page(Workload::Rows, &keys[1..], full).0);
+        assert_eq!(same_page(Workload::Query, &[], full), (false, false));
+    }
+}
