@@ -506,8 +506,8 @@ pub(crate) fn with_latest_cells(rows: &Sql, table: &str, columns: &[&str]) -> Sq
 /// (NULL for none): `SELECT i.*, (SELECT MAX(m.ref_key) …), … FROM (rows)
 /// i`, one result row per row of `rows`. Each lookup reads only the
 /// unique key `(row_key, column_name, ref_key)`, backwards from its end,
-/// on every backend; the bodies then come from the cell cache or
-/// [`get_cells_json`]. The order of `rows` is not kept.
+/// on every backend; the bodies then come from the cell cache or a read
+/// by full key. The order of `rows` is not kept.
 pub fn with_latest_ref_keys(rows: &Sql, table: &str, columns: &[&str]) -> Sql {
     let mut sql = Sql::new(rows.dialect());
     sql.push("SELECT i.*");
