@@ -15,7 +15,7 @@
 //!    statements per request from `/metrics`, and index maintenance
 //!    sampled while the writes run; after the reads and before the writes,
 //!    the **raw SQL baseline** of the reads (`raw.rs`): cellgate's own
-//!    statement for each request through sqlx, beside the idle server;
+//!    statement for each request on a pool of its own, beside the idle server;
 //! 4. the same **workloads through the Rust API**, in-process, after the
 //!    server has stopped;
 //! 5. the **exact statement probe** (`probe.rs`).
@@ -313,7 +313,7 @@ pub struct BenchArgs {
 
     /// Run the raw SQL baseline of `query` and `rows` after their HTTP
     /// phases: for each request, the statement cellgate sends for it (built
-    /// with the store's `QueryPlan`), through sqlx on a pool of the
+    /// with the store's `QueryPlan`), on a pool of the
     /// benchmark's own of the gateway's size, at the same concurrency and
     /// duration, every column decoded. Reports transactions/s, p50/p99 and
     /// HTTP req/s ÷ raw tx/s. Needs the database, so not with `--url`.

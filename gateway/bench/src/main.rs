@@ -73,7 +73,7 @@ const DEFAULT_DATASTORES: &str = "./datastores";
 /// `query`, `rows` and `write` workloads for `--duration` seconds each at
 /// `--concurrency`, over HTTP and then in-process through the Rust API, with
 /// p50/p99 latency, statements per request, a raw SQL baseline of `query`
-/// and `rows` (cellgate's own statements through sqlx; `--raw false` leaves
+/// and `rows` (cellgate's own statements on a pool of its own; `--raw false` leaves
 /// it out), and pending cells, lag, apply
 /// rate and drain time of index maintenance during the writes; and ends
 /// with an exact count of statements per write batch and per page of rows.

@@ -1,6 +1,6 @@
 //! The raw SQL baseline of the `query` and `rows` workloads: for each
-//! request, the one statement cellgate sends for it, run through sqlx on a
-//! pool of the benchmark's own, so that a run can state what the gateway
+//! request, the one statement cellgate sends for it, run on a pool of the
+//! benchmark's own (opened by the store's `storage::connect`), so that a run can state what the gateway
 //! costs over the database alone (HTTP requests/s ÷ raw transactions/s).
 //!
 //! The statements are not written here but built with the store's public
@@ -15,8 +15,7 @@
 //!
 //! The pool is the size of the gateway's read pool for the same storage
 //! configuration (`storage.max_connections`, 16 by default; on SQLite the
-//! gateway's readers are at most 8), and lends connections without a test
-//! round trip, as the store's pool does. On SQLite it opens the gateway's
+//! gateway's readers are at most 8). On SQLite it opens the gateway's
 //! own file beside it; WAL lets the reads run while the server is up.
 //!
 //! Before a workload is measured, its statement is run for a few drivers
@@ -26,14 +25,12 @@
 //! bound in the wrong representation, say) would measure nothing.
 
 use std::collections::{HashMap, HashSet};
-use std::str::FromStr as _;
 use std::sync::Arc;
 use std::time::Duration;
 
 use index_dsl::Definitions;
 use serde::Serialize;
 use serde_json::Value as Json;
-use sqlx::Row as _;
 use uuid::Uuid;
 
 use crate::database::Database;
@@ -45,7 +42,7 @@ use cellgate_store::cells::with_latest_ref_keys;
 use cellgate_store::indexes::entry::col_type;
 use cellgate_store::indexes::QueryPlan;
 use cellgate_store::storage::redact_url as redact;
-use cellgate_store::storage::{ddl, ColType, Dialect, Sql, Value};
+use cellgate_store::storage::{self, ddl, Backend, ColType, ConnectOptions, Dialect, Sql, Value};
 use cellgate_store::{Store, StoreOptions};
 
 /// Drivers whose HTTP page each statement is checked against.
@@ -152,71 +149,36 @@ pub async fn http_pages(
     Ok(pages)
 }
 
-/// A pool of the benchmark's own on the database of the run.
-pub enum Pool {
-    Sqlite(sqlx::SqlitePool),
-    MySql(sqlx::MySqlPool),
-    Postgres(sqlx::PgPool),
-}
+/// A pool of the benchmark's own on the database of the run, opened by the
+/// store's own connection code (`storage::connect`): the same driver
+/// settings, binding and decoding as the gateway's reads, without the
+/// gateway.
+pub struct Pool(Arc<dyn Backend>);
 
 impl Pool {
-    /// Opens `size` connections at most to `database`, with the session
-    /// settings the store's own connections have that bear on reads.
+    /// Opens `size` connections at most to `database`.
     pub async fn connect(
         database: &Database,
         size: u32,
         timeout: Duration,
     ) -> anyhow::Result<Pool> {
-        let failed = |e: sqlx::Error| {
-            anyhow::anyhow!(
-                "cannot open the raw SQL pool on {}: {e}",
-                redact(&database.url)
-            )
+        let options = ConnectOptions {
+            cluster: "raw".to_string(),
+            max_connections: size,
+            acquire_timeout: timeout,
+            statement_timeout: timeout,
+            // Reads only: on SQLite the WAL checkpoints stay the gateway's.
+            background: true,
         };
-        Ok(match database.dialect {
-            Dialect::Postgres => {
-                let options = sqlx::postgres::PgConnectOptions::from_str(&database.url)
-                    .map_err(failed)?
-                    .statement_cache_capacity(1024)
-                    .options([("jit", "off")]);
-                Pool::Postgres(
-                    pool_options(size, timeout)
-                        .connect_with(options)
-                        .await
-                        .map_err(failed)?,
+        storage::connect(&database.url, &options)
+            .await
+            .map(Pool)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot open the raw SQL pool on {}: {e}",
+                    redact(&database.url)
                 )
-            }
-            Dialect::MySql => {
-                let url = database.url.replacen("mariadb:", "mysql:", 1);
-                let options = sqlx::mysql::MySqlConnectOptions::from_str(&url)
-                    .map_err(failed)?
-                    .charset("utf8mb4")
-                    .statement_cache_capacity(1024);
-                Pool::MySql(
-                    pool_options(size, timeout)
-                        .connect_with(options)
-                        .await
-                        .map_err(failed)?,
-                )
-            }
-            Dialect::Sqlite => {
-                let options = sqlx::sqlite::SqliteConnectOptions::from_str(&database.url)
-                    .map_err(failed)?
-                    .create_if_missing(false)
-                    .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-                    .busy_timeout(Duration::from_secs(10))
-                    .statement_cache_capacity(1024)
-                    .pragma("temp_store", "memory")
-                    // The page cache of the store's reader connections.
-                    .pragma("cache_size", "-8192");
-                Pool::Sqlite(
-                    pool_options(size, timeout)
-                        .connect_with(options)
-                        .await
-                        .map_err(failed)?,
-                )
-            }
-        })
+            })
     }
 
     /// Runs `sql` and decodes every column of every row as `types`.
@@ -224,69 +186,9 @@ impl Pool {
         &self,
         sql: &Sql,
         types: &[ColType],
-    ) -> Result<Vec<Vec<Value>>, sqlx::Error> {
-        match self {
-            Pool::Postgres(pool) => {
-                let mut query = sqlx::query(sql.text());
-                for value in sql.params() {
-                    query = bind_postgres(query, value);
-                }
-                let rows = query.fetch_all(pool).await?;
-                rows.iter()
-                    .map(|row| decode_all(types, |i, ty| decode_postgres(row, i, ty)))
-                    .collect()
-            }
-            Pool::MySql(pool) => {
-                let mut query = sqlx::query(sql.text());
-                for value in sql.params() {
-                    query = bind_mysql(query, value);
-                }
-                let rows = query.fetch_all(pool).await?;
-                rows.iter()
-                    .map(|row| decode_all(types, |i, ty| decode_mysql(row, i, ty)))
-                    .collect()
-            }
-            Pool::Sqlite(pool) => {
-                let mut query = sqlx::query(sql.text());
-                for value in sql.params() {
-                    query = bind_sqlite(query, value);
-                }
-                let rows = query.fetch_all(pool).await?;
-                rows.iter()
-                    .map(|row| decode_all(types, |i, ty| decode_sqlite(row, i, ty)))
-                    .collect()
-            }
-        }
+    ) -> cellgate_store::Result<Vec<Vec<Value>>> {
+        self.0.fetch(sql, types).await
     }
-
-    async fn close(&self) {
-        match self {
-            Pool::Postgres(pool) => pool.close().await,
-            Pool::MySql(pool) => pool.close().await,
-            Pool::Sqlite(pool) => pool.close().await,
-        }
-    }
-}
-
-/// A pool that lends idle connections without a test round trip (sqlx
-/// pings each one by default), as the store's pool does.
-fn pool_options<DB: sqlx::Database>(size: u32, timeout: Duration) -> sqlx::pool::PoolOptions<DB> {
-    sqlx::pool::PoolOptions::new()
-        .max_connections(size)
-        .min_connections(0)
-        .acquire_timeout(timeout)
-        .test_before_acquire(false)
-}
-
-fn decode_all(
-    types: &[ColType],
-    decode: impl Fn(usize, ColType) -> Result<Value, sqlx::Error>,
-) -> Result<Vec<Value>, sqlx::Error> {
-    types
-        .iter()
-        .enumerate()
-        .map(|(i, ty)| decode(i, *ty))
-        .collect()
 }
 
 /// The statements of one workload, one per queried driver.
@@ -502,7 +404,6 @@ pub async fn run(
             http,
         ));
     }
-    pool.close().await;
     Ok(reports)
 }
 
@@ -532,147 +433,6 @@ fn report(
         http_p50_over_raw: http.and_then(|h| ratio(h.p50_ms, p50)),
         http_p99_over_raw: http.and_then(|h| ratio(h.p99_ms, p99)),
         first_error: outcome.first_error.clone(),
-    }
-}
-
-// Binding and decoding as the store's drivers do (`storage/{postgres,
-// mysql,sqlite}.rs`), so that the values reach the columns in the
-// representation the store wrote: PostgreSQL `UUID` and `TIMESTAMPTZ`;
-// MySQL/MariaDB `BINARY(16)` and `DATETIME(6)` in UTC; SQLite 16-byte
-// `BLOB`s and integer microseconds since the Unix epoch.
-
-type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
-type MySqlQuery<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;
-type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
-
-fn bind_postgres<'q>(query: PgQuery<'q>, value: &'q Value) -> PgQuery<'q> {
-    match value {
-        // PostgreSQL needs the type of every parameter, NULL included.
-        Value::Null(ty) => match ty {
-            ColType::Bool => query.bind(None::<bool>),
-            ColType::Int => query.bind(None::<i64>),
-            ColType::Float => query.bind(None::<f64>),
-            ColType::Text => query.bind(None::<String>),
-            ColType::Bytes => query.bind(None::<Vec<u8>>),
-            ColType::Uuid => query.bind(None::<Uuid>),
-            ColType::DateTime => query.bind(None::<chrono::DateTime<chrono::Utc>>),
-        },
-        Value::Bool(v) => query.bind(*v),
-        Value::Int(v) => query.bind(*v),
-        Value::Float(v) => query.bind(*v),
-        Value::Text(v) => query.bind(v.as_str()),
-        Value::Bytes(v) => query.bind(v.as_slice()),
-        Value::Uuid(v) => query.bind(*v),
-        Value::DateTime(v) => query.bind(*v),
-    }
-}
-
-fn bind_mysql<'q>(query: MySqlQuery<'q>, value: &'q Value) -> MySqlQuery<'q> {
-    match value {
-        Value::Null(_) => query.bind(None::<i64>),
-        Value::Bool(v) => query.bind(*v),
-        Value::Int(v) => query.bind(*v),
-        Value::Float(v) => query.bind(*v),
-        Value::Text(v) => query.bind(v.as_str()),
-        Value::Bytes(v) => query.bind(v.as_slice()),
-        Value::Uuid(v) => query.bind(v.as_bytes().as_slice()),
-        // A DATETIME, not a TIMESTAMP (whose range ends in 2038).
-        Value::DateTime(v) => query.bind(v.naive_utc()),
-    }
-}
-
-fn bind_sqlite<'q>(query: SqliteQuery<'q>, value: &'q Value) -> SqliteQuery<'q> {
-    match value {
-        Value::Null(_) => query.bind(None::<i64>),
-        Value::Bool(v) => query.bind(*v),
-        Value::Int(v) => query.bind(*v),
-        Value::Float(v) => query.bind(*v),
-        Value::Text(v) => query.bind(v.as_str()),
-        Value::Bytes(v) => query.bind(v.as_slice()),
-        Value::Uuid(v) => query.bind(v.as_bytes().as_slice()),
-        Value::DateTime(v) => query.bind(v.timestamp_micros()),
-    }
-}
-
-fn decode_postgres(
-    row: &sqlx::postgres::PgRow,
-    i: usize,
-    ty: ColType,
-) -> Result<Value, sqlx::Error> {
-    let null = Value::Null(ty);
-    Ok(match ty {
-        ColType::Bool => row.try_get::<Option<bool>, _>(i)?.map_or(null, Value::Bool),
-        ColType::Int => row.try_get::<Option<i64>, _>(i)?.map_or(null, Value::Int),
-        ColType::Float => row.try_get::<Option<f64>, _>(i)?.map_or(null, Value::Float),
-        ColType::Text => row
-            .try_get::<Option<String>, _>(i)?
-            .map_or(null, Value::Text),
-        ColType::Bytes => row
-            .try_get::<Option<Vec<u8>>, _>(i)?
-            .map_or(null, Value::Bytes),
-        ColType::Uuid => row.try_get::<Option<Uuid>, _>(i)?.map_or(null, Value::Uuid),
-        ColType::DateTime => row
-            .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>(i)?
-            .map_or(null, Value::DateTime),
-    })
-}
-
-fn decode_mysql(row: &sqlx::mysql::MySqlRow, i: usize, ty: ColType) -> Result<Value, sqlx::Error> {
-    let null = Value::Null(ty);
-    Ok(match ty {
-        ColType::Bool => row.try_get::<Option<bool>, _>(i)?.map_or(null, Value::Bool),
-        ColType::Int => row.try_get::<Option<i64>, _>(i)?.map_or(null, Value::Int),
-        ColType::Float => row.try_get::<Option<f64>, _>(i)?.map_or(null, Value::Float),
-        // Binary-collated text reaches the driver flagged as VARBINARY.
-        ColType::Text => match row.try_get_unchecked::<Option<Vec<u8>>, _>(i)? {
-            None => null,
-            Some(bytes) => {
-                Value::Text(String::from_utf8(bytes).map_err(|e| sqlx::Error::Decode(Box::new(e)))?)
-            }
-        },
-        ColType::Bytes => row
-            .try_get::<Option<Vec<u8>>, _>(i)?
-            .map_or(null, Value::Bytes),
-        ColType::Uuid => uuid_from_bytes(row.try_get(i)?)?,
-        ColType::DateTime => row
-            .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>(i)?
-            .map_or(null, Value::DateTime),
-    })
-}
-
-fn decode_sqlite(
-    row: &sqlx::sqlite::SqliteRow,
-    i: usize,
-    ty: ColType,
-) -> Result<Value, sqlx::Error> {
-    let null = Value::Null(ty);
-    Ok(match ty {
-        ColType::Bool => row.try_get::<Option<bool>, _>(i)?.map_or(null, Value::Bool),
-        ColType::Int => row.try_get::<Option<i64>, _>(i)?.map_or(null, Value::Int),
-        ColType::Float => row.try_get::<Option<f64>, _>(i)?.map_or(null, Value::Float),
-        ColType::Text => row
-            .try_get::<Option<String>, _>(i)?
-            .map_or(null, Value::Text),
-        ColType::Bytes => row
-            .try_get::<Option<Vec<u8>>, _>(i)?
-            .map_or(null, Value::Bytes),
-        ColType::Uuid => uuid_from_bytes(row.try_get(i)?)?,
-        ColType::DateTime => match row.try_get::<Option<i64>, _>(i)? {
-            None => null,
-            Some(micros) => Value::DateTime(
-                chrono::DateTime::from_timestamp_micros(micros)
-                    .ok_or_else(|| sqlx::Error::Decode("datetime out of range".into()))?,
-            ),
-        },
-    })
-}
-
-fn uuid_from_bytes(bytes: Option<Vec<u8>>) -> Result<Value, sqlx::Error> {
-    match bytes {
-        None => Ok(Value::Null(ColType::Uuid)),
-        Some(bytes) => Uuid::from_slice(&bytes)
-            .map(Value::Uuid)
-            .map_err(|e| sqlx::Error::Decode(Box::new(e))),
     }
 }
 

@@ -181,7 +181,7 @@ impl Report {
         if let Some(connections) = p.raw_pool_connections {
             let _ = writeln!(
                 out,
-                "raw SQL:     cellgate's statement per query/rows request through sqlx, \
+                "raw SQL:     cellgate's statement per query/rows request on a pool of its own, \
                  {connections} pooled connections, after the HTTP reads"
             );
         }
@@ -455,7 +455,7 @@ impl Report {
         let connections = self.raw[0].pool_connections;
         let _ = writeln!(
             out,
-            "\nraw SQL baseline (cellgate's own statement per request through sqlx, {connections} \
+            "\nraw SQL baseline (cellgate's own statement per request on a pool of its own, {connections} \
              pooled connections, concurrency {})",
             self.parameters.concurrency
         );
