@@ -56,12 +56,41 @@ pub(crate) struct Rebalanced {
     pub(crate) short: bool,
 }
 
+/// The bucket of each shard: a dense table, since a maintainer looks up
+/// every dirty shard's bucket on each round (a hash lookup per shard was a
+/// visible share of its CPU under write load).
+pub(crate) struct BucketOf(Vec<usize>);
+
+impl BucketOf {
+    fn new(buckets: &[Bucket]) -> BucketOf {
+        let end = buckets
+            .iter()
+            .flat_map(|b| b.shards.iter())
+            .max()
+            .map_or(0, |s| *s as usize + 1);
+        let mut table = vec![usize::MAX; end];
+        for (i, bucket) in buckets.iter().enumerate() {
+            for shard in &bucket.shards {
+                table[*shard as usize] = i;
+            }
+        }
+        BucketOf(table)
+    }
+
+    /// The bucket of `shard`; `None` for a shard of no bucket.
+    pub(crate) fn get(&self, shard: &u32) -> Option<&usize> {
+        self.0
+            .get(*shard as usize)
+            .filter(|bucket| **bucket != usize::MAX)
+    }
+}
+
 /// One gateway's leases on the shards of a datastore on one cluster.
 pub(crate) struct ShardLeases {
     /// Lease names are the prefix and the bucket number.
     prefix: String,
     pub(crate) buckets: Vec<Bucket>,
-    pub(crate) bucket_of: HashMap<u32, usize>,
+    pub(crate) bucket_of: BucketOf,
     pub(crate) held: BTreeMap<usize, Held>,
     holder: String,
     pub(crate) ttl: Duration,
@@ -101,11 +130,7 @@ impl ShardLeases {
                 shards: chunk.to_vec(),
             })
             .collect();
-        let bucket_of = buckets
-            .iter()
-            .enumerate()
-            .flat_map(|(i, b)| b.shards.iter().map(move |s| (*s, i)))
-            .collect();
+        let bucket_of = BucketOf::new(&buckets);
         ShardLeases {
             prefix,
             buckets,

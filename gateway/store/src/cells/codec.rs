@@ -79,17 +79,27 @@ pub fn encode(body: &serde_json::Value) -> Result<Vec<u8>, String> {
 /// Whether `value` nests deeper than `limit` levels, found without
 /// recursion.
 fn depth_exceeds(value: &serde_json::Value, limit: usize) -> bool {
+    // Only containers are pushed: scalars cannot nest.
+    let is_container = |v: &serde_json::Value| v.is_object() || v.is_array();
     let mut stack = vec![(value, 1usize)];
     while let Some((value, depth)) = stack.pop() {
-        let children: Box<dyn Iterator<Item = &serde_json::Value>> = match value {
-            serde_json::Value::Object(map) => Box::new(map.values()),
-            serde_json::Value::Array(items) => Box::new(items.iter()),
-            _ => continue,
-        };
         if depth > limit {
             return true;
         }
-        stack.extend(children.map(|child| (child, depth + 1)));
+        match value {
+            serde_json::Value::Object(map) => stack.extend(
+                map.values()
+                    .filter(|child| is_container(child))
+                    .map(|child| (child, depth + 1)),
+            ),
+            serde_json::Value::Array(items) => stack.extend(
+                items
+                    .iter()
+                    .filter(|child| is_container(child))
+                    .map(|child| (child, depth + 1)),
+            ),
+            _ => {}
+        }
     }
     false
 }

@@ -225,28 +225,36 @@ pub(crate) async fn get_cells_json(
     let cache = &topology.cell_cache;
     let mut found: Vec<Option<Cell<Vec<u8>>>> =
         keys.iter().map(|k| cache.get_key(ds.name(), k)).collect();
-    let missing: Vec<CellKey> = keys
-        .iter()
-        .zip(&found)
-        .filter(|(_, cell)| cell.is_none())
-        .map(|(key, _)| key.clone())
-        .collect();
-    if missing.is_empty() {
+    // How many of the keys not found ask for each cell.
+    let mut wanted: HashMap<&CellKey, usize> = HashMap::new();
+    for (key, cell) in keys.iter().zip(&found) {
+        if cell.is_none() {
+            *wanted.entry(key).or_default() += 1;
+        }
+    }
+    if wanted.is_empty() {
         return Ok(found);
     }
+    let missing: Vec<CellKey> = wanted.keys().map(|&key| key.clone()).collect();
     let mut read_now = fetch_by_key(topology, &ds, &missing, read).await?;
     for cell in read_now.values() {
         cache.insert(ds.name(), cell);
     }
-    // Each cell is moved out for the last key that asks for it.
-    for (i, key) in keys.iter().enumerate().rev() {
-        if found[i].is_none() {
-            found[i] = if keys[..i].contains(key) {
-                read_now.get(key).cloned()
-            } else {
-                read_now.remove(key)
-            };
+    // Each cell is cloned for all but the last key asking for it, which
+    // takes it.
+    for (key, slot) in keys.iter().zip(found.iter_mut()) {
+        if slot.is_some() {
+            continue;
         }
+        let Some(left) = wanted.get_mut(key) else {
+            continue;
+        };
+        *left -= 1;
+        *slot = if *left == 0 {
+            read_now.remove(key)
+        } else {
+            read_now.get(key).cloned()
+        };
     }
     Ok(found)
 }

@@ -436,6 +436,35 @@ async fn batch_reads_follow_input_order(env: Arc<Env>) {
         assert_eq!((cell.row_key, cell.ref_key), (key.row_key, 1));
     }
     assert!(got.last().unwrap().is_none());
+    // A key asked for several times (none read before) is answered each time.
+    let second = |row: Uuid| CellKey {
+        row_key: row,
+        column: "STATUS".into(),
+        ref_key: 2,
+    };
+    let repeated = vec![
+        second(rows[2]),
+        second(Uuid::new_v4()),
+        second(rows[2]),
+        second(rows[3]),
+        second(rows[2]),
+    ];
+    let got = store.get_cells("trips", &repeated).await.unwrap();
+    let answers: Vec<Option<(Uuid, i64)>> = got
+        .iter()
+        .map(|c| c.as_ref().map(|c| (c.row_key, c.ref_key)))
+        .collect();
+    assert_eq!(
+        answers,
+        vec![
+            Some((rows[2], 2)),
+            None,
+            Some((rows[2], 2)),
+            Some((rows[3], 2)),
+            Some((rows[2], 2))
+        ]
+    );
+    assert!(got.iter().flatten().all(|c| c.body["status"] == "completed"));
 
     let wanted: Vec<(Uuid, String)> = rows.iter().map(|r| (*r, "STATUS".to_string())).collect();
     let latest = store.get_cells_latest("trips", &wanted).await.unwrap();
