@@ -855,22 +855,17 @@ impl Store {
     }
 
     /// [`Store::get_cells_latest`] with each body as its JSON text,
-    /// transcoded from storage without building a JSON value.
-    /// Served as `read` allows.
+    /// transcoded from storage without building a JSON value. With the
+    /// cell cache on (`storage.cell_cache_bytes`), only each pair's latest
+    /// ref key is read from the database and the bodies the cache keeps
+    /// come from it. Served as `read` allows.
     pub async fn get_cells_latest_json(
         &self,
         datastore: &str,
         wanted: &[(Uuid, String)],
         read: &ReadOptions,
     ) -> Result<Vec<Option<Cell<Vec<u8>>>>> {
-        cells::get_cells_latest(
-            self.topology_ref(),
-            datastore,
-            wanted,
-            &codec::decode_json,
-            read,
-        )
-        .await
+        cells::get_cells_latest_json(self.topology_ref(), datastore, wanted, read).await
     }
 
     /// Up to `limit` cells of `shard` after `location`, in insertion order.

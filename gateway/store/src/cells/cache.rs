@@ -10,9 +10,10 @@
 //! key and takes one shard's read lock: it allocates nothing.
 //!
 //! Two reads use it: reads by full key, and the latest cells of an index
-//! page's rows, whose statement then only looks up each row's latest ref
-//! key in the unique key (an index-only lookup) and reads the bodies of
-//! cells it has not kept in a second statement. Pruning removes old
+//! page's rows, whose statement (or, when the rows are spread over
+//! several clusters, the read on each cluster) then only looks up each
+//! row's latest ref key in the unique key (an index-only lookup) and reads
+//! the bodies of cells it has not kept in a second statement. Pruning removes old
 //! versions from the database but not from the cache: a kept cell read by
 //! its full key may outlive its pruning until it is evicted.
 

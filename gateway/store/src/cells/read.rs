@@ -391,6 +391,159 @@ pub(crate) async fn get_cells_latest<B: Clone + Send>(
         .collect())
 }
 
+/// [`get_cells_latest`] with bodies as JSON text, through the cell cache:
+/// each pair's latest ref key is read from its cluster (one index-only
+/// statement per cluster and chunk), the bodies come from the cache, and
+/// the cells it does not keep are read by their full key and kept. A newer
+/// version is therefore seen at once. Without the cache, the cells are
+/// read whole in one statement per cluster and chunk.
+pub(crate) async fn get_cells_latest_json(
+    topology: &Topology,
+    datastore: &str,
+    wanted: &[(Uuid, String)],
+    read: &ReadOptions,
+) -> Result<Vec<Option<Cell<Vec<u8>>>>> {
+    if !topology.cell_cache.enabled() {
+        return get_cells_latest(topology, datastore, wanted, &codec::decode_json, read).await;
+    }
+    let ds = topology.datastore(datastore)?;
+    for (_, column) in wanted {
+        ds.check_column(column)?;
+    }
+    let latest = latest_ref_keys(topology, &ds, wanted, read).await?;
+    let keys: Vec<CellKey> = latest
+        .iter()
+        .map(|((row_key, column), ref_key)| CellKey {
+            row_key: *row_key,
+            column: column.clone(),
+            ref_key: *ref_key,
+        })
+        .collect();
+    let mut cells = get_cells_json(topology, datastore, &keys, read).await?;
+    // A replica other than the one that named a ref key may not have its
+    // cell yet; the master has every cell it named.
+    if cells.iter().any(Option::is_none) && read.wants_replica() {
+        let again: Vec<CellKey> = keys
+            .iter()
+            .zip(&cells)
+            .filter(|(_, cell)| cell.is_none())
+            .map(|(key, _)| key.clone())
+            .collect();
+        let mut from_master = get_cells_json(topology, datastore, &again, &ReadOptions::default())
+            .await?
+            .into_iter();
+        for cell in cells.iter_mut().filter(|cell| cell.is_none()) {
+            *cell = from_master.next().flatten();
+        }
+    }
+    let mut found: HashMap<(Uuid, &str), Cell<Vec<u8>>> = HashMap::new();
+    for (key, cell) in keys.iter().zip(cells) {
+        if let Some(cell) = cell {
+            found.insert((key.row_key, key.column.as_str()), cell);
+        }
+    }
+    // Each cell is moved out for the last pair that asks for it.
+    let last: HashMap<(Uuid, &str), usize> = wanted
+        .iter()
+        .enumerate()
+        .map(|(i, (row, column))| ((*row, column.as_str()), i))
+        .collect();
+    Ok(wanted
+        .iter()
+        .enumerate()
+        .map(|(i, (row, column))| {
+            let pair = (*row, column.as_str());
+            if last[&pair] == i {
+                found.remove(&pair)
+            } else {
+                found.get(&pair).cloned()
+            }
+        })
+        .collect())
+}
+
+/// The latest ref key of each `(row_key, column)` of `wanted` that has a
+/// cell: `MAX(ref_key)` grouped by pair, which every backend answers from
+/// the unique key alone; one statement per cluster and chunk.
+async fn latest_ref_keys(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    wanted: &[(Uuid, String)],
+    read: &ReadOptions,
+) -> Result<HashMap<(Uuid, String), i64>> {
+    let groups = topology.by_cluster(
+        ds,
+        wanted
+            .iter()
+            .map(|pair| (row_shard(&pair.0, ds.def.shards), pair)),
+    );
+    let table = ddl::cells_table(ds.name());
+    let reads = groups.into_iter().map(|(cluster, pairs)| {
+        let table = &table;
+        async move {
+            let shards = pairs
+                .iter()
+                .map(|p| row_shard(&p.0, ds.def.shards))
+                .collect();
+            read_on(topology, ds, cluster, &shards, read, |node| {
+                let pairs = &pairs;
+                async move {
+                    let mut found = Vec::new();
+                    for chunk in pairs.chunks(READ_CHUNK) {
+                        let mut sql = Sql::new(node.dialect());
+                        sql.push("SELECT ")
+                            .ident("row_key")
+                            .push(", ")
+                            .ident("column_name")
+                            .push(", MAX(")
+                            .ident("ref_key")
+                            .push(") FROM ")
+                            .ident(table)
+                            .push(" WHERE ")
+                            .ident("row_key")
+                            .push(" IN ")
+                            .bind_list(uuid_list(chunk.iter().map(|p| p.0)))
+                            .push(" AND ")
+                            .ident("column_name")
+                            .push(" IN ")
+                            .bind_list(text_list(chunk.iter().map(|p| p.1.as_str())))
+                            .push(" GROUP BY ")
+                            .ident("row_key")
+                            .push(", ")
+                            .ident("column_name");
+                        let types = [ColType::Uuid, ColType::Text, ColType::Int];
+                        found.extend(node.fetch(&sql, &types).await?);
+                    }
+                    Ok::<_, Error>(found)
+                }
+            })
+            .await
+        }
+    });
+    // An `IN` on rows and one on columns also match pairs that were not
+    // asked for.
+    let asked: HashSet<(Uuid, &str)> = wanted
+        .iter()
+        .map(|(row, column)| (*row, column.as_str()))
+        .collect();
+    let mut latest = HashMap::new();
+    for rows in futures::future::try_join_all(reads).await? {
+        for row in rows {
+            let (Some(row_key), Some(column), Some(ref_key)) =
+                (row[0].as_uuid(), row[1].as_text(), row[2].as_int())
+            else {
+                return Err(Error::Internal(
+                    "a latest ref key row has an unexpected shape".into(),
+                ));
+            };
+            if asked.contains(&(row_key, column)) {
+                latest.insert((row_key, column.to_string()), ref_key);
+            }
+        }
+    }
+    Ok(latest)
+}
+
 /// The latest cells of `columns` for `rows`, all on the cluster of
 /// `backend`, in one statement, with the bodies decoded by `decode` (index
 /// maintenance reads only the top-level members it indexes). Bodies are

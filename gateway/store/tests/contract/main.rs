@@ -33,7 +33,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cellgate_store::cells::{CellKey, Location, NewCell, PutStatus};
+use cellgate_store::cells::{Cell, CellKey, Location, NewCell, PutStatus};
 use cellgate_store::indexes::{IndexQuery, OrderBy, QueryPlan};
 use cellgate_store::storage::Value;
 use cellgate_store::Store;
@@ -181,6 +181,7 @@ contract_suite_on_two_clusters!(
     prune_keeps_every_latest_version_and_the_indexes_verify_clean,
     prune_keeps_cells_a_consumer_has_not_read,
     prune_while_writing_keeps_every_latest_version,
+    latest_json_cells_come_from_the_cache_on_every_cluster,
 );
 
 fn cell(row_key: Uuid, column: &str, ref_key: i64, body: serde_json::Value) -> NewCell {
@@ -464,7 +465,10 @@ async fn batch_reads_follow_input_order(env: Arc<Env>) {
             Some((rows[2], 2))
         ]
     );
-    assert!(got.iter().flatten().all(|c| c.body["status"] == "completed"));
+    assert!(got
+        .iter()
+        .flatten()
+        .all(|c| c.body["status"] == "completed"));
 
     let wanted: Vec<(Uuid, String)> = rows.iter().map(|r| (*r, "STATUS".to_string())).collect();
     let latest = store.get_cells_latest("trips", &wanted).await.unwrap();
@@ -1851,6 +1855,103 @@ async fn an_index_page_reads_its_rows_latest_cells_in_one_statement(env: Arc<Env
     );
     let metrics = cached.metrics().cell_cache;
     assert!(metrics.hits >= 30 && metrics.cells >= 30, "{metrics:?}");
+}
+
+/// Statements sent to every cluster of `store`, summed.
+fn all_statements(store: &Store) -> u64 {
+    store.metrics().clusters.iter().map(|c| c.statements).sum()
+}
+
+// The latest cells of many rows as JSON (what an index page on a
+// multi-cluster store reads for its rows' bodies) come from the cell cache:
+// each cluster is asked only for the latest ref keys, and the same answer
+// as without the cache, with a newer version seen at once.
+async fn latest_json_cells_come_from_the_cache_on_every_cluster(env: Arc<Env>) {
+    let uncached = env.open_tuned(|o| o.storage.cell_cache_bytes = 0).await;
+    let cached = env.open().await;
+    let rows: Vec<Uuid> = (0..40).map(|_| Uuid::new_v4()).collect();
+    let mut batch = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        batch.push(cell(*row, "BASE", 1, json!({"i": i, "v": 1})));
+        if i % 3 == 0 {
+            batch.push(cell(*row, "BASE", 5, json!({"i": i, "v": 5})));
+        }
+        if i % 2 == 0 {
+            batch.push(cell(*row, "STATUS", 2, json!({"status": "done", "i": i})));
+        }
+    }
+    for result in uncached.put_cells("trips", batch).await.unwrap() {
+        assert_eq!(result.unwrap(), PutStatus::Written);
+    }
+    let clusters = cached.metrics().clusters.len() as u64;
+    assert_eq!(clusters, 2);
+    let mut wanted: Vec<(Uuid, String)> = rows
+        .iter()
+        .flat_map(|r| [(*r, "BASE".to_string()), (*r, "STATUS".to_string())])
+        .collect();
+    wanted.push((Uuid::new_v4(), "BASE".to_string()));
+    wanted.push((rows[0], "BASE".to_string()));
+    let answer = |cells: Vec<Option<Cell<Vec<u8>>>>| -> Vec<Option<(i64, serde_json::Value)>> {
+        cells
+            .into_iter()
+            .map(|c| c.map(|c| (c.ref_key, serde_json::from_slice(&c.body).unwrap())))
+            .collect()
+    };
+    let read = |store: &Store| {
+        let store = store.clone();
+        let wanted = wanted.clone();
+        async move {
+            let before = all_statements(&store);
+            let cells = store
+                .get_cells_latest_json("trips", &wanted, &Default::default())
+                .await
+                .unwrap();
+            (answer(cells), all_statements(&store) - before)
+        }
+    };
+    let (expected, sent) = read(&uncached).await;
+    assert_eq!(
+        sent, clusters,
+        "without the cache: one statement per cluster"
+    );
+    for (i, row) in rows.iter().enumerate() {
+        let base = expected[2 * i].as_ref().expect("every row has a BASE cell");
+        let v = if i % 3 == 0 { 5 } else { 1 };
+        assert_eq!(base, &(v, json!({"i": i, "v": v})), "row {i} ({row})");
+        assert_eq!(
+            expected[2 * i + 1].is_some(),
+            i % 2 == 0,
+            "STATUS of row {i}"
+        );
+    }
+    assert_eq!(expected[80], None, "a row without cells");
+    assert_eq!(expected[81], expected[0], "a pair asked for twice");
+
+    let (first, sent) = read(&cached).await;
+    assert_eq!(first, expected);
+    assert!(sent <= 2 * clusters, "cold: {sent} statements");
+    let hits = cached.metrics().cell_cache.hits;
+    let (again, sent) = read(&cached).await;
+    assert_eq!(again, expected);
+    assert_eq!(
+        sent, clusters,
+        "warm: only the latest ref keys, one statement per cluster"
+    );
+    let kept = 40 + 20;
+    assert!(
+        cached.metrics().cell_cache.hits >= hits + kept,
+        "{:?}",
+        cached.metrics().cell_cache
+    );
+
+    // A newer version of a kept cell is read at once.
+    cached
+        .put_cell("trips", cell(rows[1], "BASE", 9, json!({"i": 1, "v": 9})))
+        .await
+        .unwrap();
+    let (now, _) = read(&cached).await;
+    assert_eq!(now[2], Some((9, json!({"i": 1, "v": 9}))));
+    assert_eq!(now[4..], expected[4..]);
 }
 
 // Regression: MySQL's `_bin` collations pad with spaces, so `'a'` and
