@@ -26,7 +26,7 @@ pub(super) fn check_filter(filter: &str, limits: GraphqlLimits) -> async_graphql
             format!("`filter` is at most {} bytes", limits.filter_bytes),
         ));
     }
-    if let Ok(parsed) = index_dsl::parse_filter(filter) {
+    if let Ok(parsed) = cellgate_store::indexes::filters::parse_filter(filter) {
         if parsed.conditions.len() > limits.filter_terms {
             return Err(coded(
                 "LIMIT_EXCEEDED",

@@ -4,7 +4,8 @@
 //! Maintenance: `maintainer/` runs the background workers (leases, sweep,
 //! scheduling), `apply.rs` one batched pass over the log, `lag.rs` measures
 //! how far behind the offsets are. Queries: `plan.rs` turns a typed query
-//! or a filter string into a plan, `query.rs` runs it with one statement
+//! or a filter string into a plan (`filters.rs` keeps parsed filter
+//! strings by their text), `query.rs` runs it with one statement
 //! per cluster, `cursor.rs` encodes keyset positions. `verify.rs` compares indexes
 //! with their cells and repairs the drift. `entry.rs` extracts
 //! typed field values from cell bodies.
@@ -12,6 +13,7 @@
 pub(crate) mod apply;
 pub mod cursor;
 pub mod entry;
+pub mod filters;
 pub(crate) mod lag;
 pub(crate) mod maintainer;
 pub mod plan;

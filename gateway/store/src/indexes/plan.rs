@@ -88,9 +88,9 @@ impl QueryPlan {
             })?;
         let mut conditions = query.conditions.clone();
         if let Some(filter) = query.filter.as_deref().filter(|f| !f.trim().is_empty()) {
-            let parsed = index_dsl::parse_filter(filter)
+            let parsed = super::filters::parse_filter(filter)
                 .map_err(|e| Error::BadInput(format!("invalid filter: {e}")))?;
-            conditions.extend(parsed.conditions);
+            conditions.extend(parsed.conditions.iter().cloned());
         }
         let shard_field = index.shard_field();
         let mut shard_literals = query.shard_values.clone();
