@@ -36,8 +36,8 @@ pub use replay::{Backlog, Conflict};
 pub(crate) use log::{cells_for_shard, heads, log_cells, log_keys, positions_condition};
 pub(crate) use prune::prune;
 pub(crate) use read::{
-    cell_from_row, decoded_cell, get_cell, get_cells, get_cells_json, get_cells_latest,
-    get_cells_latest_json, has_cells, history, latest_cells_with, select_cells, with_latest_cells,
+    cell_from_row, decoded_cell, get_cell, get_cells, get_cells_latest, get_cells_latest_json,
+    get_named_cells_json, has_cells, history, latest_cells_with, select_cells, with_latest_cells,
     CELL_TYPES,
 };
 

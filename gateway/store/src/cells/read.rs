@@ -267,60 +267,87 @@ async fn fetch_by_key(
     keys: &[CellKey],
     read: &ReadOptions,
 ) -> Result<HashMap<CellKey, Cell<Vec<u8>>>> {
-    let groups = topology.by_cluster(
+    let table = ddl::cells_table(ds.name());
+    let rows = fetch_by_row(
+        topology,
         ds,
-        keys.iter()
-            .map(|k| (row_shard(&k.row_key, ds.def.shards), k)),
-    );
-    let reads = groups.into_iter().map(|(cluster, keys)| async move {
-        let shards = keys
-            .iter()
-            .map(|k| row_shard(&k.row_key, ds.def.shards))
-            .collect();
-        read_on(topology, ds, cluster, &shards, read, |node| {
-            let keys = &keys;
-            async move {
-                let mut found = Vec::new();
-                for chunk in keys.chunks(READ_CHUNK) {
-                    let mut sql = Sql::new(node.dialect());
-                    select_cells(&mut sql, &ddl::cells_table(ds.name()), None);
-                    sql.push(" WHERE ")
-                        .ident("row_key")
-                        .push(" IN ")
-                        .bind_list(uuid_list(chunk.iter().map(|k| k.row_key)))
-                        .push(" AND ")
-                        .ident("column_name")
-                        .push(" IN ")
-                        .bind_list(text_list(chunk.iter().map(|k| k.column.as_str())))
-                        .push(" AND ")
-                        .ident("ref_key")
-                        .push(" IN ")
-                        .bind_list(int_list(chunk.iter().map(|k| k.ref_key)));
-                    for row in node.fetch(&sql, &CELL_TYPES).await? {
-                        found.push(decoded_cell(row, &codec::decode_json)?);
-                    }
-                }
-                Ok::<_, Error>(found)
-            }
-        })
-        .await
-    });
+        keys,
+        |k| k.row_key,
+        read,
+        &CELL_TYPES,
+        |dialect, chunk| {
+            let mut sql = Sql::new(dialect);
+            select_cells(&mut sql, &table, None);
+            sql.push(" WHERE ")
+                .ident("row_key")
+                .push(" IN ")
+                .bind_list(uuid_list(chunk.iter().map(|k| k.row_key)))
+                .push(" AND ")
+                .ident("column_name")
+                .push(" IN ")
+                .bind_list(text_list(chunk.iter().map(|k| k.column.as_str())))
+                .push(" AND ")
+                .ident("ref_key")
+                .push(" IN ")
+                .bind_list(int_list(chunk.iter().map(|k| k.ref_key)));
+            sql
+        },
+    )
+    .await?;
     let wanted: HashSet<&CellKey> = keys.iter().collect();
     let mut found = HashMap::new();
-    for cells in futures::future::try_join_all(reads).await? {
-        for cell in cells {
-            let key = CellKey {
-                row_key: cell.row_key,
-                column: cell.column.clone(),
-                ref_key: cell.ref_key,
-            };
-            // The `IN` lists also match keys that were not asked for.
-            if wanted.contains(&key) {
-                found.insert(key, cell);
-            }
+    for row in rows {
+        let cell = decoded_cell(row, &codec::decode_json)?;
+        let key = CellKey {
+            row_key: cell.row_key,
+            column: cell.column.clone(),
+            ref_key: cell.ref_key,
+        };
+        // The `IN` lists also match keys that were not asked for.
+        if wanted.contains(&key) {
+            found.insert(key, cell);
         }
     }
     Ok(found)
+}
+
+/// The rows of the statements `sql` builds for `items`, each run on the
+/// cluster holding its items' rows (through `read_on`, so as `read`
+/// allows), clusters in parallel: one statement per cluster and chunk of
+/// [`READ_CHUNK`] items, never one per shard or per row.
+async fn fetch_by_row<I: Sync>(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    items: &[I],
+    row_key: impl Fn(&I) -> Uuid + Sync,
+    read: &ReadOptions,
+    types: &[ColType],
+    sql: impl Fn(Dialect, &[&I]) -> Sql + Sync,
+) -> Result<Vec<Vec<Value>>> {
+    let shard_of = |item: &I| row_shard(&row_key(item), ds.def.shards);
+    let groups = topology.by_cluster(ds, items.iter().map(|item| (shard_of(item), item)));
+    let reads = groups.into_iter().map(|(cluster, group)| {
+        let (sql, shard_of) = (&sql, &shard_of);
+        async move {
+            let shards = group.iter().map(|item| shard_of(item)).collect();
+            read_on(topology, ds, cluster, &shards, read, |node| {
+                let group = &group;
+                async move {
+                    let mut rows = Vec::new();
+                    for chunk in group.chunks(READ_CHUNK) {
+                        rows.extend(node.fetch(&sql(node.dialect(), chunk), types).await?);
+                    }
+                    Ok::<_, Error>(rows)
+                }
+            })
+            .await
+        }
+    });
+    Ok(futures::future::try_join_all(reads)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect())
 }
 
 /// The latest cell of each `(row_key, column)`; one statement per cluster
@@ -336,49 +363,43 @@ pub(crate) async fn get_cells_latest<B: Clone + Send>(
     for (_, column) in wanted {
         ds.check_column(column)?;
     }
-    let groups = topology.by_cluster(
+    let table = ddl::cells_table(ds.name());
+    let rows = fetch_by_row(
+        topology,
         &ds,
-        wanted
-            .iter()
-            .map(|pair| (row_shard(&pair.0, ds.def.shards), pair)),
-    );
-    let reads = groups.into_iter().map(|(cluster, pairs)| {
-        let ds = &ds;
-        async move {
-            let shards = pairs
-                .iter()
-                .map(|p| row_shard(&p.0, ds.def.shards))
-                .collect();
-            read_on(topology, ds, cluster, &shards, read, |node| {
-                let pairs = &pairs;
-                async move {
-                    let mut found = Vec::new();
-                    for chunk in pairs.chunks(READ_CHUNK) {
-                        let rows: Vec<Uuid> = chunk.iter().map(|p| p.0).collect();
-                        let columns: Vec<String> = chunk.iter().map(|p| p.1.clone()).collect();
-                        for cell in
-                            latest_cells_with(node.as_ref(), ds, &rows, &columns, decode).await?
-                        {
-                            found.push(cell?);
-                        }
-                    }
-                    Ok::<_, Error>(found)
-                }
-            })
-            .await
-        }
-    });
+        wanted,
+        |pair| pair.0,
+        read,
+        &CELL_TYPES,
+        |dialect, chunk| {
+            let rows: Vec<Uuid> = chunk.iter().map(|pair| pair.0).collect();
+            let columns: Vec<&str> = chunk.iter().map(|pair| pair.1.as_str()).collect();
+            latest_cells_sql(dialect, &table, &rows, &columns)
+        },
+    )
+    .await?;
+    let pairs: HashSet<(Uuid, &str)> = wanted
+        .iter()
+        .map(|(row, column)| (*row, column.as_str()))
+        .collect();
     let mut found: HashMap<(Uuid, String), Cell<B>> = HashMap::new();
-    for cells in futures::future::try_join_all(reads).await? {
-        for cell in cells {
-            found.insert((cell.row_key, cell.column.clone()), cell);
-        }
+    for cell in latest_cells_from(rows, &pairs, decode) {
+        let cell = cell?;
+        found.insert((cell.row_key, cell.column.clone()), cell);
     }
-    // Each cell is moved out for the last pair that asks for it, and
-    // copied only for a pair asked for twice.
+    Ok(hand_out(wanted, found))
+}
+
+/// The cell of each pair of `wanted`, in order, from `found`: each cell is
+/// moved out for the last pair that asks for it, and copied only for a
+/// pair asked for twice.
+fn hand_out<B: Clone>(
+    wanted: &[(Uuid, String)],
+    mut found: HashMap<(Uuid, String), Cell<B>>,
+) -> Vec<Option<Cell<B>>> {
     let last: HashMap<&(Uuid, String), usize> =
         wanted.iter().enumerate().map(|(i, key)| (key, i)).collect();
-    Ok(wanted
+    wanted
         .iter()
         .enumerate()
         .map(|(i, key)| {
@@ -388,7 +409,7 @@ pub(crate) async fn get_cells_latest<B: Clone + Send>(
                 found.get(key).cloned()
             }
         })
-        .collect())
+        .collect()
 }
 
 /// [`get_cells_latest`] with bodies as JSON text, through the cell cache:
@@ -410,18 +431,35 @@ pub(crate) async fn get_cells_latest_json(
     for (_, column) in wanted {
         ds.check_column(column)?;
     }
-    let latest = latest_ref_keys(topology, &ds, wanted, read).await?;
-    let keys: Vec<CellKey> = latest
-        .iter()
+    let keys: Vec<CellKey> = latest_ref_keys(topology, &ds, wanted, read)
+        .await?
+        .into_iter()
         .map(|((row_key, column), ref_key)| CellKey {
-            row_key: *row_key,
-            column: column.clone(),
-            ref_key: *ref_key,
+            row_key,
+            column,
+            ref_key,
         })
         .collect();
-    let mut cells = get_cells_json(topology, datastore, &keys, read).await?;
-    // A replica other than the one that named a ref key may not have its
-    // cell yet; the master has every cell it named.
+    let cells = get_named_cells_json(topology, datastore, &keys, read).await?;
+    let found = keys
+        .into_iter()
+        .zip(cells)
+        .filter_map(|(key, cell)| Some(((key.row_key, key.column), cell?)))
+        .collect();
+    Ok(hand_out(wanted, found))
+}
+
+/// [`get_cells_json`] for keys whose ref keys a read just named, perhaps
+/// on a replica: a replica other than the one that named a key may not
+/// have its cell yet, so the keys a replica read misses are read again on
+/// the master, which has every cell it named.
+pub(crate) async fn get_named_cells_json(
+    topology: &Topology,
+    datastore: &str,
+    keys: &[CellKey],
+    read: &ReadOptions,
+) -> Result<Vec<Option<Cell<Vec<u8>>>>> {
+    let mut cells = get_cells_json(topology, datastore, keys, read).await?;
     if cells.iter().any(Option::is_none) && read.wants_replica() {
         let again: Vec<CellKey> = keys
             .iter()
@@ -436,30 +474,7 @@ pub(crate) async fn get_cells_latest_json(
             *cell = from_master.next().flatten();
         }
     }
-    let mut found: HashMap<(Uuid, &str), Cell<Vec<u8>>> = HashMap::new();
-    for (key, cell) in keys.iter().zip(cells) {
-        if let Some(cell) = cell {
-            found.insert((key.row_key, key.column.as_str()), cell);
-        }
-    }
-    // Each cell is moved out for the last pair that asks for it.
-    let last: HashMap<(Uuid, &str), usize> = wanted
-        .iter()
-        .enumerate()
-        .map(|(i, (row, column))| ((*row, column.as_str()), i))
-        .collect();
-    Ok(wanted
-        .iter()
-        .enumerate()
-        .map(|(i, (row, column))| {
-            let pair = (*row, column.as_str());
-            if last[&pair] == i {
-                found.remove(&pair)
-            } else {
-                found.get(&pair).cloned()
-            }
-        })
-        .collect())
+    Ok(cells)
 }
 
 /// The latest ref key of each `(row_key, column)` of `wanted` that has a
@@ -471,55 +486,40 @@ async fn latest_ref_keys(
     wanted: &[(Uuid, String)],
     read: &ReadOptions,
 ) -> Result<HashMap<(Uuid, String), i64>> {
-    let groups = topology.by_cluster(
-        ds,
-        wanted
-            .iter()
-            .map(|pair| (row_shard(&pair.0, ds.def.shards), pair)),
-    );
     let table = ddl::cells_table(ds.name());
-    let reads = groups.into_iter().map(|(cluster, pairs)| {
-        let table = &table;
-        async move {
-            let shards = pairs
-                .iter()
-                .map(|p| row_shard(&p.0, ds.def.shards))
-                .collect();
-            read_on(topology, ds, cluster, &shards, read, |node| {
-                let pairs = &pairs;
-                async move {
-                    let mut found = Vec::new();
-                    for chunk in pairs.chunks(READ_CHUNK) {
-                        let mut sql = Sql::new(node.dialect());
-                        sql.push("SELECT ")
-                            .ident("row_key")
-                            .push(", ")
-                            .ident("column_name")
-                            .push(", MAX(")
-                            .ident("ref_key")
-                            .push(") FROM ")
-                            .ident(table)
-                            .push(" WHERE ")
-                            .ident("row_key")
-                            .push(" IN ")
-                            .bind_list(uuid_list(chunk.iter().map(|p| p.0)))
-                            .push(" AND ")
-                            .ident("column_name")
-                            .push(" IN ")
-                            .bind_list(text_list(chunk.iter().map(|p| p.1.as_str())))
-                            .push(" GROUP BY ")
-                            .ident("row_key")
-                            .push(", ")
-                            .ident("column_name");
-                        let types = [ColType::Uuid, ColType::Text, ColType::Int];
-                        found.extend(node.fetch(&sql, &types).await?);
-                    }
-                    Ok::<_, Error>(found)
-                }
-            })
-            .await
-        }
-    });
+    let rows = fetch_by_row(
+        topology,
+        ds,
+        wanted,
+        |pair| pair.0,
+        read,
+        &[ColType::Uuid, ColType::Text, ColType::Int],
+        |dialect, chunk| {
+            let mut sql = Sql::new(dialect);
+            sql.push("SELECT ")
+                .ident("row_key")
+                .push(", ")
+                .ident("column_name")
+                .push(", MAX(")
+                .ident("ref_key")
+                .push(") FROM ")
+                .ident(&table)
+                .push(" WHERE ")
+                .ident("row_key")
+                .push(" IN ")
+                .bind_list(uuid_list(chunk.iter().map(|pair| pair.0)))
+                .push(" AND ")
+                .ident("column_name")
+                .push(" IN ")
+                .bind_list(text_list(chunk.iter().map(|pair| pair.1.as_str())))
+                .push(" GROUP BY ")
+                .ident("row_key")
+                .push(", ")
+                .ident("column_name");
+            sql
+        },
+    )
+    .await?;
     // An `IN` on rows and one on columns also match pairs that were not
     // asked for.
     let asked: HashSet<(Uuid, &str)> = wanted
@@ -527,18 +527,16 @@ async fn latest_ref_keys(
         .map(|(row, column)| (*row, column.as_str()))
         .collect();
     let mut latest = HashMap::new();
-    for rows in futures::future::try_join_all(reads).await? {
-        for row in rows {
-            let (Some(row_key), Some(column), Some(ref_key)) =
-                (row[0].as_uuid(), row[1].as_text(), row[2].as_int())
-            else {
-                return Err(Error::Internal(
-                    "a latest ref key row has an unexpected shape".into(),
-                ));
-            };
-            if asked.contains(&(row_key, column)) {
-                latest.insert((row_key, column.to_string()), ref_key);
-            }
+    for row in rows {
+        let (Some(row_key), Some(column), Some(ref_key)) =
+            (row[0].as_uuid(), row[1].as_text(), row[2].as_int())
+        else {
+            return Err(Error::Internal(
+                "a latest ref key row has an unexpected shape".into(),
+            ));
+        };
+        if asked.contains(&(row_key, column)) {
+            latest.insert((row_key, column.to_string()), ref_key);
         }
     }
     Ok(latest)
@@ -558,9 +556,25 @@ pub(crate) async fn latest_cells_with<B>(
     if rows.is_empty() || columns.is_empty() {
         return Ok(Vec::new());
     }
-    let table = ddl::cells_table(ds.name());
-    let postgres = backend.dialect() == Dialect::Postgres;
-    let mut sql = Sql::new(backend.dialect());
+    let columns: Vec<&str> = columns.iter().map(String::as_str).collect();
+    let sql = latest_cells_sql(
+        backend.dialect(),
+        &ddl::cells_table(ds.name()),
+        rows,
+        &columns,
+    );
+    let pairs: HashSet<(Uuid, &str)> = rows
+        .iter()
+        .flat_map(|r| columns.iter().map(move |c| (*r, *c)))
+        .collect();
+    let fetched = backend.fetch(&sql, &CELL_TYPES).await?;
+    Ok(latest_cells_from(fetched, &pairs, decode))
+}
+
+/// The statement of the latest cells of `columns` for `rows` in `table`.
+fn latest_cells_sql(dialect: Dialect, table: &str, rows: &[Uuid], columns: &[&str]) -> Sql {
+    let postgres = dialect == Dialect::Postgres;
+    let mut sql = Sql::new(dialect);
     if postgres {
         // `DISTINCT ON` keeps the first row of each (row, column) in the
         // order given: one backward step on the unique key per pair, about
@@ -570,9 +584,9 @@ pub(crate) async fn latest_cells_with<B>(
             .push(", c.")
             .ident("column_name")
             .push(") ");
-        cells_from(&mut sql, &table, Some("c"));
+        cells_from(&mut sql, table, Some("c"));
     } else {
-        select_cells(&mut sql, &table, Some("c"));
+        select_cells(&mut sql, table, Some("c"));
     }
     sql.push(" WHERE c.")
         .ident("row_key")
@@ -581,7 +595,7 @@ pub(crate) async fn latest_cells_with<B>(
         .push(" AND c.")
         .ident("column_name")
         .push(" IN ")
-        .bind_list(text_list(columns.iter().map(String::as_str)));
+        .bind_list(text_list(columns.iter().copied()));
     if postgres {
         sql.push(" ORDER BY c.")
             .ident("row_key")
@@ -591,23 +605,26 @@ pub(crate) async fn latest_cells_with<B>(
             .ident("ref_key")
             .push(" DESC");
     } else {
-        latest_of_c(&mut sql, &table);
+        latest_of_c(&mut sql, table);
     }
-    // An `IN` on rows and one on columns also match pairs that were not
-    // asked for.
-    let wanted: HashSet<(Uuid, &str)> = rows
-        .iter()
-        .flat_map(|r| columns.iter().map(move |c| (*r, c.as_str())))
-        .collect();
-    let fetched = backend.fetch(&sql, &CELL_TYPES).await?;
-    Ok(fetched
-        .into_iter()
+    sql
+}
+
+/// The cells of the rows of [`latest_cells_sql`] that are among `pairs`
+/// (an `IN` on rows and one on columns also match pairs that were not
+/// asked for), bodies decoded one by one.
+fn latest_cells_from<B>(
+    rows: Vec<Vec<Value>>,
+    pairs: &HashSet<(Uuid, &str)>,
+    decode: Decode<'_, B>,
+) -> Vec<Result<Cell<B>>> {
+    rows.into_iter()
         .map(|row| decoded_cell(row, decode))
         .filter(|c| match c {
-            Ok(c) => wanted.contains(&(c.row_key, c.column.as_str())),
+            Ok(c) => pairs.contains(&(c.row_key, c.column.as_str())),
             Err(_) => true,
         })
-        .collect())
+        .collect()
 }
 
 /// Wraps `rows`, a statement whose first column is `row_key`, into one

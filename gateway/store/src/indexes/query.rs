@@ -20,7 +20,7 @@ use super::entry::col_type;
 use super::plan::{IndexQuery, QueryPlan};
 use crate::cells::Cell;
 use crate::cells::{
-    codec, decoded_cell, get_cells_json, with_latest_cells, with_latest_ref_keys, CellKey,
+    codec, decoded_cell, get_named_cells_json, with_latest_cells, with_latest_ref_keys, CellKey,
     CELL_TYPES,
 };
 use crate::error::Result;
@@ -425,19 +425,7 @@ pub(crate) async fn run_plan_with_cells(
         }
     }
     if !missing.is_empty() {
-        let mut read_now = get_cells_json(topology, ds.name(), &missing, &read).await?;
-        // A replica other than the one that named a ref key may not have its
-        // cell yet; the master has every cell it named.
-        if read_now.iter().any(Option::is_none) && read.wants_replica() {
-            let again: Vec<CellKey> = missing
-                .iter()
-                .zip(&read_now)
-                .filter(|(_, cell)| cell.is_none())
-                .map(|(key, _)| key.clone())
-                .collect();
-            let master = ReadOptions::default();
-            read_now.extend(get_cells_json(topology, ds.name(), &again, &master).await?);
-        }
+        let read_now = get_named_cells_json(topology, ds.name(), &missing, &read).await?;
         cells.extend(read_now.into_iter().flatten());
     }
     let entries = rows.into_iter().map(|(row, _)| row).collect();
