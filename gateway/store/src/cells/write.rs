@@ -623,7 +623,7 @@ fn one_statement(
             }
         }
     }
-    if counts.len() * 3 + cells.len() * 7 > MAX_PARAMS {
+    if counts.len() * 4 + cells.len() * 7 > MAX_PARAMS {
         return None;
     }
     let shards_table = ddl::shards_table(datastore);
@@ -669,6 +669,15 @@ fn one_statement(
         .ident("shard")
         .push(" = l.")
         .ident("shard")
+        // The shards again, on the updated table itself: joined only
+        // through `locked`, PostgreSQL may plan a scan of the whole
+        // counter table, which a prepared statement's generic plan then
+        // keeps for the life of the connection (measured: one full scan
+        // per write, the table bloating between vacuums).
+        .push(" AND s.")
+        .ident("shard")
+        .push(" IN ")
+        .bind_list(counts.iter().map(|(s, _)| Value::Int(i64::from(*s))))
         .push(" RETURNING s.")
         .ident("shard")
         .push(", s.")

@@ -95,6 +95,7 @@ contract_suite!(
     index_lag_reports_pending_cells,
     adversarial_bodies_read_back,
     limit_sized_bodies_read_back,
+    writes_never_scan_the_whole_shard_counter_table,
     index_query_is_an_index_range_scan,
     a_new_shard_count_is_refused,
     configured_ranges_only_seed_the_stored_topology,
@@ -1460,6 +1461,73 @@ async fn limit_sized_bodies_read_back(env: Arc<Env>) {
         .await
         .unwrap_err();
     assert_eq!(err.code(), "INVALID_BODY");
+}
+
+/// A write reads and advances only its own shards' counter rows. On
+/// PostgreSQL, a plan that joined the counter table to the locked rows by a
+/// full scan looked cheapest on a freshly vacuumed table, and a
+/// connection's prepared statement kept it: every write then scanned all
+/// 4096 rows (and, between vacuums, their dead versions). Measured by the
+/// table's own scan counter, after many writes on the same connections.
+async fn writes_never_scan_the_whole_shard_counter_table(env: Arc<Env>) {
+    use cellgate_store::storage::{connect, ColType, ConnectOptions, Sql};
+    if env.kind != Kind::Postgres {
+        // The scan counters read here are PostgreSQL's.
+        return;
+    }
+    let admin = connect(&env.url, &ConnectOptions::default()).await.unwrap();
+    let store = env.open_with(false).await;
+    store
+        .put_cell("trips", cell(Uuid::new_v4(), "BASE", 1, json!({})))
+        .await
+        .unwrap();
+    let mut vacuum = Sql::new(admin.dialect());
+    vacuum.push("VACUUM ANALYZE \"trips_shards\"");
+    admin.execute(&vacuum).await.unwrap();
+    // (full scans, rows updated) of the counter table.
+    let counters = || async {
+        let mut sql = Sql::new(admin.dialect());
+        sql.push(
+            "SELECT seq_scan, n_tup_upd FROM pg_stat_user_tables WHERE relname = 'trips_shards'",
+        );
+        let row = &admin
+            .fetch(&sql, &[ColType::Int, ColType::Int])
+            .await
+            .unwrap()[0];
+        (row[0].as_int().unwrap(), row[1].as_int().unwrap())
+    };
+    let (scans, updated) = counters().await;
+    // More batches than connections, each past the five executions after
+    // which PostgreSQL may keep a generic plan.
+    let writes = 80;
+    for _ in 0..writes {
+        let cells = (0..50)
+            .map(|i| cell(Uuid::new_v4(), "BASE", 1, json!({ "n": i })))
+            .collect();
+        let results = store.put_cells("trips", cells).await.unwrap();
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    }
+    // A connection reports its counters when it ends or has been idle a
+    // while: wait until the writes' counter updates are in.
+    drop(store);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let (scanned, advanced) = loop {
+        let (now_scans, now_updated) = counters().await;
+        if now_updated - updated >= writes || std::time::Instant::now() > deadline {
+            break (now_scans - scans, now_updated - updated);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(
+        advanced >= writes,
+        "the writes' counters were never reported"
+    );
+    // Opening the store scans it a few times (its counters are reported
+    // with the writes'); a scan per write is what must not happen.
+    assert!(
+        scanned < writes / 8,
+        "{writes} writes scanned the whole shard counter table {scanned} times"
+    );
 }
 
 /// The plan each backend chooses for the statement of an index query.
