@@ -6,7 +6,9 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::harness::{assert_code, Defs, Env, Server};
+use reqwest::StatusCode;
+
+use crate::harness::{assert_code, Accept, Defs, Env, Server};
 
 pub const PUT_TRIPS: &str = "mutation($cells: [TripsCellInput!]!) {
   tripsPutCells(cells: $cells) { rowKey column refKey status readable error { code message } }
@@ -524,5 +526,129 @@ pub async fn floats_read_back_to_the_last_bit(env: Arc<Env>) {
                 "{value:?} came back as {body}"
             );
         }
+    }
+}
+
+/// A write's response from the executor and from the document's direct
+/// form (`graphql/direct/put.rs`) are the same bytes, once the row keys and
+/// read tokens, which differ between two writes, are swapped for names.
+pub async fn direct_writes_equal_the_executors(env: Arc<Env>) {
+    let server = env.serve(Defs::Small, &[]);
+    let direct_count = || server.metric("cellgate_graphql_direct_requests_total");
+    let documents = [
+        "mutation W($cells: [TripsCellInput!]!) { tripsPutCells(cells: $cells) { rowKey column refKey status readable readToken error { code message retryable } } }",
+        "mutation($c: [TripsCellInput!]!) { w: tripsPutCells(cells: $c) { s: status key: rowKey error { retryable why: message } ok: readable } }",
+    ];
+    for (d, document) in documents.iter().enumerate() {
+        let variable = if d == 0 { "cells" } else { "c" };
+        let body = |text: &str, cells: Value| {
+            json!({ "query": text, "variables": { variable: cells } }).to_string()
+        };
+        // Answered without errors once: the text has passed validation.
+        let (status, text) = server
+            .post_text(
+                &body(
+                    document,
+                    json!([cell(Uuid::new_v4(), "BASE", 1, json!({}))]),
+                ),
+                Accept::Json,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert!(!text.contains("errors"), "{text}");
+
+        // Written, refused as a conflict, a duplicate, refused as a body
+        // that is not an object, an Int64 given as a string.
+        let batch = |keys: &[Uuid; 4]| {
+            json!([
+                cell(
+                    keys[0],
+                    "BASE",
+                    1,
+                    json!({"city": "Lisbon", "n": "ünï \u{0000}"})
+                ),
+                cell(keys[1], "BASE", 1, json!({"city": "Porto"})),
+                cell(keys[1], "STATUS", 1, json!({"status": "requested"})),
+                cell(keys[2], "NOTES", 1, json!([1, 2])),
+                json!({ "rowKey": keys[3], "column": "STATUS", "refKey": "7", "body": {"s": 1} }),
+            ])
+        };
+        let mut answers = Vec::new();
+        for (path, text) in [
+            ("executor", format!("{document}\n# executor")),
+            ("direct", document.to_string()),
+        ] {
+            let keys: [Uuid; 4] = std::array::from_fn(|_| Uuid::new_v4());
+            put_trips(
+                &server,
+                vec![
+                    cell(keys[1], "BASE", 1, json!({"city": "Faro"})),
+                    cell(keys[1], "STATUS", 1, json!({"status": "requested"})),
+                ],
+            )
+            .await;
+            let before = direct_count().await;
+            let (status, mut text) = server
+                .post_text(&body(&text, batch(&keys)), Accept::Json)
+                .await;
+            let direct = direct_count().await - before;
+            assert_eq!(
+                direct,
+                f64::from(u8::from(path == "direct")),
+                "{path}: {text}"
+            );
+            let answer: Value = serde_json::from_str(&text).expect("JSON");
+            let mut tokens = BTreeSet::new();
+            collect_tokens(&answer, &mut tokens);
+            for token in tokens {
+                text = text.replace(&token, "TOKEN");
+            }
+            for (i, key) in keys.iter().enumerate() {
+                text = text.replace(&key.to_string(), &format!("KEY{i}"));
+            }
+            answers.push((status, text));
+        }
+        assert_eq!(answers[0], answers[1], "document {d}");
+        assert!(answers[1].1.contains("CELL_CONFLICT"), "{}", answers[1].1);
+
+        // Inputs the executor refuses, before writing anything: the
+        // executor's answer, from the executor.
+        let key = Uuid::new_v4();
+        let refused = [
+            json!([{ "rowKey": key, "column": "BASE", "refKey": 1, "body": {}, "extra": 1 }]),
+            json!([{ "rowKey": key, "column": "BASE", "refKey": 1 }]),
+            json!([{ "rowKey": "not-a-uuid", "column": "BASE", "refKey": 1, "body": {} }]),
+            json!([{ "rowKey": key, "column": "NOPE", "refKey": 1, "body": {} }]),
+            json!([{ "rowKey": key, "column": "BASE", "refKey": 1.5, "body": {} }]),
+            json!([{ "rowKey": key, "column": "BASE", "refKey": 1, "body": null }]),
+            json!({ "rowKey": key, "column": "BASE", "refKey": 1, "body": {} }),
+            json!([null]),
+            json!(null),
+        ];
+        for cells in refused {
+            let executor = server
+                .post_text(
+                    &body(&format!("{document}\n# executor"), cells.clone()),
+                    Accept::Json,
+                )
+                .await;
+            let before = direct_count().await;
+            let answer = server
+                .post_text(&body(document, cells.clone()), Accept::Json)
+                .await;
+            assert_eq!(direct_count().await, before, "{cells}: {answer:?}");
+            assert_eq!(executor, answer, "{cells}");
+        }
+    }
+}
+
+fn collect_tokens(value: &Value, tokens: &mut BTreeSet<String>) {
+    match value {
+        Value::String(s) if s.starts_with("rt1.") => {
+            tokens.insert(s.clone());
+        }
+        Value::Array(items) => items.iter().for_each(|v| collect_tokens(v, tokens)),
+        Value::Object(map) => map.values().for_each(|v| collect_tokens(v, tokens)),
+        _ => {}
     }
 }

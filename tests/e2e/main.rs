@@ -20,6 +20,7 @@ e2e_suite!(
     cells::rows_in_order_and_cell_log_pages,
     cells::compressible_and_deep_bodies_read_back,
     cells::floats_read_back_to_the_last_bit,
+    cells::direct_writes_equal_the_executors,
     indexes::every_operator_on_every_type_where_and_filter_agree,
     indexes::projection_returns_only_selected_fields,
     indexes::pagination_has_no_gaps_or_repeats,

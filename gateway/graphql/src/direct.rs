@@ -1,5 +1,5 @@
-//! Direct answers to the commonest read: a page of an index, with its
-//! entries' fields and their rows' cells.
+//! Direct answers to the commonest requests: a page of an index, with its
+//! entries' fields and their rows' cells, and a write of cells (`put.rs`).
 //!
 //! async-graphql validates every request's document again, and its
 //! executor boxes a future for every field of every entry and builds a
@@ -9,17 +9,18 @@
 //! without an error, and answers later requests with the same text by
 //! calling the store and writing the response JSON itself.
 //!
-//! It takes only documents of one shape, which keeps it equivalent to the
-//! executor: one query operation without directives or fragments whose
+//! It takes only documents of two shapes, which keeps it equivalent to the
+//! executor. A read is one query operation without directives or fragments whose
 //! variables are all scalars or lists of scalars without defaults, selecting one index field of
 //! one datastore, and under it only `edges { cursor node { rowKey <index
 //! fields> row { rowKey <column> { <Cell fields> } } } }` and `pageInfo`.
+//! A write is described in `put.rs`.
 //! Anything else, and every request it cannot answer as the executor would
 //! (a variable missing or of the wrong type, an argument the field refuses),
 //! goes to async-graphql as before, which answers it and reports the error
 //! in its usual form. A store error is answered here, as the executor
 //! would answer it ([`Answer::Failed`]): sending the request on would wait
-//! for the failing database a second time. The values come from the functions
+//! for the failing database a second time (and, for a write, write again). The values come from the functions
 //! the schema's resolvers use (`schema/`), and the tests compare both
 //! paths' answers byte for byte.
 
@@ -35,6 +36,8 @@ use index_dsl::{Definitions, Index};
 use uuid::Uuid;
 
 use super::scalars;
+
+mod put;
 use crate::consistency::{ReadSpec, Served};
 use crate::limits::GraphqlLimits;
 use crate::names::camel;
@@ -59,11 +62,23 @@ pub enum Answer {
     Failed(async_graphql::Response),
 }
 
-/// A compiled index read; see the module doc.
+/// A compiled document; see the module doc.
 #[derive(Debug)]
 pub struct Direct {
     /// The operation's name, which a request may name.
     operation: Option<Name>,
+    form: Form,
+}
+
+#[derive(Debug)]
+enum Form {
+    Read(Box<IndexRead>),
+    Put(put::PutCells),
+}
+
+/// A compiled index read.
+#[derive(Debug)]
+struct IndexRead {
     variables: Vec<Variable>,
     datastore: Arc<str>,
     index: Index,
@@ -138,17 +153,41 @@ impl Direct {
             }
             DocumentOperations::Multiple(_) => return None,
         };
-        Self::compile_operation(operation, definition, definitions)
-    }
-
-    fn compile_operation(
-        operation: Option<Name>,
-        definition: &OperationDefinition,
-        definitions: &Definitions,
-    ) -> Option<Direct> {
-        if definition.ty != OperationType::Query || !definition.directives.is_empty() {
+        if !definition.directives.is_empty() {
             return None;
         }
+        let form = match definition.ty {
+            OperationType::Query => {
+                Form::Read(Box::new(IndexRead::compile(definition, definitions)?))
+            }
+            OperationType::Mutation => Form::Put(put::PutCells::compile(definition, definitions)?),
+            OperationType::Subscription => return None,
+        };
+        Some(Direct { operation, form })
+    }
+
+    /// Whether a request naming `operation` runs this document's operation.
+    pub fn runs(&self, operation: Option<&str>) -> bool {
+        operation.is_none() || operation == self.operation.as_deref()
+    }
+
+    /// The answer for `variables`, or `None` when the request is to go
+    /// through async-graphql (see the module doc).
+    pub async fn run(
+        &self,
+        store: &Store,
+        variables: &Variables,
+        limits: GraphqlLimits,
+    ) -> Option<Answer> {
+        match &self.form {
+            Form::Read(read) => read.run(store, variables, limits).await,
+            Form::Put(put) => put.run(store, variables).await,
+        }
+    }
+}
+
+impl IndexRead {
+    fn compile(definition: &OperationDefinition, definitions: &Definitions) -> Option<IndexRead> {
         let mut variables = Vec::new();
         for variable in &definition.variable_definitions {
             let variable = &variable.node;
@@ -222,8 +261,7 @@ impl Direct {
                 _ => return None,
             });
         }
-        let mut direct = Direct {
-            operation,
+        let mut direct = IndexRead {
             variables,
             datastore: Arc::from(datastore.name.as_str()),
             index: index.clone(),
@@ -240,14 +278,7 @@ impl Direct {
         Some(direct)
     }
 
-    /// Whether a request naming `operation` runs this document's operation.
-    pub fn runs(&self, operation: Option<&str>) -> bool {
-        operation.is_none() || operation == self.operation.as_deref()
-    }
-
-    /// The answer for `variables`, or `None` when the request is to go
-    /// through async-graphql (see the module doc).
-    pub async fn run(
+    async fn run(
         &self,
         store: &Store,
         variables: &Variables,

@@ -48,7 +48,7 @@ fn parse_datetime(s: &str) -> Option<DateTime<Utc>> {
     cellgate_store::indexes::entry::parse_datetime(s)
 }
 
-fn int64_of(value: &Value) -> Option<i64> {
+pub(crate) fn int64_of(value: &Value) -> Option<i64> {
     match value {
         Value::Number(n) => n.as_i64(),
         Value::String(s) => s.trim().parse().ok(),
