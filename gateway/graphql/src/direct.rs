@@ -10,19 +10,21 @@
 //! calling the store and writing the response JSON itself.
 //!
 //! It takes only documents of two shapes, which keeps it equivalent to the
-//! executor. A read is one query operation without directives or fragments whose
-//! variables are all scalars or lists of scalars without defaults, selecting one index field of
-//! one datastore, and under it only `edges { cursor node { rowKey <index
-//! fields> row { rowKey <column> { <Cell fields> } } } }` and `pageInfo`.
-//! A write is described in `put.rs`.
+//! executor. A read is one query operation without directives or fragments
+//! whose variables are all scalars or lists of scalars without defaults,
+//! selecting one index field of one datastore, and under it only `edges {
+//! cursor node { rowKey <index fields> row { rowKey <column> { <Cell
+//! fields> } } } }` and `pageInfo`. A write is described in `put.rs`.
 //! Anything else, and every request it cannot answer as the executor would
 //! (a variable missing or of the wrong type, an argument the field refuses),
 //! goes to async-graphql as before, which answers it and reports the error
 //! in its usual form. A store error is answered here, as the executor
 //! would answer it ([`Answer::Failed`]): sending the request on would wait
-//! for the failing database a second time (and, for a write, write again). The values come from the functions
-//! the schema's resolvers use (`schema/`), and the tests compare both
-//! paths' answers byte for byte.
+//! for the failing database a second time (and, for a write, write again).
+//! The values come from the functions the schema's resolvers use
+//! (`schema/`), and the tests compare both paths' answers byte for byte.
+
+mod put;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -36,8 +38,6 @@ use index_dsl::{Definitions, Index};
 use uuid::Uuid;
 
 use super::scalars;
-
-mod put;
 use crate::consistency::{ReadSpec, Served};
 use crate::limits::GraphqlLimits;
 use crate::names::camel;
