@@ -246,7 +246,7 @@ impl Collector for DocumentCollector {
         ConstCounter::new(misses).encode(family.encode_family(&[("cache", "miss")])?)?;
         let family = encoder.encode_descriptor(
             "cellgate_graphql_direct_requests",
-            "GraphQL requests answered without async-graphql's executor, by a document's compiled index read",
+            "GraphQL requests answered without async-graphql's executor, by a document's compiled form (an index read or a PutCells write)",
             None,
             prometheus_client::metrics::MetricType::Counter,
         )?;

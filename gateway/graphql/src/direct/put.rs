@@ -33,8 +33,9 @@ use uuid::Uuid;
 use super::Answer;
 use crate::errors::from_store;
 use crate::names::{camel, pascal};
-use crate::scalars::{int64_of, int64_value};
-use cellgate_store::cells::{NewCell, PutStatus};
+use crate::scalars::{int64_of, json_from_value};
+use crate::schema::PutOutcome;
+use cellgate_store::cells::NewCell;
 use cellgate_store::Store;
 
 /// Members of a cell input object.
@@ -63,22 +64,8 @@ enum ResultField {
     Status,
     Readable,
     ReadToken,
-    Error(Vec<(Name, ErrorField)>),
-}
-
-/// A selected field of `PutCellError`.
-#[derive(Debug)]
-enum ErrorField {
-    Code,
-    Message,
-    Retryable,
-}
-
-/// One cell's key, as its result shows it.
-struct Written {
-    row_key: Uuid,
-    column: String,
-    ref_key: i64,
+    /// `error`, with its selected members: (response key, name).
+    Error(Vec<(Name, &'static str)>),
 }
 
 impl PutCells {
@@ -142,26 +129,23 @@ impl PutCells {
 
     /// The answer for `variables`, `None` for async-graphql to answer.
     pub(super) async fn run(&self, store: &Store, variables: &Variables) -> Option<Answer> {
-        let (cells, written) = self.cells(variables)?;
+        let cells = self.cells(variables)?;
+        let keys: Vec<(Uuid, String, i64)> = cells
+            .iter()
+            .map(|c| (c.row_key, c.column.clone(), c.ref_key))
+            .collect();
         let (results, token) = match store.put_cells_with_token(&self.datastore, cells).await {
             Ok(put) => put,
             Err(error) => return Some(Answer::Failed(self.failed(&error))),
         };
-        let token = token.encode();
+        let token: Arc<str> = Arc::from(token.encode());
         let mut errors = Vec::new();
         let mut items = Vec::with_capacity(results.len());
-        for (i, (cell, result)) in written.into_iter().zip(results).enumerate() {
-            if let Err(error) = &result {
-                // As the resolver reports it: once in `errors`, with the
-                // cell's index.
-                let mut reported = from_store(error).into_server_error(self.pos);
-                reported.path = vec![
-                    PathSegment::Field(self.key.to_string()),
-                    PathSegment::Index(i),
-                ];
-                errors.push(reported);
-            }
-            items.push(self.item(&cell, &result, &token));
+        for (i, (key, result)) in keys.into_iter().zip(results).enumerate() {
+            let (outcome, reported) =
+                PutOutcome::of(key, result, token.clone(), (self.pos, &self.key, i));
+            errors.extend(reported);
+            items.push(self.item(&outcome));
         }
         let data = IndexMap::from([(self.key.clone(), Value::List(items))]);
         let mut response = async_graphql::Response::new(Value::Object(data));
@@ -172,14 +156,13 @@ impl PutCells {
         Some(Answer::Failed(response))
     }
 
-    /// The cells of the request and their keys, or `None` unless every
-    /// item is a complete, well-typed cell input.
-    fn cells(&self, variables: &Variables) -> Option<(Vec<NewCell>, Vec<Written>)> {
+    /// The cells of the request, or `None` unless every item is a
+    /// complete, well-typed cell input.
+    fn cells(&self, variables: &Variables) -> Option<Vec<NewCell>> {
         let Some(Value::List(items)) = variables.get(&self.variable) else {
             return None;
         };
         let mut cells = Vec::with_capacity(items.len());
-        let mut written = Vec::with_capacity(items.len());
         for item in items {
             let Value::Object(members) = item else {
                 return None;
@@ -199,13 +182,8 @@ impl PutCells {
             let ref_key = int64_of(members.get("refKey")?)?;
             let body = match members.get("body")? {
                 Value::Null => return None,
-                body => crate::scalars::json_from_value(body),
+                body => json_from_value(body),
             };
-            written.push(Written {
-                row_key,
-                column: column.clone(),
-                ref_key,
-            });
             cells.push(NewCell {
                 row_key,
                 column,
@@ -213,56 +191,37 @@ impl PutCells {
                 body,
             });
         }
-        Some((cells, written))
+        Some(cells)
     }
 
-    /// One cell's result object, as `schema/put.rs` resolves it.
-    fn item(
-        &self,
-        cell: &Written,
-        result: &cellgate_store::cells::PutResult,
-        token: &str,
-    ) -> Value {
-        let mut object = IndexMap::with_capacity(self.selection.len());
-        for (key, field) in &self.selection {
-            let value = match field {
-                ResultField::RowKey => Value::String(cell.row_key.to_string()),
-                ResultField::Column => Value::String(cell.column.clone()),
-                ResultField::RefKey => int64_value(cell.ref_key),
-                ResultField::Status => match result {
-                    Ok(status) => Value::Enum(Name::new(match status {
-                        PutStatus::Written => "WRITTEN",
-                        PutStatus::Duplicate => "DUPLICATE",
-                        PutStatus::Buffered => "BUFFERED",
-                    })),
-                    Err(_) => Value::Null,
-                },
-                ResultField::Readable => {
-                    Value::Boolean(result.as_ref().is_ok_and(|s| s.readable()))
-                }
-                ResultField::ReadToken => match result {
-                    Ok(status) if status.readable() => Value::String(token.to_string()),
-                    _ => Value::Null,
-                },
-                ResultField::Error(fields) => match result {
-                    Ok(_) => Value::Null,
-                    Err(error) => Value::Object(
-                        fields
-                            .iter()
-                            .map(|(key, field)| {
-                                let value = match field {
-                                    ErrorField::Code => Value::String(error.code().to_string()),
-                                    ErrorField::Message => Value::String(error.client_message()),
-                                    ErrorField::Retryable => Value::Boolean(error.is_transient()),
-                                };
-                                (key.clone(), value)
-                            })
-                            .collect(),
-                    ),
-                },
-            };
-            object.insert(key.clone(), value);
-        }
+    /// One cell's result object, with the values `schema/put.rs` resolves.
+    fn item(&self, outcome: &PutOutcome) -> Value {
+        let object = self
+            .selection
+            .iter()
+            .map(|(key, field)| {
+                let value = match field {
+                    ResultField::RowKey => outcome.row_key(),
+                    ResultField::Column => outcome.column(),
+                    ResultField::RefKey => outcome.ref_key(),
+                    ResultField::Status => outcome.status(),
+                    ResultField::Readable => outcome.readable(),
+                    ResultField::ReadToken => outcome.read_token(),
+                    ResultField::Error(members) => match outcome.error() {
+                        Value::Object(error) => Value::Object(
+                            members
+                                .iter()
+                                .map(|(key, name)| {
+                                    (key.clone(), error.get(*name).cloned().unwrap_or_default())
+                                })
+                                .collect(),
+                        ),
+                        other => other,
+                    },
+                };
+                (key.clone(), value)
+            })
+            .collect();
         Value::Object(object)
     }
 
@@ -299,20 +258,17 @@ fn result_fields(field: &Field) -> Option<Vec<(Name, ResultField)>> {
         .collect()
 }
 
-fn error_fields(field: &Field) -> Option<Vec<(Name, ErrorField)>> {
+fn error_fields(field: &Field) -> Option<Vec<(Name, &'static str)>> {
     plain_fields(&field.selection_set.node.items)?
         .into_iter()
         .map(|field| {
             if !field.selection_set.node.items.is_empty() {
                 return None;
             }
-            let kind = match field.name.node.as_str() {
-                "code" => ErrorField::Code,
-                "message" => ErrorField::Message,
-                "retryable" => ErrorField::Retryable,
-                _ => return None,
-            };
-            Some((field.response_key().node.clone(), kind))
+            let name = ["code", "message", "retryable"]
+                .into_iter()
+                .find(|name| *name == field.name.node.as_str())?;
+            Some((field.response_key().node.clone(), name))
         })
         .collect()
 }

@@ -4,79 +4,153 @@
 use std::sync::Arc;
 
 use async_graphql::dynamic::{Field, FieldFuture, FieldValue, InputValue, Object, TypeRef};
-use async_graphql::{PathSegment, Value};
+use async_graphql::{PathSegment, ServerError, Value};
 use index_dsl::Datastore;
 use uuid::Uuid;
 
 use crate::errors::from_store;
 use crate::scalars::{self, int64, int64_value, INT64, UUID};
-use cellgate_store::cells::{NewCell, PutStatus};
+use cellgate_store::cells::{NewCell, PutResult, PutStatus};
 use cellgate_store::Store;
 
 use super::*;
 
-/// Parent value of one mutation result.
-pub(super) struct PutOutcome {
-    pub(super) row_key: Uuid,
-    pub(super) column: String,
-    pub(super) ref_key: i64,
+/// Parent value of one mutation result; the compiled write
+/// (`direct/put.rs`) builds the same values from it.
+pub(crate) struct PutOutcome {
+    row_key: Uuid,
+    column: String,
+    ref_key: i64,
     /// The status, or why the cell was refused.
-    pub(super) result: Result<PutStatus, PutRefusal>,
+    result: Result<PutStatus, PutRefusal>,
     /// The read token of the whole call.
-    pub(super) token: Arc<str>,
+    token: Arc<str>,
 }
 
 /// Why a cell was refused, as `PutCellError` shows it.
-pub(super) struct PutRefusal {
-    pub(super) code: &'static str,
-    pub(super) message: String,
-    pub(super) retryable: bool,
+struct PutRefusal {
+    code: &'static str,
+    message: String,
+    retryable: bool,
 }
+
+impl PutOutcome {
+    /// The outcome of the `index`th cell of a call, and for a refused cell
+    /// the error reported in `errors`: at the field (`pos`), with the
+    /// path `[response_key, index]`.
+    pub(crate) fn of(
+        key: (Uuid, String, i64),
+        result: PutResult,
+        token: Arc<str>,
+        (pos, response_key, index): (async_graphql::Pos, &str, usize),
+    ) -> (PutOutcome, Option<ServerError>) {
+        let (row_key, column, ref_key) = key;
+        let mut reported = None;
+        let result = result.map_err(|err| {
+            let mut error = from_store(&err).into_server_error(pos);
+            error.path = vec![
+                PathSegment::Field(response_key.to_string()),
+                PathSegment::Index(index),
+            ];
+            reported = Some(error);
+            PutRefusal {
+                code: err.code(),
+                message: err.client_message(),
+                retryable: err.is_transient(),
+            }
+        });
+        let outcome = PutOutcome {
+            row_key,
+            column,
+            ref_key,
+            result,
+            token,
+        };
+        (outcome, reported)
+    }
+
+    pub(crate) fn row_key(&self) -> Value {
+        Value::String(self.row_key.to_string())
+    }
+
+    pub(crate) fn column(&self) -> Value {
+        Value::String(self.column.clone())
+    }
+
+    pub(crate) fn ref_key(&self) -> Value {
+        int64_value(self.ref_key)
+    }
+
+    pub(crate) fn status(&self) -> Value {
+        match &self.result {
+            Ok(status) => Value::Enum(async_graphql::Name::new(match status {
+                PutStatus::Written => "WRITTEN",
+                PutStatus::Duplicate => "DUPLICATE",
+                PutStatus::Buffered => "BUFFERED",
+            })),
+            Err(_) => Value::Null,
+        }
+    }
+
+    pub(crate) fn readable(&self) -> Value {
+        Value::Boolean(self.result.as_ref().is_ok_and(|s| s.readable()))
+    }
+
+    pub(crate) fn read_token(&self) -> Value {
+        match &self.result {
+            Ok(status) if status.readable() => Value::String(self.token.to_string()),
+            _ => Value::Null,
+        }
+    }
+
+    /// `PutCellError`'s fields by name, or null for a written cell.
+    pub(crate) fn error(&self) -> Value {
+        match &self.result {
+            Ok(_) => Value::Null,
+            Err(refusal) => obj(vec![
+                ("code", Value::String(refusal.code.to_string())),
+                ("message", Value::String(refusal.message.clone())),
+                ("retryable", Value::Boolean(refusal.retryable)),
+            ]),
+        }
+    }
+}
+
 pub(super) fn put_result_type() -> Object {
     Object::new("PutCellResult")
         .description("The outcome of one written cell.")
         .field(from_parent::<PutOutcome, _>(
             "rowKey",
             TypeRef::named_nn(UUID),
-            |p| Value::String(p.row_key.to_string()),
+            PutOutcome::row_key,
         ))
         .field(from_parent::<PutOutcome, _>(
             "column",
             TypeRef::named_nn(TypeRef::STRING),
-            |p| Value::String(p.column.clone()),
+            PutOutcome::column,
         ))
         .field(from_parent::<PutOutcome, _>(
             "refKey",
             TypeRef::named_nn(INT64),
-            |p| int64_value(p.ref_key),
+            PutOutcome::ref_key,
         ))
         .field(
-            from_parent::<PutOutcome, _>("status", TypeRef::named("PutStatus"), |p| {
-                match &p.result {
-                    Ok(status) => Value::Enum(async_graphql::Name::new(match status {
-                        PutStatus::Written => "WRITTEN",
-                        PutStatus::Duplicate => "DUPLICATE",
-                        PutStatus::Buffered => "BUFFERED",
-                    })),
-                    Err(_) => Value::Null,
-                }
-            })
-            .description("null when the cell was refused (see `error`)"),
+            from_parent::<PutOutcome, _>("status", TypeRef::named("PutStatus"), PutOutcome::status)
+                .description("null when the cell was refused (see `error`)"),
         )
         .field(
-            from_parent::<PutOutcome, _>("readable", TypeRef::named_nn(TypeRef::BOOLEAN), |p| {
-                Value::Boolean(p.result.as_ref().is_ok_and(|s| s.readable()))
-            })
+            from_parent::<PutOutcome, _>(
+                "readable",
+                TypeRef::named_nn(TypeRef::BOOLEAN),
+                PutOutcome::readable,
+            )
             .description("whether the cell can be read back now"),
         )
         .field(
             from_parent::<PutOutcome, _>(
                 "readToken",
                 TypeRef::named(TypeRef::STRING),
-                |p| match &p.result {
-                    Ok(status) if status.readable() => Value::String(p.token.to_string()),
-                    _ => Value::Null,
-                },
+                PutOutcome::read_token,
             )
             .description(
                 "pass as `readAfter` to a read that must see this call's writes: it may then be \
@@ -85,16 +159,11 @@ pub(super) fn put_result_type() -> Object {
             ),
         )
         .field(
-            from_parent::<PutOutcome, _>("error", TypeRef::named("PutCellError"), |p| {
-                match &p.result {
-                    Ok(_) => Value::Null,
-                    Err(refusal) => obj(vec![
-                        ("code", Value::String(refusal.code.to_string())),
-                        ("message", Value::String(refusal.message.clone())),
-                        ("retryable", Value::Boolean(refusal.retryable)),
-                    ]),
-                }
-            })
+            from_parent::<PutOutcome, _>(
+                "error",
+                TypeRef::named("PutCellError"),
+                PutOutcome::error,
+            )
             .description("why the cell was refused; also reported in `errors` with its index"),
         )
 }
@@ -152,28 +221,18 @@ pub(super) fn put_cells_field(
                 let token: Arc<str> = Arc::from(token.encode());
                 let response_key = ctx.item.node.response_key().node.to_string();
                 let mut items = Vec::with_capacity(results.len());
-                for (i, ((row_key, column, ref_key), result)) in keys.into_iter().zip(results).enumerate() {
-                    let result = result.map_err(|err| {
-                        // Reported once in `errors`, with the cell's index.
-                        let mut error = from_store(&err).into_server_error(ctx.item.pos);
-                        error.path = vec![
-                            PathSegment::Field(response_key.clone()),
-                            PathSegment::Index(i),
-                        ];
-                        ctx.add_error(error);
-                        PutRefusal {
-                            code: err.code(),
-                            message: err.client_message(),
-                            retryable: err.is_transient(),
-                        }
-                    });
-                    items.push(FieldValue::owned_any(PutOutcome {
-                        row_key,
-                        column,
-                        ref_key,
+                for (i, (key, result)) in keys.into_iter().zip(results).enumerate() {
+                    let (outcome, reported) = PutOutcome::of(
+                        key,
                         result,
-                        token: token.clone(),
-                    }));
+                        token.clone(),
+                        (ctx.item.pos, &response_key, i),
+                    );
+                    if let Some(error) = reported {
+                        // Reported once in `errors`, with the cell's index.
+                        ctx.add_error(error);
+                    }
+                    items.push(FieldValue::owned_any(outcome));
                 }
                 Ok(Some(FieldValue::list(items)))
             })
