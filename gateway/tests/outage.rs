@@ -614,7 +614,9 @@ fn write_indexed_definitions(dir: &Path) -> PathBuf {
 
 // Regressions: while the token store was down a valid token got 401 on
 // `/metrics` instead of 503; and a compiled index read sent a store error
-// on to the executor, which waited for the failing database again.
+// on to the executor, which waited for the failing database again. A
+// compiled write answers a failed call itself too: sent on, it would write
+// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stopped_database_is_storage_unavailable_on_plain_routes_and_compiled_answers() {
     let mut postgres = match Postgres::init() {

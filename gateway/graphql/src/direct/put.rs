@@ -18,8 +18,9 @@
 //! datastore lacks, a key that is not a UUID, a null body, a single object
 //! where a list belongs) goes to async-graphql, which reports the error as
 //! before. A refused cell and a failed call are answered here as the
-//! resolver and the executor answer them (`schema/put.rs`): writing is not
-//! repeated.
+//! resolver and the executor answer them, a cell's values and its reported
+//! error coming from the resolver's own `PutOutcome` (`schema/put.rs`):
+//! writing is not repeated.
 
 use std::collections::HashSet;
 use std::sync::Arc;
