@@ -611,10 +611,54 @@ pub async fn direct_writes_equal_the_executors(env: Arc<Env>) {
         assert_eq!(answers[0], answers[1], "document {d}");
         assert!(answers[1].1.contains("CELL_CONFLICT"), "{}", answers[1].1);
 
+        // The compiled write reads its cells from the variable's JSON text:
+        // escaped member names, a member given twice (the last counts),
+        // numbers at the edges of their types, escapes and NUL in strings,
+        // a nested body. Both paths store the same body.
+        let mut stored = Vec::new();
+        for (path, text) in [
+            ("executor", format!("{document}\n# executor")),
+            ("direct", document.to_string()),
+        ] {
+            let key = Uuid::new_v4();
+            let cells = format!(
+                r#"[{{"row\u004bey": "{key}", "column": "NOTES", "refKey": 9, "refKey": "1",
+                   "body": {{"n": [1e300, -0.0, 12345678901234567890, -9223372036854775808, 0.1, 5e-324],
+                             "k\u00e9": "first", "k\u00e9": "\ud83d\ude00 \u0000 \"q\"",
+                             "deep": [[[{{"a": null, "b": {{}}, "c": []}}]]]}}}}]"#
+            );
+            let request = format!(
+                r#"{{"query": {}, "variables": {{"{variable}": {cells}}}}}"#,
+                Value::from(text)
+            );
+            let before = direct_count().await;
+            let (status, answer) = server.post_text(&request, Accept::Json).await;
+            assert_eq!(status, StatusCode::OK, "{path}: {answer}");
+            assert!(answer.contains("WRITTEN"), "{path}: {answer}");
+            let direct = direct_count().await - before;
+            assert_eq!(direct, f64::from(u8::from(path == "direct")), "{path}");
+            let data = server
+                .data(
+                    "query($row: UUID!) { trips { latestCell(rowKey: $row, column: NOTES) { refKey body } } }",
+                    json!({ "row": key }),
+                )
+                .await;
+            assert_eq!(data["trips"]["latestCell"]["refKey"], "1", "{path}: {data}");
+            stored.push(data["trips"]["latestCell"]["body"].clone());
+        }
+        assert_eq!(stored[0], stored[1], "document {d}");
+        assert_eq!(stored[1]["ké"], "😀 \u{0} \"q\"", "{}", stored[1]);
+        assert_eq!(stored[1]["n"][2], 12345678901234567890_u64, "{}", stored[1]);
+
         // Inputs the executor refuses, before writing anything: the
         // executor's answer, from the executor.
         let key = Uuid::new_v4();
+        let mut too_deep = json!({});
+        for _ in 0..200 {
+            too_deep = json!({ "n": too_deep });
+        }
         let refused = [
+            json!([{ "rowKey": key, "column": "BASE", "refKey": 1, "body": too_deep }]),
             json!([{ "rowKey": key, "column": "BASE", "refKey": 1, "body": {}, "extra": 1 }]),
             json!([{ "rowKey": key, "column": "BASE", "refKey": 1 }]),
             json!([{ "rowKey": "not-a-uuid", "column": "BASE", "refKey": 1, "body": {} }]),

@@ -44,6 +44,7 @@ use crate::names::camel;
 use crate::schema::{
     entry_value, index_query, shard_arguments, Arguments, CellField, PAGE_INFO_FIELDS,
 };
+use crate::variables::RequestVariables;
 use cellgate_store::cells::Cell;
 use cellgate_store::indexes::{IndexEntry, IndexPage, IndexQuery};
 use cellgate_store::replicas::ReadOptions;
@@ -171,17 +172,30 @@ impl Direct {
         operation.is_none() || operation == self.operation.as_deref()
     }
 
-    /// The answer for `variables`, or `None` when the request is to go
-    /// through async-graphql (see the module doc).
+    /// The variable a compiled write reads from its JSON text: it need
+    /// not be parsed into async-graphql's values unless the write goes to
+    /// the executor (see `variables.rs`). `None` for a read.
+    pub fn text_variable(&self) -> Option<&Name> {
+        match &self.form {
+            Form::Read(_) => None,
+            Form::Put(put) => Some(put.variable()),
+        }
+    }
+
+    /// The answer for the request's variables, or `None` when the request
+    /// is to go through async-graphql (see the module doc). `values` holds
+    /// every variable but [`Direct::text_variable`], which is read from
+    /// `texts`.
     pub async fn run(
         &self,
         store: &Store,
-        variables: &Variables,
+        values: &Variables,
+        texts: &RequestVariables,
         limits: GraphqlLimits,
     ) -> Option<Answer> {
         match &self.form {
-            Form::Read(read) => read.run(store, variables, limits).await,
-            Form::Put(put) => put.run(store, variables).await,
+            Form::Read(read) => read.run(store, values, limits).await,
+            Form::Put(put) => put.run(store, texts).await,
         }
     }
 }

@@ -12,8 +12,10 @@
 //! `ids.rs` the ID fields, `errors.rs` the mapping of store errors to stable codes, and `limits.rs`
 //! the depth and complexity limits (introspection counted apart),
 //! `documents.rs` the cache of parsed documents, `consistency.rs` where
-//! reads may be served (master, replica, read tokens), and `direct.rs` the
-//! compiled form of index reads, which answers them without the executor.
+//! reads may be served (master, replica, read tokens), `variables.rs` a
+//! request's variables kept as JSON text until needed, and `direct.rs` the
+//! compiled form of index reads and writes, which answers them without the
+//! executor.
 
 mod access;
 pub mod auth;
@@ -32,6 +34,7 @@ mod names;
 mod scalars;
 mod schema;
 mod triggers;
+mod variables;
 mod verify;
 
 use async_graphql::dataloader::DataLoader;
@@ -43,6 +46,7 @@ pub use documents::{Documents, Parsed};
 pub use limits::{check_limits, prepare_error_code, GraphqlLimits};
 pub use names::{camel, pascal};
 pub use schema::{build_schema, build_visible_schema, sdl};
+pub use variables::RequestVariables;
 
 use cellgate_store::Store;
 

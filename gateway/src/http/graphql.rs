@@ -21,7 +21,11 @@
 //!    no permit;
 //! 4. **document parsing**: a syntax error is a request error
 //!    (`GRAPHQL_PARSE_FAILED`); over GET, only queries run (405 with
-//!    `Allow: POST` otherwise), since GETs must be safe to repeat and cache;
+//!    `Allow: POST` otherwise), since GETs must be safe to repeat and cache.
+//!    Variables were only split into their members' JSON texts in step 2;
+//!    they are now parsed into async-graphql's values, but for the cells a
+//!    compiled write reads from their text, and one nested deeper than the
+//!    JSON parser allows is refused here (400);
 //! 5. **execution**, through [`cellgate_graphql::execute`]. async-graphql
 //!    validates the document and coerces variables before executing; a
 //!    failure there comes back as a response with errors, `null` data and no
@@ -49,7 +53,7 @@ use super::admission::Rejection;
 use super::metrics::Outcome;
 use super::Gateway;
 use cellgate_graphql::auth::AuthError;
-use cellgate_graphql::Answer;
+use cellgate_graphql::{Answer, RequestVariables};
 
 const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
 const JSON: &str = "application/json";
@@ -99,14 +103,15 @@ impl Failure {
     }
 }
 
-/// The GraphQL parameters of a request, checked for type. Variables and
-/// extensions go from the request's JSON text straight into async-graphql's
-/// values, without an intermediate JSON tree (a write's variables hold
-/// every cell body).
+/// The GraphQL parameters of a request, checked for type. Extensions go
+/// from the request's JSON text straight into async-graphql's values;
+/// variables are split into their members' JSON texts, parsed into
+/// async-graphql's values only for what needs them (a compiled write reads
+/// its cells from the text: `cellgate_graphql::RequestVariables`).
 struct Params {
     query: String,
     operation_name: Option<String>,
-    variables: async_graphql::Variables,
+    variables: RequestVariables,
     extensions: async_graphql::Extensions,
 }
 
@@ -219,15 +224,11 @@ async fn respond(
 
     let mut graphql_request = async_graphql::Request::new(params.query);
     graphql_request.operation_name = params.operation_name;
-    graphql_request.variables = params.variables;
     graphql_request.extensions = params.extensions;
+    let texts = params.variables;
 
     let requested_name = graphql_request.operation_name.clone();
-    let provided: Vec<String> = graphql_request
-        .variables
-        .keys()
-        .map(|name| name.to_string())
-        .collect();
+    let provided: Vec<String> = texts.names().map(|name| name.to_string()).collect();
     // The schema, access map and document cache of the definitions served
     // now; a reload meanwhile does not change them for this request.
     let served = gateway.served();
@@ -289,6 +290,18 @@ async fn respond(
             return Ok((request_error(media, errors), Outcome::Invalid));
         }
     }
+    // A document that has passed validation before and reads an index page
+    // or writes cells is answered directly (`graphql/direct.rs`) unless
+    // this request needs async-graphql, e.g. to report an error. A
+    // compiled write's cells stay JSON text until it reads them: its one
+    // variable is the `cells` argument, which the limits do not measure.
+    let direct = parsed
+        .direct(|document| cellgate_graphql::Direct::compile(document, &served.defs))
+        .filter(|direct| direct.runs(requested_name.as_deref()));
+    let as_text = direct.as_ref().and_then(|direct| direct.text_variable());
+    graphql_request.variables = texts
+        .values(as_text)
+        .map_err(|_| not_an_object("variables"))?;
     // Depth, cost and aliases (`graphql/limits.rs`), before async-graphql
     // walks the document.
     if let Err(error) = cellgate_graphql::check_limits(
@@ -303,19 +316,14 @@ async fn respond(
         )];
         return Ok((request_error(media, errors), Outcome::Invalid));
     }
-    // A document that has passed validation before and reads an index page
-    // is answered directly (`graphql/direct.rs`) unless this request needs
-    // async-graphql, e.g. to report an error.
     let started = tokio::time::Instant::now();
-    let direct = parsed
-        .direct(|document| cellgate_graphql::Direct::compile(document, &served.defs))
-        .filter(|direct| direct.runs(requested_name.as_deref()));
-    if let Some(direct) = direct {
+    if let Some(direct) = &direct {
         let run = cellgate_store::Store::pinned(
             served.snapshot.clone(),
             direct.run(
                 &gateway.store,
                 &graphql_request.variables,
+                &texts,
                 gateway.graphql_limits,
             ),
         );
@@ -330,6 +338,10 @@ async fn respond(
             }
             Ok(None) => {}
             Err(_) => return Err(timed_out(gateway.request_timeout)),
+        }
+        if as_text.is_some() {
+            graphql_request.variables =
+                texts.values(None).map_err(|_| not_an_object("variables"))?;
         }
     }
     graphql_request.set_parsed_query(document.clone());
@@ -674,7 +686,7 @@ fn checked_params(raw: RawParams) -> Result<Params, Failure> {
         name: &str,
         value: Option<&RawValue>,
     ) -> Result<T, Failure> {
-        let refused = || Failure::bad_request(format!("`{name}` must be a JSON object"));
+        let refused = || not_an_object(name);
         match value.map(RawValue::get) {
             None | Some("null") => Ok(T::default()),
             Some(text) if text.starts_with('{') => {
@@ -683,12 +695,23 @@ fn checked_params(raw: RawParams) -> Result<Params, Failure> {
             Some(_) => Err(refused()),
         }
     }
+    let variables = match raw.variables.map(RawValue::get) {
+        None => RequestVariables::default(),
+        Some(text) if text == "null" || text.starts_with('{') => {
+            RequestVariables::from_json(text).map_err(|_| not_an_object("variables"))?
+        }
+        Some(_) => return Err(not_an_object("variables")),
+    };
     Ok(Params {
         query,
         operation_name,
-        variables: object("variables", raw.variables)?,
+        variables,
         extensions: object("extensions", raw.extensions)?,
     })
+}
+
+fn not_an_object(name: &str) -> Failure {
+    Failure::bad_request(format!("`{name}` must be a JSON object"))
 }
 
 /// The operation a request runs, with its name, if the document names it
