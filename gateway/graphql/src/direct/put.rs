@@ -370,36 +370,13 @@ impl<'de> Visitor<'de> for CellObject<'_> {
 }
 
 /// A member name of a cell input object, read without copying it.
+#[derive(serde::Deserialize)]
+#[serde(field_identifier, rename_all = "camelCase")]
 enum Member {
     RowKey,
     Column,
     RefKey,
     Body,
+    #[serde(other)]
     Other,
-}
-
-impl<'de> serde::Deserialize<'de> for Member {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_identifier(MemberName)
-    }
-}
-
-struct MemberName;
-
-impl Visitor<'_> for MemberName {
-    type Value = Member;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a member name")
-    }
-
-    fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<Member, E> {
-        Ok(match name {
-            "rowKey" => Member::RowKey,
-            "column" => Member::Column,
-            "refKey" => Member::RefKey,
-            "body" => Member::Body,
-            _ => Member::Other,
-        })
-    }
 }
