@@ -574,13 +574,16 @@ pub(super) async fn commit_primary(
 /// On PostgreSQL, a group that fits one `INSERT` commits as a single
 /// autocommitted statement: it locks the counter rows in shard order,
 /// numbers the cells from the locked counters, advances them and inserts
-/// the cells, and returns each shard's next `added_id`, so no round trip to the gateway happens while the locks are
-/// held; they are released by the statement's own commit.
+/// the cells, and returns each shard's next `added_id`, so no round trip to
+/// the gateway happens while the locks are held; they are released by the
+/// statement's own commit. The counters are locked as [`push_lock_shards`]
+/// does, one by one by primary key in shard order.
 ///
 /// ```sql
-/// WITH locked AS (SELECT shard, next_added_id FROM <ds>_shards
-///                 WHERE shard IN (…) AND next_added_id > 0
-///                 ORDER BY shard FOR UPDATE),
+/// WITH locked AS (SELECT t.shard, t.next_added_id FROM (VALUES (shard), …) w(shard)
+///                 CROSS JOIN LATERAL (SELECT shard, next_added_id FROM <ds>_shards
+///                   WHERE shard = w.shard AND next_added_id > 0
+///                   OFFSET 0 FOR UPDATE) t),
 ///      advanced AS (UPDATE <ds>_shards s SET next_added_id = l.next_added_id + v.n
 ///                   FROM locked l, (VALUES (shard, n), …) v(shard, n)
 ///                   WHERE s.shard = l.shard AND v.shard = l.shard
@@ -628,22 +631,14 @@ fn one_statement(
     }
     let shards_table = ddl::shards_table(datastore);
     let mut sql = Sql::new(dialect);
-    sql.push("WITH ")
-        .ident("locked")
-        .push(" AS (SELECT ")
-        .idents(["shard", "next_added_id"])
-        .push(" FROM ")
-        .ident(&shards_table)
-        .push(" WHERE ")
-        .ident("shard")
-        .push(" IN ")
-        .bind_list(counts.iter().map(|(s, _)| Value::Int(i64::from(*s))))
-        .push(" AND ")
-        .ident("next_added_id")
-        .push(" > 0 ORDER BY ")
-        .ident("shard")
-        .push(dialect.for_update())
-        .push("), ")
+    sql.push("WITH ").ident("locked").push(" AS (");
+    push_lock_shards(
+        &mut sql,
+        datastore,
+        counts.iter().map(|(s, _)| *s),
+        Counters::Open,
+    );
+    sql.push("), ")
         .ident("advanced")
         .push(" AS (UPDATE ")
         .ident(&shards_table)
@@ -755,17 +750,7 @@ async fn lock_shards(
     let mut next_ids = HashMap::with_capacity(shards.len());
     for chunk in shards.chunks(MAX_PARAMS) {
         let mut sql = Sql::new(dialect);
-        sql.push("SELECT ")
-            .idents(["shard", "next_added_id"])
-            .push(" FROM ")
-            .ident(&ddl::shards_table(datastore))
-            .push(" WHERE ")
-            .ident("shard")
-            .push(" IN ")
-            .bind_list(chunk.iter().map(|s| Value::Int(i64::from(*s))))
-            .push(" ORDER BY ")
-            .ident("shard")
-            .push(dialect.for_update());
+        push_lock_shards(&mut sql, datastore, chunk.iter().copied(), Counters::All);
         for row in tx.fetch(&sql, &[ColType::Int, ColType::Int]).await? {
             if let (Some(shard), Some(next)) = (row[0].as_int(), row[1].as_int()) {
                 next_ids.insert(shard as u32, next);
@@ -773,6 +758,76 @@ async fn lock_shards(
         }
     }
     Ok(next_ids)
+}
+
+/// Which counter rows [`push_lock_shards`] returns.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Counters {
+    /// Every one asked for.
+    All,
+    /// Only those that take writes (`next_added_id > 0`: not fenced by a
+    /// shard move).
+    Open,
+}
+
+/// Appends a `SELECT shard, next_added_id` that locks the counter rows of
+/// `shards` (ascending) in that order; SQLite's single writer already
+/// serializes write transactions, so there it is a plain read.
+///
+/// On PostgreSQL each row is found by its primary key, one after the other
+/// in the order given (a nested loop over the list, the lock taken inside
+/// it). As `shard IN (…) ORDER BY shard FOR UPDATE`, PostgreSQL planned a
+/// scan of the whole counter table (4,096 rows and their dead versions, a
+/// tenth of its CPU under writes) plus a sort: for a table that small it
+/// estimates a scan cheaper than fifty index probes.
+fn push_lock_shards(
+    sql: &mut Sql,
+    datastore: &str,
+    shards: impl Iterator<Item = u32>,
+    counters: Counters,
+) {
+    let dialect = sql.dialect();
+    let table = ddl::shards_table(datastore);
+    let shards = shards.map(|s| Value::Int(i64::from(s)));
+    if dialect == Dialect::Postgres {
+        sql.push("SELECT t.")
+            .ident("shard")
+            .push(", t.")
+            .ident("next_added_id")
+            .push(" FROM (VALUES ")
+            .values(shards.map(|s| vec![s]))
+            .push(") w (")
+            .ident("shard")
+            .push(") CROSS JOIN LATERAL (SELECT ")
+            .idents(["shard", "next_added_id"])
+            .push(" FROM ")
+            .ident(&table)
+            .push(" WHERE ")
+            .ident("shard")
+            .push(" = w.")
+            .ident("shard");
+        if counters == Counters::Open {
+            sql.push(" AND ").ident("next_added_id").push(" > 0");
+        }
+        // OFFSET 0 keeps the subquery apart, so the lock is taken in the
+        // loop, row by row in the list's order.
+        sql.push(" OFFSET 0").push(dialect.for_update()).push(") t");
+        return;
+    }
+    sql.push("SELECT ")
+        .idents(["shard", "next_added_id"])
+        .push(" FROM ")
+        .ident(&table)
+        .push(" WHERE ")
+        .ident("shard")
+        .push(" IN ")
+        .bind_list(shards);
+    if counters == Counters::Open {
+        sql.push(" AND ").ident("next_added_id").push(" > 0");
+    }
+    sql.push(" ORDER BY ")
+        .ident("shard")
+        .push(dialect.for_update());
 }
 
 /// Appends an `UPDATE` that sets the next `added_id` of each shard of
