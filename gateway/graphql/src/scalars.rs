@@ -145,6 +145,7 @@ pub fn sql_value(value: &SqlValue) -> Value {
         SqlValue::Bytes(b) => Value::String(base64_encode(b)),
         SqlValue::Uuid(u) => Value::String(u.to_string()),
         SqlValue::DateTime(t) => datetime_value(*t),
+        SqlValue::Array(_, values) => Value::List(values.iter().map(sql_value).collect()),
     }
 }
 

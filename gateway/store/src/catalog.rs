@@ -555,8 +555,8 @@ async fn seed_shards(
             .ident(&ddl::shards_table(ds.name()))
             .push(" (")
             .idents(["shard", "next_added_id"])
-            .push(") VALUES ")
-            .values(
+            .push(") ")
+            .rows(
                 chunk
                     .iter()
                     .map(|s| vec![Value::Int(i64::from(*s)), Value::Int(1)]),
@@ -582,8 +582,8 @@ async fn write_records(
         .ident(ddl::CATALOG_TABLE)
         .push(" (")
         .idents(["datastore", "item", "value", "updated_at"])
-        .push(") VALUES ")
-        .values(records.iter().map(|(ds, item, value)| {
+        .push(") ")
+        .rows(records.iter().map(|(ds, item, value)| {
             vec![
                 Value::Text(ds.clone()),
                 Value::Text(item.clone()),

@@ -130,8 +130,8 @@ pub async fn ensure(backend: &dyn Backend, names: &[String]) -> Result<()> {
             .ident(ddl::LEASES_TABLE)
             .push(" (")
             .idents(["name", "holder", "token", "expires_at", "acquired_at"])
-            .push(") VALUES ")
-            .values(chunk.iter().map(|name| {
+            .push(") ")
+            .rows(chunk.iter().map(|name| {
                 vec![
                     Value::Text(name.clone()),
                     Value::Text(String::new()),
@@ -245,8 +245,7 @@ fn where_held(sql: &mut Sql, holder: &str, names: impl IntoIterator<Item = Strin
         .bind(Value::Text(holder.to_string()))
         .push(" AND ")
         .ident("name")
-        .push(" IN ")
-        .bind_list(names.into_iter().map(Value::Text));
+        .in_list(names.into_iter().map(Value::Text));
 }
 
 /// The leases among `names` that `holder` holds, unexpired by the
@@ -388,8 +387,8 @@ pub async fn heartbeat(backend: &dyn Backend, holder: &str, ttl: Duration) -> Re
         .ident(ddl::LEASES_TABLE)
         .push(" (")
         .idents(["name", "holder", "token", "expires_at", "acquired_at"])
-        .push(") VALUES ")
-        .values([vec![
+        .push(") ")
+        .rows([vec![
             Value::Text(member_name(holder)),
             Value::Text(holder.to_string()),
             Value::Int(0),
@@ -416,8 +415,7 @@ pub async fn live_members(backend: &dyn Backend) -> Result<usize> {
             .ident(ddl::LEASES_TABLE)
             .push(" WHERE ")
             .ident("name")
-            .push(" IN ")
-            .bind_list(dead.into_iter().map(Value::Text));
+            .in_list(dead.into_iter().map(Value::Text));
         backend.execute(&sql).await?;
     }
     Ok(rows.iter().filter(|r| r.expires_at > now).count().max(1))
@@ -438,8 +436,7 @@ pub async fn fence(tx: &mut dyn Tx, dialect: Dialect, holder: &str, held: &[Leas
         .ident(ddl::LEASES_TABLE)
         .push(" WHERE ")
         .ident("name")
-        .push(" IN ")
-        .bind_list(held.iter().map(|l| Value::Text(l.name.clone())))
+        .in_list(held.iter().map(|l| Value::Text(l.name.clone())))
         .push(" AND ")
         .ident("expires_at")
         .push(" > ");

@@ -328,8 +328,7 @@ async fn applied(replica: &dyn Backend, datastore: &str, wanted: &[(u32, i64)]) 
         .ident(&ddl::shards_table(datastore))
         .push(" WHERE ")
         .ident("shard")
-        .push(" IN ")
-        .bind_list(wanted.iter().map(|(s, _)| Value::Int(i64::from(*s))));
+        .in_list(wanted.iter().map(|(s, _)| Value::Int(i64::from(*s))));
     let next: HashMap<i64, i64> = replica
         .fetch(&sql, &[ColType::Int, ColType::Int])
         .await?

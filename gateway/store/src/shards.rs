@@ -31,7 +31,8 @@ pub fn row_shard(row_key: &Uuid, shards: u32) -> u32 {
 }
 
 /// The shard that stores an index entry whose shard field is `value`;
-/// `None` for NULL (such a row has no entry) and for bools.
+/// `None` for NULL (such a row has no entry), for bools and for arrays
+/// (never a field's value).
 pub fn value_shard(value: &Value, shards: u32) -> Option<u32> {
     let shard = match value {
         Value::Uuid(v) => shard_of_bytes(v.as_bytes(), shards),
@@ -43,7 +44,7 @@ pub fn value_shard(value: &Value, shards: u32) -> Option<u32> {
         }
         Value::DateTime(v) => shard_of_bytes(&v.timestamp_micros().to_be_bytes(), shards),
         Value::Bytes(v) => shard_of_bytes(v, shards),
-        Value::Null(_) | Value::Bool(_) => return None,
+        Value::Null(_) | Value::Bool(_) | Value::Array(..) => return None,
     };
     Some(shard)
 }

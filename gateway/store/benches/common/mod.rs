@@ -70,6 +70,8 @@ pub fn bind<'q>(
         Value::Bytes(v) => query.bind(v.as_slice()),
         Value::Uuid(v) => query.bind(v.as_bytes().as_slice()),
         Value::DateTime(v) => query.bind(v.timestamp_micros()),
+        // Statements for SQLite carry no arrays (`Sql::in_list`, `Sql::rows`).
+        Value::Array(..) => unreachable!("an array parameter in a statement for SQLite"),
     }
 }
 

@@ -258,8 +258,7 @@ fn log_sql(
         if !columns.is_empty() {
             sql.push(" AND ")
                 .ident("column_name")
-                .push(" IN ")
-                .bind_list(columns.iter().map(|c| Value::Text(c.clone())));
+                .in_list(columns.iter().map(|c| Value::Text(c.clone())));
         }
     };
     let mut sql = Sql::new(dialect);
@@ -271,18 +270,13 @@ fn log_sql(
             }
             sql.push("c.").ident(column);
         }
-        sql.push(" FROM (VALUES ");
-        for (i, (shard, after)) in positions.iter().enumerate() {
-            if i > 0 {
-                sql.push(", ");
-            }
-            sql.push("(")
-                .bind(Value::Int(i64::from(*shard)))
-                .push(", ")
-                .bind(Value::Int(*after))
-                .push(")");
-        }
-        sql.push(") AS p(s, a) CROSS JOIN LATERAL (SELECT ")
+        sql.push(" FROM (")
+            .rows(
+                positions
+                    .iter()
+                    .map(|(shard, after)| vec![Value::Int(i64::from(*shard)), Value::Int(*after)]),
+            )
+            .push(") AS p(s, a) CROSS JOIN LATERAL (SELECT ")
             .idents(select.iter().copied())
             .push(" FROM ")
             .ident(&table)

@@ -562,8 +562,7 @@ fn positions(sql: &mut Sql, t: &str, batch: &Batch) {
             .push(t)
             .push(".")
             .ident("added_id")
-            .push(" IN ")
-            .bind_list(ids.iter().map(|(id, _)| Value::Int(*id)))
+            .in_list(ids.iter().map(|(id, _)| Value::Int(*id)))
             .push(")");
     }
     sql.push(")");

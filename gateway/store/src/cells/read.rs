@@ -280,16 +280,13 @@ async fn fetch_by_key(
             select_cells(&mut sql, &table, None);
             sql.push(" WHERE ")
                 .ident("row_key")
-                .push(" IN ")
-                .bind_list(uuid_list(chunk.iter().map(|k| k.row_key)))
+                .in_list(uuid_list(chunk.iter().map(|k| k.row_key)))
                 .push(" AND ")
                 .ident("column_name")
-                .push(" IN ")
-                .bind_list(text_list(chunk.iter().map(|k| k.column.as_str())))
+                .in_list(text_list(chunk.iter().map(|k| k.column.as_str())))
                 .push(" AND ")
                 .ident("ref_key")
-                .push(" IN ")
-                .bind_list(int_list(chunk.iter().map(|k| k.ref_key)));
+                .in_list(int_list(chunk.iter().map(|k| k.ref_key)));
             sql
         },
     )
@@ -506,12 +503,10 @@ async fn latest_ref_keys(
                 .ident(&table)
                 .push(" WHERE ")
                 .ident("row_key")
-                .push(" IN ")
-                .bind_list(uuid_list(chunk.iter().map(|pair| pair.0)))
+                .in_list(uuid_list(chunk.iter().map(|pair| pair.0)))
                 .push(" AND ")
                 .ident("column_name")
-                .push(" IN ")
-                .bind_list(text_list(chunk.iter().map(|pair| pair.1.as_str())))
+                .in_list(text_list(chunk.iter().map(|pair| pair.1.as_str())))
                 .push(" GROUP BY ")
                 .ident("row_key")
                 .push(", ")
@@ -590,12 +585,10 @@ fn latest_cells_sql(dialect: Dialect, table: &str, rows: &[Uuid], columns: &[&st
     }
     sql.push(" WHERE c.")
         .ident("row_key")
-        .push(" IN ")
-        .bind_list(uuid_list(rows.iter().copied()))
+        .in_list(uuid_list(rows.iter().copied()))
         .push(" AND c.")
         .ident("column_name")
-        .push(" IN ")
-        .bind_list(text_list(columns.iter().copied()));
+        .in_list(text_list(columns.iter().copied()));
     if postgres {
         sql.push(" ORDER BY c.")
             .ident("row_key")
@@ -656,8 +649,7 @@ pub(crate) fn with_latest_cells(rows: &Sql, table: &str, columns: &[&str]) -> Sq
             .ident("row_key")
             .push(" AND m.")
             .ident("column_name")
-            .push(" IN ")
-            .bind_list(column_list())
+            .in_list(column_list())
             // Both descending: one backward scan of the unique key.
             .push(" ORDER BY m.")
             .ident("column_name")
@@ -672,8 +664,7 @@ pub(crate) fn with_latest_cells(rows: &Sql, table: &str, columns: &[&str]) -> Sq
             .ident("row_key")
             .push(" AND c.")
             .ident("column_name")
-            .push(" IN ")
-            .bind_list(column_list());
+            .in_list(column_list());
         latest_of_c(&mut sql, table);
     }
     sql

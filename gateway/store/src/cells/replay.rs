@@ -551,8 +551,8 @@ async fn record_conflicts(
             .ident(&ddl::conflicts_table(ds.name()))
             .push(" (")
             .idents(CONFLICT_COLUMNS)
-            .push(") VALUES ")
-            .values(chunk.iter().map(|cell| {
+            .push(") ")
+            .rows(chunk.iter().map(|cell| {
                 let stored_hash = stored
                     .get(&cell.key)
                     .and_then(|stored| codec::decode(&stored.body).ok())
@@ -588,8 +588,7 @@ async fn delete(backend: &dyn Backend, datastore: &str, ids: &[i64]) -> Result<(
             .ident(&ddl::buffer_table(datastore))
             .push(" WHERE ")
             .ident("buffer_id")
-            .push(" IN ")
-            .bind_list(chunk.iter().map(|id| Value::Int(*id)));
+            .in_list(chunk.iter().map(|id| Value::Int(*id)));
         backend.execute(&sql).await?;
     }
     Ok(())

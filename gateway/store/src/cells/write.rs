@@ -373,8 +373,8 @@ async fn buffer_copy(
                     "body",
                     "created_at",
                 ])
-                .push(") VALUES ")
-                .values(chunk.iter().map(|cell| {
+                .push(") ")
+                .rows(chunk.iter().map(|cell| {
                     vec![
                         Value::Uuid(batch),
                         Value::Int(i64::from(cell.shard)),
@@ -559,8 +559,8 @@ pub(super) async fn commit_primary(
             .ident(&cells_table)
             .push(" (")
             .idents(super::read::CELL_COLUMNS)
-            .push(") VALUES ")
-            .values(
+            .push(") ")
+            .rows(
                 chunk
                     .iter()
                     .map(|(cell, added_id)| cell_row(cell, *added_id, &created_at)),
@@ -580,19 +580,24 @@ pub(super) async fn commit_primary(
 /// does, one by one by primary key in shard order.
 ///
 /// ```sql
-/// WITH locked AS (SELECT t.shard, t.next_added_id FROM (VALUES (shard), …) w(shard)
+/// WITH locked AS (SELECT t.shard, t.next_added_id FROM (<rows>) w(shard)
 ///                 CROSS JOIN LATERAL (SELECT shard, next_added_id FROM <ds>_shards
 ///                   WHERE shard = w.shard AND next_added_id > 0
 ///                   OFFSET 0 FOR UPDATE) t),
 ///      advanced AS (UPDATE <ds>_shards s SET next_added_id = l.next_added_id + v.n
-///                   FROM locked l, (VALUES (shard, n), …) v(shard, n)
+///                   FROM locked l, (<rows>) v(shard, n)
 ///                   WHERE s.shard = l.shard AND v.shard = l.shard
 ///                   RETURNING s.shard, s.next_added_id),
 ///      inserted AS (INSERT INTO <ds>_cells (…)
-///                   SELECT v.shard, l.next_added_id + v.k, … FROM (VALUES …) v(…)
+///                   SELECT v.shard, l.next_added_id + v.k, … FROM (<rows>) v(…)
 ///                   JOIN locked l ON l.shard = v.shard)
 /// SELECT shard, next_added_id FROM advanced
 /// ```
+///
+/// Each `<rows>` is `SELECT * FROM unnest($1::int8[], …)` ([`Sql::rows`]):
+/// the statement's text depends on nothing but the datastore, so each
+/// connection has PostgreSQL parse it once, however many cells and shards
+/// a write has.
 ///
 /// `locked` is read twice, so it is computed once; it returns each
 /// counter's latest committed value even when a concurrent writer advanced
@@ -648,8 +653,8 @@ fn one_statement(
         .ident("next_added_id")
         .push(" + v.n FROM ")
         .ident("locked")
-        .push(" l, (VALUES ")
-        .values(
+        .push(" l, (")
+        .rows(
             counts
                 .iter()
                 .map(|(s, n)| vec![Value::Int(i64::from(*s)), Value::Int(*n)]),
@@ -696,8 +701,8 @@ fn one_statement(
     for col in &super::read::CELL_COLUMNS[2..] {
         sql.push(", v.").ident(col);
     }
-    sql.push(" FROM (VALUES ")
-        .values(
+    sql.push(" FROM (")
+        .rows(
             numbered
                 .iter()
                 .map(|(cell, k)| cell_row(cell, *k, created_at)),
@@ -794,8 +799,8 @@ fn push_lock_shards(
             .ident("shard")
             .push(", t.")
             .ident("next_added_id")
-            .push(" FROM (VALUES ")
-            .values(shards.map(|s| vec![s]))
+            .push(" FROM (")
+            .rows(shards.map(|s| vec![s]))
             .push(") w (")
             .ident("shard")
             .push(") CROSS JOIN LATERAL (SELECT ")
@@ -820,8 +825,7 @@ fn push_lock_shards(
         .ident(&table)
         .push(" WHERE ")
         .ident("shard")
-        .push(" IN ")
-        .bind_list(shards);
+        .in_list(shards);
     if counters == Counters::Open {
         sql.push(" AND ").ident("next_added_id").push(" > 0");
     }
@@ -847,8 +851,7 @@ fn push_advance(sql: &mut Sql, datastore: &str, next: &[(u32, i64)]) {
     }
     sql.push(" END WHERE ")
         .ident("shard")
-        .push(" IN ")
-        .bind_list(next.iter().map(|(s, _)| Value::Int(i64::from(*s))));
+        .in_list(next.iter().map(|(s, _)| Value::Int(i64::from(*s))));
 }
 
 /// The stored bodies of those cells of `group` (their keys by `key`) that
@@ -883,16 +886,13 @@ pub(super) async fn existing_bodies<T>(
             .ident(table)
             .push(" WHERE ")
             .ident("row_key")
-            .push(" IN ")
-            .bind_list(uuid_list(chunk.iter().map(|c| key(c).row_key)))
+            .in_list(uuid_list(chunk.iter().map(|c| key(c).row_key)))
             .push(" AND ")
             .ident("column_name")
-            .push(" IN ")
-            .bind_list(text_list(chunk.iter().map(|c| key(c).column.as_str())))
+            .in_list(text_list(chunk.iter().map(|c| key(c).column.as_str())))
             .push(" AND ")
             .ident("ref_key")
-            .push(" IN ")
-            .bind_list(int_list(chunk.iter().map(|c| key(c).ref_key)));
+            .in_list(int_list(chunk.iter().map(|c| key(c).ref_key)));
         let cols = [
             ColType::Uuid,
             ColType::Text,
@@ -938,4 +938,46 @@ pub(super) async fn existing_bodies<T>(
     let wanted: HashSet<&CellKey> = group.iter().map(key).collect();
     found.retain(|key, _| wanted.contains(key));
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prepared(shard: u32, n: i64) -> Prepared {
+        Prepared {
+            index: 0,
+            shard,
+            key: CellKey {
+                row_key: Uuid::new_v4(),
+                column: "BASE".into(),
+                ref_key: n,
+            },
+            body: serde_json::json!({ "n": n }),
+            encoded: vec![1, 2, 3],
+        }
+    }
+
+    // PostgreSQL parses and plans a statement once per connection and text:
+    // a text that changed with the batch (the number of cells and of their
+    // shards) was parsed and planned again for almost every write.
+    #[test]
+    fn the_write_statement_does_not_depend_on_the_batch() {
+        let created = Value::DateTime(Utc::now());
+        let text = |cells: &[Prepared]| {
+            let cells: Vec<&Prepared> = cells.iter().collect();
+            one_statement(Dialect::Postgres, "trips", &cells, &created)
+                .expect("one statement")
+                .text()
+                .to_string()
+        };
+        let one = text(&[prepared(7, 1)]);
+        let many: Vec<Prepared> = (0..50).map(|n| prepared(n as u32 / 2, n)).collect();
+        assert_eq!(text(&many), one);
+        // Seven arrays of cells, two of counts, one of locked shards.
+        let cells: Vec<&Prepared> = many.iter().collect();
+        let sql = one_statement(Dialect::Postgres, "trips", &cells, &created).unwrap();
+        assert_eq!(sql.params().len(), 10);
+        assert!(sql.params().iter().all(|p| matches!(p, Value::Array(..))));
+    }
 }

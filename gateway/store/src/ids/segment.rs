@@ -71,8 +71,8 @@ pub(crate) async fn create_tag(backend: &dyn Backend, tag: &NewTag) -> Result<bo
         .ident(ddl::ID_SEGMENTS_TABLE)
         .push(" (")
         .idents(["biz_tag", "max_id", "step", "description", "update_time"])
-        .push(") VALUES ")
-        .values([vec![
+        .push(") ")
+        .rows([vec![
             Value::Text(tag.name.clone()),
             Value::Int(tag.start),
             Value::Int(tag.step),

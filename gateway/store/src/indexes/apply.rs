@@ -846,10 +846,8 @@ fn upsert_sql(
     if dialect != Dialect::MySql {
         sql.push(" AS t");
     }
-    sql.push(" (")
-        .idents(columns.iter().copied())
-        .push(") VALUES ");
-    sql.values(rows.iter().map(|(row_key, entry, here)| {
+    sql.push(" (").idents(columns.iter().copied()).push(") ");
+    sql.rows(rows.iter().map(|(row_key, entry, here)| {
         let mut values = vec![Value::Uuid(*row_key)];
         match (here, entry.shard) {
             (true, Some(shard)) => {
@@ -966,8 +964,8 @@ fn quarantine_sql(
             "first_seen",
             "last_seen",
         ])
-        .push(") VALUES ")
-        .values(unique.values().map(|f| {
+        .push(") ")
+        .rows(unique.values().map(|f| {
             vec![
                 Value::Text(ds.indexes[f.index].def.name.clone()),
                 Value::Uuid(f.row_key),
@@ -1036,8 +1034,8 @@ async fn write_offsets(
             .ident(&ddl::offsets_table(ds.name()))
             .push(" (")
             .idents(["shard", "consumer", "added_id", "updated_at"])
-            .push(") VALUES ")
-            .values(chunk.iter().cloned())
+            .push(") ")
+            .rows(chunk.iter().cloned())
             .push(&dialect.upsert(&["shard", "consumer"], &["added_id", "updated_at"]));
         tx.execute(&sql).await?;
     }
@@ -1069,8 +1067,7 @@ pub(crate) async fn read_offsets(
             .ident(&ddl::offsets_table(ds.name()))
             .push(" WHERE ")
             .ident("shard")
-            .push(" IN ")
-            .bind_list(chunk.iter().map(|s| Value::Int(i64::from(*s))));
+            .in_list(chunk.iter().map(|s| Value::Int(i64::from(*s))));
         let rows = backend
             .fetch(&sql, &[ColType::Int, ColType::Text, ColType::Int])
             .await?;

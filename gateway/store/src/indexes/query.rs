@@ -100,7 +100,7 @@ impl QueryPlan {
         if values.len() == 1 {
             sql.ident(shard_field).push(" = ").bind(values[0].clone());
         } else {
-            sql.ident(shard_field).push(" IN ").bind_list(values);
+            sql.ident(shard_field).in_list(values);
         }
         for predicate in &self.predicates {
             sql.push(" AND ");
@@ -124,9 +124,7 @@ impl QueryPlan {
                         .push(" IS NULL)");
                 }
                 (CompareOp::In, _) => {
-                    sql.ident(name)
-                        .push(" IN ")
-                        .bind_list(predicate.values.iter().cloned());
+                    sql.ident(name).in_list(predicate.values.iter().cloned());
                 }
                 (op, _) => {
                     let symbol = match op {

@@ -676,12 +676,10 @@ impl Chunk<'_> {
                 .ident(&table)
                 .push(" WHERE ")
                 .ident(by)
-                .push(" IN ")
-                .bind_list(part.iter().cloned())
+                .in_list(part.iter().cloned())
                 .push(" AND ")
                 .ident("column_name")
-                .push(" IN ")
-                .bind_list(columns.iter().map(|c| Value::Text(c.clone())));
+                .in_list(columns.iter().map(|c| Value::Text(c.clone())));
             for row in backend.fetch(&sql, &types).await? {
                 let mut row = row.into_iter();
                 let (
@@ -1253,12 +1251,10 @@ impl Chunk<'_> {
             .ident(&ddl::cells_table(self.ds.name()))
             .push(" WHERE ")
             .ident("row_key")
-            .push(" IN ")
-            .bind_list(rows.iter().map(|r| Value::Uuid(*r)))
+            .in_list(rows.iter().map(|r| Value::Uuid(*r)))
             .push(" AND ")
             .ident("column_name")
-            .push(" IN ")
-            .bind_list(runtime.def.columns.iter().map(|c| Value::Text(c.clone())));
+            .in_list(runtime.def.columns.iter().map(|c| Value::Text(c.clone())));
         Ok(backend
             .fetch(&sql, &[ColType::Uuid])
             .await?
@@ -1344,8 +1340,7 @@ async fn live_without_local_cells(
         .ident("row_key")
         .push(" AND c.")
         .ident("column_name")
-        .push(" IN ")
-        .bind_list(runtime.def.columns.iter().map(|c| Value::Text(c.clone())))
+        .in_list(runtime.def.columns.iter().map(|c| Value::Text(c.clone())))
         .push(")");
     Ok(backend
         .fetch(&sql, &[ColType::Uuid])
@@ -1423,8 +1418,7 @@ async fn read_page(
         .ident(table)
         .push(" WHERE ")
         .ident("row_key")
-        .push(" IN ")
-        .bind_list(part.iter().map(|r| Value::Uuid(*r)));
+        .in_list(part.iter().map(|r| Value::Uuid(*r)));
     Ok((target, backend.fetch(&sql, types).await?))
 }
 
@@ -1477,6 +1471,7 @@ fn value_json(value: &Value) -> serde_json::Value {
         Value::Bytes(b) => J::String(hex_text(b)),
         Value::Uuid(u) => J::String(u.to_string()),
         Value::DateTime(t) => J::String(t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
+        Value::Array(_, values) => J::Array(values.iter().map(value_json).collect()),
     }
 }
 
@@ -1545,8 +1540,8 @@ async fn write_checkpoint(
         .ident(ddl::CATALOG_TABLE)
         .push(" (")
         .idents(["datastore", "item", "value", "updated_at"])
-        .push(") VALUES ");
-    sql.values([vec![
+        .push(") ");
+    sql.rows([vec![
         Value::Text(ds.name().to_string()),
         Value::Text(CHECKPOINT_ITEM.to_string()),
         Value::Text(serde_json::to_string(checkpoint).expect("a checkpoint serializes")),

@@ -265,8 +265,8 @@ async fn insert_cells(target: &dyn Backend, table: &str, rows: &[Vec<Value>]) ->
             .ident(table)
             .push(" (")
             .idents(CELL_COLUMNS)
-            .push(") VALUES ")
-            .values(rows[start..end].iter().cloned())
+            .push(") ")
+            .rows(rows[start..end].iter().cloned())
             .push(dialect.on_conflict_do_nothing());
         target.execute(&sql).await?;
         start = end;
@@ -292,8 +292,8 @@ pub(crate) async fn copy_counters(
             .ident(&ddl::shards_table(datastore))
             .push(" (")
             .idents(["shard", "next_added_id"])
-            .push(") VALUES ")
-            .values(
+            .push(") ")
+            .rows(
                 chunk
                     .iter()
                     .map(|(s, n)| vec![Value::Int(i64::from(*s)), Value::Int(*n)]),
@@ -363,8 +363,8 @@ async fn upsert_offsets(target: &dyn Backend, table: &str, rows: &[Vec<Value>]) 
             .ident(table)
             .push(" (")
             .idents(["shard", "consumer", "added_id", "updated_at"])
-            .push(") VALUES ")
-            .values(chunk.iter().cloned());
+            .push(") ")
+            .rows(chunk.iter().cloned());
         let added = dialect.quote("added_id");
         match dialect {
             Dialect::MySql => sql.push(&format!(
@@ -432,8 +432,8 @@ pub(crate) async fn snapshot_index_offsets(
                 .ident(&table)
                 .push(" (")
                 .idents(["shard", "consumer", "added_id", "updated_at"])
-                .push(") VALUES ")
-                .values(chunk.iter().cloned())
+                .push(") ")
+                .rows(chunk.iter().cloned())
                 .push(dialect.on_conflict_do_nothing());
             cell_cluster.execute(&sql).await?;
         }
@@ -504,8 +504,8 @@ pub(crate) async fn copy_entries(
                     .ident(&index.table)
                     .push(" (")
                     .idents(names.iter().copied())
-                    .push(") VALUES ")
-                    .values(part.iter().cloned())
+                    .push(") ")
+                    .rows(part.iter().cloned())
                     .push(dialect.on_conflict_do_nothing());
                 target.execute(&sql).await?;
             }
@@ -604,8 +604,7 @@ pub(crate) async fn delete_range(
             .ident(&ddl::cells_table(name))
             .push(" WHERE ")
             .ident("shard")
-            .push(" IN ")
-            .bind_list(ints(shard..=to));
+            .in_list(ints(shard..=to));
         let started = std::time::Instant::now();
         progress(backend.execute(&sql).await?);
         pause(started.elapsed(), duty).await;

@@ -293,8 +293,8 @@ pub(crate) async fn seed(backend: &dyn Backend, datastore: &str, ranges: &str) -
         .idents(COLUMNS)
         .push(", ")
         .ident("updated_at")
-        .push(") VALUES ")
-        .values([vec![
+        .push(") ")
+        .rows([vec![
             Value::Text(datastore.to_string()),
             Value::Int(1),
             Value::Text(ranges.to_string()),
@@ -385,8 +385,8 @@ pub(crate) async fn acknowledge(
         .ident(ddl::LEASES_TABLE)
         .push(" (")
         .idents(["name", "holder", "token", "expires_at", "acquired_at"])
-        .push(") VALUES ")
-        .values(versions.iter().map(|(datastore, version)| {
+        .push(") ")
+        .rows(versions.iter().map(|(datastore, version)| {
             vec![
                 Value::Text(ack_name(datastore, holder)),
                 Value::Text(holder.to_string()),
@@ -411,8 +411,7 @@ pub(crate) async fn withdraw(backend: &dyn Backend, holder: &str, datastores: &[
         .ident(ddl::LEASES_TABLE)
         .push(" WHERE ")
         .ident("name")
-        .push(" IN ")
-        .bind_list(names.into_iter().map(Value::Text));
+        .in_list(names.into_iter().map(Value::Text));
     if let Err(err) = backend.execute(&sql).await {
         tracing::debug!(error = %err, "could not withdraw topology acknowledgements");
     }

@@ -68,6 +68,14 @@ fn bind<'q>(
         // As a DATETIME: sqlx sends `DateTime<Utc>` as a TIMESTAMP, whose
         // range ends in 2038, and the server turns later values into NULL.
         Value::DateTime(v) => query.bind(v.naive_utc()),
+        // Arrays are built for PostgreSQL only (`Sql::in_list`, `Sql::rows`).
+        Value::Array(..) => {
+            debug_assert!(
+                false,
+                "an array parameter in a statement for another backend"
+            );
+            query.bind(None::<i64>)
+        }
     }
 }
 

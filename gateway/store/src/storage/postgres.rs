@@ -82,6 +82,37 @@ fn bind<'q>(
         Value::Bytes(v) => query.bind(v.as_slice()),
         Value::Uuid(v) => query.bind(*v),
         Value::DateTime(v) => query.bind(*v),
+        Value::Array(ty, values) => bind_array(query, *ty, values),
+    }
+}
+
+/// Binds the values as one array of `ty`, NULL elements included (a value
+/// of another type is bound as NULL; `Sql` builds arrays of one type).
+fn bind_array<'q>(
+    query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    ty: ColType,
+    values: &'q [Value],
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    fn all<'q, T>(values: &'q [Value], get: impl Fn(&'q Value) -> Option<T>) -> Vec<Option<T>> {
+        values.iter().map(get).collect()
+    }
+    match ty {
+        ColType::Bool => query.bind(all(values, |v| match v {
+            Value::Bool(b) => Some(*b),
+            _ => None,
+        })),
+        ColType::Int => query.bind(all(values, Value::as_int)),
+        ColType::Float => query.bind(all(values, |v| match v {
+            Value::Float(f) => Some(*f),
+            _ => None,
+        })),
+        ColType::Text => query.bind(all(values, Value::as_text)),
+        ColType::Bytes => query.bind(all(values, |v| match v {
+            Value::Bytes(b) => Some(b.as_slice()),
+            _ => None,
+        })),
+        ColType::Uuid => query.bind(all(values, Value::as_uuid)),
+        ColType::DateTime => query.bind(all(values, Value::as_datetime)),
     }
 }
 

@@ -6,7 +6,7 @@
 //! value can never end up inside the SQL string. Identifiers come from
 //! validated definitions (see `index-dsl`) and are quoted on top of that.
 
-use super::value::Value;
+use super::value::{ColType, Value};
 
 /// The SQL dialect a backend speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -268,6 +268,71 @@ impl Sql {
         self
     }
 
+    /// Appends ` IN (?, …)` for the values (at least one). On PostgreSQL it
+    /// is ` = ANY($n)` with the values as one array parameter: the same
+    /// text, parsed and planned once per connection, whatever their number,
+    /// and the same index scan as the list.
+    pub fn in_list(&mut self, values: impl IntoIterator<Item = Value>) -> &mut Self {
+        if self.dialect != Dialect::Postgres {
+            return self.push(" IN ").bind_list(values);
+        }
+        let values: Vec<Value> = values.into_iter().collect();
+        let ty = values.first().map_or(ColType::Text, Value::col_type);
+        self.push(" = ANY(").bind_array(ty, values).push(")")
+    }
+
+    /// Appends the rows (at least one, all of the same column types) as a
+    /// source of rows: `VALUES (?, …), (?, …)`, which an `INSERT` takes
+    /// and which, in parentheses and with column names, is a table of a
+    /// `FROM`. On PostgreSQL it is `SELECT * FROM unnest($1::…[], …)`, one
+    /// array parameter per column: a text that does not depend on the
+    /// number of rows, so that PostgreSQL parses and plans it once per
+    /// connection instead of once per batch size, with a parameter per
+    /// column instead of one per value.
+    pub fn rows(&mut self, rows: impl IntoIterator<Item = Vec<Value>>) -> &mut Self {
+        if self.dialect != Dialect::Postgres {
+            self.push("VALUES ");
+            return self.values(rows);
+        }
+        let mut columns: Vec<Vec<Value>> = Vec::new();
+        for row in rows {
+            if columns.is_empty() {
+                columns = row.iter().map(|_| Vec::new()).collect();
+            }
+            for (column, value) in columns.iter_mut().zip(row) {
+                column.push(value);
+            }
+        }
+        self.push("SELECT * FROM unnest(");
+        for (i, column) in columns.into_iter().enumerate() {
+            if i > 0 {
+                self.push(", ");
+            }
+            let ty = column
+                .iter()
+                .find(|v| !v.is_null())
+                .or(column.first())
+                .map_or(ColType::Text, Value::col_type);
+            self.bind_array(ty, column);
+        }
+        self.push(")")
+    }
+
+    /// Appends `$n::<type>[]` bound to the values as one array.
+    fn bind_array(&mut self, ty: ColType, values: Vec<Value>) -> &mut Self {
+        self.bind(Value::Array(ty, values));
+        let name = match ty {
+            ColType::Bool => "boolean",
+            ColType::Int => "int8",
+            ColType::Float => "float8",
+            ColType::Text => "text",
+            ColType::Bytes => "bytea",
+            ColType::Uuid => "uuid",
+            ColType::DateTime => "timestamptz",
+        };
+        self.push("::").push(name).push("[]")
+    }
+
     /// Appends `(?, …), (?, …)`: one parenthesized group per row, for a
     /// multi-row `VALUES`.
     pub fn values(&mut self, rows: impl IntoIterator<Item = Vec<Value>>) -> &mut Self {
@@ -352,6 +417,47 @@ impl Sql {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lists_and_rows_are_arrays_on_postgres_only() {
+        let keys = || [Value::Int(1), Value::Int(2), Value::Int(3)];
+        let mut sql = Sql::new(Dialect::Postgres);
+        sql.ident("shard").in_list(keys());
+        assert_eq!(sql.text(), "\"shard\" = ANY($1::int8[])");
+        assert_eq!(sql.params(), &[Value::Array(ColType::Int, keys().to_vec())]);
+        let mut sql = Sql::new(Dialect::Sqlite);
+        sql.ident("shard").in_list(keys());
+        assert_eq!(sql.text(), "\"shard\" IN (?, ?, ?)");
+        assert_eq!(sql.params(), &keys());
+
+        // A column's type is that of its first non-NULL value.
+        let rows = || {
+            vec![
+                vec![Value::Int(1), Value::Null(ColType::Text)],
+                vec![Value::Int(2), Value::Text("a".into())],
+            ]
+        };
+        let mut sql = Sql::new(Dialect::Postgres);
+        sql.push("INSERT INTO t (a, b) ").rows(rows());
+        assert_eq!(
+            sql.text(),
+            "INSERT INTO t (a, b) SELECT * FROM unnest($1::int8[], $2::text[])"
+        );
+        assert_eq!(
+            sql.params(),
+            &[
+                Value::Array(ColType::Int, vec![Value::Int(1), Value::Int(2)]),
+                Value::Array(
+                    ColType::Text,
+                    vec![Value::Null(ColType::Text), Value::Text("a".into())]
+                ),
+            ]
+        );
+        let mut sql = Sql::new(Dialect::MySql);
+        sql.push("INSERT INTO t (a, b) ").rows(rows());
+        assert_eq!(sql.text(), "INSERT INTO t (a, b) VALUES (?, ?), (?, ?)");
+        assert_eq!(sql.params().len(), 4);
+    }
 
     #[test]
     fn only_selects_without_locks_are_plain_reads() {

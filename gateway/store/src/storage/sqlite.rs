@@ -260,6 +260,14 @@ fn bind<'q>(
         Value::Bytes(v) => query.bind(v.as_slice()),
         Value::Uuid(v) => query.bind(v.as_bytes().as_slice()),
         Value::DateTime(v) => query.bind(v.timestamp_micros()),
+        // Arrays are built for PostgreSQL only (`Sql::in_list`, `Sql::rows`).
+        Value::Array(..) => {
+            debug_assert!(
+                false,
+                "an array parameter in a statement for another backend"
+            );
+            query.bind(None::<i64>)
+        }
     }
 }
 

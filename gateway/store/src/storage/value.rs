@@ -34,6 +34,12 @@ pub enum Value {
     Bytes(Vec<u8>),
     Uuid(Uuid),
     DateTime(DateTime<Utc>),
+    /// A PostgreSQL array of values of one type, NULLs included: the one
+    /// parameter of an `IN` list or of a column of rows there
+    /// ([`Sql::in_list`](super::Sql::in_list), [`Sql::rows`](super::Sql::rows)),
+    /// so that a statement's text does not depend on how many values it
+    /// carries. Only statements built for PostgreSQL hold one.
+    Array(ColType, Vec<Value>),
 }
 
 impl Value {
@@ -41,6 +47,7 @@ impl Value {
         matches!(self, Value::Null(_))
     }
 
+    /// The value's type; an array's is that of its elements.
     pub fn col_type(&self) -> ColType {
         match self {
             Value::Null(t) => *t,
@@ -51,6 +58,7 @@ impl Value {
             Value::Bytes(_) => ColType::Bytes,
             Value::Uuid(_) => ColType::Uuid,
             Value::DateTime(_) => ColType::DateTime,
+            Value::Array(t, _) => *t,
         }
     }
 

@@ -112,8 +112,8 @@ pub async fn insert(
         .ident(ddl::TOKENS_TABLE)
         .push(" (")
         .idents(["id", "token_hash", "name", "scopes", "created_at"])
-        .push(") VALUES ")
-        .values([vec![
+        .push(") ")
+        .rows([vec![
             Value::Text(token.id.clone()),
             Value::Text(token.hash.clone()),
             Value::Text(name.to_string()),

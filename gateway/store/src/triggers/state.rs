@@ -39,8 +39,8 @@ pub(super) async fn ensure_offsets(
             .ident(&ddl::offsets_table(ds.name()))
             .push(" (")
             .idents(["shard", "consumer", "added_id", "updated_at"])
-            .push(") VALUES ")
-            .values(chunk.iter().map(|(shard, initial)| {
+            .push(") ")
+            .rows(chunk.iter().map(|(shard, initial)| {
                 vec![
                     Value::Int(i64::from(*shard)),
                     Value::Text(key.to_string()),
@@ -74,8 +74,7 @@ pub(super) async fn read_offsets(
             .bind(Value::Text(key.to_string()))
             .push(" AND ")
             .ident("shard")
-            .push(" IN ")
-            .bind_list(chunk.iter().map(|s| Value::Int(i64::from(*s))));
+            .in_list(chunk.iter().map(|s| Value::Int(i64::from(*s))));
         for row in backend.fetch(&sql, &[ColType::Int, ColType::Int]).await? {
             if let (Some(shard), Some(added_id)) = (row[0].as_int(), row[1].as_int()) {
                 offsets.insert(shard as u32, added_id);
@@ -159,8 +158,8 @@ pub(super) async fn commit(
             .ident(&ddl::trigger_quarantine_table(ds.name()))
             .push(" (")
             .idents(QUARANTINE_COLUMNS)
-            .push(") VALUES ")
-            .values(chunk.iter().map(|q| {
+            .push(") ")
+            .rows(chunk.iter().map(|q| {
                 vec![
                     Value::Text(key.to_string()),
                     Value::Int(i64::from(q.cell.shard)),
@@ -424,8 +423,7 @@ pub(crate) async fn rewind(
             let mut sql = update_offsets(dialect, &ds, &key, chunk);
             sql.push(" AND ")
                 .ident("shard")
-                .push(" IN ")
-                .bind_list(chunk.iter().map(|(s, _)| Value::Int(i64::from(*s))));
+                .in_list(chunk.iter().map(|(s, _)| Value::Int(i64::from(*s))));
             moved += backend.execute(&sql).await?;
         }
     }

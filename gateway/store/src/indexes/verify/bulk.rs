@@ -159,8 +159,7 @@ pub(super) fn live(dialect: Dialect, runtime: &IndexRuntime, rows: &[Uuid]) -> S
         .ident(&runtime.table)
         .push(" WHERE ")
         .ident("row_key")
-        .push(" IN ")
-        .bind_list(rows.iter().map(|r| Value::Uuid(*r)))
+        .in_list(rows.iter().map(|r| Value::Uuid(*r)))
         .push(" AND ")
         .ident(ddl::INDEX_SHARD_COLUMN)
         .push(" IS NOT NULL");
