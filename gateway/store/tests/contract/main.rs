@@ -95,6 +95,7 @@ contract_suite!(
     index_lag_reports_pending_cells,
     adversarial_bodies_read_back,
     limit_sized_bodies_read_back,
+    a_write_of_several_inserts_numbers_its_cells_from_the_counters,
     writes_never_scan_the_whole_shard_counter_table,
     index_query_is_an_index_range_scan,
     a_new_shard_count_is_refused,
@@ -1461,6 +1462,84 @@ async fn limit_sized_bodies_read_back(env: Arc<Env>) {
         .await
         .unwrap_err();
     assert_eq!(err.code(), "INVALID_BODY");
+}
+
+/// A batch whose bodies exceed one `INSERT` (4 MiB) is written in several,
+/// after the counters of its shards are locked and advanced in statements
+/// of their own (on PostgreSQL the only writes that take this path; on
+/// MySQL and SQLite every write does). Its cells get consecutive
+/// `added_id`s from the counters, and a later write to one of its shards
+/// continues after them.
+async fn a_write_of_several_inserts_numbers_its_cells_from_the_counters(env: Arc<Env>) {
+    use cellgate_store::cells::Location;
+    use cellgate_store::shards::row_shard;
+    use rand::{Rng, SeedableRng};
+    let store = env.open().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    // Three bodies of 2 MiB that do not compress, and small ones, two of
+    // them on the first big one's shard.
+    let big: Vec<NewCell> = (0..3)
+        .map(|i| {
+            let noise: String = (0..2 * 1024 * 1024)
+                .map(|_| char::from(rng.gen_range(b'!'..=b'~')))
+                .collect();
+            cell(
+                Uuid::new_v4(),
+                "NOTES",
+                1,
+                json!({ "i": i, "noise": noise }),
+            )
+        })
+        .collect();
+    let first_shard = row_shard(&big[0].row_key, harness::TRIP_SHARDS);
+    let on_first_shard = || loop {
+        let row = Uuid::new_v4();
+        if row_shard(&row, harness::TRIP_SHARDS) == first_shard {
+            return row;
+        }
+    };
+    let mut batch = big.clone();
+    batch.push(cell(on_first_shard(), "NOTES", 1, json!({ "small": 0 })));
+    batch.push(cell(on_first_shard(), "NOTES", 1, json!({ "small": 1 })));
+    batch.extend((2..12).map(|n| cell(Uuid::new_v4(), "NOTES", 1, json!({ "small": n }))));
+    let results = store.put_cells("trips", batch.clone()).await.unwrap();
+    assert!(
+        results.iter().all(|r| matches!(r, Ok(PutStatus::Written))),
+        "{results:?}"
+    );
+    for written in &batch {
+        let read = store
+            .get_cell_latest("trips", written.row_key, "NOTES")
+            .await
+            .unwrap()
+            .expect("written cell reads back");
+        assert!(read.body == written.body, "body reads back");
+    }
+    let later = on_first_shard();
+    store
+        .put_cell("trips", cell(later, "NOTES", 1, json!({ "later": true })))
+        .await
+        .unwrap();
+    let log = store
+        .cells_for_shard("trips", first_shard, Location::AddedId(0), 100)
+        .await
+        .unwrap()
+        .cells;
+    let ids: Vec<i64> = log.iter().map(|c| c.added_id).collect();
+    assert_eq!(
+        ids.len(),
+        4,
+        "three of the batch and the later cell: {ids:?}"
+    );
+    assert!(
+        ids.windows(2).all(|w| w[1] == w[0] + 1),
+        "consecutive added ids: {ids:?}"
+    );
+    assert_eq!(
+        log.last().unwrap().row_key,
+        later,
+        "the later cell comes last"
+    );
 }
 
 /// A write reads and advances only its own shards' counter rows. On
