@@ -477,13 +477,16 @@ impl AuthConfig {
     }
 }
 
-/// Cross-origin resource sharing for `/graphql`. No origin is allowed by
-/// default: browsers then refuse pages of other origins to read answers.
+/// Cross-origin resource sharing for `/graphql`, and the origins whose
+/// pages may open `/graphql/ws`. No other origin is allowed by default:
+/// browsers then refuse pages of other origins to read answers, and the
+/// gateway refuses their WebSocket upgrades (403 `ORIGIN_NOT_ALLOWED`).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct CorsConfig {
-    /// Origins whose pages may call the API, exactly as browsers send them
-    /// (`https://app.example.com`), or `"*"` for any.
+    /// Origins whose pages may call the API and open its WebSocket, exactly
+    /// as browsers send them (`https://app.example.com`), or `"*"` for any.
+    /// The gateway's own origin (its pages) needs no entry.
     ///
     /// ```yaml
     /// allowed_origins: ["https://app.example.com"]

@@ -7,21 +7,17 @@
 
 #[path = "support/server.rs"]
 mod server;
+#[path = "support/socket.rs"]
+mod socket;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use cellgate_graphql::auth::tokens;
-use futures::{SinkExt as _, StreamExt as _};
 use rand::Rng as _;
 use serde_json::{json, Value};
 use server::{client, Server};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
-use tokio_tungstenite::tungstenite::Message;
-
-type Socket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+use socket::{connect, init, receive, send, try_connect};
 
 const TRIPS: (&str, &str) = (
     "trips/datastore.yaml",
@@ -33,61 +29,6 @@ const SUBSCRIBE: &str = "subscription($after: String) {
     cursor cell { rowKey column refKey body shard addedId createdAt }
   }
 }";
-
-/// Opens `/graphql/ws` with the `graphql-transport-ws` subprotocol.
-async fn connect(server: &Server) -> Socket {
-    let url = server.url("/graphql/ws").replacen("http", "ws", 1);
-    let mut request = url.into_client_request().expect("request");
-    request.headers_mut().insert(
-        "Sec-WebSocket-Protocol",
-        HeaderValue::from_static("graphql-transport-ws"),
-    );
-    let (socket, response) = tokio_tungstenite::connect_async(request)
-        .await
-        .expect("connect");
-    assert_eq!(
-        response
-            .headers()
-            .get("sec-websocket-protocol")
-            .map(|v| v.to_str().unwrap()),
-        Some("graphql-transport-ws")
-    );
-    socket
-}
-
-async fn send(socket: &mut Socket, message: Value) {
-    socket
-        .send(Message::text(message.to_string()))
-        .await
-        .expect("send");
-}
-
-/// The next protocol message, or the close code.
-async fn receive(socket: &mut Socket) -> Result<Value, u16> {
-    loop {
-        let message = tokio::time::timeout(Duration::from_secs(20), socket.next())
-            .await
-            .expect("a message within 20 s");
-        match message {
-            Some(Ok(Message::Text(text))) => return Ok(serde_json::from_str(&text).unwrap()),
-            Some(Ok(Message::Close(frame))) => {
-                return Err(frame.map_or(1005, |f| u16::from(f.code)))
-            }
-            Some(Ok(_)) => continue,
-            Some(Err(_)) | None => return Err(1006),
-        }
-    }
-}
-
-/// Sends `connection_init` with `payload` and expects the ack.
-async fn init(socket: &mut Socket, payload: Value) {
-    send(
-        socket,
-        json!({"type": "connection_init", "payload": payload}),
-    )
-    .await;
-    assert_eq!(receive(socket).await, Ok(json!({"type": "connection_ack"})));
-}
 
 /// Writes `rows` rows, each with a BASE and a STATUS cell; their keys.
 async fn write(server: &Server, token: Option<&str>, rows: usize) -> Vec<String> {
@@ -312,17 +253,10 @@ async fn refusals_close_with_the_protocol_codes() {
     send(&mut socket, subscribe("a")).await;
     assert_eq!(receive(&mut socket).await, Err(4409));
     // The token in the upgrade request's Authorization header also counts.
-    let url = server.url("/graphql/ws").replacen("http", "ws", 1);
-    let mut request = url.into_client_request().unwrap();
-    request.headers_mut().insert(
-        "Sec-WebSocket-Protocol",
-        HeaderValue::from_static("graphql-transport-ws"),
-    );
-    request.headers_mut().insert(
-        "Authorization",
-        HeaderValue::from_str(&format!("Bearer {reader}")).unwrap(),
-    );
-    let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    let authorization = format!("Bearer {reader}");
+    let mut socket = try_connect(&server, &[("Authorization", &authorization)])
+        .await
+        .unwrap();
     init(&mut socket, json!({})).await;
 }
 

@@ -25,7 +25,7 @@ use std::sync::{Arc, OnceLock};
 use async_graphql::parser::types::ExecutableDocument;
 use async_graphql::ServerError;
 
-use super::Direct;
+use crate::direct::Direct;
 
 /// A parsed document, shared by the requests that send its text.
 pub struct Parsed {

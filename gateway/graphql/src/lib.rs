@@ -15,7 +15,10 @@
 //! reads may be served (master, replica, read tokens), `variables.rs` a
 //! request's variables kept as JSON text until needed, and `direct.rs` the
 //! compiled form of index reads and writes, which answers them without the
-//! executor.
+//! executor. `pipeline/` puts them together: the one path every transport
+//! sends a request through (authentication, parsing, authorization,
+//! limits, the direct form, execution), so HTTP and WebSocket differ only
+//! in bytes, status codes and frames.
 
 mod access;
 pub mod auth;
@@ -31,6 +34,7 @@ mod limits;
 mod loaders;
 mod maintenance;
 mod names;
+mod pipeline;
 mod scalars;
 mod schema;
 mod triggers;
@@ -39,23 +43,23 @@ mod verify;
 
 use async_graphql::dataloader::DataLoader;
 
-pub use access::{authorize, visible_datastores, AccessMap, Authorized, Denied, ANY_DATASTORE};
+pub use access::ANY_DATASTORE;
 pub use definitions::{DefinitionsState, DefinitionsStatus, LastReload, ReloadResult};
-pub use direct::{Answer, Direct};
-pub use documents::{Documents, Parsed};
-pub use limits::{check_limits, prepare_error_code, GraphqlLimits};
+pub use documents::Documents;
+pub use limits::GraphqlLimits;
 pub use names::{camel, pascal};
-pub use schema::{build_schema, build_visible_schema, sdl};
+pub use pipeline::{
+    Caller, Executed, GraphqlRequest, Pipeline, PipelineOptions, Prepared, Refusal, RefusalKind,
+    Served, Subscription, Transport,
+};
+pub use schema::{build_schema, sdl};
 pub use variables::RequestVariables;
 
 use cellgate_store::Store;
 
-/// Runs one GraphQL request against the schema for `principal` (whose
-/// access `authorize` has checked; resolvers use it to list only the
-/// datastores it may read).
 /// Runs a subscription of `request` for `principal` (already
 /// authorized): a stream of responses, one per event.
-pub fn execute_stream(
+pub(crate) fn execute_stream(
     schema: &async_graphql::dynamic::Schema,
     store: &Store,
     principal: crate::auth::Principal,
@@ -65,7 +69,10 @@ pub fn execute_stream(
     schema.execute_stream(request)
 }
 
-pub async fn execute(
+/// Runs one GraphQL request against the schema for `principal` (whose
+/// access the pipeline has checked; resolvers use it to list only the
+/// datastores it may read).
+pub(crate) async fn execute(
     schema: &async_graphql::dynamic::Schema,
     store: &Store,
     principal: crate::auth::Principal,

@@ -3,8 +3,14 @@
 
 use std::path::Path;
 
-use cellgate_graphql::auth::Principal;
-use cellgate_graphql::{build_schema, execute, sdl, GraphqlLimits};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellgate_graphql::auth::Authenticator;
+use cellgate_graphql::{
+    build_schema, sdl, DefinitionsStatus, Documents, GraphqlLimits, GraphqlRequest, Pipeline,
+    PipelineOptions, Served, Transport,
+};
 use cellgate_store::cells::NewCell;
 use cellgate_store::{StorageConfig, Store, StoreOptions};
 use serde_json::json;
@@ -58,17 +64,33 @@ async fn a_partial_index_field_answers_with_the_rows_its_predicate_selects() {
     store.sync_indexes().await.unwrap();
 
     let schema = build_schema(&store, GraphqlLimits::default()).unwrap();
+    let pipeline = Pipeline::new(
+        store.clone(),
+        Authenticator::new(&[], false, None).unwrap(),
+        Served::new(store.snapshot(), schema, Arc::new(Documents::new(1 << 20))),
+        DefinitionsStatus::default(),
+        PipelineOptions {
+            limits: GraphqlLimits::default(),
+            introspection: true,
+            request_timeout: Duration::from_secs(30),
+        },
+    );
     let query = r#"{ trips { completedByCity(city: "Oslo") { edges { node { rowKey status fareTotal } } } } }"#;
-    let response = execute(
-        &schema,
-        &store,
-        Principal::unrestricted(),
-        async_graphql::Request::new(query),
-    )
-    .await;
-    assert!(response.errors.is_empty(), "{:?}", response.errors);
+    let caller = pipeline.authenticate(None).await.unwrap();
+    let request = GraphqlRequest {
+        query: query.to_string(),
+        ..GraphqlRequest::default()
+    };
+    let executed = pipeline
+        .prepare(request, &caller, Transport::Post)
+        .unwrap()
+        .execute()
+        .await
+        .unwrap();
+    assert!(!executed.has_errors);
+    let response: serde_json::Value = serde_json::from_slice(&executed.body).unwrap();
     assert_eq!(
-        response.data.into_json().unwrap(),
+        response["data"],
         json!({"trips": {"completedByCity": {"edges": [
             {"node": {"rowKey": done.to_string(), "status": "completed", "fareTotal": 12.5}}
         ]}}})

@@ -202,16 +202,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
     }
 
-    let schema = cellgate_graphql::build_schema(&store, config.limits.graphql())
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let address = listener
         .local_addr()
         .context("cannot read the bound address")?;
-    let gateway =
-        Gateway::new(store.clone(), schema, &config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let gateway = Gateway::new(store.clone(), &config).map_err(|e| anyhow::anyhow!("{e}"))?;
     if !gateway.auth_enabled() && !address.ip().is_loopback() {
         eprintln!(
             "WARNING: authentication is OFF while listening on {address}: anyone who can reach \

@@ -46,6 +46,49 @@ fn allowed(config: &CorsConfig, origin: &str) -> Option<String> {
     }
 }
 
+/// Whether a WebSocket upgrade from a page of `origin` may go on, by the
+/// rule of CORS: browsers send no preflight for WebSockets and let any page
+/// open one, so the gateway checks the `Origin` itself. Allowed: no
+/// `Origin` (not a browser), a configured origin (or `*`), and the
+/// gateway's own origin (the one whose authority is the request's `Host`,
+/// e.g. the playground at `/`).
+pub(super) fn socket_origin_allowed(
+    config: &CorsConfig,
+    origin: Option<&str>,
+    host: Option<&str>,
+) -> bool {
+    match origin {
+        None => true,
+        Some(origin) => allowed(config, origin).is_some() || same_origin(origin, host),
+    }
+}
+
+/// Whether `origin` (`scheme://host[:port]`) names the authority `host`
+/// (`host[:port]`), ports defaulting to the scheme's.
+fn same_origin(origin: &str, host: Option<&str>) -> bool {
+    let (Some((scheme, authority)), Some(host)) = (origin.split_once("://"), host) else {
+        return false;
+    };
+    let port = match scheme.to_ascii_lowercase().as_str() {
+        "http" | "ws" => "80",
+        "https" | "wss" => "443",
+        _ => return false,
+    };
+    with_port(authority, port) == with_port(host, port)
+}
+
+/// `authority`, lowercase, with `port` added when it names none.
+fn with_port(authority: &str, port: &str) -> String {
+    let authority = authority.trim().to_ascii_lowercase();
+    // The part after an IPv6 literal's brackets, or after the name.
+    let tail = authority.rsplit(']').next().unwrap_or("");
+    if tail.contains(':') {
+        authority
+    } else {
+        format!("{authority}:{port}")
+    }
+}
+
 /// Wraps the `/graphql` endpoint.
 pub(super) async fn cors<E: Endpoint>(
     endpoint: Arc<E>,
@@ -120,6 +163,64 @@ fn decorate(response: &mut Response, config: &CorsConfig, allow: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sockets_open_from_no_origin_the_own_one_or_listed_ones() {
+        let none = CorsConfig::default();
+        let host = Some("127.0.0.1:8080");
+        assert!(socket_origin_allowed(&none, None, host));
+        assert!(socket_origin_allowed(
+            &none,
+            Some("http://127.0.0.1:8080"),
+            host
+        ));
+        assert!(socket_origin_allowed(
+            &none,
+            Some("HTTP://LOCALHOST"),
+            Some("localhost:80")
+        ));
+        assert!(socket_origin_allowed(
+            &none,
+            Some("https://gw.example"),
+            Some("gw.example")
+        ));
+        assert!(socket_origin_allowed(
+            &none,
+            Some("http://[::1]:8080"),
+            Some("[::1]:8080")
+        ));
+        for refused in [
+            "http://evil.example",
+            "http://127.0.0.1:8081",
+            "null",
+            "file://",
+            "http://127.0.0.1:8080.evil.example",
+        ] {
+            assert!(
+                !socket_origin_allowed(&none, Some(refused), host),
+                "{refused}"
+            );
+        }
+        assert!(!socket_origin_allowed(
+            &none,
+            Some("http://127.0.0.1:8080"),
+            None
+        ));
+        let listed = CorsConfig {
+            allowed_origins: vec!["https://app.example".into()],
+            ..CorsConfig::default()
+        };
+        assert!(socket_origin_allowed(
+            &listed,
+            Some("https://app.example"),
+            host
+        ));
+        assert!(!socket_origin_allowed(
+            &listed,
+            Some("https://other.example"),
+            host
+        ));
+    }
 
     #[test]
     fn only_listed_origins_are_allowed() {

@@ -19,18 +19,12 @@
 //!    **admission** (rate per token, concurrency: `admission.rs`, 429,
 //!    503). All come after the body, so a client stalling mid-body holds
 //!    no permit;
-//! 4. **document parsing**: a syntax error is a request error
-//!    (`GRAPHQL_PARSE_FAILED`); over GET, only queries run (405 with
-//!    `Allow: POST` otherwise), since GETs must be safe to repeat and cache.
-//!    Variables were only split into their members' JSON texts in step 2;
-//!    they are now parsed into async-graphql's values, but for the cells a
-//!    compiled write reads from their text, and one nested deeper than the
-//!    JSON parser allows is refused here (400);
-//! 5. **execution**, through [`cellgate_graphql::execute`]. async-graphql
-//!    validates the document and coerces variables before executing; a
-//!    failure there comes back as a response with errors, `null` data and no
-//!    error path, which is a request error (`GRAPHQL_VALIDATION_FAILED`).
-//!    Execution past `limits.request_timeout_ms` is cancelled: 504 `TIMEOUT`.
+//! 4. the **request pipeline** (`cellgate_graphql::Pipeline`), which every
+//!    transport shares: parsing, authorization, operation selection (over
+//!    GET, only queries run: 405 with `Allow: POST` otherwise), limits, the
+//!    compiled direct form, and execution under `limits.request_timeout_ms`
+//!    (504 `TIMEOUT`). Its refusals carry their codes; this module only
+//!    picks their status codes.
 //!
 //! Request errors have no `data` entry. With `application/graphql-response+json`
 //! they are answered 400; with `application/json`, 200 (the legacy media
@@ -46,14 +40,12 @@ use futures::StreamExt as _;
 use poem::http::{header, HeaderValue, StatusCode};
 use poem::web::Data;
 use poem::{handler, Body, Request, Response};
-use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::admission::Rejection;
 use super::metrics::Outcome;
 use super::Gateway;
-use cellgate_graphql::auth::AuthError;
-use cellgate_graphql::{Answer, RequestVariables};
+use cellgate_graphql::{GraphqlRequest, Refusal, RefusalKind, Transport};
 
 const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
 const JSON: &str = "application/json";
@@ -103,32 +95,6 @@ impl Failure {
     }
 }
 
-/// The GraphQL parameters of a request, checked for type. Extensions go
-/// from the request's JSON text straight into async-graphql's values;
-/// variables are split into their members' JSON texts, parsed into
-/// async-graphql's values only for what needs them (a compiled write reads
-/// its cells from the text: `cellgate_graphql::RequestVariables`).
-struct Params {
-    query: String,
-    operation_name: Option<String>,
-    variables: RequestVariables,
-    extensions: async_graphql::Extensions,
-}
-
-/// The members of a request object, each left as JSON text until its
-/// type is checked. Other members are ignored.
-#[derive(serde::Deserialize)]
-struct RawParams<'a> {
-    #[serde(borrow, default)]
-    query: Option<&'a RawValue>,
-    #[serde(rename = "operationName", borrow, default)]
-    operation_name: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    variables: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    extensions: Option<&'a RawValue>,
-}
-
 #[handler]
 pub(super) async fn graphql_get(request: &Request, Data(gateway): Data<&Arc<Gateway>>) -> Response {
     handle(gateway, request, None).await
@@ -167,7 +133,8 @@ async fn handle(gateway: &Gateway, request: &Request, body: Option<Body>) -> Res
         }
         Some(media) => match respond(gateway, request, body, media, &mut operation).await {
             Ok(answer) => answer,
-            Err(failure) => failure_response(media, failure),
+            Err(Answered::Failure(failure)) => failure_response(media, failure),
+            Err(Answered::Refusal(refusal)) => refusal_response(media, refusal),
         },
     };
     gateway
@@ -176,21 +143,26 @@ async fn handle(gateway: &Gateway, request: &Request, body: Option<Body>) -> Res
     response
 }
 
-/// The answer to a request that ran past `limit`.
-fn timed_out(limit: Duration) -> Failure {
-    let mut failure = Failure::new(
-        StatusCode::GATEWAY_TIMEOUT,
-        "TIMEOUT",
-        format!(
-            "the request did not finish within {} ms and was cancelled",
-            limit.as_millis()
-        ),
-    );
-    failure.outcome = Outcome::TimedOut;
-    failure
+/// How a request ended before an answer with data: a failure of HTTP
+/// itself, or a refusal of the pipeline.
+enum Answered {
+    Failure(Failure),
+    Refusal(Refusal),
 }
 
-/// Steps 2 to 5 of the module doc. `operation` receives the operation name
+impl From<Failure> for Answered {
+    fn from(failure: Failure) -> Answered {
+        Answered::Failure(failure)
+    }
+}
+
+impl From<Refusal> for Answered {
+    fn from(refusal: Refusal) -> Answered {
+        Answered::Refusal(refusal)
+    }
+}
+
+/// Steps 2 to 4 of the module doc. `operation` receives the operation name
 /// as soon as it is known, for the metrics.
 async fn respond(
     gateway: &Gateway,
@@ -198,218 +170,66 @@ async fn respond(
     body: Option<Body>,
     media: MediaType,
     operation: &mut Option<String>,
-) -> Result<(Response, Outcome), Failure> {
+) -> Result<(Response, Outcome), Answered> {
     // The body is read before a permit is taken, within its own deadline,
     // so clients that stall while sending hold no permit.
-    let params = match body {
-        None => get_params(request)?,
-        Some(body) => {
-            post_params(request, body, gateway.max_body_bytes, gateway.body_timeout).await?
-        }
+    let (params, transport) = match body {
+        None => (get_params(request)?, Transport::Get),
+        Some(body) => (
+            post_params(request, body, gateway.max_body_bytes, gateway.body_timeout).await?,
+            Transport::Post,
+        ),
     };
     let address = request.remote_addr().as_socket_addr().map(|a| a.ip());
     gateway.admission.limit_address(address).map_err(rejected)?;
-    let principal = gateway
-        .auth
+    let caller = gateway
+        .pipeline
         .authenticate(request.header(header::AUTHORIZATION))
-        .await
-        .map_err(unauthenticated)?;
+        .await?;
     let _permit = gateway
         .admission
-        .admit(principal.token.as_ref())
+        .admit(caller.principal.token.as_ref())
         .map_err(rejected)?;
-
     *operation = params.operation_name.clone();
-    let is_get = request.method() == poem::http::Method::GET;
-
-    let mut graphql_request = async_graphql::Request::new(params.query);
-    graphql_request.operation_name = params.operation_name;
-    graphql_request.extensions = params.extensions;
-    let texts = params.variables;
-
-    let requested_name = graphql_request.operation_name.clone();
-    let provided: Vec<String> = texts.names().map(|name| name.to_string()).collect();
-    // The schema, access map and document cache of the definitions served
-    // now; a reload meanwhile does not change them for this request.
-    let served = gateway.served();
-    // Parsed once per distinct text (`graphql/documents.rs`); async-graphql
-    // is then given this tree instead of parsing again.
-    let parsed = match served.documents.parse(&graphql_request.query) {
-        Ok(parsed) => parsed,
-        Err(error) => {
-            let errors = vec![with_code(
-                serde_json::to_value(&error).unwrap_or_default(),
-                "GRAPHQL_PARSE_FAILED",
-            )];
-            return Ok((request_error(media, errors), Outcome::Invalid));
-        }
-    };
-    let document = &parsed.document;
-    let authorized = match cellgate_graphql::authorize(
-        document,
-        requested_name.as_deref(),
-        &principal,
-        &served.access,
-        gateway.introspection,
-    ) {
-        Ok(authorized) => authorized,
-        Err(denied) => {
-            let mut failure = Failure::new(StatusCode::FORBIDDEN, "FORBIDDEN", denied.message);
-            failure.outcome = Outcome::Denied;
-            return Err(failure);
-        }
-    };
-    let selected = select_operation(document, requested_name.as_deref());
-    if operation.is_none() {
-        *operation = selected.and_then(|(name, _)| name.map(str::to_string));
-    }
-    if let Some((_, definition)) = selected {
-        let kind = definition.node.ty;
-        if is_get && kind != async_graphql::parser::types::OperationType::Query {
-            let mut failure = Failure::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "METHOD_NOT_ALLOWED",
-                format!("{kind} operations cannot be sent with GET; use POST"),
-            );
-            failure.headers.push((header::ALLOW, "POST".to_string()));
-            return Err(failure);
-        }
-        // Variable coercion is part of the request: a required variable
-        // that is not given fails the whole request before execution.
-        let missing = missing_variables(&definition.node, &provided);
-        if !missing.is_empty() {
-            let errors = missing
-                .into_iter()
-                .map(|(name, ty)| {
-                    json!({
-                        "message": format!("variable `${name}` of required type `{ty}` was not provided"),
-                        "extensions": {"code": "GRAPHQL_VALIDATION_FAILED"},
-                    })
-                })
-                .collect();
-            return Ok((request_error(media, errors), Outcome::Invalid));
-        }
-    }
-    // A document that has passed validation before and reads an index page
-    // or writes cells is answered directly (`graphql/direct.rs`) unless
-    // this request needs async-graphql, e.g. to report an error. A
-    // compiled write's cells stay JSON text until it reads them: its one
-    // variable is the `cells` argument, which the limits do not measure.
-    let direct = parsed
-        .direct(|document| cellgate_graphql::Direct::compile(document, &served.defs))
-        .filter(|direct| direct.runs(requested_name.as_deref()));
-    let as_text = direct.as_ref().and_then(|direct| direct.text_variable());
-    graphql_request.variables = texts
-        .values(as_text)
-        .map_err(|_| not_an_object("variables"))?;
-    // Depth, cost and aliases (`graphql/limits.rs`), before async-graphql
-    // walks the document.
-    if let Err(error) = cellgate_graphql::check_limits(
-        document,
-        requested_name.as_deref(),
-        &graphql_request.variables,
-        gateway.graphql_limits,
-    ) {
-        let errors = vec![with_code(
-            serde_json::to_value(&error).unwrap_or_default(),
-            "GRAPHQL_VALIDATION_FAILED",
-        )];
-        return Ok((request_error(media, errors), Outcome::Invalid));
-    }
-    let started = tokio::time::Instant::now();
-    if let Some(direct) = &direct {
-        let run = cellgate_store::Store::pinned(
-            served.snapshot.clone(),
-            direct.run(
-                &gateway.store,
-                &graphql_request.variables,
-                &texts,
-                gateway.graphql_limits,
-            ),
-        );
-        match tokio::time::timeout(gateway.request_timeout, run).await {
-            Ok(Some(Answer::Body(body))) => {
-                served.documents.answered_directly();
-                return Ok((json_bytes(StatusCode::OK, media, body), Outcome::Ok));
-            }
-            Ok(Some(Answer::Failed(response))) => {
-                served.documents.answered_directly();
-                return Ok(execution_errors(&response, media));
-            }
-            Ok(None) => {}
-            Err(_) => return Err(timed_out(gateway.request_timeout)),
-        }
-        if as_text.is_some() {
-            graphql_request.variables =
-                texts.values(None).map_err(|_| not_an_object("variables"))?;
-        }
-    }
-    graphql_request.set_parsed_query(document.clone());
-
-    // Dropping the execution at the deadline cancels its work: every
-    // resolver awaits the store, and CPU-bound steps are bounded by the
-    // limits checked before execution.
-    let introspection_schema;
-    let schema = if authorized.introspects {
-        introspection_schema =
-            gateway
-                .introspection_schema(&served, &principal)
-                .map_err(|error| {
-                    tracing::error!(%error, "cannot build the schema of a token's datastores");
-                    Failure::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "INTERNAL_SERVER_ERROR",
-                        "internal error".to_string(),
-                    )
-                })?;
-        &introspection_schema
+    let prepared = gateway.pipeline.prepare(params, &caller, transport)?;
+    *operation = prepared.operation_name().map(str::to_string);
+    let executed = prepared.execute().await?;
+    let outcome = if executed.has_errors {
+        Outcome::Error
     } else {
-        &served.schema
+        Outcome::Ok
     };
-    let graphql_request = graphql_request.data(gateway.reloads.status().clone());
-    let execution = cellgate_store::Store::pinned(
-        served.snapshot.clone(),
-        cellgate_graphql::execute(schema, &gateway.store, principal, graphql_request),
-    );
-    let remaining = gateway.request_timeout.saturating_sub(started.elapsed());
-    let Ok(response) = tokio::time::timeout(remaining, execution).await else {
-        return Err(timed_out(gateway.request_timeout));
-    };
-    // Validation and variable coercion run before execution, and their
-    // errors are the only ones without a path and with no data at all.
-    if response.errors.is_empty() {
-        parsed.validated();
-        // The common case goes straight to bytes, without a `Value` tree.
-        let body = serde_json::to_vec(&response).unwrap_or_default();
-        return Ok((json_bytes(StatusCode::OK, media, body), Outcome::Ok));
-    }
-    let before_execution = response.data == async_graphql::Value::Null
-        && response.errors.iter().all(|e| e.path.is_empty());
-    if before_execution {
-        let errors = response
-            .errors
-            .iter()
-            .map(|error| {
-                let code = cellgate_graphql::prepare_error_code(error)
-                    .unwrap_or("GRAPHQL_VALIDATION_FAILED");
-                with_code(serde_json::to_value(error).unwrap_or_default(), code)
-            })
-            .collect();
-        return Ok((request_error(media, errors), Outcome::Invalid));
-    }
-    Ok(execution_errors(&response, media))
+    Ok((json_bytes(StatusCode::OK, media, executed.body), outcome))
 }
 
-/// The answer to a request whose execution reported errors: 200 with the
-/// errors, each with a code (`INTERNAL_SERVER_ERROR` where none was set).
-fn execution_errors(response: &async_graphql::Response, media: MediaType) -> (Response, Outcome) {
-    let mut value = serde_json::to_value(response).unwrap_or_else(|_| json!({}));
-    if let Some(Value::Array(errors)) = value.get_mut("errors") {
-        for error in errors.iter_mut() {
-            *error = with_code(std::mem::take(error), "INTERNAL_SERVER_ERROR");
-        }
+/// The answer to a refused request: request errors (parse, validation,
+/// limits) as the GraphQL-over-HTTP spec asks for the media type, the
+/// others with their HTTP status.
+fn refusal_response(media: MediaType, refusal: Refusal) -> (Response, Outcome) {
+    let outcome = Outcome::refused(refusal.kind);
+    let (status, header) = match refusal.kind {
+        RefusalKind::Invalid => return (request_error(media, refusal.errors), outcome),
+        RefusalKind::BadRequest => (StatusCode::BAD_REQUEST, None),
+        RefusalKind::Unauthenticated => (
+            StatusCode::UNAUTHORIZED,
+            Some((header::WWW_AUTHENTICATE, "Bearer")),
+        ),
+        RefusalKind::Forbidden => (StatusCode::FORBIDDEN, None),
+        RefusalKind::AuthUnavailable => (StatusCode::SERVICE_UNAVAILABLE, None),
+        RefusalKind::NotAllowedHere => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            Some((header::ALLOW, "POST")),
+        ),
+        RefusalKind::TimedOut => (StatusCode::GATEWAY_TIMEOUT, None),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, None),
+    };
+    let mut response = json_response(status, media, &json!({ "errors": refusal.errors }));
+    if let Some((name, value)) = header {
+        response
+            .headers_mut()
+            .insert(name, HeaderValue::from_static(value));
     }
-    (json_response(StatusCode::OK, media, &value), Outcome::Error)
+    (response, outcome)
 }
 
 /// The response media type for an `Accept` header, `None` for 406.
@@ -448,31 +268,6 @@ fn negotiate(accept: Option<&str>) -> Option<MediaType> {
     }
 }
 
-fn unauthenticated(error: AuthError) -> Failure {
-    let message = match error {
-        AuthError::Missing => {
-            "this server needs an API token: send `Authorization: Bearer <token>`"
-        }
-        AuthError::Invalid => "the API token is not valid (unknown or revoked)",
-        AuthError::Unavailable => {
-            let mut failure = Failure::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "STORAGE_UNAVAILABLE",
-                "the API tokens cannot be read right now; retry later",
-            );
-            failure.retryable = true;
-            failure.outcome = Outcome::Error;
-            return failure;
-        }
-    };
-    let mut failure = Failure::new(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", message);
-    failure.outcome = Outcome::Denied;
-    failure
-        .headers
-        .push((header::WWW_AUTHENTICATE, "Bearer".to_string()));
-    failure
-}
-
 fn rejected(rejection: Rejection) -> Failure {
     match rejection {
         Rejection::RateLimited { retry_after } => {
@@ -507,8 +302,9 @@ fn retry_seconds(wait: Duration) -> u64 {
     (wait.as_millis() as u64).div_ceil(1000).max(1)
 }
 
-/// The parameters of a GET from its query string.
-fn get_params(request: &Request) -> Result<Params, Failure> {
+/// The parameters of a GET from its query string: `variables` and
+/// `extensions` are JSON text, the others plain strings.
+fn get_params(request: &Request) -> Result<GraphqlRequest, Answered> {
     let pairs: Vec<(String, String)> =
         serde_urlencoded::from_str(request.uri().query().unwrap_or(""))
             .map_err(|_| Failure::bad_request("malformed query string"))?;
@@ -523,11 +319,9 @@ fn get_params(request: &Request) -> Result<Params, Failure> {
         params.insert(name, value);
     }
     // GETs are small: they go through the same checks as a POST body.
-    let text = serde_json::to_string(&Value::Object(params))
+    let text = serde_json::to_vec(&Value::Object(params))
         .map_err(|_| Failure::bad_request("malformed query string"))?;
-    let raw: RawParams =
-        serde_json::from_str(&text).map_err(|_| Failure::bad_request("malformed query string"))?;
-    checked_params(raw)
+    Ok(GraphqlRequest::from_json(&text)?)
 }
 
 /// The parameters of a POST from its JSON body, which must arrive within
@@ -542,7 +336,7 @@ async fn post_params(
     body: Body,
     limit: usize,
     timeout: Duration,
-) -> Result<Params, Failure> {
+) -> Result<GraphqlRequest, Answered> {
     let deadline = tokio::time::Instant::now() + timeout;
     let content_type = request.header(header::CONTENT_TYPE).unwrap_or("");
     if !is_json_utf8(content_type) {
@@ -550,7 +344,8 @@ async fn post_params(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "UNSUPPORTED_MEDIA_TYPE",
             "the request body must be application/json (UTF-8)",
-        ));
+        )
+        .into());
     }
     let too_large = || {
         Failure::new(
@@ -567,7 +362,7 @@ async fn post_params(
         if declared.is_some_and(|n| n <= DISCARD_BYTES) {
             discard(frames, deadline).await;
         }
-        return Err(too_large());
+        return Err(too_large().into());
     }
     // Chunked bodies have no declared length: the limit is checked as the
     // frames arrive.
@@ -582,39 +377,25 @@ async fn post_params(
                         "the request body did not arrive within {} ms",
                         timeout.as_millis()
                     ),
-                ))
+                )
+                .into())
             }
             Ok(None) => break,
-            Ok(Some(Err(_))) => return Err(Failure::bad_request("cannot read the request body")),
+            Ok(Some(Err(_))) => {
+                return Err(Failure::bad_request("cannot read the request body").into())
+            }
             Ok(Some(Ok(frame))) => frame,
         };
         if bytes.len() + frame.len() > limit {
             discard(frames, deadline).await;
-            return Err(too_large());
+            return Err(too_large().into());
         }
         bytes.extend_from_slice(&frame);
     }
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(Failure::bad_request("the request body is empty"));
+        return Err(Failure::bad_request("the request body is empty").into());
     }
-    // serde would also read a struct from a JSON array, so the kind of
-    // value is told from its first byte; the parse checks the rest.
-    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
-    match serde_json::from_slice::<RawParams>(&bytes) {
-        Ok(raw) if first == Some(&b'{') => checked_params(raw),
-        _ if serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err() => {
-            Err(Failure::bad_request("the request body is not valid JSON"))
-        }
-        _ if first == Some(&b'[') => {
-            Err(Failure::bad_request("batched requests are not supported"))
-        }
-        _ if first == Some(&b'{') => Err(Failure::bad_request(
-            "the request parameters must be an object without repeated members",
-        )),
-        _ => Err(Failure::bad_request(
-            "the request body must be a JSON object",
-        )),
-    }
+    Ok(GraphqlRequest::from_json(&bytes)?)
 }
 
 /// Most of an oversized body that is read and dropped before the 413 is
@@ -664,112 +445,6 @@ fn is_json_utf8(content_type: &str) -> bool {
         }
         _ => true,
     })
-}
-
-fn checked_params(raw: RawParams) -> Result<Params, Failure> {
-    let is_null = |value: Option<&RawValue>| value.is_none_or(|v| v.get() == "null");
-    let query = match raw.query {
-        None => return Err(Failure::bad_request("the `query` parameter is required")),
-        Some(query) => serde_json::from_str::<String>(query.get())
-            .map_err(|_| Failure::bad_request("`query` must be a string"))?,
-    };
-    let operation_name = match raw.operation_name {
-        name if is_null(name) => None,
-        Some(name) => Some(
-            serde_json::from_str::<String>(name.get())
-                .map_err(|_| Failure::bad_request("`operationName` must be a string"))?,
-        ),
-        None => None,
-    };
-    // `null` or absent is empty; anything but an object is refused.
-    fn object<T: serde::de::DeserializeOwned + Default>(
-        name: &str,
-        value: Option<&RawValue>,
-    ) -> Result<T, Failure> {
-        let refused = || not_an_object(name);
-        match value.map(RawValue::get) {
-            None | Some("null") => Ok(T::default()),
-            Some(text) if text.starts_with('{') => {
-                serde_json::from_str(text).map_err(|_| refused())
-            }
-            Some(_) => Err(refused()),
-        }
-    }
-    let variables = match raw.variables.map(RawValue::get) {
-        None => RequestVariables::default(),
-        Some(text) if text == "null" || text.starts_with('{') => {
-            RequestVariables::from_json(text).map_err(|_| not_an_object("variables"))?
-        }
-        Some(_) => return Err(not_an_object("variables")),
-    };
-    Ok(Params {
-        query,
-        operation_name,
-        variables,
-        extensions: object("extensions", raw.extensions)?,
-    })
-}
-
-fn not_an_object(name: &str) -> Failure {
-    Failure::bad_request(format!("`{name}` must be a JSON object"))
-}
-
-/// The operation a request runs, with its name, if the document names it
-/// unambiguously; an unknown name is left for validation to report.
-fn select_operation<'d>(
-    document: &'d async_graphql::parser::types::ExecutableDocument,
-    name: Option<&str>,
-) -> Option<(
-    Option<&'d str>,
-    &'d async_graphql::Positioned<async_graphql::parser::types::OperationDefinition>,
-)> {
-    use async_graphql::parser::types::DocumentOperations;
-    match (&document.operations, name) {
-        (DocumentOperations::Single(op), _) => Some((None, op)),
-        (DocumentOperations::Multiple(ops), Some(name)) => ops
-            .iter()
-            .find(|(n, _)| n.as_str() == name)
-            .map(|(n, op)| (Some(n.as_str()), op)),
-        (DocumentOperations::Multiple(ops), None) if ops.len() == 1 => {
-            ops.iter().next().map(|(n, op)| (Some(n.as_str()), op))
-        }
-        (DocumentOperations::Multiple(_), None) => None,
-    }
-}
-
-/// Required variables (non-null, no default) of `operation` that the
-/// request does not give, with their types.
-fn missing_variables(
-    operation: &async_graphql::parser::types::OperationDefinition,
-    provided: &[String],
-) -> Vec<(String, String)> {
-    operation
-        .variable_definitions
-        .iter()
-        .filter(|var| !var.node.var_type.node.nullable && var.node.default_value.is_none())
-        .filter(|var| !provided.iter().any(|p| p == var.node.name.node.as_str()))
-        .map(|var| {
-            (
-                var.node.name.node.to_string(),
-                var.node.var_type.node.to_string(),
-            )
-        })
-        .collect()
-}
-
-/// `error` with `extensions.code` set to `code` unless it has one.
-fn with_code(mut error: Value, code: &str) -> Value {
-    if let Value::Object(fields) = &mut error {
-        let extensions = fields
-            .entry("extensions")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if let Value::Object(extensions) = extensions {
-            extensions
-                .entry("code")
-                .or_insert_with(|| Value::String(code.to_string()));
-        }
-    }
-    error
 }
 
 /// A response for a request error: no `data` entry.

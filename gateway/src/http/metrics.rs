@@ -58,6 +58,19 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The outcome of a request the pipeline refused.
+    pub fn refused(kind: cellgate_graphql::RefusalKind) -> Outcome {
+        use cellgate_graphql::RefusalKind;
+        match kind {
+            RefusalKind::BadRequest | RefusalKind::Invalid | RefusalKind::NotAllowedHere => {
+                Outcome::Invalid
+            }
+            RefusalKind::Unauthenticated | RefusalKind::Forbidden => Outcome::Denied,
+            RefusalKind::TimedOut => Outcome::TimedOut,
+            _ => Outcome::Error,
+        }
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",

@@ -51,66 +51,27 @@ pub use hosts::AllowedHosts;
 pub use metrics::Metrics;
 pub use server::ServerOptions;
 
-/// What depends on the definitions served: replaced as a whole by a
-/// reload (`reload.rs`). A request loads it once and runs on it to the
-/// end, so it never mixes a schema with the access map or the cached
-/// documents of another.
-pub(crate) struct Served {
-    /// The store's definitions and runtimes the schema was built from;
-    /// the request's store calls are pinned to it (`Store::pinned`).
-    pub(crate) snapshot: cellgate_store::Snapshot,
-    pub(crate) defs: Arc<index_dsl::Definitions>,
-    pub(crate) schema: async_graphql::dynamic::Schema,
-    /// Schemas of fewer datastores, by the datastores they show, for
-    /// introspection by tokens scoped to those (`graphql/access.rs`).
-    pub(crate) visible_schemas: moka::sync::Cache<Vec<String>, async_graphql::dynamic::Schema>,
-    /// Parsed documents by text (`limits.document_cache_bytes`), with
-    /// whether they passed this schema's validation and their direct form.
-    pub(crate) documents: Arc<cellgate_graphql::Documents>,
-    pub(crate) access: cellgate_graphql::AccessMap,
-}
-
-impl Served {
-    fn new(
-        snapshot: cellgate_store::Snapshot,
-        schema: async_graphql::dynamic::Schema,
-        documents: Arc<cellgate_graphql::Documents>,
-    ) -> Served {
-        let defs = snapshot.definitions();
-        Served {
-            access: cellgate_graphql::AccessMap::new(&defs),
-            snapshot,
-            defs,
-            schema,
-            visible_schemas: moka::sync::Cache::new(VISIBLE_SCHEMAS),
-            documents,
-        }
-    }
-}
-
 /// Everything a request handler needs; shared by all requests.
 pub struct Gateway {
     store: Store,
-    /// The schema and what goes with it, for the definitions served now.
-    served: arc_swap::ArcSwap<Served>,
+    /// Authentication, parsing, authorization, limits and execution of
+    /// GraphQL requests, for every transport; it holds the schema served.
+    pipeline: cellgate_graphql::Pipeline,
     /// Where the definitions are read from on a reload, and one reload at
     /// a time.
     reloads: reload::Reloads,
-    /// Depth, cost and alias limits, checked before execution.
+    /// Depth, cost and alias limits, for the schemas a reload builds.
     graphql_limits: cellgate_graphql::GraphqlLimits,
     admission: Admission,
     metrics: Metrics,
-    auth: Authenticator,
     /// The `Host` names requests may carry (`hosts.rs`).
     hosts: AllowedHosts,
-    introspection: bool,
     playground: bool,
     /// Whether `/metrics` needs a token with a `*` scope.
     protect_metrics: bool,
     cors: CorsConfig,
     max_body_bytes: usize,
     body_timeout: Duration,
-    request_timeout: Duration,
     /// How long `/readyz` waits for the storage masters.
     readiness_timeout: Duration,
     /// Subscription limits of `/graphql/ws`, and the running counts.
@@ -133,7 +94,7 @@ impl Gateway {
         what: &str,
         access: cellgate_graphql::auth::Access,
     ) -> Option<Response> {
-        if !self.auth.enabled() {
+        if !self.pipeline.auth_enabled() {
             return None;
         }
         let plain = |status: poem::http::StatusCode, text: String| {
@@ -157,8 +118,14 @@ impl Gateway {
             return Some(response);
         }
         let header = request.header(poem::http::header::AUTHORIZATION);
-        match self.auth.authenticate(header).await {
-            Ok(principal) if principal.allows(cellgate_graphql::ANY_DATASTORE, access) => None,
+        match self.pipeline.authenticate(header).await {
+            Ok(caller)
+                if caller
+                    .principal
+                    .allows(cellgate_graphql::ANY_DATASTORE, access) =>
+            {
+                None
+            }
             Ok(_) => Some(plain(
                 poem::http::StatusCode::FORBIDDEN,
                 format!(
@@ -166,10 +133,13 @@ impl Gateway {
                     access.as_str()
                 ),
             )),
-            Err(cellgate_graphql::auth::AuthError::Unavailable) => Some(plain(
-                poem::http::StatusCode::SERVICE_UNAVAILABLE,
-                "STORAGE_UNAVAILABLE: the API tokens cannot be read now; retry later".to_string(),
-            )),
+            Err(refusal) if refusal.kind == cellgate_graphql::RefusalKind::AuthUnavailable => {
+                Some(plain(
+                    poem::http::StatusCode::SERVICE_UNAVAILABLE,
+                    "STORAGE_UNAVAILABLE: the API tokens cannot be read now; retry later"
+                        .to_string(),
+                ))
+            }
             Err(_) => {
                 let mut response = plain(
                     poem::http::StatusCode::UNAUTHORIZED,
@@ -183,15 +153,11 @@ impl Gateway {
             }
         }
     }
-    /// A gateway serving `schema` (built from `store`'s definitions) under
+    /// A gateway serving the schema of `store`'s definitions under
     /// the limits, auth and metrics settings of `config`. Needs a tokio
     /// runtime (it starts the rate limiter's cleanup task). Fails on an
     /// invalid `auth` or `cors` section.
-    pub fn new(
-        store: Store,
-        schema: async_graphql::dynamic::Schema,
-        config: &Config,
-    ) -> cellgate_store::Result<Gateway> {
+    pub fn new(store: Store, config: &Config) -> cellgate_store::Result<Gateway> {
         let auth_on = config.auth.enabled_for(config.listen);
         cors::validate(&config.cors)?;
         if !(1..=128).contains(&config.limits.client_ipv6_prefix) {
@@ -204,22 +170,28 @@ impl Gateway {
             config.limits.document_cache_bytes,
         ));
         let reloads = reload::Reloads::new(config.datastores.clone(), &store);
+        let auth = Authenticator::new(&config.auth.tokens, auth_on, Some(store.clone()))?;
+        let pipeline = cellgate_graphql::Pipeline::new(
+            store.clone(),
+            auth,
+            cellgate_graphql::Served::build(&store, config.limits.graphql(), documents.clone())?,
+            reloads.status().clone(),
+            cellgate_graphql::PipelineOptions {
+                limits: config.limits.graphql(),
+                introspection: config.auth.introspection,
+                request_timeout: Duration::from_millis(config.limits.request_timeout_ms.max(1)),
+            },
+        );
         Ok(Gateway {
             metrics: Metrics::new(
                 store.clone(),
-                documents.clone(),
+                documents,
                 reloads.status().clone(),
                 &config.metrics,
             ),
-            auth: Authenticator::new(&config.auth.tokens, auth_on, Some(store.clone()))?,
+            pipeline,
             hosts: AllowedHosts::new(&config.http, auth_on),
-            served: arc_swap::ArcSwap::from_pointee(Served::new(
-                store.snapshot(),
-                schema,
-                documents,
-            )),
             reloads,
-            introspection: config.auth.introspection,
             playground: config.auth.playground,
             protect_metrics: config.auth.protect_metrics,
             cors: config.cors.clone(),
@@ -228,7 +200,6 @@ impl Gateway {
             admission: Admission::new(&config.limits),
             max_body_bytes: config.limits.max_body_bytes,
             body_timeout: Duration::from_millis(config.limits.body_timeout_ms.max(1)),
-            request_timeout: Duration::from_millis(config.limits.request_timeout_ms.max(1)),
             readiness_timeout: config.storage.readiness_timeout(),
             max_subscriptions_per_connection: config.limits.max_subscriptions_per_connection,
             max_subscriptions_per_client: config.limits.max_subscriptions_per_client,
@@ -239,37 +210,9 @@ impl Gateway {
 
     /// Whether requests need an API token.
     pub fn auth_enabled(&self) -> bool {
-        self.auth.enabled()
-    }
-
-    /// The schema `principal` may introspect: the whole one for a token
-    /// with a `*` scope (or with auth off), else one of the datastores it
-    /// may read, built once per set of datastores.
-    pub(super) fn introspection_schema(
-        &self,
-        served: &Served,
-        principal: &cellgate_graphql::auth::Principal,
-    ) -> cellgate_store::Result<async_graphql::dynamic::Schema> {
-        let Some(visible) = cellgate_graphql::visible_datastores(&served.defs, principal) else {
-            return Ok(served.schema.clone());
-        };
-        if let Some(schema) = served.visible_schemas.get(&visible) {
-            return Ok(schema);
-        }
-        let schema =
-            cellgate_graphql::build_visible_schema(&self.store, self.graphql_limits, &visible)?;
-        served.visible_schemas.insert(visible, schema.clone());
-        Ok(schema)
-    }
-
-    /// The schema and what goes with it, for the definitions served now.
-    pub(super) fn served(&self) -> Arc<Served> {
-        self.served.load_full()
+        self.pipeline.auth_enabled()
     }
 }
-
-/// Most schemas of datastore subsets kept for introspection.
-const VISIBLE_SCHEMAS: u64 = 64;
 
 /// The routes of the gateway. The pages are left out when
 /// `auth.playground` is off.

@@ -13,7 +13,7 @@
 //! answer) are *refused* in the same way. Otherwise the store applies them
 //! (new index tables, maintenance of the new versions) and the gateway
 //! builds the new schema and swaps it in with its access map and a fresh
-//! document cache ([`Served`]): requests under way finish on the schema they
+//! document cache (`cellgate_graphql::Served`): requests under way finish on the schema they
 //! started with, and their store calls on the store's snapshot of the same
 //! definitions (`Store::pinned`), new ones get the new ones, and no
 //! connection is closed.
@@ -30,7 +30,7 @@ use poem::http::StatusCode;
 use poem::web::Data;
 use poem::{handler, Request, Response};
 
-use super::{Gateway, Served};
+use super::Gateway;
 
 /// The reload state of a gateway.
 pub(super) struct Reloads {
@@ -128,21 +128,16 @@ impl Gateway {
                 return failed(ReloadResult::Refused, vec![error.client_message()]);
             }
         };
-        let snapshot = self.store.snapshot();
-        let schema = match cellgate_graphql::build_schema(&self.store, self.graphql_limits) {
-            Ok(schema) => schema,
+        let previous = self.pipeline.served();
+        let documents = Arc::new(previous.documents().renewed());
+        match cellgate_graphql::Served::build(&self.store, self.graphql_limits, documents) {
+            Ok(served) => self.pipeline.serve(served),
             Err(error) => {
                 // `sdl` built the same schema above, so this does not happen.
                 tracing::error!(%error, "cannot build the schema of the reloaded definitions");
                 return failed(ReloadResult::Refused, vec![error.client_message()]);
             }
-        };
-        let previous = self.served();
-        self.served.store(Arc::new(Served::new(
-            snapshot,
-            schema,
-            Arc::new(previous.documents.renewed()),
-        )));
+        }
         let mut details = report.changes;
         if triggers_changed {
             details.push(

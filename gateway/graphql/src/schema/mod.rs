@@ -61,14 +61,14 @@ pub fn build_schema(store: &Store, limits: GraphqlLimits) -> cellgate_store::Res
     schema_for(&store.definitions(), limits)
 }
 
-/// The schema of only the `visible` datastores of the store: what
+/// The schema of only the `visible` datastores of `defs`: what
 /// introspection shows a token scoped to them.
-pub fn build_visible_schema(
-    store: &Store,
+pub(crate) fn build_visible_schema(
+    defs: &index_dsl::Definitions,
     limits: GraphqlLimits,
     visible: &[String],
 ) -> cellgate_store::Result<Schema> {
-    let mut defs = (*store.definitions()).clone();
+    let mut defs = defs.clone();
     defs.datastores.retain(|d| visible.contains(&d.name));
     schema_for(&defs, limits)
 }
@@ -79,7 +79,7 @@ pub fn sdl(defs: &index_dsl::Definitions) -> cellgate_store::Result<String> {
     Ok(schema.sdl())
 }
 
-pub(super) fn schema_for(
+pub(crate) fn schema_for(
     defs: &index_dsl::Definitions,
     limits: GraphqlLimits,
 ) -> cellgate_store::Result<Schema> {
