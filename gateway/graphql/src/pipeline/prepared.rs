@@ -23,7 +23,7 @@ use cellgate_store::Store;
 /// its subscriptions at most 1.5 s after the revocation; a check costs a
 /// cache lookup and a walk of the document's root fields, so ten thousand
 /// idle subscriptions cost twenty thousand of those a second.
-pub const RECHECK_PERIOD: std::time::Duration = std::time::Duration::from_millis(500);
+pub(crate) const RECHECK_PERIOD: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A request that passed every check of the pipeline, ready to run.
 pub struct Prepared {
@@ -142,7 +142,7 @@ impl Prepared {
     }
 
     /// Runs a subscription: its responses, serialized, until it completes
-    /// or fails. Every [`RECHECK_PERIOD`] the caller's token is
+    /// or fails. Every half second (`RECHECK_PERIOD`) the caller's token is
     /// authenticated and the operation authorized again; a refusal then is
     /// the stream's last item.
     pub fn subscribe(self) -> Subscription {
