@@ -240,7 +240,7 @@ pub(super) fn put_cells_field(
     )
     .argument(InputValue::new("cells", TypeRef::named_nn_list_nn(&types.cell_input)))
     .description(format!(
-        "Writes cells to `{}`: one transaction per shard, a result per cell in input order. \
+        "Writes cells to `{}`: one transaction per cluster, a result per cell in input order. \
          A refused cell (e.g. CELL_CONFLICT: same key, different body) has a null `status` and an `error`, \
          and is reported in `errors` with its index.",
         datastore.name
