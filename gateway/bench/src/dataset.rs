@@ -8,6 +8,7 @@
 //! number. Row keys, drivers and cities are random UUIDs, so cells spread
 //! over all shards as production keys do.
 
+use clap::ValueEnum;
 use index_dsl::{CompareOp, Condition, Definitions, Literal};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng as _};
@@ -354,6 +355,29 @@ pub async fn load_through_api(
         stored += results?.into_iter().filter(|r| r.is_ok()).count() as u64;
     }
     Ok(stored)
+}
+
+/// A workload of the measured phases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum Workload {
+    /// An index page: `driverPartnerIndex` of a driver, trips since a
+    /// time, first 20, `rowKey` and `tripCreatedAt`.
+    Query,
+    /// The same page with each row's BASE body (`row { base { body } }`,
+    /// the DataLoader path).
+    Rows,
+    /// `tripsPutCells` with `--batch` new BASE cells.
+    Write,
+}
+
+impl Workload {
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Query => "query",
+            Workload::Rows => "rows",
+            Workload::Write => "write",
+        }
+    }
 }
 
 #[cfg(test)]

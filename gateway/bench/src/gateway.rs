@@ -46,44 +46,20 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgAction, Args, ValueEnum};
 use index_dsl::Definitions;
-use serde_json::{json, Value};
-use uuid::Uuid;
+use serde_json::Value;
 
 use crate::database::Database;
-use crate::dataset::{cell_input, Dataset, BASE, DATASTORE, LOAD_BATCH, QUERY, ROWS, WRITE};
-use crate::http::{truncate, Gateway};
+use crate::dataset::{Dataset, Workload, LOAD_BATCH, QUERY};
+use crate::http::Gateway;
 use crate::load::LoadReport;
 use crate::maintenance::{Drained, MaintenanceReport, Sampler, Source, SAMPLE_EVERY};
 use crate::phase::Op;
 use crate::report::{Parameters, Report, RunReport};
 use crate::server::Server;
+use crate::workloads::{http_op, rust_op};
 use crate::{load_definitions, DEFAULT_DATASTORES};
-use cellgate_store::cells::PutStatus;
 use cellgate_store::storage::redact_url as redact;
 use cellgate_store::{Store, StoreOptions};
-
-/// A workload of the measured phases.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
-pub enum Workload {
-    /// An index page: `driverPartnerIndex` of a driver, trips since a
-    /// time, first 20, `rowKey` and `tripCreatedAt`.
-    Query,
-    /// The same page with each row's BASE body (`row { base { body } }`,
-    /// the DataLoader path).
-    Rows,
-    /// `tripsPutCells` with `--batch` new BASE cells.
-    Write,
-}
-
-impl Workload {
-    pub fn name(self) -> &'static str {
-        match self {
-            Workload::Query => "query",
-            Workload::Rows => "rows",
-            Workload::Write => "write",
-        }
-    }
-}
 
 /// How the data set is loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -974,119 +950,4 @@ async fn run_workloads(
         ));
     }
     Ok(())
-}
-
-fn http_op(workload: Workload, gateway: Arc<Gateway>, data: Arc<Dataset>) -> Op {
-    Arc::new(move || {
-        let (gateway, data) = (gateway.clone(), data.clone());
-        Box::pin(async move {
-            match workload {
-                Workload::Query | Workload::Rows => {
-                    let driver = data.random_driver();
-                    let document = if workload == Workload::Query {
-                        QUERY
-                    } else {
-                        ROWS
-                    };
-                    let answer = gateway
-                        .graphql(document, data.query_variables(driver))
-                        .await?;
-                    check_page(workload, driver, &answer)?;
-                    Ok(0)
-                }
-                Workload::Write => {
-                    let cells: Vec<Value> = data.write_cells().iter().map(cell_input).collect();
-                    let answer = gateway.graphql(WRITE, json!({ "cells": cells })).await?;
-                    let results = answer
-                        .get("tripsPutCells")
-                        .and_then(Value::as_array)
-                        .ok_or_else(|| {
-                            format!("no results in {}", truncate(&answer.to_string(), 200))
-                        })?;
-                    let written = results
-                        .iter()
-                        .filter(|r| r.get("status").and_then(Value::as_str) == Some("WRITTEN"))
-                        .count();
-                    if written != data.batch {
-                        return Err(format!("{written} of {} cells written", data.batch));
-                    }
-                    Ok(written as u64)
-                }
-            }
-        })
-    })
-}
-
-/// Checks the `data` of a `query` or `rows` request for `driver`: a page
-/// with entries, and with `rows` a BASE body in every entry's row.
-pub fn check_page(workload: Workload, driver: Uuid, answer: &Value) -> Result<(), String> {
-    let edges = answer
-        .pointer("/trips/driverPartnerIndex/edges")
-        .and_then(Value::as_array)
-        .ok_or_else(|| format!("no edges in {}", truncate(&answer.to_string(), 200)))?;
-    if edges.is_empty() {
-        return Err(format!("no index entries for driver {driver}"));
-    }
-    if workload == Workload::Rows
-        && !edges.iter().all(|e| {
-            e.pointer("/node/row/base/body")
-                .is_some_and(Value::is_object)
-        })
-    {
-        return Err(format!("a row of driver {driver} has no BASE body"));
-    }
-    Ok(())
-}
-
-fn rust_op(workload: Workload, store: Store, data: Arc<Dataset>) -> Op {
-    Arc::new(move || {
-        let (store, data) = (store.clone(), data.clone());
-        Box::pin(async move {
-            match workload {
-                Workload::Query | Workload::Rows => {
-                    let driver = data.random_driver();
-                    let page = store
-                        .query_index(DATASTORE, &data.index_query(driver))
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    if page.entries.is_empty() {
-                        return Err(format!("no index entries for driver {driver}"));
-                    }
-                    if workload == Workload::Rows {
-                        let wanted: Vec<_> = page
-                            .entries
-                            .iter()
-                            .map(|e| (e.row_key, BASE.to_string()))
-                            .collect();
-                        let cells = store
-                            .get_cells_latest(DATASTORE, &wanted)
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        if !cells.iter().all(Option::is_some) {
-                            return Err(format!("a row of driver {driver} has no BASE cell"));
-                        }
-                    }
-                    Ok(0)
-                }
-                Workload::Write => {
-                    let results = store
-                        .put_cells(DATASTORE, data.write_cells())
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    let mut written = 0;
-                    for result in results {
-                        match result {
-                            Ok(PutStatus::Written) => written += 1,
-                            Ok(_) => {}
-                            Err(e) => return Err(e.to_string()),
-                        }
-                    }
-                    if written != data.batch {
-                        return Err(format!("{written} of {} cells written", data.batch));
-                    }
-                    Ok(written as u64)
-                }
-            }
-        })
-    })
 }

@@ -42,6 +42,7 @@ mod server;
 mod subscriptions;
 mod triggers;
 mod verify;
+mod workloads;
 
 use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};

@@ -29,15 +29,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use index_dsl::Definitions;
-use serde::Serialize;
 use serde_json::Value as Json;
 use uuid::Uuid;
 
 use crate::database::Database;
-use crate::dataset::{Dataset, BASE, DATASTORE, INDEX, PAGE, QUERY};
-use crate::gateway::Workload;
+use crate::dataset::{Dataset, Workload, BASE, DATASTORE, INDEX, PAGE, QUERY};
 use crate::http::Gateway;
 use crate::phase::{Op, Outcome};
+use crate::report::RawReport;
 use cellgate_store::cells::with_latest_ref_keys;
 use cellgate_store::indexes::entry::col_type;
 use cellgate_store::indexes::QueryPlan;
@@ -54,40 +53,6 @@ const SQLITE_READERS: u32 = 8;
 
 /// Longest wait for a store opened to read the index table's name to stop.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
-/// The raw SQL baseline of one workload.
-#[derive(Debug, Clone, Serialize)]
-pub struct RawReport {
-    pub workload: &'static str,
-    /// The statement of the first queried driver, placeholders in the
-    /// backend's syntax; every request sends one like it.
-    pub statement: String,
-    /// Connections of the benchmark's pool.
-    pub pool_connections: u32,
-    /// HTTP pages the statement's rows were checked against.
-    pub checked_pages: usize,
-    /// One transaction is one request's statement, sent and decoded.
-    pub transactions: u64,
-    pub errors: u64,
-    pub seconds: f64,
-    pub transactions_per_second: f64,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    /// The same workload over HTTP, for the ratios.
-    pub http_requests_per_second: Option<f64>,
-    /// HTTP requests/s ÷ raw transactions/s.
-    pub http_over_raw: Option<f64>,
-    /// HTTP p50 ÷ raw p50 and p99 ÷ p99.
-    pub http_p50_over_raw: Option<f64>,
-    pub http_p99_over_raw: Option<f64>,
-    pub first_error: Option<String>,
-}
-
-impl RawReport {
-    pub fn failed(&self) -> bool {
-        self.errors > 0 || self.transactions == 0
-    }
-}
 
 /// The name of the index table the workloads read, as the store reports
 /// it (`Store::indexes`). The store is opened without index maintenance,

@@ -41,16 +41,17 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::database::Database;
+use crate::dataset::Workload;
 use crate::dataset::{
     Dataset, DATASTORE, LOAD_BATCH, QUERY_MASTER, QUERY_REPLICA, ROWS_MASTER, ROWS_REPLICA,
 };
-use crate::gateway::{check_page, Workload};
 use crate::http::{truncate, Gateway};
 use crate::load::LoadReport;
 use crate::maintenance::Source;
 use crate::phase::Op;
 use crate::report::{build_profile, command_line, environment, opt, RunReport};
 use crate::server::Server;
+use crate::workloads::check_page;
 use crate::{load_definitions, DEFAULT_DATASTORES};
 use cellgate_store::replicas::Consistency;
 use cellgate_store::storage::redact_url as redact;

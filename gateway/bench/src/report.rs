@@ -16,7 +16,6 @@ use crate::load::LoadReport;
 use crate::maintenance::{MaintenanceReport, Spread, SAMPLE_EVERY};
 use crate::phase::Outcome;
 use crate::probe::ProbeReport;
-use crate::raw::RawReport;
 use crate::server::ColdStart;
 use cellgate_store::storage::redact_url as redact;
 
@@ -574,6 +573,40 @@ fn quote(arg: &str) -> String {
         arg.to_string()
     } else {
         format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+/// The raw SQL baseline of one workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct RawReport {
+    pub workload: &'static str,
+    /// The statement of the first queried driver, placeholders in the
+    /// backend's syntax; every request sends one like it.
+    pub statement: String,
+    /// Connections of the benchmark's pool.
+    pub pool_connections: u32,
+    /// HTTP pages the statement's rows were checked against.
+    pub checked_pages: usize,
+    /// One transaction is one request's statement, sent and decoded.
+    pub transactions: u64,
+    pub errors: u64,
+    pub seconds: f64,
+    pub transactions_per_second: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// The same workload over HTTP, for the ratios.
+    pub http_requests_per_second: Option<f64>,
+    /// HTTP requests/s ÷ raw transactions/s.
+    pub http_over_raw: Option<f64>,
+    /// HTTP p50 ÷ raw p50 and p99 ÷ p99.
+    pub http_p50_over_raw: Option<f64>,
+    pub http_p99_over_raw: Option<f64>,
+    pub first_error: Option<String>,
+}
+
+impl RawReport {
+    pub fn failed(&self) -> bool {
+        self.errors > 0 || self.transactions == 0
     }
 }
 

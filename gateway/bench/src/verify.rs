@@ -306,15 +306,7 @@ async fn plain_scan(
     for first in (0..shards).step_by(64) {
         let mut sql = Sql::new(backend.dialect());
         sql.push("SELECT ")
-            .idents([
-                "shard",
-                "added_id",
-                "row_key",
-                "column_name",
-                "ref_key",
-                "body",
-                "created_at",
-            ])
+            .idents(ddl::CELL_COLUMNS)
             .push(" FROM ")
             .ident(&table)
             .push(" WHERE ")

@@ -227,7 +227,7 @@ pub(super) fn query_fields(ds: &Arc<str>) -> Vec<Field> {
             let ds = d.clone();
             FieldFuture::new(async move {
                 let store = ctx.data::<Store>()?;
-                let first = crate::maintenance::first_argument(&ctx, MAX_CONFLICTS_PAGE)?;
+                let first = crate::args::first_argument(&ctx, MAX_CONFLICTS_PAGE)?;
                 let conflicts = store
                     .buffer_conflicts(&ds, first)
                     .await

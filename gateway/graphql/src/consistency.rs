@@ -63,7 +63,7 @@ impl ReadSpec {
     /// The spec of a field's (coerced) arguments, for `datastore`: a
     /// `readAfter` that is not a token of this datastore is refused.
     pub(crate) fn of(
-        args: &crate::schema::Arguments,
+        args: &crate::args::Arguments,
         datastore: &str,
     ) -> async_graphql::Result<ReadSpec> {
         let consistency = match args.get("consistency") {

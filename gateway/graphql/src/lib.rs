@@ -21,6 +21,7 @@
 //! in bytes, status codes and frames.
 
 mod access;
+mod args;
 pub mod auth;
 mod buffer;
 mod consistency;

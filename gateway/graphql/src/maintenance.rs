@@ -8,8 +8,9 @@ use std::sync::Arc;
 use async_graphql::dynamic::{Field, FieldFuture, FieldValue, InputValue, Object, TypeRef};
 use async_graphql::Value;
 
-use super::errors::{coded, from_store};
+use super::errors::from_store;
 use super::scalars::{datetime_value, int64_value, DATETIME, INT64, UUID};
+use crate::args::first_argument;
 use crate::fields::from_parent;
 use crate::names::camel;
 use cellgate_store::indexes::{MaintenanceMetrics, QuarantinedEntry};
@@ -244,27 +245,6 @@ pub(super) fn query_fields(ds: &Arc<str>) -> Vec<Field> {
     ];
     fields.extend(crate::buffer::query_fields(ds));
     fields
-}
-
-/// The `first` argument of an admin list (default 100), refused with
-/// `LIMIT_EXCEEDED` outside `0..=max`.
-pub(super) fn first_argument(
-    ctx: &async_graphql::dynamic::ResolverContext<'_>,
-    max: usize,
-) -> async_graphql::Result<usize> {
-    let first = ctx
-        .args
-        .get("first")
-        .map(|v| v.i64())
-        .transpose()?
-        .unwrap_or(100);
-    if !(0..=max as i64).contains(&first) {
-        return Err(coded(
-            "LIMIT_EXCEEDED",
-            format!("first must be between 0 and {max}"),
-        ));
-    }
-    Ok(first as usize)
 }
 
 /// `Mutation.<ds>RetryQuarantine`.

@@ -20,8 +20,8 @@ use index_dsl::Datastore;
 
 use super::errors::{bad_input, from_store};
 use super::scalars::{datetime_value, int64_value, DATETIME, INT64, UUID};
+use crate::args::first_argument;
 use crate::fields::{from_parent, parent};
-use crate::maintenance::first_argument;
 use crate::names::camel;
 use cellgate_store::triggers::{ConsumerLag, ConsumerStatus, QuarantinedCell};
 use cellgate_store::Store;

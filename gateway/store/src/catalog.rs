@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::retry::with_retry;
 use crate::shards::format_ranges;
-use crate::storage::{ddl, Backend, ColType, Dialect, Sql, Value, MAX_PARAMS};
+use crate::storage::{ddl, Backend, Dialect, Sql, Value, MAX_PARAMS};
 use crate::topology::{
     index_signature, Cluster, ClusterState, DatastoreRuntime, Defined, Topology,
 };
@@ -101,13 +101,7 @@ fn fields_text(index: &Index) -> String {
 /// layout of earlier versions (unless `converting`), and reads the catalog.
 pub(crate) async fn open_cluster(backend: &dyn Backend, converting: bool) -> Result<Catalog> {
     let dialect = backend.dialect();
-    let exists = |table: &'static str| async move {
-        let found = backend
-            .fetch(&dialect.table_exists(table), &[ColType::Text])
-            .await?;
-        Ok::<_, Error>(!found.is_empty())
-    };
-    if exists(ddl::V1_REGISTRY_TABLE).await? {
+    if backend.has_table(ddl::V1_REGISTRY_TABLE).await? {
         return Err(Error::LayoutUpgradeRequired(format!(
             "storage cluster `{}` holds cells in the per-shard table layout of earlier versions; \
              convert it with `cellgate migrate --from-v1` (cells keep their shards and added ids, \
@@ -115,7 +109,7 @@ pub(crate) async fn open_cluster(backend: &dyn Backend, converting: bool) -> Res
             backend.cluster()
         )));
     }
-    if !converting && exists(ddl::V1_CONVERTING_TABLE).await? {
+    if !converting && backend.has_table(ddl::V1_CONVERTING_TABLE).await? {
         return Err(Error::LayoutUpgradeRequired(format!(
             "storage cluster `{}` is partly converted from the per-shard table layout; \
              finish with `cellgate migrate --from-v1`",
@@ -140,20 +134,11 @@ pub(crate) async fn read(backend: &dyn Backend) -> Result<Catalog> {
         .idents(["datastore", "item", "value"])
         .push(" FROM ")
         .ident(ddl::CATALOG_TABLE);
-    let rows = backend
-        .fetch(&sql, &[ColType::Text, ColType::Text, ColType::Text])
-        .await?;
-    Ok(rows
+    Ok(backend
+        .rows::<(String, String, String)>(&sql)
+        .await?
         .into_iter()
-        .filter_map(|row| {
-            let mut row = row.into_iter();
-            match (row.next()?, row.next()?, row.next()?) {
-                (Value::Text(ds), Value::Text(item), Value::Text(value)) => {
-                    Some(((ds, item), value))
-                }
-                _ => None,
-            }
-        })
+        .map(|(ds, item, value)| ((ds, item), value))
         .collect())
 }
 
@@ -352,10 +337,7 @@ async fn warn_of_a_default_buffer_pool(cluster: &Cluster, backend: &dyn Backend)
         Dialect::MySql,
         "SELECT CAST(@@innodb_buffer_pool_size AS SIGNED)",
     );
-    let Ok(rows) = backend.fetch(&size, &[ColType::Int]).await else {
-        return;
-    };
-    let Some(bytes) = rows.first().and_then(|row| row.first()?.as_int()) else {
+    let Ok(Some((bytes,))) = backend.first_row::<(i64,)>(&size).await else {
         return;
     };
     if bytes <= DEFAULT_BUFFER_POOL {

@@ -29,7 +29,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::error::{Error, Result};
-use crate::storage::{ddl, Backend, ColType, Dialect, Sql, Tx, Value};
+use crate::storage::{ddl, Backend, Dialect, Sql, Tx, Value};
 
 /// A lease this process holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,32 +72,15 @@ pub async fn list(backend: &dyn Backend, prefix: &str) -> Result<Vec<LeaseRow>> 
         .push(" LIKE ")
         .bind(Value::Text(format!("{}%", like_escape(prefix))))
         .push(like_escape_clause(backend.dialect()));
-    let types = [
-        ColType::Text,
-        ColType::Text,
-        ColType::Int,
-        ColType::DateTime,
-    ];
     Ok(backend
-        .fetch(&sql, &types)
+        .rows::<(String, String, i64, DateTime<Utc>)>(&sql)
         .await?
         .into_iter()
-        .filter_map(|row| {
-            let mut row = row.into_iter();
-            match (row.next()?, row.next()?, row.next()?, row.next()?) {
-                (
-                    Value::Text(name),
-                    Value::Text(holder),
-                    Value::Int(token),
-                    Value::DateTime(expires_at),
-                ) => Some(LeaseRow {
-                    name,
-                    holder,
-                    token,
-                    expires_at,
-                }),
-                _ => None,
-            }
+        .map(|(name, holder, token, expires_at)| LeaseRow {
+            name,
+            holder,
+            token,
+            expires_at,
         })
         .collect())
 }
@@ -271,17 +254,14 @@ async fn still_held(
         .dialect()
         .push_clock_minus(&mut check, Duration::ZERO);
     Ok(backend
-        .fetch(&check, &[ColType::Text, ColType::Int])
+        .rows::<(String, i64)>(&check)
         .await?
         .into_iter()
-        .filter_map(|row| {
-            let name = row[0].as_text()?;
-            let token = row[1].as_int()?;
-            (wanted.get(name) == Some(&token)).then(|| Lease {
-                name: name.to_string(),
-                token,
-                expires_at,
-            })
+        .filter(|(name, token)| wanted.get(name.as_str()) == Some(token))
+        .map(|(name, token)| Lease {
+            name,
+            token,
+            expires_at,
         })
         .collect())
 }
@@ -444,24 +424,11 @@ pub async fn fence(tx: &mut dyn Tx, dialect: Dialect, holder: &str, held: &[Leas
     sql.push(" ORDER BY ")
         .ident("name")
         .push(dialect.for_update());
-    let types = [
-        ColType::Text,
-        ColType::Text,
-        ColType::Int,
-        ColType::DateTime,
-    ];
-    let rows = tx.fetch(&sql, &types).await?;
-    let found: HashMap<String, (String, i64, DateTime<Utc>)> = rows
+    let found: HashMap<String, (String, i64, DateTime<Utc>)> = tx
+        .rows::<(String, String, i64, DateTime<Utc>)>(&sql)
+        .await?
         .into_iter()
-        .filter_map(|row| {
-            let mut row = row.into_iter();
-            match (row.next()?, row.next()?, row.next()?, row.next()?) {
-                (Value::Text(n), Value::Text(h), Value::Int(t), Value::DateTime(e)) => {
-                    Some((n, (h, t, e)))
-                }
-                _ => None,
-            }
-        })
+        .map(|(n, h, t, e)| (n, (h, t, e)))
         .collect();
     for lease in held {
         match found.get(&lease.name) {

@@ -86,8 +86,7 @@ pub mod triggers;
 pub mod upgrade;
 
 pub use error::{Error, Result};
+pub use indexes::IndexStatus;
 pub use options::{BreakerConfig, ClusterConfig, ShardRange, StorageConfig};
 pub use reload::ReloadReport;
-pub use store::{
-    ClusterMetrics, DatastoreMetrics, IndexStatus, Snapshot, Store, StoreMetrics, StoreOptions,
-};
+pub use store::{ClusterMetrics, DatastoreMetrics, Snapshot, Store, StoreMetrics, StoreOptions};

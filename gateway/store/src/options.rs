@@ -7,10 +7,14 @@
 //! Like every configuration struct, it rejects unknown keys and takes its
 //! defaults at struct level.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+use index_dsl::Definitions;
 use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::shards::ShardMap;
 
 /// Storage section of the configuration.
 ///
@@ -210,16 +214,7 @@ impl BreakerConfig {
     }
 }
 
-/// See [`StorageConfig::buffer_shortfall`].
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum BufferShortfall {
-    /// Fail the write.
-    #[default]
-    Fail,
-    /// Write the primary with the copies there are.
-    WritePrimary,
-}
+pub use crate::topology::BufferShortfall;
 
 impl Default for StorageConfig {
     fn default() -> Self {
@@ -319,4 +314,47 @@ impl StorageConfig {
             ..StorageConfig::default()
         }
     }
+}
+
+/// The shard map of every datastore from the configured ranges (or an even
+/// split over the clusters).
+pub(crate) fn shard_maps(
+    defs: &Definitions,
+    config: &StorageConfig,
+) -> Result<HashMap<String, ShardMap>> {
+    let cluster_index: HashMap<&str, usize> = config
+        .clusters
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.name.as_str(), i))
+        .collect();
+    let mut maps = HashMap::new();
+    for def in &defs.datastores {
+        let map = match config.shards.get(&def.name) {
+            None => ShardMap::even(def.shards, config.clusters.len()),
+            Some(ranges) => {
+                let mut resolved = Vec::new();
+                for range in ranges {
+                    let cluster = *cluster_index.get(range.cluster.as_str()).ok_or_else(|| {
+                        Error::Config(format!(
+                            "shard range of `{}` names unknown cluster `{}`",
+                            def.name, range.cluster
+                        ))
+                    })?;
+                    resolved.push((range.first, range.last, cluster));
+                }
+                ShardMap::from_ranges(def.shards, &resolved)
+                    .map_err(|e| Error::Config(format!("datastore `{}`: {e}", def.name)))?
+            }
+        };
+        maps.insert(def.name.clone(), map);
+    }
+    for name in config.shards.keys() {
+        if !maps.contains_key(name) {
+            return Err(Error::Config(format!(
+                "shard ranges given for unknown datastore `{name}`"
+            )));
+        }
+    }
+    Ok(maps)
 }

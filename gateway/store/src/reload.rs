@@ -63,7 +63,7 @@ pub(crate) async fn reload(
 ) -> Result<ReloadReport> {
     let old = topology.defined();
     refuse_runtime_changes(&old.defs, &defs)?;
-    let maps = crate::store::shard_maps(&defs, config)?;
+    let maps = crate::options::shard_maps(&defs, config)?;
     // The catalogs of the prepared clusters; a pending one is prepared
     // with the new definitions when it answers.
     let mut catalogs = Vec::new();

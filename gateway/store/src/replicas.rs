@@ -31,7 +31,8 @@ use rand::seq::SliceRandom;
 
 use crate::error::{Error, Result};
 use crate::storage::breaker::BreakerState;
-use crate::storage::{ddl, Backend, ColType, Sql, Value};
+use crate::storage::{ddl, Backend, Sql, Value};
+pub use crate::topology::ReplicaLag;
 use crate::topology::{Cluster, DatastoreRuntime, Topology};
 
 /// Where a read may be served.
@@ -146,58 +147,10 @@ impl ReadOptions {
     }
 }
 
-/// The latest lag measurement of one replica.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReplicaLag {
-    pub cluster: String,
-    /// `replica<i>`.
-    pub node: String,
-    /// Cells the master has that the replica has not applied yet, summed
-    /// over the datastores.
-    pub cells_behind: i64,
-    /// How long ago the master had no more cells than the replica has now.
-    pub lag_ms: u64,
-}
-
-/// Lag state of every replica, written by [`monitor`].
-#[derive(Default)]
-pub(crate) struct LagBoard {
-    /// `(cluster, replica) →` the latest measurement and when it was taken.
-    latest: Mutex<HashMap<(usize, usize), (ReplicaLag, Instant)>>,
-}
-
-/// A measurement older than this does not vouch for a replica.
-const FRESH: Duration = Duration::from_secs(5);
 /// How often lag is measured.
 const MEASURE_EVERY: Duration = Duration::from_millis(500);
 /// How much history of the master's counters is kept to judge lag in time.
 const HISTORY: Duration = Duration::from_secs(120);
-
-impl LagBoard {
-    /// Every replica's latest lag.
-    pub(crate) fn all(&self) -> Vec<ReplicaLag> {
-        let mut all: Vec<ReplicaLag> = self
-            .latest
-            .lock()
-            .expect("lag")
-            .values()
-            .map(|(lag, _)| lag.clone())
-            .collect();
-        all.sort_by(|a, b| (&a.cluster, &a.node).cmp(&(&b.cluster, &b.node)));
-        all
-    }
-
-    /// Whether `replica` of `cluster` was measured recently within `limit`.
-    fn within(&self, cluster: usize, replica: usize, limit: Duration) -> bool {
-        self.latest
-            .lock()
-            .expect("lag")
-            .get(&(cluster, replica))
-            .is_some_and(|(lag, at)| {
-                at.elapsed() < FRESH && Duration::from_millis(lag.lag_ms) <= limit
-            })
-    }
-}
 
 fn healthy(backend: &Arc<dyn Backend>) -> bool {
     backend
@@ -330,10 +283,9 @@ async fn applied(replica: &dyn Backend, datastore: &str, wanted: &[(u32, i64)]) 
         .ident("shard")
         .in_list(wanted.iter().map(|(s, _)| Value::Int(i64::from(*s))));
     let next: HashMap<i64, i64> = replica
-        .fetch(&sql, &[ColType::Int, ColType::Int])
+        .rows::<(i64, i64)>(&sql)
         .await?
         .into_iter()
-        .filter_map(|row| Some((row[0].as_int()?, row[1].as_int()?)))
         .collect();
     Ok(wanted.iter().all(|(shard, added_id)| {
         next.get(&i64::from(*shard))
@@ -354,8 +306,10 @@ async fn counters(backend: &dyn Backend, datastore: &str) -> Result<i64> {
         .ident("next_added_id")
         .push(&format!(")), 0) AS {integer}) FROM "))
         .ident(&ddl::shards_table(datastore));
-    let rows = backend.fetch(&sql, &[ColType::Int]).await?;
-    Ok(rows.first().and_then(|r| r[0].as_int()).unwrap_or(0))
+    Ok(backend
+        .first_row::<(i64,)>(&sql)
+        .await?
+        .map_or(0, |(sum,)| sum))
 }
 
 /// Measures replica lag until `stopped` (see the module doc).
@@ -419,25 +373,19 @@ pub(crate) async fn monitor(
                     behind[r].1 = behind[r].1.max(lag.as_millis() as u64);
                 }
             }
-            let mut latest = topology.lags.latest.lock().expect("lag");
-            for (r, (cells, lag_ms, measured)) in behind.into_iter().enumerate() {
-                if !measured {
-                    latest.remove(&(c, r));
-                    continue;
-                }
-                latest.insert(
-                    (c, r),
-                    (
-                        ReplicaLag {
-                            cluster: cluster.name.clone(),
-                            node: format!("replica{r}"),
-                            cells_behind: cells,
-                            lag_ms,
-                        },
-                        Instant::now(),
-                    ),
-                );
-            }
+            let measured = behind
+                .into_iter()
+                .enumerate()
+                .map(|(r, (cells, lag_ms, measured))| {
+                    measured.then(|| ReplicaLag {
+                        cluster: cluster.name.clone(),
+                        node: format!("replica{r}"),
+                        cells_behind: cells,
+                        lag_ms,
+                    })
+                })
+                .collect();
+            topology.lags.record(c, measured);
         }
         tokio::select! {
             _ = tokio::time::sleep(MEASURE_EVERY) => {}

@@ -23,7 +23,7 @@ use uuid::Uuid;
 use crate::catalog::raw;
 use crate::error::{Error, Result};
 use crate::retry::with_retry;
-use crate::storage::{self, ddl, Backend, ColType, ConnectOptions, Dialect, Sql, Value};
+use crate::storage::{self, ddl, Backend, ConnectOptions, Dialect, Sql, Value};
 use crate::topology::Topology;
 use crate::StorageConfig;
 use crate::{Store, StoreOptions};
@@ -120,22 +120,10 @@ fn check_names(defs: &Definitions) -> Result<()> {
 /// Renames the v1 registry to the converting marker (once).
 async fn mark_converting(backend: &dyn Backend) -> Result<()> {
     let dialect = backend.dialect();
-    let v1 = backend
-        .fetch(
-            &dialect.table_exists(ddl::V1_REGISTRY_TABLE),
-            &[ColType::Text],
-        )
-        .await?;
-    if v1.is_empty() {
+    if !backend.has_table(ddl::V1_REGISTRY_TABLE).await? {
         return Ok(());
     }
-    let converting = backend
-        .fetch(
-            &dialect.table_exists(ddl::V1_CONVERTING_TABLE),
-            &[ColType::Text],
-        )
-        .await?;
-    if !converting.is_empty() {
+    if backend.has_table(ddl::V1_CONVERTING_TABLE).await? {
         return Err(Error::Internal(format!(
             "cluster `{}` has both `{}` and `{}`; remove the one that is empty",
             backend.cluster(),
@@ -155,13 +143,7 @@ async fn mark_converting(backend: &dyn Backend) -> Result<()> {
 /// The `(datastore, shard)` rows left in the converting registry.
 async fn registry(backend: &dyn Backend) -> Result<Vec<(String, u32)>> {
     let dialect = backend.dialect();
-    let exists = backend
-        .fetch(
-            &dialect.table_exists(ddl::V1_CONVERTING_TABLE),
-            &[ColType::Text],
-        )
-        .await?;
-    if exists.is_empty() {
+    if !backend.has_table(ddl::V1_CONVERTING_TABLE).await? {
         return Ok(Vec::new());
     }
     let mut sql = Sql::new(dialect);
@@ -172,10 +154,10 @@ async fn registry(backend: &dyn Backend) -> Result<Vec<(String, u32)>> {
         .push(" ORDER BY ")
         .idents(["datastore", "shard"]);
     Ok(backend
-        .fetch(&sql, &[ColType::Text, ColType::Int])
+        .rows::<(String, i64)>(&sql)
         .await?
         .into_iter()
-        .filter_map(|row| Some((row[0].as_text()?.to_string(), row[1].as_int()? as u32)))
+        .map(|(datastore, shard)| (datastore, shard as u32))
         .collect())
 }
 
@@ -216,25 +198,19 @@ async fn convert_shard(
         let old_cells = format!("{prefix}cells");
         let mut cells = 0;
         if tables.contains(&old_cells) {
-            let columns = [
-                "added_id",
-                "row_key",
-                "column_name",
-                "ref_key",
-                "body",
-                "created_at",
-            ];
+            // Every cell column but the shard, which the old tables lacked.
+            let columns = &ddl::CELL_COLUMNS[1..];
             let mut copy = Sql::new(dialect);
             copy.push(dialect.insert_ignore())
                 .ident(&ddl::cells_table(datastore))
                 .push(" (")
                 .ident("shard")
                 .push(", ")
-                .idents(columns)
+                .idents(columns.iter().copied())
                 .push(") SELECT ")
                 .bind(Value::Int(i64::from(shard)))
                 .push(", ")
-                .idents(columns)
+                .idents(columns.iter().copied())
                 .push(" FROM ")
                 .ident(&old_cells)
                 .push(dialect.on_conflict_do_nothing());
@@ -357,14 +333,10 @@ async fn finish(backend: &dyn Backend) -> Result<()> {
 }
 
 async fn tables_with_prefix(backend: &dyn Backend, prefix: &str) -> Result<Vec<String>> {
-    let rows = backend
-        .fetch(
-            &backend.dialect().tables_with_prefix(prefix),
-            &[ColType::Text],
-        )
-        .await?;
-    Ok(rows
+    Ok(backend
+        .rows::<(String,)>(&backend.dialect().tables_with_prefix(prefix))
+        .await?
         .into_iter()
-        .filter_map(|row| row[0].as_text().map(str::to_string))
+        .map(|(table,)| table)
         .collect())
 }

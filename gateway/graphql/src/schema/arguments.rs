@@ -85,9 +85,7 @@ pub(super) fn page_size_of(
     }
     Ok(value as u32)
 }
-/// The arguments of a field, coerced: variables replaced by their values
-/// and defaults filled in.
-pub(crate) type Arguments = async_graphql::indexmap::IndexMap<async_graphql::Name, Value>;
+pub(crate) use crate::args::Arguments;
 
 /// The non-null argument `name`.
 pub(super) fn argument<'a>(args: &'a Arguments, name: &str) -> Option<&'a Value> {

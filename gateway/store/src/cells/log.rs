@@ -10,12 +10,13 @@
 use std::collections::BTreeSet;
 
 use chrono::{DateTime, Utc};
+use uuid::Uuid;
 
-use super::read::{cell_from_row, select_cells, CELL_TYPES};
+use super::read::{cell_from_row, select_cells, CellRow};
 use super::Cell;
 use crate::error::{Error, Result};
 use crate::replicas::{read_on, ReadOptions};
-use crate::storage::{ddl, Backend, ColType, Dialect, Sql, Value, MAX_PARAMS};
+use crate::storage::{ddl, Backend, Dialect, Sql, Value, MAX_PARAMS};
 use crate::topology::{DatastoreRuntime, Topology};
 
 /// A position in a shard's log.
@@ -89,7 +90,7 @@ pub(crate) async fn cells_for_shard(
                 .ident("added_id")
                 .push(&format!(" LIMIT {}", limit.clamp(1, MAX_LOG_PAGE)));
             let cells = node
-                .fetch(&sql, &CELL_TYPES)
+                .rows::<CellRow>(&sql)
                 .await?
                 .into_iter()
                 .map(cell_from_row)
@@ -122,8 +123,7 @@ async fn added_id_before(
         .ident("created_at")
         .push(" >= ")
         .bind(Value::DateTime(at));
-    let first = backend.fetch(&sql, &[ColType::Int]).await?;
-    if let Some(id) = first.first().and_then(|row| row[0].as_int()) {
+    if let Some((Some(id),)) = backend.first_row::<(Option<i64>,)>(&sql).await? {
         return Ok(id - 1);
     }
     let mut sql = Sql::new(backend.dialect());
@@ -135,13 +135,9 @@ async fn added_id_before(
         .ident("shard")
         .push(" = ")
         .bind(Value::Int(i64::from(shard)));
-    let next = backend.fetch(&sql, &[ColType::Int]).await?;
+    let next = backend.first_row::<(i64,)>(&sql).await?;
     // A fenced counter (a shard moving away) is negated: its head stays.
-    Ok(next
-        .first()
-        .and_then(|row| row[0].as_int())
-        .map_or(1, i64::abs)
-        - 1)
+    Ok(next.map_or(1, |(next,)| next.abs()) - 1)
 }
 
 /// The keys of the cells after each `(shard, after)` position, in shard
@@ -161,31 +157,15 @@ pub(crate) async fn log_keys(
             break;
         }
         let sql = log_keys_sql(backend.dialect(), ds, chunk, limit - keys.len());
-        let types = [
-            ColType::Int,
-            ColType::Int,
-            ColType::Uuid,
-            ColType::Text,
-            ColType::DateTime,
-        ];
-        for row in backend.fetch(&sql, &types).await? {
-            let mut row = row.into_iter();
-            if let (
-                Some(Value::Int(shard)),
-                Some(Value::Int(added_id)),
-                Some(Value::Uuid(row_key)),
-                Some(Value::Text(column)),
-                Some(Value::DateTime(created_at)),
-            ) = (row.next(), row.next(), row.next(), row.next(), row.next())
-            {
-                keys.push(LogKey {
-                    shard: shard as u32,
-                    added_id,
-                    row_key,
-                    column,
-                    created_at,
-                });
-            }
+        type Row = (i64, i64, Uuid, String, DateTime<Utc>);
+        for (shard, added_id, row_key, column, created_at) in backend.rows::<Row>(&sql).await? {
+            keys.push(LogKey {
+                shard: shard as u32,
+                added_id,
+                row_key,
+                column,
+                created_at,
+            });
         }
     }
     Ok(keys)
@@ -218,7 +198,7 @@ pub(crate) async fn log_cells(
             columns,
             limit - cells.len(),
         );
-        for row in backend.fetch(&sql, &CELL_TYPES).await? {
+        for row in backend.rows::<CellRow>(&sql).await? {
             cells.push(cell_from_row(row)?);
         }
     }
@@ -335,9 +315,19 @@ pub(crate) async fn heads(backend: &dyn Backend, ds: &DatastoreRuntime) -> Resul
         .ident(&ddl::shards_table(ds.name()))
         .push(" ORDER BY ")
         .ident("shard");
-    let rows = backend.fetch(&sql, &[ColType::Int, ColType::Int]).await?;
-    Ok(rows
+    Ok(backend
+        .rows::<(i64, i64)>(&sql)
+        .await?
         .into_iter()
-        .filter_map(|row| Some((row[0].as_int()? as u32, row[1].as_int()?.abs() - 1)))
+        .map(|(shard, next)| (shard as u32, next.abs() - 1))
         .collect())
+}
+
+/// How far one shard's log consumer (its indexes, a trigger) is behind the
+/// log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardLag {
+    pub shard: u32,
+    /// Cells written but not yet applied by the consumer.
+    pub pending_cells: i64,
 }

@@ -25,7 +25,7 @@ use uuid::Uuid;
 
 pub(crate) use cache::CellCache;
 pub use cache::CellCacheMetrics;
-pub use log::{Location, LogPage, MAX_LOG_PAGE};
+pub use log::{Location, LogPage, ShardLag, MAX_LOG_PAGE};
 pub use prune::{PruneCounts, PruneOptions, PruneProgress, PruneReport};
 pub use read::with_latest_ref_keys;
 pub use replay::{Backlog, Conflict};
@@ -38,7 +38,7 @@ pub(crate) use prune::prune;
 pub(crate) use read::{
     cell_from_row, decoded_cell, get_cell, get_cells, get_cells_latest, get_cells_latest_json,
     get_named_cells_json, has_cells, history, latest_cells_with, select_cells, with_latest_cells,
-    CELL_TYPES,
+    CellRow, CELL_TYPES,
 };
 
 /// The full address of a cell.

@@ -46,7 +46,7 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 
 use crate::error::{Error, Result};
-use crate::storage::{ddl, Backend, ColType, Dialect, Sql, Value};
+use crate::storage::{ddl, Backend, Dialect, Sql, Value};
 use crate::topology::{DatastoreRuntime, Topology};
 
 /// Cells a chunk aims to examine; chunks grow and shrink towards it.
@@ -252,7 +252,7 @@ fn expected_consumers(topology: &Topology, ds: &DatastoreRuntime) -> Vec<String>
         ds.def
             .triggers
             .iter()
-            .map(|t| crate::triggers::offsets_key(&t.name)),
+            .map(|t| crate::topology::trigger_consumer(&t.name)),
     );
     names
 }
@@ -319,18 +319,10 @@ async fn prune_chunk(
     sql.push(" GROUP BY ").ident("column_name");
     let mut counts: BTreeMap<String, PruneCounts> = BTreeMap::new();
     let mut examined = 0;
-    for row in backend
-        .fetch(&sql, &[ColType::Text, ColType::Int, ColType::Int])
-        .await?
-    {
-        let (Some(column), Some(cells), Some(latest)) =
-            (row[0].as_text(), row[1].as_int(), row[2].as_int())
-        else {
-            continue;
-        };
+    for (column, cells, latest) in backend.rows::<(String, i64, i64)>(&sql).await? {
         examined += cells as u64;
         counts.insert(
-            column.to_string(),
+            column,
             PruneCounts {
                 examined: cells as u64,
                 kept_latest: latest as u64,
@@ -371,15 +363,13 @@ async fn prune_chunk(
             .bind(Value::DateTime(before));
     }
     let candidates: Vec<Candidate> = backend
-        .fetch(&sql, &[ColType::Int, ColType::Int, ColType::Text])
+        .rows::<(i64, i64, String)>(&sql)
         .await?
         .into_iter()
-        .filter_map(|row| {
-            Some(Candidate {
-                shard: row[0].as_int()? as u32,
-                added_id: row[1].as_int()?,
-                column: row[2].as_text()?.to_string(),
-            })
+        .map(|(shard, added_id, column)| Candidate {
+            shard: shard as u32,
+            added_id,
+            column,
         })
         .collect();
     let allowed: HashMap<&str, u64> = candidates.iter().fold(HashMap::new(), |mut m, c| {
@@ -463,18 +453,11 @@ async fn floors(
         .push(" WHERE ");
     chunk.condition(&mut sql, "");
     let mut stored: BTreeMap<u32, BTreeMap<String, i64>> = BTreeMap::new();
-    for row in backend
-        .fetch(&sql, &[ColType::Int, ColType::Text, ColType::Int])
-        .await?
-    {
-        if let (Some(shard), Some(consumer), Some(added_id)) =
-            (row[0].as_int(), row[1].as_text(), row[2].as_int())
-        {
-            stored
-                .entry(shard as u32)
-                .or_default()
-                .insert(consumer.to_string(), added_id);
-        }
+    for (shard, consumer, added_id) in backend.rows::<(i64, String, i64)>(&sql).await? {
+        stored
+            .entry(shard as u32)
+            .or_default()
+            .insert(consumer, added_id);
     }
     let mut floors = BTreeMap::new();
     for shard in chunk.first..=chunk.last {
@@ -514,10 +497,10 @@ async fn quarantined(
         chunk.condition(&mut sql, "");
     }
     Ok(backend
-        .fetch(&sql, &[ColType::Int, ColType::Int])
+        .rows::<(i64, i64)>(&sql)
         .await?
         .into_iter()
-        .filter_map(|row| Some((row[0].as_int()? as u32, row[1].as_int()?)))
+        .map(|(shard, added_id)| (shard as u32, added_id))
         .collect())
 }
 
@@ -663,9 +646,9 @@ async fn present(
         .push(" WHERE ");
     positions(&mut sql, &backend.dialect().quote(&table), batch);
     Ok(backend
-        .fetch(&sql, &[ColType::Int, ColType::Int])
+        .rows::<(i64, i64)>(&sql)
         .await?
         .into_iter()
-        .filter_map(|row| Some((row[0].as_int()? as u32, row[1].as_int()?)))
+        .map(|(shard, added_id)| (shard as u32, added_id))
         .collect())
 }

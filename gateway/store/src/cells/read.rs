@@ -8,38 +8,27 @@
 
 use std::collections::{HashMap, HashSet};
 
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{codec, Cell, CellKey};
+use super::{codec, Cell, CellCache, CellKey};
 use crate::error::{Error, Result};
 use crate::replicas::{read_on, ReadOptions};
 use crate::shards::row_shard;
-use crate::storage::{ddl, Backend, ColType, Dialect, Row, Sql, Value};
+use crate::storage::{ddl, Backend, ColType, Dialect, FromRow, Row, Sql, Value};
 use crate::topology::{DatastoreRuntime, Topology};
 
 /// Keys per statement of a batch read.
 pub(crate) const READ_CHUNK: usize = 500;
 
-/// Columns selected by every cell query (and written by every insert),
-/// in this order.
-pub(crate) const CELL_COLUMNS: [&str; 7] = [
-    "shard",
-    "added_id",
-    "row_key",
-    "column_name",
-    "ref_key",
-    "body",
-    "created_at",
-];
-pub(crate) const CELL_TYPES: [ColType; 7] = [
-    ColType::Int,
-    ColType::Int,
-    ColType::Uuid,
-    ColType::Text,
-    ColType::Int,
-    ColType::Bytes,
-    ColType::DateTime,
-];
+pub(crate) use ddl::CELL_COLUMNS;
+
+/// A row of [`CELL_COLUMNS`]: shard, added id, row key, column, ref key,
+/// encoded body, creation time.
+pub(crate) type CellRow = (i64, i64, Uuid, String, i64, Vec<u8>, DateTime<Utc>);
+
+/// The column types of [`CellRow`].
+pub(crate) const CELL_TYPES: &[ColType] = <CellRow as FromRow>::TYPES;
 
 /// Appends `SELECT <cell columns> FROM <table> [alias]` to `sql`.
 pub(crate) fn select_cells(sql: &mut Sql, table: &str, alias: Option<&str>) {
@@ -65,8 +54,8 @@ fn cells_from(sql: &mut Sql, table: &str, alias: Option<&str>) {
 }
 
 /// Turns a row of the cell columns into a cell, decoding its body.
-pub(crate) fn cell_from_row(row: Row) -> Result<Cell> {
-    decoded_cell(row, &codec::decode)
+pub(crate) fn cell_from_row(row: CellRow) -> Result<Cell> {
+    cell_of(row, &codec::decode)
 }
 
 /// How a read decodes the bodies of the cells it returns.
@@ -74,22 +63,17 @@ pub(crate) type Decode<'a, B> = &'a (dyn Fn(&[u8]) -> std::result::Result<B, Str
 
 /// [`cell_from_row`], with the body decoded by `decode`.
 pub(crate) fn decoded_cell<B>(row: Row, decode: Decode<'_, B>) -> Result<Cell<B>> {
-    let mut row = row.into_iter();
-    let mut next = || row.next().unwrap_or(Value::Null(ColType::Int));
-    let (shard, added_id, row_key, column, ref_key, body, created_at) =
-        (next(), next(), next(), next(), next(), next(), next());
-    let (
-        Value::Int(shard),
-        Value::Int(added_id),
-        Value::Uuid(row_key),
-        Value::Text(column),
-        Value::Int(ref_key),
-        Value::Bytes(body),
-        Value::DateTime(created_at),
-    ) = (shard, added_id, row_key, column, ref_key, body, created_at)
-    else {
+    let Some(row) = CellRow::from_row(row) else {
         return Err(Error::Internal("cell row has unexpected NULLs".into()));
     };
+    cell_of(row, decode)
+}
+
+/// The cell of a typed row, its body decoded by `decode`.
+fn cell_of<B>(
+    (shard, added_id, row_key, column, ref_key, body, created_at): CellRow,
+    decode: Decode<'_, B>,
+) -> Result<Cell<B>> {
     let body = decode(&body).map_err(|reason| Error::CorruptBody {
         row_key,
         column: column.clone(),
@@ -119,19 +103,20 @@ fn key_condition(sql: &mut Sql, row_key: Uuid, column: &str) {
 }
 
 async fn fetch_cells(backend: &dyn Backend, sql: &Sql) -> Result<Vec<Cell>> {
-    let rows = backend.fetch(sql, &CELL_TYPES).await?;
+    let rows = backend.rows::<CellRow>(sql).await?;
     rows.into_iter().map(cell_from_row).collect()
 }
 
 /// The cell at `key`, if it exists.
 pub(crate) async fn get_cell(
     topology: &Topology,
+    cache: &CellCache,
     datastore: &str,
     key: &CellKey,
     read: &ReadOptions,
 ) -> Result<Option<Cell>> {
     Ok(
-        get_cells(topology, datastore, std::slice::from_ref(key), read)
+        get_cells(topology, cache, datastore, std::slice::from_ref(key), read)
             .await?
             .pop()
             .flatten(),
@@ -180,11 +165,12 @@ pub(crate) async fn history(
 /// cache does not hold. Results follow the input order.
 pub(crate) async fn get_cells(
     topology: &Topology,
+    cache: &CellCache,
     datastore: &str,
     keys: &[CellKey],
     read: &ReadOptions,
 ) -> Result<Vec<Option<Cell>>> {
-    get_cells_json(topology, datastore, keys, read)
+    get_cells_json(topology, cache, datastore, keys, read)
         .await?
         .into_iter()
         .map(|cell| cell.map(parsed_cell).transpose())
@@ -214,6 +200,7 @@ fn parsed_cell(cell: Cell<Vec<u8>>) -> Result<Cell> {
 /// where it holds the cell, else from the database, keeping what it read.
 pub(crate) async fn get_cells_json(
     topology: &Topology,
+    cache: &CellCache,
     datastore: &str,
     keys: &[CellKey],
     read: &ReadOptions,
@@ -222,7 +209,6 @@ pub(crate) async fn get_cells_json(
     for key in keys {
         ds.check_column(&key.column)?;
     }
-    let cache = &topology.cell_cache;
     let mut found: Vec<Option<Cell<Vec<u8>>>> =
         keys.iter().map(|k| cache.get_key(ds.name(), k)).collect();
     // How many of the keys not found ask for each cell.
@@ -268,13 +254,12 @@ async fn fetch_by_key(
     read: &ReadOptions,
 ) -> Result<HashMap<CellKey, Cell<Vec<u8>>>> {
     let table = ddl::cells_table(ds.name());
-    let rows = fetch_by_row(
+    let rows = fetch_by_row::<_, CellRow>(
         topology,
         ds,
         keys,
         |k| k.row_key,
         read,
-        &CELL_TYPES,
         |dialect, chunk| {
             let mut sql = Sql::new(dialect);
             select_cells(&mut sql, &table, None);
@@ -294,7 +279,7 @@ async fn fetch_by_key(
     let wanted: HashSet<&CellKey> = keys.iter().collect();
     let mut found = HashMap::new();
     for row in rows {
-        let cell = decoded_cell(row, &codec::decode_json)?;
+        let cell = cell_of(row, &codec::decode_json)?;
         let key = CellKey {
             row_key: cell.row_key,
             column: cell.column.clone(),
@@ -312,15 +297,14 @@ async fn fetch_by_key(
 /// cluster holding its items' rows (through `read_on`, so as `read`
 /// allows), clusters in parallel: one statement per cluster and chunk of
 /// [`READ_CHUNK`] items, never one per shard or per row.
-async fn fetch_by_row<I: Sync>(
+async fn fetch_by_row<I: Sync, R: FromRow + Send>(
     topology: &Topology,
     ds: &DatastoreRuntime,
     items: &[I],
     row_key: impl Fn(&I) -> Uuid + Sync,
     read: &ReadOptions,
-    types: &[ColType],
     sql: impl Fn(Dialect, &[&I]) -> Sql + Sync,
-) -> Result<Vec<Vec<Value>>> {
+) -> Result<Vec<R>> {
     let shard_of = |item: &I| row_shard(&row_key(item), ds.def.shards);
     let groups = topology.by_cluster(ds, items.iter().map(|item| (shard_of(item), item)));
     let reads = groups.into_iter().map(|(cluster, group)| {
@@ -332,7 +316,7 @@ async fn fetch_by_row<I: Sync>(
                 async move {
                     let mut rows = Vec::new();
                     for chunk in group.chunks(READ_CHUNK) {
-                        rows.extend(node.fetch(&sql(node.dialect(), chunk), types).await?);
+                        rows.extend(node.rows::<R>(&sql(node.dialect(), chunk)).await?);
                     }
                     Ok::<_, Error>(rows)
                 }
@@ -361,13 +345,12 @@ pub(crate) async fn get_cells_latest<B: Clone + Send>(
         ds.check_column(column)?;
     }
     let table = ddl::cells_table(ds.name());
-    let rows = fetch_by_row(
+    let rows = fetch_by_row::<_, CellRow>(
         topology,
         &ds,
         wanted,
         |pair| pair.0,
         read,
-        &CELL_TYPES,
         |dialect, chunk| {
             let rows: Vec<Uuid> = chunk.iter().map(|pair| pair.0).collect();
             let columns: Vec<&str> = chunk.iter().map(|pair| pair.1.as_str()).collect();
@@ -417,11 +400,12 @@ fn hand_out<B: Clone>(
 /// read whole in one statement per cluster and chunk.
 pub(crate) async fn get_cells_latest_json(
     topology: &Topology,
+    cache: &CellCache,
     datastore: &str,
     wanted: &[(Uuid, String)],
     read: &ReadOptions,
 ) -> Result<Vec<Option<Cell<Vec<u8>>>>> {
-    if !topology.cell_cache.enabled() {
+    if !cache.enabled() {
         return get_cells_latest(topology, datastore, wanted, &codec::decode_json, read).await;
     }
     let ds = topology.datastore(datastore)?;
@@ -437,7 +421,7 @@ pub(crate) async fn get_cells_latest_json(
             ref_key,
         })
         .collect();
-    let cells = get_named_cells_json(topology, datastore, &keys, read).await?;
+    let cells = get_named_cells_json(topology, cache, datastore, &keys, read).await?;
     let found = keys
         .into_iter()
         .zip(cells)
@@ -452,11 +436,12 @@ pub(crate) async fn get_cells_latest_json(
 /// the master, which has every cell it named.
 pub(crate) async fn get_named_cells_json(
     topology: &Topology,
+    cache: &CellCache,
     datastore: &str,
     keys: &[CellKey],
     read: &ReadOptions,
 ) -> Result<Vec<Option<Cell<Vec<u8>>>>> {
-    let mut cells = get_cells_json(topology, datastore, keys, read).await?;
+    let mut cells = get_cells_json(topology, cache, datastore, keys, read).await?;
     if cells.iter().any(Option::is_none) && read.wants_replica() {
         let again: Vec<CellKey> = keys
             .iter()
@@ -464,9 +449,10 @@ pub(crate) async fn get_named_cells_json(
             .filter(|(_, cell)| cell.is_none())
             .map(|(key, _)| key.clone())
             .collect();
-        let mut from_master = get_cells_json(topology, datastore, &again, &ReadOptions::default())
-            .await?
-            .into_iter();
+        let mut from_master =
+            get_cells_json(topology, cache, datastore, &again, &ReadOptions::default())
+                .await?
+                .into_iter();
         for cell in cells.iter_mut().filter(|cell| cell.is_none()) {
             *cell = from_master.next().flatten();
         }
@@ -484,13 +470,12 @@ async fn latest_ref_keys(
     read: &ReadOptions,
 ) -> Result<HashMap<(Uuid, String), i64>> {
     let table = ddl::cells_table(ds.name());
-    let rows = fetch_by_row(
+    let rows = fetch_by_row::<_, (Uuid, String, i64)>(
         topology,
         ds,
         wanted,
         |pair| pair.0,
         read,
-        &[ColType::Uuid, ColType::Text, ColType::Int],
         |dialect, chunk| {
             let mut sql = Sql::new(dialect);
             sql.push("SELECT ")
@@ -522,16 +507,9 @@ async fn latest_ref_keys(
         .map(|(row, column)| (*row, column.as_str()))
         .collect();
     let mut latest = HashMap::new();
-    for row in rows {
-        let (Some(row_key), Some(column), Some(ref_key)) =
-            (row[0].as_uuid(), row[1].as_text(), row[2].as_int())
-        else {
-            return Err(Error::Internal(
-                "a latest ref key row has an unexpected shape".into(),
-            ));
-        };
-        if asked.contains(&(row_key, column)) {
-            latest.insert((row_key, column.to_string()), ref_key);
+    for (row_key, column, ref_key) in rows {
+        if asked.contains(&(row_key, column.as_str())) {
+            latest.insert((row_key, column), ref_key);
         }
     }
     Ok(latest)
@@ -562,7 +540,7 @@ pub(crate) async fn latest_cells_with<B>(
         .iter()
         .flat_map(|r| columns.iter().map(move |c| (*r, *c)))
         .collect();
-    let fetched = backend.fetch(&sql, &CELL_TYPES).await?;
+    let fetched = backend.rows::<CellRow>(&sql).await?;
     Ok(latest_cells_from(fetched, &pairs, decode))
 }
 
@@ -607,12 +585,12 @@ fn latest_cells_sql(dialect: Dialect, table: &str, rows: &[Uuid], columns: &[&st
 /// (an `IN` on rows and one on columns also match pairs that were not
 /// asked for), bodies decoded one by one.
 fn latest_cells_from<B>(
-    rows: Vec<Vec<Value>>,
+    rows: Vec<CellRow>,
     pairs: &HashSet<(Uuid, &str)>,
     decode: Decode<'_, B>,
 ) -> Vec<Result<Cell<B>>> {
     rows.into_iter()
-        .map(|row| decoded_cell(row, decode))
+        .map(|row| cell_of(row, decode))
         .filter(|c| match c {
             Ok(c) => pairs.contains(&(c.row_key, c.column.as_str())),
             Err(_) => true,
@@ -732,7 +710,7 @@ pub(crate) async fn has_cells(topology: &Topology, ds: &DatastoreRuntime) -> Res
             .push(" FROM ")
             .ident(&ddl::cells_table(ds.name()))
             .push(" LIMIT 1");
-        if !master.fetch(&sql, &[ColType::Int]).await?.is_empty() {
+        if !master.rows::<(i64,)>(&sql).await?.is_empty() {
             return Ok(true);
         }
     }

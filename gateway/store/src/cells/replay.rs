@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use uuid::Uuid;
 
 use super::write::{commit_primary, existing_bodies, Prepared};
 use super::{codec, CellKey, PutStatus};
@@ -45,7 +46,7 @@ use crate::error::{Error, Result};
 use crate::leases::{self, Lease};
 use crate::retry::with_retry;
 use crate::storage::value::truncate_to_micros;
-use crate::storage::{ddl, Backend, ColType, Sql, Value, MAX_PARAMS};
+use crate::storage::{ddl, Backend, Sql, Value, MAX_PARAMS};
 use crate::topology::{ClusterState, DatastoreRuntime, Topology, Written};
 
 /// Buffer rows read and replayed at once.
@@ -279,14 +280,10 @@ async fn count(backend: &dyn Backend, datastore: &str) -> Result<(i64, Option<Da
         .ident("created_at")
         .push(" < ")
         .bind(Value::DateTime(young_from()));
-    let rows = backend
-        .fetch(&sql, &[ColType::Int, ColType::DateTime])
+    let row = backend
+        .first_row::<(Option<i64>, Option<DateTime<Utc>>)>(&sql)
         .await?;
-    let row = rows.first();
-    Ok((
-        row.and_then(|r| r[0].as_int()).unwrap_or(0),
-        row.and_then(|r| r[1].as_datetime()),
-    ))
+    Ok(row.map_or((0, None), |(count, oldest)| (count.unwrap_or(0), oldest)))
 }
 
 /// Buffered copies from this time on are [`MIN_AGE`] young.
@@ -379,41 +376,11 @@ async fn read_page(backend: &dyn Backend, datastore: &str, after: i64) -> Result
         .push(" ORDER BY ")
         .ident("buffer_id")
         .push(&format!(" LIMIT {PAGE}"));
-    let types = [
-        ColType::Int,
-        ColType::Int,
-        ColType::Uuid,
-        ColType::Text,
-        ColType::Int,
-        ColType::Bytes,
-        ColType::DateTime,
-    ];
+    type Row = (i64, i64, Uuid, String, i64, Vec<u8>, DateTime<Utc>);
     let mut page = Vec::new();
-    for row in backend.fetch(&sql, &types).await? {
-        let mut row = row.into_iter();
-        let (
-            Some(Value::Int(buffer_id)),
-            Some(Value::Int(shard)),
-            Some(Value::Uuid(row_key)),
-            Some(Value::Text(column)),
-            Some(Value::Int(ref_key)),
-            Some(Value::Bytes(encoded)),
-            Some(Value::DateTime(created_at)),
-        ) = (
-            row.next(),
-            row.next(),
-            row.next(),
-            row.next(),
-            row.next(),
-            row.next(),
-            row.next(),
-        )
-        else {
-            return Err(Error::Internal(format!(
-                "a row of `{}` has an unexpected shape",
-                ddl::buffer_table(datastore)
-            )));
-        };
+    for (buffer_id, shard, row_key, column, ref_key, encoded, created_at) in
+        backend.rows::<Row>(&sql).await?
+    {
         page.push(Buffered {
             buffer_id,
             shard: shard as u32,
@@ -613,47 +580,47 @@ pub(crate) async fn list_conflicts(
             .push(" ORDER BY ")
             .ident("recorded_at")
             .push(&format!(" DESC LIMIT {limit}"));
-        let types = [
-            ColType::Uuid,
-            ColType::Text,
-            ColType::Int,
-            ColType::Text,
-            ColType::Bytes,
-            ColType::Text,
-            ColType::Text,
-            ColType::DateTime,
-            ColType::DateTime,
-        ];
-        for row in backend.fetch(&sql, &types).await? {
-            let text = |i: usize| row[i].as_text().unwrap_or_default().to_string();
-            let (Some(row_key), Some(ref_key), Some(buffered_at), Some(recorded_at)) = (
-                row[0].as_uuid(),
-                row[2].as_int(),
-                row[7].as_datetime(),
-                row[8].as_datetime(),
-            ) else {
-                continue;
-            };
+        type Row = (
+            Uuid,
+            Option<String>,
+            i64,
+            Option<String>,
+            Option<Vec<u8>>,
+            Option<String>,
+            Option<String>,
+            DateTime<Utc>,
+            DateTime<Utc>,
+        );
+        for (
+            row_key,
+            column,
+            ref_key,
+            body_hash,
+            body,
+            stored_hash,
+            buffered_on,
+            buffered_at,
+            recorded_at,
+        ) in backend.rows::<Row>(&sql).await?
+        {
             let key = CellKey {
                 row_key,
-                column: text(1),
+                column: column.unwrap_or_default(),
                 ref_key,
             };
-            let body = match &row[4] {
-                Value::Bytes(bytes) => {
-                    codec::decode(bytes).map_err(|reason| Error::CorruptBody {
-                        row_key,
-                        column: key.column.clone(),
-                        ref_key,
-                        reason,
-                    })?
-                }
-                _ => serde_json::Value::Null,
+            let body = match body {
+                Some(bytes) => codec::decode(&bytes).map_err(|reason| Error::CorruptBody {
+                    row_key,
+                    column: key.column.clone(),
+                    ref_key,
+                    reason,
+                })?,
+                None => serde_json::Value::Null,
             };
             all.push(Conflict {
-                body_hash: text(3),
-                stored_hash: text(5),
-                buffered_on: text(6),
+                body_hash: body_hash.unwrap_or_default(),
+                stored_hash: stored_hash.unwrap_or_default(),
+                buffered_on: buffered_on.unwrap_or_default(),
                 key,
                 body,
                 buffered_at,

@@ -30,7 +30,7 @@ use chrono::{DateTime, Utc};
 
 use super::{IdsOptions, NewTag, TagMetrics};
 use crate::error::{Error, Result};
-use crate::storage::{ddl, Backend, ColType, Sql, Value};
+use crate::storage::{ddl, Backend, Sql, Value};
 
 /// How long after a failed load the next one is tried.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_millis(200);
@@ -92,41 +92,16 @@ pub(crate) async fn list_tags(backend: &dyn Backend) -> Result<Vec<TagRow>> {
         .ident(ddl::ID_SEGMENTS_TABLE)
         .push(" ORDER BY ")
         .ident("biz_tag");
-    let types = [
-        ColType::Text,
-        ColType::Int,
-        ColType::Int,
-        ColType::Text,
-        ColType::DateTime,
-    ];
     Ok(backend
-        .fetch(&sql, &types)
+        .rows::<(String, i64, i64, String, DateTime<Utc>)>(&sql)
         .await?
         .into_iter()
-        .filter_map(|row| {
-            let mut row = row.into_iter();
-            match (
-                row.next()?,
-                row.next()?,
-                row.next()?,
-                row.next()?,
-                row.next()?,
-            ) {
-                (
-                    Value::Text(tag),
-                    Value::Int(max_id),
-                    Value::Int(step),
-                    Value::Text(description),
-                    Value::DateTime(update_time),
-                ) => Some(TagRow {
-                    tag,
-                    max_id,
-                    step,
-                    description,
-                    update_time,
-                }),
-                _ => None,
-            }
+        .map(|(tag, max_id, step, description, update_time)| TagRow {
+            tag,
+            max_id,
+            step,
+            description,
+            update_time,
         })
         .collect())
 }
@@ -177,7 +152,7 @@ pub(crate) async fn take_segment(
         .bind(Value::Text(tag.to_string()));
     let mut tx = backend.begin().await?;
     if tx.execute(&update).await? == 0 {
-        let rows = tx.fetch(&select, &[ColType::Int, ColType::Int]).await?;
+        let rows = tx.rows::<(i64, i64)>(&select).await?;
         return Err(match rows.first() {
             Some(_) => Error::BadInput(format!(
                 "biz tag `{tag}` has a stored step below 1; set its step to 1 or more"
@@ -185,11 +160,10 @@ pub(crate) async fn take_segment(
             None => Error::UnknownBizTag(tag.to_string()),
         });
     }
-    let rows = tx.fetch(&select, &[ColType::Int, ColType::Int]).await?;
+    let row = tx.first_row::<(i64, i64)>(&select).await?;
     tx.commit().await?;
-    let (max_id, stored_step) = match rows.first().map(|r| (r[0].as_int(), r[1].as_int())) {
-        Some((Some(max_id), Some(stored))) => (max_id, stored),
-        _ => return Err(Error::UnknownBizTag(tag.to_string())),
+    let Some((max_id, stored_step)) = row else {
+        return Err(Error::UnknownBizTag(tag.to_string()));
     };
     let step = step.unwrap_or(stored_step);
     Ok(max_id - step..max_id)

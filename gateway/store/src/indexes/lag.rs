@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use super::apply::Consumer;
 use crate::error::Result;
-use crate::storage::{ddl, Backend, ColType, Sql, Value, MAX_PARAMS};
+use crate::storage::{ddl, Backend, Sql, Value, MAX_PARAMS};
 use crate::topology::DatastoreRuntime;
 
 /// A consumer that has not applied a shard's log to its head.
@@ -69,26 +69,16 @@ pub(crate) async fn behind(
         .push(") - 1 > COALESCE(o.")
         .ident("added_id")
         .push(", 0)");
-    let rows = backend
-        .fetch(
-            &sql,
-            &[ColType::Int, ColType::Int, ColType::Text, ColType::Int],
-        )
-        .await?;
-    Ok(rows
+    Ok(backend
+        .rows::<(i64, i64, String, Option<i64>)>(&sql)
+        .await?
         .into_iter()
-        .filter_map(|row| {
-            let shard = row[0].as_int()? as u32;
-            let head = row[1].as_int()? - 1;
-            let consumer = consumers
-                .iter()
-                .position(|c| Some(c.name.as_str()) == row[2].as_text())?;
-            let offset = row[3].as_int().unwrap_or(0);
+        .filter_map(|(shard, next, consumer, offset)| {
             Some(Behind {
-                shard,
-                head,
-                consumer,
-                offset,
+                shard: shard as u32,
+                head: next - 1,
+                consumer: consumers.iter().position(|c| c.name == consumer)?,
+                offset: offset.unwrap_or(0),
             })
         })
         .collect())
@@ -111,8 +101,7 @@ pub(crate) async fn oldest(
             .ident(&ddl::cells_table(ds.name()))
             .push(" WHERE ");
         crate::cells::positions_condition(&mut sql, chunk, " = ");
-        let rows = backend.fetch(&sql, &[ColType::DateTime]).await?;
-        if let Some(found) = rows.first().and_then(|r| r[0].as_datetime()) {
+        if let Some((Some(found),)) = backend.first_row::<(Option<DateTime<Utc>>,)>(&sql).await? {
             oldest = Some(oldest.map_or(found, |o| o.min(found)));
         }
     }
@@ -153,8 +142,10 @@ pub(crate) async fn log_cells(backend: &dyn Backend, ds: &DatastoreRuntime) -> R
         .ident("next_added_id")
         .push(&format!(") - 1), 0) AS {integer}) FROM "))
         .ident(&ddl::shards_table(ds.name()));
-    let rows = backend.fetch(&sql, &[ColType::Int]).await?;
-    Ok(rows.first().and_then(|r| r[0].as_int()).unwrap_or(0))
+    Ok(backend
+        .first_row::<(i64,)>(&sql)
+        .await?
+        .map_or(0, |(sum,)| sum))
 }
 
 /// Measures the lag of `ds` on one cluster: which shards are behind, by

@@ -14,16 +14,18 @@ pub(crate) mod apply;
 pub mod cursor;
 pub mod entry;
 pub mod filters;
+mod hook;
 pub(crate) mod lag;
 pub(crate) mod maintainer;
 pub mod plan;
 pub(crate) mod quarantine;
 pub(crate) mod query;
+mod status;
 pub(crate) mod verify;
 
-pub use maintainer::{MaintainerOptions, MaintenanceMetrics};
 #[doc(hidden)]
-pub use maintainer::{PassHook, PassPoint, PassStage};
+pub use hook::{PassHook, PassPoint, PassStage};
+pub use maintainer::{MaintainerOptions, MaintenanceMetrics};
 pub use plan::{IndexQuery, OrderBy, QueryPlan};
 pub use quarantine::QuarantinedEntry;
 pub use query::{IndexEntry, IndexPage};
@@ -32,10 +34,5 @@ pub use verify::{
     VerifyStatus, VerifyTotals,
 };
 
-/// How far one shard's indexes are behind its log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardLag {
-    pub shard: u32,
-    /// Cells written but not yet applied to every index.
-    pub pending_cells: i64,
-}
+pub use crate::cells::ShardLag;
+pub use status::IndexStatus;

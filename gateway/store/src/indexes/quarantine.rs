@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use super::apply::{consumers, Pass, Touched};
 use crate::error::Result;
-use crate::storage::{ddl, ColType, Sql, Value};
+use crate::storage::{ddl, Sql};
 use crate::topology::{DatastoreRuntime, Topology};
 
 /// One quarantined index entry.
@@ -59,48 +59,29 @@ pub(crate) async fn list(
             ])
             .push(" FROM ")
             .ident(&ddl::quarantine_table(ds.name()));
-        let types = [
-            ColType::Text,
-            ColType::Uuid,
-            ColType::Int,
-            ColType::Int,
-            ColType::Text,
-            ColType::Text,
-            ColType::DateTime,
-            ColType::DateTime,
-        ];
-        for row in backend.fetch(&sql, &types).await? {
-            let mut row = row.into_iter();
-            if let (
-                Some(Value::Text(index)),
-                Some(Value::Uuid(row_key)),
-                Some(Value::Int(shard)),
-                Some(Value::Int(added_id)),
-                Some(Value::Text(code)),
-                Some(Value::Text(message)),
-                Some(Value::DateTime(first_seen)),
-                Some(Value::DateTime(last_seen)),
-            ) = (
-                row.next(),
-                row.next(),
-                row.next(),
-                row.next(),
-                row.next(),
-                row.next(),
-                row.next(),
-                row.next(),
-            ) {
-                entries.push(QuarantinedEntry {
-                    index,
-                    row_key,
-                    shard: shard as u32,
-                    added_id,
-                    code,
-                    message,
-                    first_seen,
-                    last_seen,
-                });
-            }
+        type Row = (
+            String,
+            Uuid,
+            i64,
+            i64,
+            String,
+            String,
+            DateTime<Utc>,
+            DateTime<Utc>,
+        );
+        for (index, row_key, shard, added_id, code, message, first_seen, last_seen) in
+            backend.rows::<Row>(&sql).await?
+        {
+            entries.push(QuarantinedEntry {
+                index,
+                row_key,
+                shard: shard as u32,
+                added_id,
+                code,
+                message,
+                first_seen,
+                last_seen,
+            });
         }
     }
     entries.sort_by(|a, b| (&a.index, a.row_key).cmp(&(&b.index, b.row_key)));
@@ -164,7 +145,5 @@ pub(crate) async fn count(
     let mut sql = Sql::new(backend.dialect());
     sql.push("SELECT COUNT(*) FROM ")
         .ident(&ddl::quarantine_table(ds.name()));
-    Ok(backend.fetch(&sql, &[ColType::Int]).await?[0][0]
-        .as_int()
-        .unwrap_or(0))
+    Ok(backend.first_row::<(i64,)>(&sql).await?.map_or(0, |(n,)| n))
 }

@@ -20,8 +20,8 @@ use super::entry::col_type;
 use super::plan::{IndexQuery, QueryPlan};
 use crate::cells::Cell;
 use crate::cells::{
-    codec, decoded_cell, get_named_cells_json, with_latest_cells, with_latest_ref_keys, CellKey,
-    CELL_TYPES,
+    codec, decoded_cell, get_named_cells_json, with_latest_cells, with_latest_ref_keys, CellCache,
+    CellKey, CELL_TYPES,
 };
 use crate::error::Result;
 use crate::replicas::{read_on, ReadOptions};
@@ -338,6 +338,7 @@ pub(crate) async fn run_plan(
 /// it off, one statement reads the bodies too ([`with_latest_cells`]).
 pub(crate) async fn run_plan_with_cells(
     topology: &Topology,
+    cache: &CellCache,
     plan: &QueryPlan,
     columns: &[&str],
     read: &ReadOptions,
@@ -356,7 +357,6 @@ pub(crate) async fn run_plan_with_cells(
         .values()
         .flat_map(|values| values.iter().cloned())
         .collect();
-    let cache = &topology.cell_cache;
     let mut types = plan.types();
     let width = types.len();
     if cache.enabled() {
@@ -423,7 +423,7 @@ pub(crate) async fn run_plan_with_cells(
         }
     }
     if !missing.is_empty() {
-        let read_now = get_named_cells_json(topology, ds.name(), &missing, &read).await?;
+        let read_now = get_named_cells_json(topology, cache, ds.name(), &missing, &read).await?;
         cells.extend(read_now.into_iter().flatten());
     }
     let entries = rows.into_iter().map(|(row, _)| row).collect();

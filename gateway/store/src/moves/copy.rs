@@ -17,15 +17,7 @@ use crate::topology::DatastoreRuntime;
 /// Bytes of bodies per `INSERT` of copied cells.
 const INSERT_BYTES: usize = 4 * 1024 * 1024;
 
-const CELL_COLUMNS: [&str; 7] = [
-    "shard",
-    "added_id",
-    "row_key",
-    "column_name",
-    "ref_key",
-    "body",
-    "created_at",
-];
+use crate::storage::ddl::CELL_COLUMNS;
 
 fn ints(shards: impl IntoIterator<Item = u32>) -> Vec<Value> {
     shards
@@ -58,10 +50,10 @@ pub(crate) async fn counters(
         .push(" WHERE ");
     between(&mut sql, "shard", first, last);
     Ok(backend
-        .fetch(&sql, &[ColType::Int, ColType::Int])
+        .rows::<(i64, i64)>(&sql)
         .await?
-        .iter()
-        .filter_map(|r| Some((r[0].as_int()? as u32, r[1].as_int()?)))
+        .into_iter()
+        .map(|(shard, added_id)| (shard as u32, added_id))
         .collect())
 }
 
@@ -83,10 +75,10 @@ pub(crate) async fn copied_heads(
     between(&mut sql, "shard", first, last);
     sql.push(" GROUP BY ").ident("shard");
     Ok(backend
-        .fetch(&sql, &[ColType::Int, ColType::Int])
+        .rows::<(i64, i64)>(&sql)
         .await?
-        .iter()
-        .filter_map(|r| Some((r[0].as_int()? as u32, r[1].as_int()?)))
+        .into_iter()
+        .map(|(shard, added_id)| (shard as u32, added_id))
         .collect())
 }
 
@@ -167,7 +159,7 @@ pub(crate) async fn copy_cells_upto(
         let pieces = next_pieces(&todo, group, chunk);
         let sql = select_pieces(source.dialect(), &table, &pieces, false);
         let started = std::time::Instant::now();
-        let rows = source.fetch(&sql, &CELL_TYPES).await?;
+        let rows = source.fetch(&sql, CELL_TYPES).await?;
         insert_cells(target, &table, &rows).await?;
         copied += rows.len() as u64;
         progress(rows.len() as u64);
@@ -548,7 +540,7 @@ pub(crate) async fn checksums(
         let pieces = next_pieces(&todo, group, chunk);
         let sql = select_pieces(backend.dialect(), &table, &pieces, true);
         let started = std::time::Instant::now();
-        let rows = backend.fetch(&sql, &CELL_TYPES).await?;
+        let rows = backend.fetch(&sql, CELL_TYPES).await?;
         for row in &rows {
             let (Some(shard), Some(added)) = (row[0].as_int(), row[1].as_int()) else {
                 continue;

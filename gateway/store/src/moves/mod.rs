@@ -35,27 +35,30 @@
 //!    the fence on both clusters.
 //! 7. **cleanup** — the range's rows are deleted from `S`, then the
 //!    datastore's indexes are verified and repaired. Until here the
-//!    move can be undone: before the switch with [`Store::abort_move`], after
+//!    move can be undone: before the switch with [`Store::abort_move`](crate::Store::abort_move), after
 //!    it by moving the range back (with `keep_source`, the move stops
 //!    before cleanup, and the move back copies only what was written since).
 
 pub(crate) mod copy;
 pub(crate) mod follow;
+mod plan;
 pub(crate) mod stored;
+
+use self::plan::plan;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
-pub use stored::{MoveRecord, Phase};
+pub use crate::topology::{MoveRecord, Phase};
 
 use crate::catalog;
 use crate::error::{Error, Result};
 use crate::shards::{format_ranges, ShardMap};
 use crate::storage::Backend;
 use crate::topology::{Cluster, DatastoreRuntime, Topology};
-use crate::Store;
+use crate::StorageConfig;
 use stored::Stored;
 
 /// What to move, and how.
@@ -69,7 +72,7 @@ pub struct MoveOptions {
     /// Only report the plan.
     pub dry_run: bool,
     /// Stop before cleanup, keeping the source's copy (the move can then be
-    /// undone by moving the range back; [`Store::move_shards`] with the same
+    /// undone by moving the range back; [`Store::move_shards`](crate::Store::move_shards) with the same
     /// range and target finishes it).
     pub keep_source: bool,
     /// Cells per copy statement.
@@ -162,7 +165,7 @@ const CAUGHT_UP: u64 = 2000;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 struct Mover<'a> {
-    store: &'a Store,
+    storage: &'a StorageConfig,
     topology: &'a Arc<Topology>,
     ds: Arc<DatastoreRuntime>,
     options: &'a MoveOptions,
@@ -178,143 +181,140 @@ struct Mover<'a> {
     copied_before: u64,
 }
 
-impl Store {
-    /// Moves a shard range to another cluster (see the module doc), or
-    /// resumes the move recorded for it; `progress` follows each phase.
-    pub async fn move_shards(
-        &self,
-        options: &MoveOptions,
-        progress: &mut (dyn FnMut(&MoveProgress) + Send),
-    ) -> Result<MoveReport> {
-        let started = Instant::now();
-        let topology = self.topology_arc();
-        let ds = topology.datastore(&options.datastore)?;
-        let meta = topology.clusters[0].master()?.clone();
-        let row = stored::read(meta.as_ref(), ds.name())
-            .await?
-            .ok_or_else(|| {
-                Error::Move(format!(
-                    "datastore `{}` has no stored topology yet; start a gateway on it first",
-                    ds.name()
-                ))
-            })?;
-        // Serve the newest version here too, so the plan reads the map the
-        // gateways serve.
-        follow::serve(&topology, None, std::slice::from_ref(&row)).await?;
-        let plan = plan(&topology, &ds, &row, options).await?;
-        let (source, target) = (
-            cluster_index(&topology, &plan.source)?,
-            cluster_index(&topology, &plan.target)?,
-        );
-        let mut mover = Mover {
-            store: self,
-            topology: &topology,
-            ds,
-            options,
-            meta,
-            source,
-            target,
-            row,
-            report: MoveReport {
-                plan: plan.clone(),
-                cells_copied: 0,
-                entries_copied: 0,
-                write_pause: None,
-                phases: Vec::new(),
-                verified_shards: 0,
-                index_drift: 0,
-                elapsed: Duration::ZERO,
-            },
-            fenced_at: None,
-            copied: None,
-            copied_before: 0,
-        };
-        if plan.resumes_at.is_some() {
-            mover.copied_before = mover.row.moving.as_ref().map_or(0, |m| m.copied);
-        }
-        if options.dry_run {
-            return Ok(mover.report);
-        }
-        if !plan.new_target && !options.verify_indexes {
-            return Err(Error::Move(format!(
-                "`{}` holds shards of `{}` already: its index entries of the moved range are completed by an index repair, which cannot be skipped",
-                plan.target, plan.datastore
-            )));
-        }
-        mover.run(progress).await?;
-        mover.report.elapsed = started.elapsed();
-        Ok(mover.report)
+/// Moves a shard range to another cluster (see the module doc), or
+/// resumes the move recorded for it; `progress` follows each phase.
+pub(crate) async fn move_shards(
+    topology: &Arc<Topology>,
+    storage: &StorageConfig,
+    options: &MoveOptions,
+    progress: &mut (dyn FnMut(&MoveProgress) + Send),
+) -> Result<MoveReport> {
+    let started = Instant::now();
+    let ds = topology.datastore(&options.datastore)?;
+    let meta = topology.clusters[0].master()?.clone();
+    let row = stored::read(meta.as_ref(), ds.name())
+        .await?
+        .ok_or_else(|| {
+            Error::Move(format!(
+                "datastore `{}` has no stored topology yet; start a gateway on it first",
+                ds.name()
+            ))
+        })?;
+    // Serve the newest version here too, so the plan reads the map the
+    // gateways serve.
+    follow::serve(topology, None, std::slice::from_ref(&row)).await?;
+    let plan = plan(topology, &ds, &row, options).await?;
+    let (source, target) = (
+        cluster_index(topology, &plan.source)?,
+        cluster_index(topology, &plan.target)?,
+    );
+    let mut mover = Mover {
+        storage,
+        topology,
+        ds,
+        options,
+        meta,
+        source,
+        target,
+        row,
+        report: MoveReport {
+            plan: plan.clone(),
+            cells_copied: 0,
+            entries_copied: 0,
+            write_pause: None,
+            phases: Vec::new(),
+            verified_shards: 0,
+            index_drift: 0,
+            elapsed: Duration::ZERO,
+        },
+        fenced_at: None,
+        copied: None,
+        copied_before: 0,
+    };
+    if plan.resumes_at.is_some() {
+        mover.copied_before = mover.row.moving.as_ref().map_or(0, |m| m.copied);
     }
-
-    /// Undoes a move that has not switched yet: the source's counters are
-    /// opened again and the target's copy is deleted.
-    pub async fn abort_move(&self, datastore: &str) -> Result<MoveRecord> {
-        let topology = self.topology_arc();
-        let ds = topology.datastore(datastore)?;
-        let meta = topology.clusters[0].master()?.clone();
-        let row = stored::read(meta.as_ref(), ds.name())
-            .await?
-            .ok_or_else(|| {
-                Error::Move(format!("datastore `{datastore}` has no move in progress"))
-            })?;
-        let Some(record) = row.moving.clone() else {
-            return Err(Error::Move(format!(
-                "datastore `{datastore}` has no move in progress"
-            )));
-        };
-        let names: Vec<String> = topology.clusters.iter().map(|c| c.name.clone()).collect();
-        let routed = stored::parse_map(&row.ranges, ds.def.shards, &names)?;
-        let switched = routed.cluster_of(record.first) != cluster_index(&topology, &record.source)?;
-        if record.phase > Phase::Switch || switched {
-            return Err(Error::Move(format!(
-                "the move of shards {}-{} of `{datastore}` has switched to `{}` already; move them back with `cellgate shard move --datastore {datastore} --shards {}-{} --to {}`",
-                record.first, record.last, record.target, record.first, record.last, record.source
-            )));
-        }
-        let source = cluster_index(&topology, &record.source)?;
-        let target = cluster_index(&topology, &record.target)?;
-        let range = (record.first, record.last);
-        let source_backend = topology.clusters[source].master()?.clone();
-        let target_backend = topology.clusters[target].master()?.clone();
-        copy::flip_counters(source_backend.as_ref(), ds.name(), range, false).await?;
-        let map = ds.map();
-        write_ranges(&topology.clusters[source], &ds, &map).await?;
-        copy::delete_range(target_backend.as_ref(), &ds, range, 1.0, &mut |_| {}).await?;
-        write_ranges(&topology.clusters[target], &ds, &map).await?;
-        let mut next = row.clone();
-        next.version += 1;
-        next.cutover = false;
-        next.moving = None;
-        if !stored::replace(meta.as_ref(), row.version, &next).await? {
-            return Err(changed_meanwhile(datastore));
-        }
-        Ok(record)
+    if options.dry_run {
+        return Ok(mover.report);
     }
+    if !plan.new_target && !options.verify_indexes {
+        return Err(Error::Move(format!(
+            "`{}` holds shards of `{}` already: its index entries of the moved range are completed by an index repair, which cannot be skipped",
+            plan.target, plan.datastore
+        )));
+    }
+    mover.run(progress).await?;
+    mover.report.elapsed = started.elapsed();
+    Ok(mover.report)
+}
 
-    /// The stored topology of `datastore` and its move in progress.
-    pub async fn topology_status(&self, datastore: &str) -> Result<TopologyStatus> {
-        let topology = self.topology_arc();
-        let ds = topology.datastore(datastore)?;
-        let meta = topology.clusters[0].master()?.clone();
-        let row = stored::read(meta.as_ref(), ds.name()).await?;
-        let names: Vec<String> = topology.clusters.iter().map(|c| c.name.clone()).collect();
-        match row {
-            Some(row) => {
-                let map = stored::parse_map(&row.ranges, ds.def.shards, &names)?;
-                Ok(TopologyStatus {
-                    datastore: datastore.to_string(),
-                    version: row.version,
-                    ranges: ranges_named(&map, &names),
-                    moving: row.moving,
-                })
-            }
-            None => Ok(TopologyStatus {
+/// Undoes a move that has not switched yet: the source's counters are
+/// opened again and the target's copy is deleted.
+pub(crate) async fn abort_move(topology: &Topology, datastore: &str) -> Result<MoveRecord> {
+    let ds = topology.datastore(datastore)?;
+    let meta = topology.clusters[0].master()?.clone();
+    let row = stored::read(meta.as_ref(), ds.name())
+        .await?
+        .ok_or_else(|| Error::Move(format!("datastore `{datastore}` has no move in progress")))?;
+    let Some(record) = row.moving.clone() else {
+        return Err(Error::Move(format!(
+            "datastore `{datastore}` has no move in progress"
+        )));
+    };
+    let names: Vec<String> = topology.clusters.iter().map(|c| c.name.clone()).collect();
+    let routed = stored::parse_map(&row.ranges, ds.def.shards, &names)?;
+    let switched = routed.cluster_of(record.first) != cluster_index(topology, &record.source)?;
+    if record.phase > Phase::Switch || switched {
+        return Err(Error::Move(format!(
+            "the move of shards {}-{} of `{datastore}` has switched to `{}` already; move them back with `cellgate shard move --datastore {datastore} --shards {}-{} --to {}`",
+            record.first, record.last, record.target, record.first, record.last, record.source
+        )));
+    }
+    let source = cluster_index(topology, &record.source)?;
+    let target = cluster_index(topology, &record.target)?;
+    let range = (record.first, record.last);
+    let source_backend = topology.clusters[source].master()?.clone();
+    let target_backend = topology.clusters[target].master()?.clone();
+    copy::flip_counters(source_backend.as_ref(), ds.name(), range, false).await?;
+    let map = ds.map();
+    write_ranges(&topology.clusters[source], &ds, &map).await?;
+    copy::delete_range(target_backend.as_ref(), &ds, range, 1.0, &mut |_| {}).await?;
+    write_ranges(&topology.clusters[target], &ds, &map).await?;
+    let mut next = row.clone();
+    next.version += 1;
+    next.cutover = false;
+    next.moving = None;
+    if !stored::replace(meta.as_ref(), row.version, &next).await? {
+        return Err(changed_meanwhile(datastore));
+    }
+    Ok(record)
+}
+
+/// The stored topology of `datastore` and its move in progress.
+pub(crate) async fn topology_status(
+    topology: &Topology,
+    datastore: &str,
+) -> Result<TopologyStatus> {
+    let ds = topology.datastore(datastore)?;
+    let meta = topology.clusters[0].master()?.clone();
+    let row = stored::read(meta.as_ref(), ds.name()).await?;
+    let names: Vec<String> = topology.clusters.iter().map(|c| c.name.clone()).collect();
+    match row {
+        Some(row) => {
+            let map = stored::parse_map(&row.ranges, ds.def.shards, &names)?;
+            Ok(TopologyStatus {
                 datastore: datastore.to_string(),
-                version: 0,
-                ranges: ranges_named(&ds.map(), &names),
-                moving: None,
-            }),
+                version: row.version,
+                ranges: ranges_named(&map, &names),
+                moving: row.moving,
+            })
         }
+        None => Ok(TopologyStatus {
+            datastore: datastore.to_string(),
+            version: 0,
+            ranges: ranges_named(&ds.map(), &names),
+            moving: None,
+        }),
     }
 }
 
@@ -350,103 +350,6 @@ fn changed_meanwhile(datastore: &str) -> Error {
     Error::Move(format!(
         "the stored topology of `{datastore}` changed while the move ran (is another `cellgate shard move` running?); run the move again to resume it"
     ))
-}
-
-/// Checks the options against the stored topology and finds the source.
-async fn plan(
-    topology: &Topology,
-    ds: &DatastoreRuntime,
-    row: &Stored,
-    options: &MoveOptions,
-) -> Result<MovePlan> {
-    let (first, last) = options.shards;
-    if first > last || last >= ds.def.shards {
-        return Err(Error::Move(format!(
-            "shard range {first}-{last} is not within 0-{} of `{}`",
-            ds.def.shards - 1,
-            ds.name()
-        )));
-    }
-    cluster_index(topology, &options.target)?;
-    let resumes_at = match &row.moving {
-        Some(m) if (m.first, m.last) == options.shards && m.target == options.target => {
-            if m.phase == Phase::Done && m.keep_source && !options.keep_source {
-                Some(Phase::Cleanup)
-            } else {
-                Some(m.phase)
-            }
-        }
-        // Moving a kept range back: the kept move ends without cleanup.
-        Some(m)
-            if m.phase == Phase::Done
-                && (m.first, m.last) == options.shards
-                && m.source == options.target =>
-        {
-            None
-        }
-        Some(m) => {
-            return Err(Error::Move(format!(
-                "a move of shards {}-{} of `{}` from `{}` to `{}` is recorded at phase `{}`; resume it (same shards and target){} before another",
-                m.first,
-                m.last,
-                ds.name(),
-                m.source,
-                m.target,
-                m.phase.name(),
-                if m.phase <= Phase::Fence { " or abort it with `--abort`" } else { "" }
-            )))
-        }
-        None => None,
-    };
-    let (source, new_target) = match (&row.moving, resumes_at) {
-        (Some(m), Some(_)) => (m.source.clone(), false),
-        _ => {
-            let map = ds.map();
-            let owner = map.cluster_of(first);
-            if (first..=last).any(|s| map.cluster_of(s) != owner) {
-                return Err(Error::Move(format!(
-                    "shards {first}-{last} of `{}` live on more than one cluster now; move one cluster's range at a time (`cellgate shard status`)",
-                    ds.name()
-                )));
-            }
-            let source = topology.clusters[owner].name.clone();
-            if source == options.target {
-                return Err(Error::Move(format!(
-                    "shards {first}-{last} of `{}` are on `{source}` already",
-                    ds.name()
-                )));
-            }
-            let target = cluster_index(topology, &options.target)?;
-            (source, !map.clusters().contains(&target))
-        }
-    };
-    let source_backend = topology.clusters[cluster_index(topology, &source)?].master()?;
-    let cells = copy::counters(source_backend.as_ref(), ds.name(), first, last)
-        .await?
-        .values()
-        .map(|n| (n.abs() - 1).max(0) as u64)
-        .sum();
-    let new_target = match (&row.moving, resumes_at) {
-        (Some(_), Some(_)) => {
-            let target = cluster_index(topology, &options.target)?;
-            let work = ds.work_map();
-            // While the range is still worked on the source, the target's
-            // other shards say whether it was new.
-            !(0..ds.def.shards)
-                .filter(|s| !(first..=last).contains(s))
-                .any(|s| work.cluster_of(s) == target)
-        }
-        _ => new_target,
-    };
-    Ok(MovePlan {
-        datastore: ds.name().to_string(),
-        shards: options.shards,
-        source,
-        target: options.target.clone(),
-        cells,
-        new_target,
-        resumes_at,
-    })
 }
 
 /// Records `phase` as the move's, in a row about to be published.
@@ -922,17 +825,22 @@ impl Mover<'_> {
             restart: true,
             ..Default::default()
         };
-        let report = self
-            .store
-            .verify_indexes(self.ds.name(), &options, &mut |_| {}, &mut |_| {})
-            .await
-            .map_err(|err| match err {
-                Error::VerifyRunning { .. } => Error::Move(format!(
-                    "{err}; the move stays at phase `{}`: run it again once that verify has ended",
-                    self.row.moving.as_ref().map_or("?", |m| m.phase.name())
-                )),
-                err => err,
-            })?;
+        let report = crate::indexes::verify::run(
+            self.topology,
+            self.storage,
+            self.ds.clone(),
+            &options,
+            &mut |_| {},
+            &mut |_| {},
+        )
+        .await
+        .map_err(|err| match err {
+            Error::VerifyRunning { .. } => Error::Move(format!(
+                "{err}; the move stays at phase `{}`: run it again once that verify has ended",
+                self.row.moving.as_ref().map_or("?", |m| m.phase.name())
+            )),
+            err => err,
+        })?;
         self.report.index_drift += report.progress.drift();
         Ok(())
     }
@@ -976,7 +884,7 @@ async fn trigger_backlog(
     datastore: &str,
     (first, last): (u32, u32),
 ) -> Result<i64> {
-    use crate::storage::{ddl, ColType, Sql, Value};
+    use crate::storage::{ddl, Sql, Value};
     let mut sql = Sql::new(backend.dialect());
     sql.push("SELECT ABS(s.")
         .ident("next_added_id")
@@ -1001,9 +909,9 @@ async fn trigger_backlog(
         .push(" LIKE ")
         .bind(Value::Text("trig:%".into()));
     Ok(backend
-        .fetch(&sql, &[ColType::Int, ColType::Int])
+        .rows::<(i64, i64)>(&sql)
         .await?
-        .iter()
-        .filter_map(|r| Some((r[0].as_int()? - r[1].as_int()?).max(0)))
+        .into_iter()
+        .map(|(head, offset)| (head - offset).max(0))
         .sum())
 }

@@ -20,87 +20,12 @@
 //! move waits for every such row that has not expired to show its new
 //! version before the next step of the cut-over.
 
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use chrono::Utc;
 
 use crate::error::{Error, Result};
 use crate::shards::ShardMap;
-use crate::storage::{ddl, Backend, ColType, Sql, Value};
-
-/// The phases of a shard move, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Copying the range's cells to the target, in chunks.
-    Copy,
-    /// Copying what was written meanwhile, then the index entries; the
-    /// gateways are told a cut-over is near.
-    CatchUp,
-    /// Writes to the range wait: the source's counters are fenced, the
-    /// last cells copied.
-    Fence,
-    /// Requests route the range to the target; writes still wait until
-    /// every gateway serves the new map.
-    Switch,
-    /// Writes go to the target; the source's workers apply its last cells.
-    Drain,
-    /// The target's workers follow the range; the source's copy is checked.
-    Verify,
-    /// The source's copy is deleted (from here on the move cannot be
-    /// undone).
-    Cleanup,
-    /// Finished, or kept before cleanup with `--keep-source`.
-    Done,
-}
-
-impl Phase {
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Copy => "copy",
-            Phase::CatchUp => "catch_up",
-            Phase::Fence => "fence",
-            Phase::Switch => "switch",
-            Phase::Drain => "drain",
-            Phase::Verify => "verify",
-            Phase::Cleanup => "cleanup",
-            Phase::Done => "done",
-        }
-    }
-
-    pub const ALL: [Phase; 8] = [
-        Phase::Copy,
-        Phase::CatchUp,
-        Phase::Fence,
-        Phase::Switch,
-        Phase::Drain,
-        Phase::Verify,
-        Phase::Cleanup,
-        Phase::Done,
-    ];
-}
-
-/// A shard move as the stored topology records it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MoveRecord {
-    pub first: u32,
-    pub last: u32,
-    pub source: String,
-    pub target: String,
-    pub phase: Phase,
-    pub started_at: DateTime<Utc>,
-    /// The source's source copy is kept when the move is done (`--keep-source`).
-    #[serde(default)]
-    pub keep_source: bool,
-    /// Cells copied to the target so far (for progress).
-    #[serde(default)]
-    pub copied: u64,
-}
-
-impl MoveRecord {
-    pub fn contains(&self, shard: u32) -> bool {
-        (self.first..=self.last).contains(&shard)
-    }
-}
+use crate::storage::{ddl, Backend, Sql, Value};
+use crate::topology::MoveRecord;
 
 /// One datastore's stored topology row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,17 +100,20 @@ const COLUMNS: [&str; 6] = [
     "moving",
 ];
 
-fn from_row(row: &[Value]) -> Option<Stored> {
-    let text = |i: usize| row[i].as_text().map(str::to_string);
-    let moving = text(5).filter(|m| !m.is_empty());
-    Some(Stored {
-        datastore: text(0)?,
-        version: row[1].as_int()?,
-        ranges: text(2)?,
-        work: text(3)?,
-        cutover: row[4].as_int()? != 0,
-        moving: moving.and_then(|m| serde_json::from_str(&m).ok()),
-    })
+/// A row of [`COLUMNS`].
+type Row = (String, i64, String, String, i64, Option<String>);
+
+fn from_row((datastore, version, ranges, work, cutover, moving): Row) -> Stored {
+    Stored {
+        datastore,
+        version,
+        ranges,
+        work,
+        cutover: cutover != 0,
+        moving: moving
+            .filter(|m| !m.is_empty())
+            .and_then(|m| serde_json::from_str(&m).ok()),
+    }
 }
 
 /// Every datastore's row, in one statement.
@@ -195,20 +123,12 @@ pub(crate) async fn read_all(backend: &dyn Backend) -> Result<Vec<Stored>> {
         .idents(COLUMNS)
         .push(" FROM ")
         .ident(ddl::TOPOLOGY_TABLE);
-    let rows = backend
-        .fetch(
-            &sql,
-            &[
-                ColType::Text,
-                ColType::Int,
-                ColType::Text,
-                ColType::Text,
-                ColType::Int,
-                ColType::Text,
-            ],
-        )
-        .await?;
-    Ok(rows.iter().filter_map(|r| from_row(r)).collect())
+    Ok(backend
+        .rows::<Row>(&sql)
+        .await?
+        .into_iter()
+        .map(from_row)
+        .collect())
 }
 
 /// A datastore's stored topology as a gateway serves it.

@@ -82,6 +82,29 @@ fn prefix(datastore: &str) -> String {
     datastore.to_ascii_lowercase()
 }
 
+/// The columns of a datastore's cell table, in the order every cell query
+/// selects them and every insert writes them.
+pub const CELL_COLUMNS: [&str; 7] = [
+    "shard",
+    "added_id",
+    "row_key",
+    "column_name",
+    "ref_key",
+    "body",
+    "created_at",
+];
+
+/// The SQL types of [`CELL_COLUMNS`].
+const CELL_COLUMN_TYPES: [Col; 7] = [
+    Col::BigInt,
+    Col::BigInt,
+    Col::Uuid,
+    Col::Name,
+    Col::BigInt,
+    Col::Blob,
+    Col::DateTime,
+];
+
 pub fn cells_table(datastore: &str) -> String {
     format!("{}_cells", prefix(datastore))
 }
@@ -387,14 +410,11 @@ pub fn cluster_ddl(dialect: Dialect) -> Vec<String> {
 /// conflicts and quarantine.
 pub fn datastore_ddl(dialect: Dialect, datastore: &str) -> Vec<String> {
     let cells = cells_table(datastore);
-    let mut out = TableDef::new(dialect, &cells)
-        .col("shard", Col::BigInt, true)
-        .col("added_id", Col::BigInt, true)
-        .col("row_key", Col::Uuid, true)
-        .col("column_name", Col::Name, true)
-        .col("ref_key", Col::BigInt, true)
-        .col("body", Col::Blob, true)
-        .col("created_at", Col::DateTime, true)
+    let mut table = TableDef::new(dialect, &cells);
+    for (name, col) in CELL_COLUMNS.into_iter().zip(CELL_COLUMN_TYPES) {
+        table = table.col(name, col, true);
+    }
+    let mut out = table
         .primary_key(&["shard", "added_id"])
         .unique("key", &["row_key", "column_name", "ref_key"])
         .index(

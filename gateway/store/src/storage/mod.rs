@@ -29,6 +29,7 @@ pub mod ddl;
 mod mysql;
 mod pool;
 mod postgres;
+mod row;
 pub mod sql;
 mod sqlite;
 pub mod value;
@@ -39,6 +40,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub use row::{FromRow, FromValue};
 pub use sql::{Dialect, Sql, MAX_PARAMS};
 pub use value::{ColType, Value};
 

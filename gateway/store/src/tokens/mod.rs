@@ -27,7 +27,7 @@ use sha2::{Digest as _, Sha256};
 
 mod scopes;
 
-use crate::storage::{ddl, Backend, ColType, Sql, Value};
+use crate::storage::{ddl, Backend, Sql, Value};
 use crate::{Error, Result};
 pub use scopes::{Access, Scope, Scopes};
 
@@ -125,41 +125,21 @@ pub async fn insert(
 }
 
 const COLUMNS: [&str; 5] = ["id", "name", "scopes", "created_at", "revoked_at"];
-const TYPES: [ColType; 5] = [
-    ColType::Text,
-    ColType::Text,
-    ColType::Text,
-    ColType::DateTime,
-    ColType::DateTime,
-];
 
-fn decode(row: Vec<Value>) -> Result<TokenRow> {
-    let mut row = row.into_iter();
-    match (row.next(), row.next(), row.next(), row.next(), row.next()) {
-        (
-            Some(Value::Text(id)),
-            Some(Value::Text(name)),
-            Some(Value::Text(scopes)),
-            Some(Value::DateTime(created_at)),
-            Some(revoked),
-        ) => {
-            let texts: Vec<&str> = scopes.split_whitespace().collect();
-            let scopes = Scopes::parse(&texts)
-                .map_err(|e| Error::Internal(format!("token {id} has invalid scopes: {e}")))?;
-            let revoked_at = match revoked {
-                Value::DateTime(at) => Some(at),
-                _ => None,
-            };
-            Ok(TokenRow {
-                id,
-                name,
-                scopes,
-                created_at,
-                revoked_at,
-            })
-        }
-        _ => Err(Error::Internal("unexpected token row".to_string())),
-    }
+/// A row of [`COLUMNS`].
+type Row = (String, String, String, DateTime<Utc>, Option<DateTime<Utc>>);
+
+fn decode((id, name, scopes, created_at, revoked_at): Row) -> Result<TokenRow> {
+    let texts: Vec<&str> = scopes.split_whitespace().collect();
+    let scopes = Scopes::parse(&texts)
+        .map_err(|e| Error::Internal(format!("token {id} has invalid scopes: {e}")))?;
+    Ok(TokenRow {
+        id,
+        name,
+        scopes,
+        created_at,
+        revoked_at,
+    })
 }
 
 /// Every stored token, revoked ones included, oldest first.
@@ -174,7 +154,7 @@ pub async fn list(backend: &dyn Backend) -> Result<Vec<TokenRow>> {
         .push(", ")
         .ident("id");
     backend
-        .fetch(&sql, &TYPES)
+        .rows::<Row>(&sql)
         .await?
         .into_iter()
         .map(decode)
@@ -195,10 +175,11 @@ pub async fn find(backend: &dyn Backend, hash: &str) -> Result<Option<TokenRow>>
         .push(" AND ")
         .ident("revoked_at")
         .push(" IS NULL");
-    match backend.fetch(&sql, &TYPES).await?.into_iter().next() {
-        Some(row) => decode(row).map(Some),
-        None => Ok(None),
-    }
+    backend
+        .first_row::<Row>(&sql)
+        .await?
+        .map(decode)
+        .transpose()
 }
 
 /// Revokes the token `id`; false if there is no such unrevoked token.

@@ -139,9 +139,7 @@ impl ConsumerOptions {
 }
 
 /// The offsets name of the consumer `name`.
-pub(crate) fn offsets_key(name: &str) -> String {
-    format!("trig:{name}")
-}
+pub(crate) use crate::topology::trigger_consumer as offsets_key;
 
 /// A consumer's figures, for monitoring.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,7 +174,7 @@ pub struct ConsumerLag {
     /// every column: the log does not say which ones it follows).
     pub pending_cells: i64,
     /// The shards with cells after its offset, in shard order.
-    pub shards: Vec<crate::indexes::ShardLag>,
+    pub shards: Vec<crate::cells::ShardLag>,
 }
 
 /// A quarantined cell of a consumer.

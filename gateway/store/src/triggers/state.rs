@@ -10,13 +10,14 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
+use uuid::Uuid;
 
 use super::{offsets_key, QuarantinedCell};
-use crate::cells::{cell_from_row, select_cells, Cell, Location, CELL_TYPES};
+use crate::cells::{cell_from_row, select_cells, Cell, CellRow, Location};
 use crate::error::{Error, Result};
 use crate::leases::{self, Lease};
 use crate::storage::value::truncate_to_micros;
-use crate::storage::{ddl, Backend, ColType, Sql, Value, MAX_PARAMS};
+use crate::storage::{ddl, Backend, Sql, Value, MAX_PARAMS};
 use crate::topology::{ClusterState, DatastoreRuntime, Topology};
 
 fn now() -> Value {
@@ -75,10 +76,8 @@ pub(super) async fn read_offsets(
             .push(" AND ")
             .ident("shard")
             .in_list(chunk.iter().map(|s| Value::Int(i64::from(*s))));
-        for row in backend.fetch(&sql, &[ColType::Int, ColType::Int]).await? {
-            if let (Some(shard), Some(added_id)) = (row[0].as_int(), row[1].as_int()) {
-                offsets.insert(shard as u32, added_id);
-            }
+        for (shard, added_id) in backend.rows::<(i64, i64)>(&sql).await? {
+            offsets.insert(shard as u32, added_id);
         }
     }
     Ok(offsets)
@@ -193,18 +192,19 @@ const QUARANTINE_COLUMNS: [&str; 10] = [
     "quarantined_at",
 ];
 
-const QUARANTINE_TYPES: [ColType; 10] = [
-    ColType::Text,
-    ColType::Int,
-    ColType::Int,
-    ColType::Uuid,
-    ColType::Text,
-    ColType::Int,
-    ColType::Int,
-    ColType::Text,
-    ColType::Int,
-    ColType::DateTime,
-];
+/// A row of [`QUARANTINE_COLUMNS`].
+type QuarantineRow = (
+    String,
+    i64,
+    i64,
+    Uuid,
+    String,
+    i64,
+    i64,
+    String,
+    i64,
+    DateTime<Utc>,
+);
 
 /// The quarantined cells of `key` on one cluster, those asked to be
 /// delivered again only with `retry_only`.
@@ -228,25 +228,26 @@ pub(super) async fn quarantined(
     }
     sql.push(" ORDER BY ").idents(["shard", "added_id"]);
     let name = key.strip_prefix("trig:").unwrap_or(key).to_string();
-    let rows = backend.fetch(&sql, &QUARANTINE_TYPES).await?;
-    Ok(rows
+    Ok(backend
+        .rows::<QuarantineRow>(&sql)
+        .await?
         .into_iter()
-        .filter_map(|row| {
-            let mut row = row.into_iter();
-            let _consumer = row.next()?;
-            Some(QuarantinedCell {
-                consumer: name.clone(),
-                shard: row.next()?.as_int()? as u32,
-                added_id: row.next()?.as_int()?,
-                row_key: row.next()?.as_uuid()?,
-                column: row.next()?.as_text()?.to_string(),
-                ref_key: row.next()?.as_int()?,
-                attempts: row.next()?.as_int()?,
-                message: row.next()?.as_text()?.to_string(),
-                retry: row.next()?.as_int()? != 0,
-                quarantined_at: row.next()?.as_datetime()?,
-            })
-        })
+        .map(
+            |(_, shard, added_id, row_key, column, ref_key, attempts, message, retry, at)| {
+                QuarantinedCell {
+                    consumer: name.clone(),
+                    shard: shard as u32,
+                    added_id,
+                    row_key,
+                    column,
+                    ref_key,
+                    attempts,
+                    message,
+                    retry: retry != 0,
+                    quarantined_at: at,
+                }
+            },
+        )
         .collect())
 }
 
@@ -263,8 +264,7 @@ pub(super) async fn quarantine_count(
         .ident("consumer")
         .push(" = ")
         .bind(Value::Text(key.to_string()));
-    let rows = backend.fetch(&sql, &[ColType::Int]).await?;
-    Ok(rows.first().and_then(|r| r[0].as_int()).unwrap_or(0) as u64)
+    Ok(backend.first_row::<(i64,)>(&sql).await?.map_or(0, |(n,)| n) as u64)
 }
 
 /// Ends the quarantine of a cell delivered again: deleted when the handler
@@ -330,7 +330,7 @@ pub(super) async fn cell_at(
         .ident("added_id")
         .push(" = ")
         .bind(Value::Int(added_id));
-    let row = backend.fetch(&sql, &CELL_TYPES).await?.into_iter().next();
+    let row = backend.first_row::<CellRow>(&sql).await?;
     row.map(cell_from_row).transpose()
 }
 
@@ -452,10 +452,10 @@ async fn before(
         .push(" GROUP BY ")
         .ident("shard");
     let found: BTreeMap<u32, i64> = backend
-        .fetch(&sql, &[ColType::Int, ColType::Int])
+        .rows::<(i64, Option<i64>)>(&sql)
         .await?
         .into_iter()
-        .filter_map(|row| Some((row[0].as_int()? as u32, row[1].as_int()?)))
+        .filter_map(|(shard, added_id)| Some((shard as u32, added_id?)))
         .collect();
     Ok(shards
         .iter()

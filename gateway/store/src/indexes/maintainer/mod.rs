@@ -39,6 +39,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::apply::{self};
+use super::hook::PassHook;
 use super::lag::ClusterLag;
 use crate::topology::{DatastoreRuntime, Topology, Written};
 
@@ -69,54 +70,12 @@ pub struct MaintainerOptions {
     pub verify_every: Option<Duration>,
     /// Shards a scheduled verify compares.
     pub verify_sample: u32,
-    /// Awaited by every pass at each [`PassStage`]; `None` (always, but in
+    /// Awaited by every pass at each [`PassStage`](crate::indexes::PassStage); `None` (always, but in
     /// tests) costs nothing. Tests hold passes with it where a real process
     /// may stall (a pause of the runtime, a slow network), to check what a
     /// stalled pass can still commit.
     #[doc(hidden)]
     pub pass_hook: Option<PassHook>,
-}
-
-/// Where a maintenance pass is, for a [`PassHook`].
-#[doc(hidden)]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PassStage {
-    /// Before the log is read.
-    Start,
-    /// Before a transaction that writes index entries on another cluster
-    /// (after the pass checked its lease deadline).
-    RemoteWrite { target: String },
-    /// Before the transaction on the cell's own cluster (after the pass
-    /// checked its lease deadline).
-    LocalCommit,
-}
-
-/// A pass at one of its stages.
-#[doc(hidden)]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PassPoint {
-    pub datastore: String,
-    /// The cell cluster the pass reads.
-    pub cluster: String,
-    /// The consumers (`ix:<index>:<version>:<cluster>`) the pass applies
-    /// the log for.
-    pub consumers: Vec<String>,
-    pub stage: PassStage,
-}
-
-/// A hook into the passes of the maintainer's workers (not of
-/// `sync_indexes` without maintenance, nor of quarantine retries).
-#[doc(hidden)]
-#[derive(Clone)]
-#[allow(clippy::type_complexity)]
-pub struct PassHook(
-    pub Arc<dyn Fn(PassPoint) -> futures::future::BoxFuture<'static, ()> + Send + Sync>,
-);
-
-impl std::fmt::Debug for PassHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PassHook")
-    }
 }
 
 impl Default for MaintainerOptions {

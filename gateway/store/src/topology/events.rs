@@ -1,0 +1,49 @@
+//! What writers announce: the shards whose log advanced on a cluster, to
+//! index maintenance through a channel and to trigger consumers and log
+//! tails through a broadcast.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+/// Cells committed on one cluster: what the maintainer needs to know.
+#[derive(Debug, Clone)]
+pub(crate) struct Written {
+    pub(crate) datastore: String,
+    pub(crate) cluster: usize,
+    /// Each touched shard with its new last `added_id`.
+    pub(crate) heads: Vec<(u32, i64)>,
+}
+
+/// The write notifications of a store: to index maintenance through a
+/// channel, and to trigger consumers through a broadcast (a consumer that
+/// falls behind it learns so and sweeps instead). Sending never blocks and
+/// never fails a write: with no subscriber, events are dropped.
+pub(crate) struct Events {
+    sender: mpsc::UnboundedSender<Written>,
+    broadcast: tokio::sync::broadcast::Sender<Arc<Written>>,
+}
+
+/// Write events a broadcast holds for slow receivers.
+const BROADCAST_EVENTS: usize = 4096;
+
+impl Events {
+    pub(crate) fn new() -> (Events, mpsc::UnboundedReceiver<Written>) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let (broadcast, _) = tokio::sync::broadcast::channel(BROADCAST_EVENTS);
+        (Events { sender, broadcast }, receiver)
+    }
+
+    pub(crate) fn written(&self, event: Written) {
+        if self.broadcast.receiver_count() > 0 {
+            let _ = self.broadcast.send(Arc::new(event.clone()));
+        }
+        // The receiver is gone only when maintenance is off or stopping.
+        let _ = self.sender.send(event);
+    }
+
+    /// The write events from now on.
+    pub(crate) fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<Written>> {
+        self.broadcast.subscribe()
+    }
+}

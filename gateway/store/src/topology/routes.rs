@@ -1,0 +1,173 @@
+//! Where a datastore's shards are served from now: the routing and work
+//! maps of the stored topology version served, the shard move in
+//! progress (as the stored topology records it), and how the write path
+//! waits for a move's cut-over.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::shards::ShardMap;
+
+/// The phases of a shard move, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Copying the range's cells to the target, in chunks.
+    Copy,
+    /// Copying what was written meanwhile, then the index entries; the
+    /// gateways are told a cut-over is near.
+    CatchUp,
+    /// Writes to the range wait: the source's counters are fenced, the
+    /// last cells copied.
+    Fence,
+    /// Requests route the range to the target; writes still wait until
+    /// every gateway serves the new map.
+    Switch,
+    /// Writes go to the target; the source's workers apply its last cells.
+    Drain,
+    /// The target's workers follow the range; the source's copy is checked.
+    Verify,
+    /// The source's copy is deleted (from here on the move cannot be
+    /// undone).
+    Cleanup,
+    /// Finished, or kept before cleanup with `--keep-source`.
+    Done,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Copy => "copy",
+            Phase::CatchUp => "catch_up",
+            Phase::Fence => "fence",
+            Phase::Switch => "switch",
+            Phase::Drain => "drain",
+            Phase::Verify => "verify",
+            Phase::Cleanup => "cleanup",
+            Phase::Done => "done",
+        }
+    }
+
+    pub const ALL: [Phase; 8] = [
+        Phase::Copy,
+        Phase::CatchUp,
+        Phase::Fence,
+        Phase::Switch,
+        Phase::Drain,
+        Phase::Verify,
+        Phase::Cleanup,
+        Phase::Done,
+    ];
+}
+
+/// A shard move as the stored topology records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveRecord {
+    pub first: u32,
+    pub last: u32,
+    pub source: String,
+    pub target: String,
+    pub phase: Phase,
+    pub started_at: DateTime<Utc>,
+    /// The source's source copy is kept when the move is done (`--keep-source`).
+    #[serde(default)]
+    pub keep_source: bool,
+    /// Cells copied to the target so far (for progress).
+    #[serde(default)]
+    pub copied: u64,
+}
+
+impl MoveRecord {
+    pub fn contains(&self, shard: u32) -> bool {
+        (self.first..=self.last).contains(&shard)
+    }
+}
+
+/// The shard maps of a datastore and the stored topology version they
+/// came from.
+pub(crate) struct Routes {
+    pub(super) map: ArcSwap<ShardMap>,
+    pub(super) work: ArcSwap<ShardMap>,
+    version: AtomicI64,
+    /// Told each new version.
+    changed: tokio::sync::watch::Sender<i64>,
+    /// The move in progress, if any, as last read.
+    moving: std::sync::Mutex<Option<MoveRecord>>,
+}
+
+impl Routes {
+    pub(crate) fn new(map: ShardMap) -> Routes {
+        Routes {
+            work: ArcSwap::from_pointee(map.clone()),
+            map: ArcSwap::from_pointee(map),
+            version: AtomicI64::new(0),
+            changed: tokio::sync::watch::channel(0).0,
+            moving: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The move in progress, if any, as last read.
+    pub(crate) fn moving(&self) -> Option<MoveRecord> {
+        self.moving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_moving(&self, record: Option<MoveRecord>) {
+        *self.moving.lock().unwrap_or_else(|e| e.into_inner()) = record;
+    }
+
+    /// Learns of the versions served after this call.
+    pub(crate) fn watch(&self) -> tokio::sync::watch::Receiver<i64> {
+        self.changed.subscribe()
+    }
+
+    /// The stored topology version served now (0 before one was read).
+    pub(crate) fn version(&self) -> i64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Serves `map` (and `work`) of stored topology `version` from now on.
+    pub(crate) fn set(&self, version: i64, map: ShardMap, work: ShardMap) {
+        self.map.store(Arc::new(map));
+        self.work.store(Arc::new(work));
+        self.version.store(version, Ordering::Release);
+        self.changed.send_replace(version);
+    }
+}
+
+/// How the write path waits for a shard move's cut-over.
+#[derive(Default)]
+pub(crate) struct MoveSignals {
+    /// Wakes the topology follower (`moves/follow.rs`) to read the stored
+    /// topology at once.
+    pub(crate) poke: tokio::sync::Notify,
+}
+
+/// How long a write that met a moving shard waits for a new topology
+/// version before it tries again anyway.
+const MOVE_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl MoveSignals {
+    /// Asks for the stored topology to be read now, then waits until a
+    /// version newer than `seen`'s is served, [`MOVE_RECHECK`] at most.
+    /// False once `deadline` has passed.
+    pub(crate) async fn wait(
+        &self,
+        mut seen: tokio::sync::watch::Receiver<i64>,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        self.poke.notify_one();
+        let until = deadline.min(tokio::time::Instant::now() + MOVE_RECHECK);
+        let _ = tokio::time::timeout_at(until, seen.changed()).await;
+        tokio::time::Instant::now() < deadline
+    }
+}
