@@ -605,6 +605,39 @@ fn the_store_ground_floor_uses_nothing_above_it() {
     assert!(report.is_empty(), "the ground floor reaches up:\n{report}");
 }
 
+/// Where the backends' SQL differs, the difference lives in `storage/`
+/// (`Dialect`'s methods and capabilities): the store's other modules
+/// never name a dialect.
+#[test]
+fn only_storage_names_a_sql_dialect() {
+    let (_, _, store) = crates()
+        .into_iter()
+        .find(|(name, _, _)| *name == "cellgate-store")
+        .expect("the store crate");
+    let mut report = Vec::new();
+    for (path, module) in &store.modules {
+        if path.first().map(String::as_str) == Some("storage") {
+            continue;
+        }
+        for named in &module.paths {
+            let n = named.len();
+            if n >= 2
+                && named[n - 2] == "Dialect"
+                && ["Sqlite", "MySql", "Postgres"].contains(&named[n - 1].as_str())
+            {
+                report.push(format!("{}: {}", relative(&module.file), named.join("::")));
+            }
+        }
+    }
+    report.sort();
+    report.dedup();
+    assert!(
+        report.is_empty(),
+        "dialects named outside storage/ (give `Dialect` a method instead):\n{}",
+        report.join("\n")
+    );
+}
+
 #[test]
 fn no_source_file_is_over_a_thousand_lines() {
     let mut long = Vec::new();

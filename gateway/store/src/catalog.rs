@@ -318,8 +318,8 @@ pub(crate) async fn prepare(
         prepare_once(&datastores, cluster, backend, catalog, false)
     })
     .await?;
-    if backend.dialect() == Dialect::MySql {
-        warn_of_a_default_buffer_pool(cluster, backend).await;
+    if let Some(query) = backend.dialect().buffer_pool_size_query() {
+        warn_of_a_default_buffer_pool(cluster, backend, query).await;
     }
     cluster.set_state(ClusterState::Ready);
     Ok(())
@@ -332,11 +332,8 @@ const DEFAULT_BUFFER_POOL: i64 = 128 << 20;
 /// pool: once the cell and index tables outgrow it, index upserts read
 /// pages from disk and maintenance falls behind the writes (README,
 /// "Storage configuration"). A failed check only goes unreported.
-async fn warn_of_a_default_buffer_pool(cluster: &Cluster, backend: &dyn Backend) {
-    let size = raw(
-        Dialect::MySql,
-        "SELECT CAST(@@innodb_buffer_pool_size AS SIGNED)",
-    );
+async fn warn_of_a_default_buffer_pool(cluster: &Cluster, backend: &dyn Backend, query: &str) {
+    let size = raw(backend.dialect(), query);
     let Ok(Some((bytes,))) = backend.first_row::<(i64,)>(&size).await else {
         return;
     };

@@ -71,7 +71,7 @@ pub async fn list(backend: &dyn Backend, prefix: &str) -> Result<Vec<LeaseRow>> 
         .ident("name")
         .push(" LIKE ")
         .bind(Value::Text(format!("{}%", like_escape(prefix))))
-        .push(like_escape_clause(backend.dialect()));
+        .push(backend.dialect().like_escape());
     Ok(backend
         .rows::<(String, String, i64, DateTime<Utc>)>(&sql)
         .await?
@@ -90,15 +90,6 @@ fn like_escape(text: &str) -> String {
     text.replace('\\', "\\\\")
         .replace('%', "\\%")
         .replace('_', "\\_")
-}
-
-fn like_escape_clause(dialect: Dialect) -> &'static str {
-    match dialect {
-        // MySQL's default escape character is already the backslash, and
-        // writing it in SQL text would need escaping of its own.
-        Dialect::MySql => "",
-        Dialect::Sqlite | Dialect::Postgres => " ESCAPE '\\'",
-    }
 }
 
 /// Creates the rows of `names` that do not exist yet, free (expired).

@@ -296,10 +296,7 @@ async fn applied(replica: &dyn Backend, datastore: &str, wanted: &[(u32, i64)]) 
 /// The sum of `datastore`'s shard counters on one node.
 async fn counters(backend: &dyn Backend, datastore: &str) -> Result<i64> {
     let dialect = backend.dialect();
-    let integer = match dialect {
-        crate::storage::Dialect::MySql => "SIGNED",
-        _ => "BIGINT",
-    };
+    let integer = dialect.integer_cast();
     let mut sql = Sql::new(dialect);
     // SUM of a BIGINT is a NUMERIC (DECIMAL) on PostgreSQL and MySQL.
     sql.push("SELECT CAST(COALESCE(SUM(ABS(")

@@ -242,7 +242,7 @@ fn log_sql(
         }
     };
     let mut sql = Sql::new(dialect);
-    if dialect == Dialect::Postgres {
+    if dialect.has_distinct_on_and_lateral() {
         sql.push("SELECT ");
         for (i, column) in select.iter().enumerate() {
             if i > 0 {

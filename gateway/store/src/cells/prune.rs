@@ -561,7 +561,7 @@ fn delete_sql(dialect: Dialect, ds: &DatastoreRuntime, batch: &Batch) -> Sql {
     let table = ddl::cells_table(ds.name());
     let quoted = dialect.quote(&table);
     let mut sql = Sql::new(dialect);
-    let t = if dialect == Dialect::MySql {
+    let t = if !dialect.deletes_with_subqueries_on_their_table() {
         sql.push("DELETE c FROM ")
             .ident(&table)
             .push(" c JOIN ")

@@ -546,7 +546,7 @@ pub(crate) async fn latest_cells_with<B>(
 
 /// The statement of the latest cells of `columns` for `rows` in `table`.
 fn latest_cells_sql(dialect: Dialect, table: &str, rows: &[Uuid], columns: &[&str]) -> Sql {
-    let postgres = dialect == Dialect::Postgres;
+    let postgres = dialect.has_distinct_on_and_lateral();
     let mut sql = Sql::new(dialect);
     if postgres {
         // `DISTINCT ON` keeps the first row of each (row, column) in the
@@ -616,7 +616,7 @@ pub(crate) fn with_latest_cells(rows: &Sql, table: &str, columns: &[&str]) -> Sq
     }
     sql.push(" FROM (").append(rows).push(") i LEFT JOIN ");
     let column_list = || columns.iter().map(|c| Value::Text((*c).to_string()));
-    if dialect == Dialect::Postgres {
+    if dialect.has_distinct_on_and_lateral() {
         sql.push("LATERAL (SELECT DISTINCT ON (m.")
             .ident("column_name")
             .push(") ");

@@ -132,10 +132,7 @@ pub(crate) struct ClusterLag {
 /// (the sum of their heads), in one statement.
 pub(crate) async fn log_cells(backend: &dyn Backend, ds: &DatastoreRuntime) -> Result<i64> {
     let dialect = backend.dialect();
-    let integer = match dialect {
-        crate::storage::Dialect::MySql => "SIGNED",
-        _ => "BIGINT",
-    };
+    let integer = dialect.integer_cast();
     let mut sql = Sql::new(dialect);
     // SUM of a BIGINT is a NUMERIC (DECIMAL) on PostgreSQL and MySQL.
     sql.push("SELECT CAST(COALESCE(SUM(ABS(")

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use crate::cells::CELL_TYPES;
 use crate::error::Result;
 use crate::indexes::verify::pause;
-use crate::storage::{ddl, Backend, ColType, Dialect, Sql, Value, MAX_PARAMS};
+use crate::storage::{ddl, Assign, Backend, ColType, Dialect, Sql, Value, MAX_PARAMS};
 use crate::topology::DatastoreRuntime;
 
 /// Bytes of bodies per `INSERT` of copied cells.
@@ -353,27 +353,16 @@ async fn upsert_offsets(target: &dyn Backend, table: &str, rows: &[Vec<Value>]) 
         let mut sql = Sql::new(dialect);
         sql.push("INSERT INTO ")
             .ident(table)
+            .push(dialect.insert_alias())
             .push(" (")
             .idents(["shard", "consumer", "added_id", "updated_at"])
             .push(") ")
-            .rows(chunk.iter().cloned());
-        let added = dialect.quote("added_id");
-        match dialect {
-            Dialect::MySql => sql.push(&format!(
-                " ON DUPLICATE KEY UPDATE {added} = GREATEST({added}, VALUES({added}))"
-            )),
-            Dialect::Postgres => sql.push(&format!(
-                " ON CONFLICT ({}, {}) DO UPDATE SET {added} = GREATEST({table_q}.{added}, excluded.{added})",
-                dialect.quote("shard"),
-                dialect.quote("consumer"),
-                table_q = dialect.quote(table),
-            )),
-            Dialect::Sqlite => sql.push(&format!(
-                " ON CONFLICT ({}, {}) DO UPDATE SET {added} = MAX({added}, excluded.{added})",
-                dialect.quote("shard"),
-                dialect.quote("consumer"),
-            )),
-        };
+            .rows(chunk.iter().cloned())
+            .push(&dialect.upsert_with(
+                &["shard", "consumer"],
+                &[Assign::Greatest("added_id")],
+                &[],
+            ));
         target.execute(&sql).await?;
     }
     Ok(())

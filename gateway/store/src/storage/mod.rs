@@ -41,7 +41,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use row::{FromRow, FromValue};
-pub use sql::{Dialect, Sql, MAX_PARAMS};
+pub use sql::{Assign, Dialect, Sql, MAX_PARAMS};
 pub use value::{ColType, Value};
 
 use crate::error::Result;

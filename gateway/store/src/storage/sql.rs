@@ -192,6 +192,140 @@ impl Dialect {
         sql
     }
 
+    /// Whether the backend is a file of this process (SQLite): one writer,
+    /// no network between, so no circuit breaker and few concurrent passes.
+    pub fn is_embedded(self) -> bool {
+        self == Dialect::Sqlite
+    }
+
+    /// Whether a statement may carry arrays as parameters (`= ANY($n)`,
+    /// `unnest`), so that its text does not depend on how many values it
+    /// carries (PostgreSQL).
+    pub fn binds_arrays(self) -> bool {
+        self == Dialect::Postgres
+    }
+
+    /// Whether a `WITH` may hold `UPDATE … RETURNING` and an `INSERT` may
+    /// read its rows (PostgreSQL): a write then locks, advances and inserts
+    /// in one statement.
+    pub fn has_data_modifying_ctes(self) -> bool {
+        self == Dialect::Postgres
+    }
+
+    /// Whether the backend has `SELECT DISTINCT ON` and `LATERAL` joins
+    /// (PostgreSQL), which read the latest cells with one backward index
+    /// step per pair instead of a correlated `MAX`.
+    pub fn has_distinct_on_and_lateral(self) -> bool {
+        self == Dialect::Postgres
+    }
+
+    /// Whether a `DELETE` may read the table it deletes from in a subquery
+    /// (MySQL refuses; there the statement joins the table with itself).
+    pub fn deletes_with_subqueries_on_their_table(self) -> bool {
+        self != Dialect::MySql
+    }
+
+    /// Whether `VALUES (…), (…)` can stand as a table in a `FROM` clause
+    /// (MariaDB's cannot be aliased with column names; rows are then
+    /// `SELECT … UNION ALL SELECT …`).
+    pub fn has_values_tables(self) -> bool {
+        self != Dialect::MySql
+    }
+
+    /// The operator that compares two values as equal when both are NULL.
+    pub fn null_safe_eq(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => " IS ",
+            Dialect::Postgres => " IS NOT DISTINCT FROM ",
+            Dialect::MySql => " <=> ",
+        }
+    }
+
+    /// The type a `CAST` to a 64-bit integer names (a `SUM` of `BIGINT`s
+    /// is a `NUMERIC` on PostgreSQL and a `DECIMAL` on MySQL).
+    pub fn integer_cast(self) -> &'static str {
+        match self {
+            Dialect::MySql => "SIGNED",
+            Dialect::Sqlite | Dialect::Postgres => "BIGINT",
+        }
+    }
+
+    /// The clause after a `LIKE` pattern that makes the backslash its
+    /// escape character. MySQL's default escape character is already the
+    /// backslash, and writing it in SQL text would need escaping of its own.
+    pub fn like_escape(self) -> &'static str {
+        match self {
+            Dialect::MySql => "",
+            Dialect::Sqlite | Dialect::Postgres => " ESCAPE '\\'",
+        }
+    }
+
+    /// The query of the database server's buffer pool size in bytes, where
+    /// its default is too small for a store (MySQL/MariaDB's InnoDB).
+    pub fn buffer_pool_size_query(self) -> Option<&'static str> {
+        (self == Dialect::MySql).then_some("SELECT CAST(@@innodb_buffer_pool_size AS SIGNED)")
+    }
+
+    /// The alias an `INSERT` gives its table where the backend takes one
+    /// (` AS t`; MariaDB has none), so that [`Dialect::upsert_with`] can name
+    /// the stored row.
+    pub fn insert_alias(self) -> &'static str {
+        match self {
+            Dialect::MySql => "",
+            Dialect::Sqlite | Dialect::Postgres => " AS t",
+        }
+    }
+
+    /// The tail of an `INSERT INTO <table>` [`insert_alias`](Dialect::insert_alias)
+    /// `(…) VALUES …` that, where a row with the same `key` exists, sets its
+    /// columns as `assigns` say, and only where the new row is not older in
+    /// any of `not_older` (a NULL stored value counts as older, a NULL new
+    /// value as older than a stored one). MySQL applies assignments in
+    /// order, each seeing the earlier ones: list the `not_older` columns
+    /// last.
+    pub fn upsert_with(self, key: &[&str], assigns: &[Assign<'_>], not_older: &[&str]) -> String {
+        let q = |c: &str| self.quote(c);
+        let guard = not_older
+            .iter()
+            .map(|c| {
+                let (new, stored) = new_and_stored(self, c);
+                format!("({stored} IS NULL OR ({new} IS NOT NULL AND {new} >= {stored}))")
+            })
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        let sets = assigns
+            .iter()
+            .map(|assign| {
+                let column = assign.column();
+                let (new, stored) = new_and_stored(self, column);
+                let value = match (assign, self) {
+                    (Assign::New(_), _) => new,
+                    (Assign::Greatest(_), Dialect::Sqlite) => format!("MAX({stored}, {new})"),
+                    (Assign::Greatest(_), _) => format!("GREATEST({stored}, {new})"),
+                    (Assign::Increment(_), _) => format!("{stored} + 1"),
+                };
+                match self {
+                    Dialect::MySql if !guard.is_empty() => {
+                        format!("{} = IF({guard}, {value}, {stored})", q(column))
+                    }
+                    _ => format!("{} = {value}", q(column)),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        match self {
+            Dialect::MySql => format!(" ON DUPLICATE KEY UPDATE {sets}"),
+            Dialect::Sqlite | Dialect::Postgres => {
+                let key = key.iter().map(|c| q(c)).collect::<Vec<_>>().join(", ");
+                let mut tail = format!(" ON CONFLICT ({key}) DO UPDATE SET {sets}");
+                if !guard.is_empty() {
+                    tail.push_str(&format!(" WHERE {guard}"));
+                }
+                tail
+            }
+        }
+    }
+
     /// Ordering modifiers that make NULL sort first ascending and last
     /// descending on every backend (the default of SQLite and MySQL).
     pub fn nulls(self, descending: bool) -> &'static str {
@@ -199,6 +333,37 @@ impl Dialect {
             (Dialect::Postgres, false) => " NULLS FIRST",
             (Dialect::Postgres, true) => " NULLS LAST",
             _ => "",
+        }
+    }
+}
+
+/// How an upsert ([`Dialect::upsert_with`]) sets a column of the row that
+/// exists already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assign<'a> {
+    /// To the new row's value.
+    New(&'a str),
+    /// To the greater of the stored and the new value.
+    Greatest(&'a str),
+    /// To the stored value plus one.
+    Increment(&'a str),
+}
+
+impl Assign<'_> {
+    fn column(&self) -> &str {
+        match self {
+            Assign::New(c) | Assign::Greatest(c) | Assign::Increment(c) => c,
+        }
+    }
+}
+
+/// The new row's and the stored row's value of `column` in an upsert.
+fn new_and_stored(dialect: Dialect, column: &str) -> (String, String) {
+    let quoted = dialect.quote(column);
+    match dialect {
+        Dialect::MySql => (format!("VALUES({quoted})"), quoted),
+        Dialect::Sqlite | Dialect::Postgres => {
+            (format!("excluded.{quoted}"), format!("t.{quoted}"))
         }
     }
 }
@@ -253,6 +418,30 @@ impl Sql {
             Dialect::Sqlite | Dialect::MySql => self.text.push('?'),
         }
         self
+    }
+
+    /// Binds `value` cast to the column type `ty` (`CAST(? AS …)`), for a
+    /// row of a `SELECT … UNION ALL` whose columns must have one type.
+    pub fn bind_as(&mut self, value: Value, ty: ColType) -> &mut Self {
+        let name = match (self.dialect, ty) {
+            (Dialect::MySql, ColType::Bool | ColType::Int) => "SIGNED",
+            (Dialect::MySql, ColType::Float) => "DOUBLE",
+            (Dialect::MySql, ColType::Text | ColType::Bytes) => "BINARY",
+            (Dialect::MySql, ColType::Uuid) => "BINARY(16)",
+            (Dialect::MySql, ColType::DateTime) => "DATETIME(6)",
+            (Dialect::Postgres, ColType::Bool) => "BOOLEAN",
+            (Dialect::Postgres, ColType::Int) => "BIGINT",
+            (Dialect::Postgres, ColType::Float) => "DOUBLE PRECISION",
+            (Dialect::Postgres, ColType::Text) => "TEXT",
+            (Dialect::Postgres, ColType::Bytes) => "BYTEA",
+            (Dialect::Postgres, ColType::Uuid) => "UUID",
+            (Dialect::Postgres, ColType::DateTime) => "TIMESTAMPTZ",
+            (Dialect::Sqlite, ColType::Bool | ColType::Int | ColType::DateTime) => "INTEGER",
+            (Dialect::Sqlite, ColType::Float) => "REAL",
+            (Dialect::Sqlite, ColType::Text) => "TEXT",
+            (Dialect::Sqlite, ColType::Bytes | ColType::Uuid) => "BLOB",
+        };
+        self.push("CAST(").bind(value).push(&format!(" AS {name})"))
     }
 
     /// Appends `(?, ?, …)` for the values.

@@ -96,7 +96,7 @@ async fn connect_clusters(config: &StorageConfig) -> Result<Vec<Cluster>> {
         let connect = config.connect_options(&cluster.name);
         // One breaker per node: the master's two pools share one.
         let guard = |backend: Arc<dyn storage::Backend>, node: &str| match breakers {
-            Some(settings) if backend.dialect() != storage::Dialect::Sqlite => {
+            Some(settings) if !backend.dialect().is_embedded() => {
                 let breaker = storage::breaker::Breaker::new(&cluster.name, node, settings);
                 (
                     storage::breaker::guard(backend, breaker.clone()),

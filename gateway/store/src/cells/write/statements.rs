@@ -45,7 +45,7 @@ pub(super) fn one_statement(
     created_at: &Value,
 ) -> Option<Sql> {
     let chunks = insert_chunks(cells, CELL_ROWS, |c| c.encoded.len());
-    if dialect != Dialect::Postgres || chunks.len() != 1 {
+    if !dialect.has_data_modifying_ctes() || chunks.len() != 1 {
         return None;
     }
     // Cells are sorted by shard: count them per shard, and number each
@@ -226,7 +226,7 @@ pub(super) fn push_lock_shards(
     let dialect = sql.dialect();
     let table = ddl::shards_table(datastore);
     let shards = shards.map(|s| Value::Int(i64::from(s)));
-    if dialect == Dialect::Postgres {
+    if dialect.binds_arrays() {
         sql.push("SELECT t.")
             .ident("shard")
             .push(", t.")
@@ -272,7 +272,7 @@ pub(super) fn push_lock_shards(
 /// depend on their number; elsewhere a `CASE` on the shard.
 pub(super) fn push_advance(sql: &mut Sql, datastore: &str, next: &[(u32, i64)]) {
     let table = ddl::shards_table(datastore);
-    if sql.dialect() == Dialect::Postgres {
+    if sql.dialect().binds_arrays() {
         sql.push("UPDATE ")
             .ident(&table)
             .push(" s SET ")

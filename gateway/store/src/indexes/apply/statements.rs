@@ -3,12 +3,7 @@
 //! the consumers' offsets.
 
 use super::*;
-
-/// `stored IS NULL OR (new IS NOT NULL AND new >= stored)`: the guard that
-/// keeps an older version from overwriting a newer one.
-pub(super) fn not_older(new: &str, stored: &str) -> String {
-    format!("({stored} IS NULL OR ({new} IS NOT NULL AND {new} >= {stored}))")
-}
+use crate::storage::Assign;
 
 /// A multi-row guarded upsert of entries: each row is its entry where
 /// `here` says it lives on this cluster, else a tombstone (shard field and
@@ -29,10 +24,9 @@ pub(super) fn upsert_sql(
     columns.push("_updated_at");
     columns.extend(refs.iter().map(String::as_str));
     let mut sql = Sql::new(dialect);
-    sql.push("INSERT INTO ").ident(&runtime.table);
-    if dialect != Dialect::MySql {
-        sql.push(" AS t");
-    }
+    sql.push("INSERT INTO ")
+        .ident(&runtime.table)
+        .push(dialect.insert_alias());
     sql.push(" (").idents(columns.iter().copied()).push(") ");
     sql.rows(rows.iter().map(|(row_key, entry, here)| {
         let mut values = vec![Value::Uuid(*row_key)];
@@ -50,44 +44,11 @@ pub(super) fn upsert_sql(
         values.extend(entry.refs.iter().map(|r| ref_value(*r)));
         values
     }));
-    let q = |c: &str| dialect.quote(c);
-    let updated = &columns[1..];
-    match dialect {
-        Dialect::MySql => {
-            let guard = refs
-                .iter()
-                .map(|r| not_older(&format!("VALUES({})", q(r)), &q(r)))
-                .collect::<Vec<_>>()
-                .join(" AND ");
-            // Ref columns come last: MySQL applies assignments in order and
-            // later ones see earlier results; the guard reads the stored
-            // refs, which are then still unchanged.
-            let sets = updated
-                .iter()
-                .map(|c| format!("{0} = IF({guard}, VALUES({0}), {0})", q(c)))
-                .collect::<Vec<_>>()
-                .join(", ");
-            sql.push(" ON DUPLICATE KEY UPDATE ").push(&sets);
-        }
-        Dialect::Sqlite | Dialect::Postgres => {
-            let sets = updated
-                .iter()
-                .map(|c| format!("{0} = excluded.{0}", q(c)))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let guard = refs
-                .iter()
-                .map(|r| not_older(&format!("excluded.{}", q(r)), &format!("t.{}", q(r))))
-                .collect::<Vec<_>>()
-                .join(" AND ");
-            sql.push(" ON CONFLICT (")
-                .ident("row_key")
-                .push(") DO UPDATE SET ")
-                .push(&sets)
-                .push(" WHERE ")
-                .push(&guard);
-        }
-    }
+    // Every column but the key; the ref columns come last, as MySQL's
+    // guard reads the stored refs, which are then still unchanged.
+    let assigns: Vec<Assign> = columns[1..].iter().map(|c| Assign::New(c)).collect();
+    let guarded: Vec<&str> = refs.iter().map(String::as_str).collect();
+    sql.push(&dialect.upsert_with(&["row_key"], &assigns, &guarded));
     sql
 }
 
@@ -135,10 +96,9 @@ pub(super) fn quarantine_sql(
     }
     let table = ddl::quarantine_table(ds.name());
     let mut sql = Sql::new(dialect);
-    sql.push("INSERT INTO ").ident(&table);
-    if dialect != Dialect::MySql {
-        sql.push(" AS t");
-    }
+    sql.push("INSERT INTO ")
+        .ident(&table)
+        .push(dialect.insert_alias());
     sql.push(" (")
         .idents([
             "index_name",
@@ -165,29 +125,16 @@ pub(super) fn quarantine_sql(
                 Value::DateTime(now),
             ]
         }));
-    let q = |c: &str| dialect.quote(c);
-    match dialect {
-        Dialect::MySql => {
-            sql.push(&format!(
-                " ON DUPLICATE KEY UPDATE {0} = VALUES({0}), {1} = VALUES({1}), {2} = VALUES({2}), {3} = {3} + 1",
-                q("code"),
-                q("message"),
-                q("last_seen"),
-                q("attempts")
-            ));
-        }
-        Dialect::Sqlite | Dialect::Postgres => {
-            sql.push(&format!(
-                " ON CONFLICT ({}, {}) DO UPDATE SET {2} = excluded.{2}, {3} = excluded.{3}, {4} = excluded.{4}, {5} = t.{5} + 1",
-                q("index_name"),
-                q("row_key"),
-                q("code"),
-                q("message"),
-                q("last_seen"),
-                q("attempts")
-            ));
-        }
-    }
+    sql.push(&dialect.upsert_with(
+        &["index_name", "row_key"],
+        &[
+            Assign::New("code"),
+            Assign::New("message"),
+            Assign::New("last_seen"),
+            Assign::Increment("attempts"),
+        ],
+        &[],
+    ));
     sql
 }
 

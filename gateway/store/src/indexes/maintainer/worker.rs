@@ -624,10 +624,14 @@ impl Worker {
     /// SQLite's single writer only lets one pass read while another writes.
     fn passes(&self, topology: &Topology) -> usize {
         match self.shared.options.passes {
-            0 => match topology.clusters[self.cluster].master.dialect() {
-                crate::storage::Dialect::Sqlite => 2,
-                _ => 4,
-            },
+            0 if topology.clusters[self.cluster]
+                .master
+                .dialect()
+                .is_embedded() =>
+            {
+                2
+            }
+            0 => 4,
             n => n,
         }
     }

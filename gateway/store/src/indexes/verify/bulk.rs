@@ -94,26 +94,23 @@ pub(super) fn mismatches(dialect: Dialect, runtime: &IndexRuntime, rows: &[(Uuid
                     .iter()
                     .map(|r| r.map_or(Value::Null(ColType::Int), Value::Int)),
             );
-        match dialect {
-            Dialect::Sqlite | Dialect::Postgres => {
-                sql.push(if i == 0 { "VALUES " } else { ", " });
-                sql.bind_list(values);
-            }
-            Dialect::MySql => {
-                sql.push(if i == 0 {
-                    "SELECT "
-                } else {
-                    " UNION ALL SELECT "
-                });
-                let types = std::iter::once(ColType::Uuid).chain(columns.iter().map(|(_, ty)| *ty));
-                for (j, (value, ty)) in values.zip(types).enumerate() {
-                    if j > 0 {
-                        sql.push(", ");
-                    }
-                    sql.push("CAST(").bind(value).push(mysql_cast(ty));
-                    if i == 0 {
-                        sql.push(&format!(" AS column{}", j + 1));
-                    }
+        if dialect.has_values_tables() {
+            sql.push(if i == 0 { "VALUES " } else { ", " });
+            sql.bind_list(values);
+        } else {
+            sql.push(if i == 0 {
+                "SELECT "
+            } else {
+                " UNION ALL SELECT "
+            });
+            let types = std::iter::once(ColType::Uuid).chain(columns.iter().map(|(_, ty)| *ty));
+            for (j, (value, ty)) in values.zip(types).enumerate() {
+                if j > 0 {
+                    sql.push(", ");
+                }
+                sql.bind_as(value, ty);
+                if i == 0 {
+                    sql.push(&format!(" AS column{}", j + 1));
                 }
             }
         }
@@ -127,11 +124,7 @@ pub(super) fn mismatches(dialect: Dialect, runtime: &IndexRuntime, rows: &[(Uuid
         if j > 0 {
             sql.push(" AND ");
         }
-        sql.push("t.").ident(column).push(match dialect {
-            Dialect::Sqlite => " IS ",
-            Dialect::Postgres => " IS NOT DISTINCT FROM ",
-            Dialect::MySql => " <=> ",
-        });
+        sql.push("t.").ident(column).push(dialect.null_safe_eq());
         sql.push(&format!("e.column{}", j + 2));
     }
     sql.push(")");
@@ -139,16 +132,6 @@ pub(super) fn mismatches(dialect: Dialect, runtime: &IndexRuntime, rows: &[(Uuid
 }
 
 /// The type a MySQL value is cast to, closing the `CAST(`.
-fn mysql_cast(ty: ColType) -> &'static str {
-    match ty {
-        ColType::Bool | ColType::Int => " AS SIGNED)",
-        ColType::Float => " AS DOUBLE)",
-        ColType::Text | ColType::Bytes => " AS BINARY)",
-        ColType::Uuid => " AS BINARY(16))",
-        ColType::DateTime => " AS DATETIME(6))",
-    }
-}
-
 /// The statement returning which of `rows` have a live stored row (an
 /// extra entry: none of them belongs on this cluster).
 pub(super) fn live(dialect: Dialect, runtime: &IndexRuntime, rows: &[Uuid]) -> Sql {
