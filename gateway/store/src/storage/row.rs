@@ -91,14 +91,16 @@ from_row!(A, B, C, D, E, F, G, H);
 from_row!(A, B, C, D, E, F, G, H, I);
 from_row!(A, B, C, D, E, F, G, H, I, J);
 
-/// Decodes every row of a result as `R`.
+/// Decodes every row of a result as `R`. Nothing of a row is formatted
+/// unless it fails: a row holds bodies, and formatting each one cost the
+/// reads of cells a fifth of their throughput.
 pub fn decode<R: FromRow>(rows: Vec<Row>) -> Result<Vec<R>> {
     rows.into_iter()
         .map(|row| {
-            let shown = format!("{row:?}");
+            let width = row.len();
             R::from_row(row).ok_or_else(|| {
                 Error::Internal(format!(
-                    "a row did not have the types {:?}: {shown:.200}",
+                    "a row of {width} values did not have the types {:?}",
                     R::TYPES
                 ))
             })
