@@ -75,6 +75,12 @@ pub enum Error {
         "storage cluster `{cluster}` is unavailable: its {node} is failing (circuit breaker open)"
     )]
     BreakerOpen { cluster: String, node: String },
+    /// Every connection of a node's pool stayed in use for the whole
+    /// acquire timeout: the node answers, the gateway asked too much of it
+    /// at once. Transient, and not a failure of the node (its circuit
+    /// breaker does not count it).
+    #[error("storage cluster `{cluster}` is busy: no connection became free in time")]
+    PoolBusy { cluster: String },
     /// Any other database error.
     #[error("storage error: {0}")]
     Storage(#[from] sqlx::Error),
@@ -169,6 +175,7 @@ impl Error {
             Error::LimitExceeded { .. } => "LIMIT_EXCEEDED",
             Error::Unavailable { .. } => "STORAGE_UNAVAILABLE",
             Error::BreakerOpen { .. } => "STORAGE_UNAVAILABLE",
+            Error::PoolBusy { .. } => "STORAGE_UNAVAILABLE",
             Error::Storage(_) => "INTERNAL",
             Error::Config(_) => "CONFIG",
             Error::Definitions(_) => "INVALID_DEFINITIONS",
@@ -197,6 +204,9 @@ impl Error {
             Error::Unavailable { cluster, .. } | Error::BreakerOpen { cluster, .. } => {
                 format!("storage cluster `{cluster}` is unavailable")
             }
+            Error::PoolBusy { cluster } => {
+                format!("storage cluster `{cluster}` is busy; retry")
+            }
             Error::Storage(_) | Error::Internal(_) | Error::LeaseLost(_) => {
                 "internal storage error".to_string()
             }
@@ -220,6 +230,7 @@ impl Error {
         match self {
             Error::Unavailable { .. }
             | Error::BreakerOpen { .. }
+            | Error::PoolBusy { .. }
             | Error::ClusterNotReady { .. }
             | Error::IndexBuilding { .. }
             | Error::ShardMoving { .. }
@@ -233,7 +244,11 @@ impl Error {
     /// Wraps a driver error, classifying connection failures as
     /// [`Error::Unavailable`].
     pub(crate) fn from_sqlx(cluster: &str, err: sqlx::Error) -> Error {
-        if is_unavailable(&err) {
+        if matches!(err, sqlx::Error::PoolTimedOut) {
+            Error::PoolBusy {
+                cluster: cluster.to_string(),
+            }
+        } else if is_unavailable(&err) {
             Error::Unavailable {
                 cluster: cluster.to_string(),
                 source: err,
@@ -284,7 +299,6 @@ fn is_unavailable(err: &sqlx::Error) -> bool {
         sqlx::Error::Io(_)
         | sqlx::Error::Protocol(_)
         | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => {
@@ -441,7 +455,7 @@ mod tests {
 
     #[test]
     fn unavailability_is_shared_with_the_cells_of_a_failed_transaction() {
-        let lost = Error::from_sqlx("main", sqlx::Error::PoolTimedOut);
+        let lost = Error::from_sqlx("main", sqlx::Error::PoolClosed);
         let shared = Error::Shared(std::sync::Arc::new(lost));
         assert_eq!(shared.code(), "STORAGE_UNAVAILABLE");
         assert!(shared.is_transient());

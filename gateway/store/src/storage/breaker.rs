@@ -256,6 +256,14 @@ impl Breaker {
     }
 
     fn record<T>(&self, admission: Admission, result: &Result<T>) {
+        if matches!(result, Err(Error::PoolBusy { .. })) {
+            // It waited for a connection of this process and never reached
+            // the node: no outcome, as for a cancelled request.
+            if admission == Admission::Probe {
+                self.machine().abandon(Instant::now());
+            }
+            return;
+        }
         let failed = matches!(result, Err(Error::Unavailable { .. }));
         let mut machine = self.machine();
         let before = machine.state();
@@ -524,10 +532,61 @@ mod tests {
         assert_eq!(status.opened, 1);
         let refused = breaker.permit().err().expect("the breaker is open");
         assert_eq!(refused.code(), "STORAGE_UNAVAILABLE");
+        assert!(!matches!(refused, Error::PoolBusy { .. }));
         assert!(refused.is_transient());
         assert_eq!(
             refused.client_message(),
             "storage cluster `main` is unavailable"
         );
+    }
+
+    // A burst that keeps callers waiting for a pooled connection says
+    // nothing about the node: counted as failures, such waits opened a
+    // healthy master's breaker and turned its writes `BUFFERED`.
+    #[tokio::test]
+    async fn waiting_for_a_pooled_connection_is_not_a_failure_of_the_node() {
+        use crate::storage::pool::Pool;
+        let dir = tempfile::tempdir().unwrap();
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(dir.path().join("pool.db"))
+            .create_if_missing(true);
+        let pool: Pool<sqlx::Sqlite> = Pool::new(options, 1, Duration::from_millis(50), None);
+        let _held = pool.acquire().await.unwrap();
+        let breaker = Breaker::new("main", "master", settings());
+        for _ in 0..5 {
+            let waited = pool
+                .acquire()
+                .await
+                .err()
+                .expect("the only connection is lent");
+            let err = Error::from_sqlx("main", waited);
+            assert!(matches!(err, Error::PoolBusy { .. }), "{err:?}");
+            assert_eq!(err.code(), "STORAGE_UNAVAILABLE");
+            assert!(err.is_transient());
+            let permit = breaker.permit().unwrap();
+            let _ = permit.finish(Err::<(), _>(err));
+        }
+        let status = breaker.status();
+        assert_eq!(status.state, BreakerState::Closed);
+        assert_eq!(status.consecutive_failures, 0);
+
+        // A node that accepts the connection and never answers it: opening
+        // one runs out of time, and that is the node's failure.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let options: sqlx::mysql::MySqlConnectOptions =
+            format!("mysql://root@127.0.0.1:{port}/x").parse().unwrap();
+        let silent: Pool<sqlx::MySql> = Pool::new(options, 1, Duration::from_millis(200), None);
+        let err = Error::from_sqlx("main", silent.acquire().await.err().expect("no answer"));
+        assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+        for _ in 0..3 {
+            let permit = breaker.permit().unwrap();
+            let _ = permit.finish(Err::<(), _>(Error::from_sqlx(
+                "main",
+                silent.acquire().await.err().expect("no answer"),
+            )));
+        }
+        assert_eq!(breaker.status().state, BreakerState::Open);
+        drop(listener);
     }
 }

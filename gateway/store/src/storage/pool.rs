@@ -100,8 +100,12 @@ impl<DB: Database> Pool<DB> {
     }
 
     /// Lends a connection, opening one if none is idle and the pool has
-    /// room; sqlx's `PoolTimedOut` after the acquire timeout, `PoolClosed`
-    /// once the pool is closed.
+    /// room. After the acquire timeout: sqlx's `PoolTimedOut` when every
+    /// connection the pool may hold is open and lent out (the node answers,
+    /// its callers are too many: `Error::PoolBusy`, which no circuit
+    /// breaker counts), or a timed-out I/O error when a connection was
+    /// still being opened (the node is slow to accept one: a node failure).
+    /// `PoolClosed` once the pool is closed.
     pub(crate) async fn acquire(&self) -> Result<Conn<DB>, sqlx::Error> {
         self.lend(false).await
     }
@@ -121,7 +125,7 @@ impl<DB: Database> Pool<DB> {
             self.inner.get().await
         };
         let object = match tokio::time::timeout(self.acquire_timeout, get).await {
-            Err(_) | Ok(Err(PoolError::Timeout(_))) => return Err(sqlx::Error::PoolTimedOut),
+            Err(_) | Ok(Err(PoolError::Timeout(_))) => return Err(self.timed_out()),
             Ok(Err(PoolError::Backend(e))) => return Err(e),
             Ok(Err(_)) => return Err(sqlx::Error::PoolClosed),
             Ok(Ok(object)) => object,
@@ -132,6 +136,20 @@ impl<DB: Database> Pool<DB> {
             discard: false,
             settle_timeout: self.settle_timeout,
         })
+    }
+
+    /// Why an acquire ran out of time: waiting for a connection in use, or
+    /// opening one (see [`Pool::acquire`]). A connection counts in the
+    /// pool's size once it is open.
+    fn timed_out(&self) -> sqlx::Error {
+        if self.inner.status().size >= self.max_size as usize {
+            sqlx::Error::PoolTimedOut
+        } else {
+            sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "opening a connection took longer than the acquire timeout",
+            ))
+        }
     }
 
     /// The most connections the pool holds at once.
