@@ -31,7 +31,7 @@ use rand::seq::SliceRandom;
 
 use crate::error::{Error, Result};
 use crate::storage::breaker::BreakerState;
-use crate::storage::{ddl, Backend, Sql, Value};
+use crate::storage::{ddl, Backend, Sql, Value, MAX_PARAMS};
 pub use crate::topology::ReplicaLag;
 use crate::topology::{Cluster, DatastoreRuntime, Topology};
 
@@ -122,16 +122,31 @@ impl ReadOptions {
         self.consistency == Consistency::Replica || self.after.is_some()
     }
 
+    /// Notes a replica that served part of the read. A node that served
+    /// several parts may be stale if any of them may be.
     fn record(&self, cluster: &Cluster, replica: usize, stale: bool) {
-        self.served
+        *self
+            .served
             .lock()
             .expect("served")
-            .insert(format!("{}/replica{replica}", cluster.name), stale);
+            .entry(format!("{}/replica{replica}", cluster.name))
+            .or_insert(false) |= stale;
     }
 
     /// The replicas that served this read (empty: masters only).
     pub fn served_by(&self) -> BTreeMap<String, bool> {
         self.served.lock().expect("served").clone()
+    }
+
+    /// The shards of `datastore` the token names: a read that must see
+    /// the token's cells whichever rows it finds (one statement reading
+    /// index entries and their rows' cells) is routed for all of them.
+    pub(crate) fn token_shards(&self, datastore: &str) -> BTreeSet<u32> {
+        self.after
+            .iter()
+            .filter(|token| token.datastore == datastore)
+            .flat_map(|token| token.positions.keys().copied())
+            .collect()
     }
 
     /// These options for a read of index entries: the token is left out,
@@ -252,7 +267,7 @@ async fn route(
         .map(|(shard, added_id)| (*shard, *added_id))
         .collect();
     let limit = topology.max_replica_lag;
-    for replica in candidates {
+    for &replica in &candidates {
         let backend = &node.replicas[replica];
         if !wanted.is_empty() {
             match applied(backend.as_ref(), ds.name(), &wanted).await {
@@ -268,12 +283,52 @@ async fn route(
             return Ok(Some((replica, true)));
         }
     }
+    // A `REPLICA` read whose master is down: lag is measured against the
+    // master, so none can be judged, and the master cannot serve it; a
+    // replica that answers does, possibly stale. A token still has to be
+    // applied where it is read.
+    if !master_healthy && read.consistency == Consistency::Replica && wanted.is_empty() {
+        return Ok(candidates.first().map(|replica| (*replica, true)));
+    }
     Ok(None)
 }
 
 /// Whether `replica` has applied every `(shard, added_id)` of `wanted`:
 /// its shard counters are past them.
 async fn applied(replica: &dyn Backend, datastore: &str, wanted: &[(u32, i64)]) -> Result<bool> {
+    let applied = applied_shards(replica, datastore, wanted).await?;
+    Ok(wanted.iter().all(|(shard, _)| applied.contains(shard)))
+}
+
+/// The shards of `wanted` whose `added_id` `replica` has applied: its
+/// counter of the shard is past it (the counters replicate with the cells
+/// they number). One statement per [`MAX_PARAMS`] shards.
+pub(crate) async fn applied_shards(
+    replica: &dyn Backend,
+    datastore: &str,
+    wanted: &[(u32, i64)],
+) -> Result<BTreeSet<u32>> {
+    let mut applied = BTreeSet::new();
+    for chunk in wanted.chunks(MAX_PARAMS) {
+        let next = shard_counters(replica, datastore, chunk).await?;
+        applied.extend(
+            chunk
+                .iter()
+                .filter(|(shard, added_id)| {
+                    next.get(&i64::from(*shard))
+                        .is_some_and(|next| next.abs() > *added_id)
+                })
+                .map(|(shard, _)| *shard),
+        );
+    }
+    Ok(applied)
+}
+
+async fn shard_counters(
+    replica: &dyn Backend,
+    datastore: &str,
+    wanted: &[(u32, i64)],
+) -> Result<HashMap<i64, i64>> {
     let mut sql = Sql::new(replica.dialect());
     sql.push("SELECT ")
         .idents(["shard", "next_added_id"])
@@ -282,15 +337,11 @@ async fn applied(replica: &dyn Backend, datastore: &str, wanted: &[(u32, i64)]) 
         .push(" WHERE ")
         .ident("shard")
         .in_list(wanted.iter().map(|(s, _)| Value::Int(i64::from(*s))));
-    let next: HashMap<i64, i64> = replica
+    Ok(replica
         .rows::<(i64, i64)>(&sql)
         .await?
         .into_iter()
-        .collect();
-    Ok(wanted.iter().all(|(shard, added_id)| {
-        next.get(&i64::from(*shard))
-            .is_some_and(|next| next.abs() > *added_id)
-    }))
+        .collect())
 }
 
 /// The sum of `datastore`'s shard counters on one node.

@@ -365,8 +365,11 @@ pub(crate) async fn run_plan_with_cells(
         types.extend(CELL_TYPES);
     }
     let cells_table = ddl::cells_table(ds.name());
-    let read = read.for_index();
-    let found = read_on(topology, &ds, cluster, &BTreeSet::new(), &read, |node| {
+    // The statement reads the rows' cells with the entries, so it goes
+    // where a read of those cells would: with a token, to a node that has
+    // applied all of it (the rows found may be on any of its shards).
+    let token_shards = read.token_shards(ds.name());
+    let found = read_on(topology, &ds, cluster, &token_shards, read, |node| {
         let rows = plan.sql(node.dialect(), &runtime.table, &values);
         let sql = if cache.enabled() {
             with_latest_ref_keys(&rows, &cells_table, columns)
@@ -423,7 +426,7 @@ pub(crate) async fn run_plan_with_cells(
         }
     }
     if !missing.is_empty() {
-        let read_now = get_named_cells_json(topology, cache, ds.name(), &missing, &read).await?;
+        let read_now = get_named_cells_json(topology, cache, ds.name(), &missing, read).await?;
         cells.extend(read_now.into_iter().flatten());
     }
     let entries = rows.into_iter().map(|(row, _)| row).collect();
