@@ -36,6 +36,8 @@ mod mariadb;
 mod postgres;
 #[path = "support/private.rs"]
 mod private;
+#[path = "support/replication.rs"]
+mod replication;
 #[path = "support/server.rs"]
 mod server;
 #[path = "support/servers.rs"]
@@ -50,6 +52,7 @@ use futures::StreamExt as _;
 use mariadb::Mariadb;
 use postgres::Postgres;
 use private::PrivateServer;
+use replication::{MariaDbPair, Pair, PostgresPair};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use server::{client, Server};
@@ -73,21 +76,15 @@ const CONVERGE: Duration = Duration::from_secs(120);
 /// `(row_key, column, ref_key)`: a cell's key.
 type CellKey = (Uuid, String, i64);
 
-/// A private database server, with what this test reads from it.
-trait Database: PrivateServer {
-    /// The key of every row of `table` (`items_cells` or `items_buffer`).
-    async fn keys(&self, table: &str) -> Result<Vec<CellKey>, String>;
-    /// Rows of `items_buffer` buffered before `before`.
-    async fn buffered_before(&self, before: chrono::DateTime<chrono::Utc>) -> Result<i64, String>;
-}
-
-impl Database for Mariadb {
-    async fn keys(&self, table: &str) -> Result<Vec<CellKey>, String> {
-        use sqlx::Connection as _;
-        let mut conn = sqlx::MySqlConnection::connect(&self.url())
+/// The key of every row of `table` (`items_cells` or `items_buffer`) in
+/// the database at `url`.
+async fn keys(url: &str, table: &str) -> Result<Vec<CellKey>, String> {
+    use sqlx::Connection as _;
+    let sql = format!("SELECT row_key, column_name, ref_key FROM {table}");
+    if url.starts_with("mysql:") {
+        let mut conn = sqlx::MySqlConnection::connect(url)
             .await
             .map_err(|e| e.to_string())?;
-        let sql = format!("SELECT row_key, column_name, ref_key FROM {table}");
         let rows: Vec<(Vec<u8>, Vec<u8>, i64)> = sqlx::query_as(&sql)
             .fetch_all(&mut conn)
             .await
@@ -99,11 +96,22 @@ impl Database for Mariadb {
                 Ok((row, column, ref_key))
             })
             .collect()
+    } else {
+        let mut conn = sqlx::PgConnection::connect(url)
+            .await
+            .map_err(|e| e.to_string())?;
+        sqlx::query_as(&sql)
+            .fetch_all(&mut conn)
+            .await
+            .map_err(|e| e.to_string())
     }
+}
 
-    async fn buffered_before(&self, before: chrono::DateTime<chrono::Utc>) -> Result<i64, String> {
-        use sqlx::Connection as _;
-        let mut conn = sqlx::MySqlConnection::connect(&self.url())
+/// Rows of `items_buffer` at `url` buffered before `before`.
+async fn buffered_before(url: &str, before: chrono::DateTime<chrono::Utc>) -> Result<i64, String> {
+    use sqlx::Connection as _;
+    if url.starts_with("mysql:") {
+        let mut conn = sqlx::MySqlConnection::connect(url)
             .await
             .map_err(|e| e.to_string())?;
         sqlx::query_scalar("SELECT COUNT(*) FROM items_buffer WHERE created_at < ?")
@@ -111,25 +119,8 @@ impl Database for Mariadb {
             .fetch_one(&mut conn)
             .await
             .map_err(|e| e.to_string())
-    }
-}
-
-impl Database for Postgres {
-    async fn keys(&self, table: &str) -> Result<Vec<CellKey>, String> {
-        use sqlx::Connection as _;
-        let mut conn = sqlx::PgConnection::connect(&self.url())
-            .await
-            .map_err(|e| e.to_string())?;
-        let sql = format!("SELECT row_key, column_name, ref_key FROM {table}");
-        sqlx::query_as(&sql)
-            .fetch_all(&mut conn)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    async fn buffered_before(&self, before: chrono::DateTime<chrono::Utc>) -> Result<i64, String> {
-        use sqlx::Connection as _;
-        let mut conn = sqlx::PgConnection::connect(&self.url())
+    } else {
+        let mut conn = sqlx::PgConnection::connect(url)
             .await
             .map_err(|e| e.to_string())?;
         sqlx::query_scalar("SELECT COUNT(*) FROM items_buffer WHERE created_at < $1")
@@ -148,6 +139,17 @@ async fn buffered_writes_survive_a_mariadb_master_outage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn buffered_writes_survive_a_postgres_master_outage() {
     failover::<Postgres>("buffered_writes_survive_a_postgres_master_outage").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_mariadb_master_loses_no_acknowledged_cell() {
+    master_loss::<Mariadb, MariaDbPair>("a_lost_mariadb_master_loses_no_acknowledged_cell").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_postgres_primary_loses_no_acknowledged_cell() {
+    master_loss::<Postgres, PostgresPair>("a_lost_postgres_primary_loses_no_acknowledged_cell")
+        .await;
 }
 
 /// City names candidates; [`cities`] picks some whose index shard lives on
@@ -193,7 +195,8 @@ fn cities() -> Vec<&'static str> {
 /// Starts `cellgate serve` on clusters `a` and `b` with one buffer copy
 /// per write and no admission limits (the writers would hit the rate
 /// limit, and a refusal there is not what this test is about).
-fn serve(a: &str, b: &str) -> Server {
+fn serve(a: &str, b: &str, b_replica: Option<&str>) -> Server {
+    let replicas = b_replica.map_or(String::new(), |r| format!("\n      replicas: [\"{r}\"]"));
     let config = format!(
         "storage:
   buffer_count: 1
@@ -201,7 +204,7 @@ fn serve(a: &str, b: &str) -> Server {
     - name: a
       master: {a}
     - name: b
-      master: {b}
+      master: {b}{replicas}
   timeout_ms: 2000
   readiness_timeout_ms: 1000
 limits:
@@ -713,10 +716,10 @@ impl Divergence {
 /// Checks every convergence condition once. `pending` holds the
 /// acknowledged cells not yet seen readable (cells are immutable, so one
 /// seen once stays readable).
-async fn check<D: Database>(
+async fn check(
     client: &reqwest::Client,
     url: &str,
-    servers: [&D; 2],
+    servers: [&str; 2],
     pending: &[Ack],
     rows: &[Uuid],
     cities: &[&str],
@@ -724,8 +727,8 @@ async fn check<D: Database>(
     let mut divergence = Divergence {
         unreadable: unreadable(client, url, pending).await,
         buffers: [
-            servers[0].keys("items_buffer").await,
-            servers[1].keys("items_buffer").await,
+            keys(servers[0], "items_buffer").await,
+            keys(servers[1], "items_buffer").await,
         ],
         duplicated: duplicated(servers).await,
         index: BTreeMap::new(),
@@ -761,10 +764,10 @@ async fn check<D: Database>(
 }
 
 /// Cell keys stored more than once in `items_cells`, across the servers.
-async fn duplicated<D: Database>(servers: [&D; 2]) -> Result<Vec<CellKey>, String> {
+async fn duplicated(servers: [&str; 2]) -> Result<Vec<CellKey>, String> {
     let mut stored = HashMap::<CellKey, usize>::new();
     for server in servers {
-        for key in server.keys("items_cells").await? {
+        for key in keys(server, "items_cells").await? {
             *stored.entry(key).or_default() += 1;
         }
     }
@@ -784,7 +787,7 @@ async fn wait_for(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-async fn failover<D: Database>(test: &str) {
+async fn failover<D: PrivateServer>(test: &str) {
     let (mut a, mut b) = match (D::init(), D::init()) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(why), _) | (_, Err(why)) => {
@@ -795,7 +798,7 @@ async fn failover<D: Database>(test: &str) {
     a.start().await;
     b.start().await;
     let cities = cities();
-    let server = serve(&a.url(), &b.url());
+    let server = serve(&a.url(), &b.url(), None);
     server
         .wait_ready(StatusCode::OK, Duration::from_secs(120))
         .await;
@@ -819,7 +822,7 @@ async fn failover<D: Database>(test: &str) {
     let mut drained_after = None;
     let drain_deadline = restarted + AFTER_RESTART;
     while Instant::now() < drain_deadline {
-        if a.buffered_before(restarted_at).await == Ok(0) {
+        if buffered_before(&a.url(), restarted_at).await == Ok(0) {
             drained_after = Some(restarted.elapsed());
             break;
         }
@@ -874,7 +877,15 @@ async fn failover<D: Database>(test: &str) {
     let mut pending = tally.acks.clone();
     let mut last_report = Instant::now();
     loop {
-        let divergence = check(&client, &url, [&a, &b], &pending, &rows, &cities).await;
+        let divergence = check(
+            &client,
+            &url,
+            [&a.url(), &b.url()],
+            &pending,
+            &rows,
+            &cities,
+        )
+        .await;
         if divergence.converged() {
             break;
         }
@@ -906,5 +917,169 @@ async fn failover<D: Database>(test: &str) {
         D::KIND,
         tally.refused(),
         restarted.elapsed().as_secs_f64()
+    );
+}
+
+/// One address for cluster `b`'s master, as a virtual IP or a proxy gives
+/// it: a TCP forwarder to the port it is pointed at, which an operator
+/// repoints at the promoted replica.
+struct Address {
+    port: u16,
+    target: Arc<std::sync::atomic::AtomicU16>,
+}
+
+impl Address {
+    async fn start(target: u16) -> Address {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = Arc::new(std::sync::atomic::AtomicU16::new(target));
+        let to = target.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let port = to.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut server) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        Address { port, target }
+    }
+
+    fn point_at(&self, port: u16) {
+        self.target.store(port, Ordering::SeqCst);
+    }
+
+    /// `url` with its port replaced by this address's.
+    fn url(&self, url: &str, port: u16) -> String {
+        url.replace(&format!(":{port}/"), &format!(":{}/", self.port))
+    }
+}
+
+/// Whether `row`'s cells live on `b` (shards are split evenly, in order,
+/// over the two clusters).
+fn on_b(row: &Uuid) -> bool {
+    cellgate_store::shards::row_shard(row, SHARDS) >= SHARDS / 2
+}
+
+/// A master lost with its disk: `b` is a master with a replica behind one
+/// address, and the replica stops receiving (so the asynchronous window is
+/// never empty); the master is killed and its data directory deleted, the
+/// replica promoted and the address repointed at it, while the writers go
+/// on. Every acknowledged cell must read back with its body, the buffers
+/// drain, no key is stored twice and the index equals a recomputation.
+async fn master_loss<D: PrivateServer, P: Pair>(test: &str) {
+    let mut a = match D::init() {
+        Ok(a) => a,
+        Err(why) => {
+            servers::skip(test, &why);
+            return;
+        }
+    };
+    let mut b = match P::start().await {
+        Ok(b) => b,
+        Err(why) => {
+            servers::skip(test, &why);
+            return;
+        }
+    };
+    a.start().await;
+    let cities = cities();
+    let address = Address::start(b.master_port()).await;
+    let b_master = address.url(&b.master_url(), b.master_port());
+    let server = serve(&a.url(), &b_master, Some(&b.replica_url()));
+    server
+        .wait_ready(StatusCode::OK, Duration::from_secs(120))
+        .await;
+    let url = server.graphql();
+
+    let load = Load::start(&server, &cities);
+    wait_for("writes before the loss", || load.acks() >= 100).await;
+    tokio::time::sleep(BEFORE_KILL).await;
+    // From now on the replica has nothing the master commits.
+    b.hold_back_replica().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    load.set_phase(DOWN);
+    b.lose_master();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    b.promote_replica().await;
+    address.point_at(b.replica_port());
+    let promoted = Instant::now();
+    load.set_phase(RESTARTED);
+    // The asynchronous window: cells acknowledged WRITTEN on b before the
+    // loss that the promoted replica does not have.
+    let on_replica: BTreeSet<CellKey> = keys(&b.replica_url(), "items_cells")
+        .await
+        .expect("read the promoted replica")
+        .into_iter()
+        .collect();
+    let window: Vec<Ack> = {
+        let tally = load.tally.lock().unwrap();
+        tally
+            .acks
+            .iter()
+            .filter(|a| a.status == "WRITTEN" && on_b(&a.row) && a.phase == BEFORE)
+            .filter(|a| !on_replica.contains(&(a.row, "DATA".to_string(), a.ref_key)))
+            .cloned()
+            .collect()
+    };
+    tokio::time::sleep(AFTER_RESTART).await;
+    let tally = load.finish().await;
+    eprintln!(
+        "{}: {} cells acknowledged ({} WRITTEN, {} BUFFERED); {} acknowledged WRITTEN on b were missing on the promoted replica; {} refused {:?}",
+        P::KIND,
+        tally.acks.len(),
+        tally.count("WRITTEN", None),
+        tally.count("BUFFERED", None),
+        window.len(),
+        tally.refused(),
+        tally.refused,
+    );
+    assert!(
+        tally.unexpected.is_empty(),
+        "{} answers were neither a status nor a clean error code, e.g. {:#?}\nserver stderr:\n{}",
+        tally.unexpected.len(),
+        &tally.unexpected[..tally.unexpected.len().min(5)],
+        server.stderr()
+    );
+    assert!(
+        !window.is_empty(),
+        "the promoted replica had every acknowledged cell, so the test proves nothing"
+    );
+
+    let client = client();
+    let rows: Vec<Uuid> = tally.rows.iter().copied().collect();
+    let deadline = Instant::now() + CONVERGE;
+    let mut pending = tally.acks.clone();
+    let new_b = b.replica_url();
+    let mut window_back = None;
+    loop {
+        let divergence = check(&client, &url, [&a.url(), &new_b], &pending, &rows, &cities).await;
+        if window_back.is_none() && unreadable(&client, &url, &window).await.is_empty() {
+            window_back = Some(promoted.elapsed());
+        }
+        if divergence.converged() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: the store did not converge within {} s after the promotion: {}\nserver stderr:\n{}",
+            P::KIND,
+            CONVERGE.as_secs(),
+            divergence.describe(&tally.acks),
+            server.stderr()
+        );
+        pending = divergence.unreadable;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    eprintln!(
+        "{}: the {} cells of the asynchronous window read back {:.1} s after the promotion; every acknowledged cell readable, buffers empty, no duplicate and the index recomputed {:.1} s after it",
+        P::KIND,
+        window.len(),
+        window_back.unwrap_or_default().as_secs_f64(),
+        promoted.elapsed().as_secs_f64()
     );
 }

@@ -176,7 +176,7 @@ async fn prune_deletes_old_versions_and_history_returns_the_kept_ones() {
     let out = String::from_utf8_lossy(&dry.stdout);
     assert!(
         out.starts_with(&format!(
-            "trips (dry run): {} cells examined, {} would delete, kept: {} latest, {} recent, 0 for consumers, 0 quarantined",
+            "trips (dry run): {} cells examined, {} would delete, kept: {} latest, {} recent, 0 for consumers, 0 quarantined, 0 buffered",
             ROWS * 6,
             ROWS * 2,
             ROWS * 2,
@@ -200,7 +200,7 @@ async fn prune_deletes_old_versions_and_history_returns_the_kept_ones() {
     let out = String::from_utf8_lossy(&pruned.stdout);
     assert!(
         out.contains(&format!(
-            "  BASE: {} cells examined, {} deleted, kept: {} latest, 0 recent, 0 for consumers, 0 quarantined",
+            "  BASE: {} cells examined, {} deleted, kept: {} latest, 0 recent, 0 for consumers, 0 quarantined, 0 buffered",
             ROWS * 4,
             ROWS * 3,
             ROWS

@@ -195,10 +195,12 @@ test('the metrics parser reads the gateway’s /metrics', async () => {
   const buffered = parseMetrics(
     '# TYPE cellgate_buffered_cells gauge\ncellgate_buffered_cells{datastore="trips",cluster="a"} 7\n' +
       'cellgate_buffered_oldest_seconds{datastore="trips",cluster="a"} 3\n' +
-      'cellgate_buffer_replayed_cells_total{datastore="trips"} 40\ncellgate_buffer_conflicts_total{datastore="trips"} 1\n',
+      'cellgate_buffered_awaiting_replicas{datastore="trips",cluster="a"} 5\n' +
+      'cellgate_buffer_replayed_cells_total{datastore="trips"} 40\ncellgate_buffer_released_copies_total{datastore="trips"} 900\n' +
+      'cellgate_buffer_conflicts_total{datastore="trips"} 1\n',
   );
   assert.deepEqual(bufferHealth(buffered, ['trips']), [
-    { name: 'trips', clusters: [{ cluster: 'a', cells: 7, oldestSeconds: 3 }], replayed: 40, conflicts: 1 },
+    { name: 'trips', clusters: [{ cluster: 'a', cells: 7, oldestSeconds: 3, awaitingReplicas: 5 }], replayed: 40, released: 900, conflicts: 1 },
   ]);
   assert.deepEqual(breakers(samples, 'main'), [], 'SQLite has no breaker');
   const nodes = parseMetrics(

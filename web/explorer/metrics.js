@@ -76,9 +76,11 @@ export function datastoreHealth(samples, names) {
 
 /**
  * Per datastore and cluster holding buffered writes: the cells waiting for
- * their primary and the age of the oldest (from the latest count), and per
- * datastore the cells replayed and the conflicts recorded since the
- * gateway started. Empty `clusters` with one storage cluster.
+ * their primary (or for its replicas) and the age of the oldest (from the
+ * latest count), those of them waiting for replicas only, and per
+ * datastore the cells replayed, the copies released and the conflicts
+ * recorded since the gateway started. Empty `clusters` with one storage
+ * cluster.
  */
 export function bufferHealth(samples, names) {
   const byDatastore = (name) =>
@@ -88,11 +90,13 @@ export function bufferHealth(samples, names) {
         cluster: s.labels.cluster,
         cells: s.value,
         oldestSeconds: sample(samples, 'cellgate_buffered_oldest_seconds', { datastore: name, cluster: s.labels.cluster }),
+        awaitingReplicas: sample(samples, 'cellgate_buffered_awaiting_replicas', { datastore: name, cluster: s.labels.cluster }),
       }));
   return names.map((name) => ({
     name,
     clusters: byDatastore(name),
     replayed: sample(samples, 'cellgate_buffer_replayed_cells_total', { datastore: name }),
+    released: sample(samples, 'cellgate_buffer_released_copies_total', { datastore: name }),
     conflicts: sample(samples, 'cellgate_buffer_conflicts_total', { datastore: name }),
   }));
 }

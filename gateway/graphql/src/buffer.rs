@@ -54,6 +54,12 @@ pub(super) fn types() -> Vec<Object> {
                     int64_value(m.replay_conflicts as i64)
                 })
                 .description("buffered writes this gateway recorded as conflicts since it started"),
+            )
+            .field(
+                from_parent::<DatastoreMetrics, _>("releasedCopies", TypeRef::named_nn(INT64), |m| {
+                    int64_value(m.copies_released as i64)
+                })
+                .description("buffer copies this gateway deleted once the primary's master and all its replicas had their cells, since it started"),
             ),
         Object::new("BufferBacklog")
             .description("The buffered writes one cluster holds for other clusters' primaries.")
@@ -70,6 +76,12 @@ pub(super) fn types() -> Vec<Object> {
                     b.oldest.map_or(Value::Null, datetime_value)
                 })
                 .description("when the oldest was buffered; null when there are none"),
+            )
+            .field(
+                from_parent::<Backlog, _>("awaitingReplicas", TypeRef::named_nn(INT64), |b| {
+                    int64_value(b.awaiting_replicas)
+                })
+                .description("of `cells`, those their primary's master has, kept until its replicas have them too (from the latest pass of the gateway replaying this buffer; 0 on the others)"),
             ),
         Object::new("StorageCluster")
             .description("A storage cluster holding some of the datastore's shards.")

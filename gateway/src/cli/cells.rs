@@ -192,13 +192,14 @@ fn report_lines(
 
 fn counts_text(c: &PruneCounts, verb: &str) -> String {
     format!(
-        "{} cells examined, {} {verb}, kept: {} latest, {} recent, {} for consumers, {} quarantined",
+        "{} cells examined, {} {verb}, kept: {} latest, {} recent, {} for consumers, {} quarantined, {} buffered",
         c.examined,
         c.deleted,
         c.kept_latest,
         c.kept_recent,
         c.kept_for_consumers,
-        c.kept_for_quarantine
+        c.kept_for_quarantine,
+        c.kept_for_buffers
     )
 }
 

@@ -303,7 +303,7 @@ impl Collector for StoreCollector {
 
         let mut family = encoder.encode_descriptor(
             "cellgate_buffer_replayed_cells",
-            "Buffered cells this process delivered to their primary (written or found there), per datastore",
+            "Buffered cells this process delivered to their primary (written there; on a cluster without replicas also those found there), per datastore",
             None,
             prometheus_client::metrics::MetricType::Counter,
         )?;
@@ -321,11 +321,37 @@ impl Collector for StoreCollector {
             let labels = [("datastore", ds.name.as_str())];
             ConstCounter::new(ds.replay_conflicts).encode(family.encode_family(&labels)?)?;
         }
+        let mut family = encoder.encode_descriptor(
+            "cellgate_buffer_released_copies",
+            "Buffer copies this process deleted once the primary's master and every replica of it had their cells, per datastore",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for ds in &snapshot.datastores {
+            let labels = [("datastore", ds.name.as_str())];
+            ConstCounter::new(ds.copies_released).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "cellgate_buffered_awaiting_replicas",
+            "Buffer copies whose cells the primary's master has, kept until its replicas have them too, per datastore and holding cluster, from the latest pass of the gateway replaying that buffer",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for ds in &snapshot.datastores {
+            for backlog in &ds.buffered {
+                let labels = [
+                    ("datastore", ds.name.as_str()),
+                    ("cluster", backlog.cluster.as_str()),
+                ];
+                ConstGauge::new(backlog.awaiting_replicas)
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
         let now = chrono::Utc::now();
         for (name, help, oldest) in [
             (
                 "cellgate_buffered_cells",
-                "Writes kept in a cluster's buffer until their primary takes them (copies under half a second old, of writes still committing, not counted), per datastore and holding cluster, from the latest count",
+                "Writes kept in a cluster's buffer until their primary's master and replicas have them (copies under half a second old, of writes still committing, not counted), per datastore and holding cluster, from the latest count",
                 false,
             ),
             (

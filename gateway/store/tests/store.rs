@@ -924,3 +924,149 @@ proptest! {
         })?;
     }
 }
+
+// A buffered copy that cannot be decoded (damage on disk) is left in the
+// buffer by replay; it is listed, and set aside on request into the
+// conflicts table of its primary with its bytes, after which the buffer is
+// empty and the conflict listed.
+#[tokio::test]
+async fn an_undecodable_buffered_copy_is_listed_and_set_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = three_clusters(dir.path(), 1);
+    config.clusters.truncate(2);
+    let store = Store::open(harness::definitions(), StoreOptions::new(config))
+        .await
+        .unwrap();
+    // A row whose primary is `two`; its copy sits in `one`'s buffer.
+    let row = std::iter::repeat_with(Uuid::new_v4)
+        .find(|r| {
+            let shard = cellgate_store::shards::row_shard(r, harness::TRIP_SHARDS);
+            u64::from(shard) * 2 >= u64::from(harness::TRIP_SHARDS)
+        })
+        .unwrap();
+    let shard = cellgate_store::shards::row_shard(&row, harness::TRIP_SHARDS);
+    let one = dir.path().join("one.db");
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", one.display()))
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO trips_buffer (batch_id, shard, row_key, column_name, ref_key, body, created_at) VALUES (?, ?, ?, 'NOTES', 1, ?, 0)",
+    )
+    .bind(Uuid::new_v4().as_bytes().as_slice())
+    .bind(i64::from(shard))
+    .bind(row.as_bytes().as_slice())
+    .bind(vec![0xffu8, 1, 2, 3])
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    // Replay passes leave it where it is.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(buffered_rows(&one, "1 = 1").await, 1);
+    let copies = store.buffer_undecodable("trips").await.unwrap();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let copy = &copies[0];
+    assert_eq!(
+        (copy.cluster.as_str(), copy.key.row_key, copy.bytes),
+        ("one", row, 4)
+    );
+
+    // A copy that is not there, or on another cluster, is refused.
+    let missing = store.buffer_set_aside("trips", "two", copy.buffer_id).await;
+    assert_eq!(missing.unwrap_err().code(), "BAD_USER_INPUT");
+    let key = store
+        .buffer_set_aside("trips", "one", copy.buffer_id)
+        .await
+        .unwrap();
+    assert_eq!(key.row_key, row);
+    assert_eq!(buffered_rows(&one, "1 = 1").await, 0);
+    assert!(store.buffer_undecodable("trips").await.unwrap().is_empty());
+    let conflicts = store.buffer_conflicts("trips", 10).await.unwrap();
+    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+    assert_eq!(conflicts[0].key.row_key, row);
+    assert_eq!(conflicts[0].body_hash, "undecodable");
+    assert_eq!(conflicts[0].buffered_on, "one");
+    store.shutdown(std::time::Duration::from_secs(5)).await;
+}
+
+// A version with a copy still in a buffer (its primary's replicas do not
+// have it yet, or its delete failed) is not pruned: replay would bring it
+// back as a new cell. Once the copy is gone, the next prune deletes it.
+#[tokio::test]
+async fn prune_keeps_a_version_while_a_buffer_copy_of_it_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = three_clusters(dir.path(), 1);
+    config.clusters.truncate(2);
+    let mut options = StoreOptions::new(config);
+    // No replay pass may release the copy under the test.
+    options.replay_buffers = false;
+    let store = Store::open(harness::definitions(), options).await.unwrap();
+    let row = std::iter::repeat_with(Uuid::new_v4)
+        .find(|r| {
+            let shard = cellgate_store::shards::row_shard(r, harness::TRIP_SHARDS);
+            u64::from(shard) * 2 >= u64::from(harness::TRIP_SHARDS)
+        })
+        .unwrap();
+    let shard = cellgate_store::shards::row_shard(&row, harness::TRIP_SHARDS);
+    for version in 1..=2 {
+        let written = store
+            .put_cell(
+                "trips",
+                cell(row, "NOTES", version, json!({ "v": version })),
+            )
+            .await
+            .unwrap();
+        assert_eq!(written, PutStatus::Written);
+    }
+    store.sync_indexes().await.unwrap();
+    // A copy of version 1 waits in `one`'s buffer.
+    let one = dir.path().join("one.db");
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", one.display()))
+        .await
+        .unwrap();
+    let encoded = cellgate_store::cells::codec::encode(&json!({ "v": 1 })).unwrap();
+    sqlx::query(
+        "INSERT INTO trips_buffer (batch_id, shard, row_key, column_name, ref_key, body, created_at) VALUES (?, ?, ?, 'NOTES', 1, ?, 0)",
+    )
+    .bind(Uuid::new_v4().as_bytes().as_slice())
+    .bind(i64::from(shard))
+    .bind(row.as_bytes().as_slice())
+    .bind(encoded)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let prune = cellgate_store::cells::PruneOptions {
+        keep: Some(1),
+        ..Default::default()
+    };
+    let report = store
+        .prune_cells("trips", &prune, &mut |_| {})
+        .await
+        .unwrap();
+    let total = report.total();
+    assert_eq!(
+        (total.deleted, total.kept_for_buffers),
+        (0, 1),
+        "{report:?}"
+    );
+    let history = store
+        .history("trips", row, "NOTES", 10, None)
+        .await
+        .unwrap();
+    assert_eq!(history.len(), 2);
+
+    sqlx::query("DELETE FROM trips_buffer")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let report = store
+        .prune_cells("trips", &prune, &mut |_| {})
+        .await
+        .unwrap();
+    let total = report.total();
+    assert_eq!(
+        (total.deleted, total.kept_for_buffers),
+        (1, 0),
+        "{report:?}"
+    );
+    store.shutdown(std::time::Duration::from_secs(5)).await;
+}

@@ -116,6 +116,12 @@ impl Node {
         }
     }
 
+    /// `kill -9` of the server and its data directory deleted.
+    fn lose(&mut self) {
+        self.kill();
+        std::fs::remove_dir_all(self.data()).unwrap();
+    }
+
     /// Stops `pids` with `SIGSTOP`, to continue them in [`Node::resume`].
     fn stop(&mut self, pids: Vec<u32>) {
         for &pid in &pids {
@@ -306,6 +312,22 @@ impl MariaDbPair {
         self.master.kill();
     }
 
+    /// `kill -9` of the master, and its data directory deleted: the
+    /// master and whatever only it had are gone for good.
+    pub fn lose_master(&mut self) {
+        self.master.lose();
+    }
+
+    /// The replica's port.
+    pub fn replica_port(&self) -> u16 {
+        self.replica.port
+    }
+
+    /// The master's port.
+    pub fn master_port(&self) -> u16 {
+        self.master.port
+    }
+
     /// Starts the master on its data directory (after
     /// [`MariaDbPair::kill_master`]) and waits until it answers; the
     /// replica reconnects by itself.
@@ -404,6 +426,20 @@ impl MariaDbPair {
             "STOP SLAVE; CHANGE MASTER TO MASTER_DELAY={secs}; START SLAVE"
         ))
         .await;
+    }
+
+    /// Stops the replica receiving the master's binary log (`STOP SLAVE
+    /// IO_THREAD`): what the master commits from now on is not on the
+    /// replica, as with a replica far behind when its master dies.
+    pub async fn hold_back_replica(&mut self) {
+        self.replica_sql("STOP SLAVE IO_THREAD").await;
+    }
+
+    /// Makes the replica a master: replication stopped and forgotten
+    /// (`RESET SLAVE ALL`), writable.
+    pub async fn promote_replica(&mut self) {
+        self.replica_sql("STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = OFF")
+            .await;
     }
 
     /// Runs `sql` (statements separated by `;`) on the replica.
@@ -663,6 +699,21 @@ impl PostgresPair {
         self.master.kill();
     }
 
+    /// `kill -9` of the primary, and its data directory deleted.
+    pub fn lose_master(&mut self) {
+        self.master.lose();
+    }
+
+    /// The standby's port.
+    pub fn replica_port(&self) -> u16 {
+        self.replica.port
+    }
+
+    /// The primary's port.
+    pub fn master_port(&self) -> u16 {
+        self.master.port
+    }
+
     /// Starts the primary on its data directory and waits until it answers;
     /// the standby reconnects by itself.
     pub async fn restart_master(&mut self) {
@@ -738,6 +789,54 @@ impl PostgresPair {
     /// Continues the primary's processes (`SIGCONT`).
     pub fn resume_master(&mut self) {
         self.master.resume();
+    }
+
+    /// Stops the standby receiving WAL (`SIGSTOP` of its WAL receiver):
+    /// what the primary commits from now on is not on the standby, as with
+    /// a standby far behind when its primary dies.
+    pub async fn hold_back_replica(&mut self) {
+        let url = self.url(&self.replica, "postgres");
+        let deadline = Instant::now() + WAIT;
+        let pid = loop {
+            let mut conn = Self::connect(&url).await.expect("connect to the standby");
+            let pid: Option<i32> = bounded(
+                sqlx::query_scalar("SELECT pid FROM pg_stat_wal_receiver")
+                    .fetch_optional(&mut conn),
+            )
+            .await
+            .expect("read the WAL receiver");
+            let _ = conn.close().await;
+            if let Some(pid) = pid {
+                break pid as u32;
+            }
+            assert!(Instant::now() < deadline, "the standby has no WAL receiver");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        self.replica.stop(vec![pid]);
+    }
+
+    /// Makes the standby a primary: its held-back WAL receiver killed (the
+    /// standby restarts its processes and recovers what it has on disk),
+    /// then `pg_promote()`, waiting until it accepts writes.
+    pub async fn promote_replica(&mut self) {
+        for pid in std::mem::take(&mut self.replica.stopped) {
+            signal(pid, "KILL");
+        }
+        let url = self.url(&self.replica, "postgres");
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(mut conn) = Self::connect(&url).await {
+                let promoted: Result<bool, String> =
+                    bounded(sqlx::query_scalar("SELECT pg_promote(true, 60)").fetch_one(&mut conn))
+                        .await;
+                let _ = conn.close().await;
+                if promoted == Ok(true) {
+                    return;
+                }
+            }
+            self.replica.check(deadline, "was not promoted");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Makes the standby apply each commit `secs` seconds after the primary
@@ -874,6 +973,11 @@ pub trait Pair: Sized {
     async fn set_replica_delay(&self, secs: u32);
     async fn wait_replica_received(&self);
     async fn wait_replica_caught_up(&self);
+    async fn hold_back_replica(&mut self);
+    fn lose_master(&mut self);
+    async fn promote_replica(&mut self);
+    fn master_port(&self) -> u16;
+    fn replica_port(&self) -> u16;
 }
 
 macro_rules! pair {
@@ -915,6 +1019,21 @@ macro_rules! pair {
             }
             async fn wait_replica_caught_up(&self) {
                 <$ty>::wait_replica_caught_up(self).await
+            }
+            async fn hold_back_replica(&mut self) {
+                <$ty>::hold_back_replica(self).await
+            }
+            fn lose_master(&mut self) {
+                <$ty>::lose_master(self)
+            }
+            async fn promote_replica(&mut self) {
+                <$ty>::promote_replica(self).await
+            }
+            fn master_port(&self) -> u16 {
+                <$ty>::master_port(self)
+            }
+            fn replica_port(&self) -> u16 {
+                <$ty>::replica_port(self)
             }
         }
     };

@@ -295,7 +295,7 @@ function bufferTable(catalog, samples) {
     samples,
     catalog.datastores.map((d) => d.name),
   ).flatMap((ds) =>
-    ds.clusters.map((c) => ({ ...c, name: ds.name, replayed: ds.replayed, conflicts: ds.conflicts })),
+    ds.clusters.map((c) => ({ ...c, name: ds.name, replayed: ds.replayed, released: ds.released, conflicts: ds.conflicts })),
   );
   if (rows.length === 0) return h('p', {}, 'No buffers: this gateway has one storage cluster.');
   return tableWrap(
@@ -306,7 +306,7 @@ function bufferTable(catalog, samples) {
       h(
         'thead',
         {},
-        h('tr', {}, ['Datastore', 'Buffer on cluster', 'Waiting cells', 'Oldest', 'Replayed since start', 'Conflicts since start'].map((t) => h('th', { scope: 'col' }, t))),
+        h('tr', {}, ['Datastore', 'Buffer on cluster', 'Waiting cells', 'Of them for replicas', 'Oldest', 'Replayed since start', 'Released since start', 'Conflicts since start'].map((t) => h('th', { scope: 'col' }, t))),
       ),
       h(
         'tbody',
@@ -318,8 +318,10 @@ function bufferTable(catalog, samples) {
             h('th', { scope: 'row' }, r.name),
             h('td', {}, r.cluster),
             h('td', {}, String(r.cells)),
+            h('td', {}, r.awaitingReplicas === null ? '–' : String(r.awaitingReplicas)),
             h('td', {}, r.cells > 0 && r.oldestSeconds !== null ? `${r.oldestSeconds} s` : '–'),
             h('td', {}, r.replayed === null ? '–' : String(r.replayed)),
+            h('td', {}, r.released === null ? '–' : String(r.released)),
             h('td', {}, r.conflicts === null ? '–' : String(r.conflicts)),
           ),
         ),

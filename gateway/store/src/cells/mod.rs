@@ -28,7 +28,7 @@ pub use cache::CellCacheMetrics;
 pub use log::{Location, LogPage, ShardLag, MAX_LOG_PAGE};
 pub use prune::{PruneCounts, PruneOptions, PruneProgress, PruneReport};
 pub use read::with_latest_ref_keys;
-pub use replay::{Backlog, Conflict};
+pub use replay::{Backlog, Conflict, UndecodableCopy};
 
 // What the rest of the store uses of reading cells: `Store` delegates its
 // reads here, and index maintenance and index queries build on the log and

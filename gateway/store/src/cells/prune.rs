@@ -17,7 +17,11 @@
 //!   name it or not — an index version left behind by a change holds cells
 //!   until `cellgate index drop` removes its table and offsets;
 //! - a cell a quarantine record names (`<ds>_quarantine`,
-//!   `<ds>_trigger_quarantine`) stays, so a retry finds it.
+//!   `<ds>_trigger_quarantine`) stays, so a retry finds it;
+//! - a cell with a copy in another cluster's buffer (`<ds>_buffer`) stays:
+//!   copies live until the primary's replicas have the cell, and a copy
+//!   whose version were pruned would be replayed as new. Read after the
+//!   versions, so a copy made before the cell's commit is seen.
 //!
 //! **How.** Each cluster's shards are worked through in chunks of shard
 //! ranges (a `(row, column)` never spans shards, so a range holds all of
@@ -40,7 +44,7 @@
 //! A pruned version is gone from `history`, `cell` and the log; written
 //! again, it is stored again (as a new, non-latest cell).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -89,6 +93,8 @@ pub struct PruneCounts {
     pub kept_for_consumers: u64,
     /// Versions a quarantine record names.
     pub kept_for_quarantine: u64,
+    /// Versions with a copy still in a buffer.
+    pub kept_for_buffers: u64,
 }
 
 impl PruneCounts {
@@ -99,6 +105,7 @@ impl PruneCounts {
         self.kept_recent += other.kept_recent;
         self.kept_for_consumers += other.kept_for_consumers;
         self.kept_for_quarantine += other.kept_for_quarantine;
+        self.kept_for_buffers += other.kept_for_buffers;
     }
 }
 
@@ -188,6 +195,13 @@ pub(crate) async fn prune(
     };
     for (cluster, ranges) in ranges {
         let backend = topology.clusters[cluster].master()?.clone();
+        // Where copies of this cluster's cells can be buffered.
+        let buffers = topology
+            .clusters
+            .iter()
+            .filter(|c| c.index != cluster)
+            .map(|c| c.master().cloned())
+            .collect::<Result<Vec<_>>>()?;
         let before = backend.statements();
         let mut size = FIRST_CHUNK;
         for (first, last) in ranges {
@@ -203,9 +217,11 @@ pub(crate) async fn prune(
                 // attempt deleted is gone and stays counted.
                 let mut attempt = 0;
                 let examined = loop {
-                    match prune_chunk(backend.as_ref(), ds, options, &expected, chunk, &mut report)
-                        .await
-                    {
+                    let sources = Sources {
+                        backend: backend.as_ref(),
+                        buffers: &buffers,
+                    };
+                    match prune_chunk(sources, ds, options, &expected, chunk, &mut report).await {
                         Err(err) if err.is_retryable() && attempt < CHUNK_RETRIES => {
                             attempt += 1;
                             tracing::debug!(datastore = %ds.name(), attempt, error = %err, "prune chunk retried after a lost race");
@@ -281,17 +297,28 @@ struct Candidate {
     shard: u32,
     added_id: i64,
     column: String,
+    row_key: uuid::Uuid,
+    ref_key: i64,
+}
+
+/// The master of the cluster being pruned, and those of the clusters whose
+/// buffers may hold copies of its cells.
+#[derive(Clone, Copy)]
+struct Sources<'a> {
+    backend: &'a dyn Backend,
+    buffers: &'a [std::sync::Arc<dyn Backend>],
 }
 
 /// Prunes one chunk into `report`; returns the cells it examined.
 async fn prune_chunk(
-    backend: &dyn Backend,
+    sources: Sources<'_>,
     ds: &DatastoreRuntime,
     options: &PruneOptions,
     expected: &[String],
     chunk: Chunk,
     report: &mut PruneReport,
 ) -> Result<u64> {
+    let backend = sources.backend;
     let dialect = backend.dialect();
     let table = ddl::cells_table(ds.name());
     let only_column = |sql: &mut Sql, prefix: &str| {
@@ -338,9 +365,16 @@ async fn prune_chunk(
     // latest) of their (row, column), and older than `created_before`.
     let mut sql = Sql::new(dialect);
     sql.push("SELECT ")
-        .idents(["shard", "added_id", "column_name"])
+        .idents(["shard", "added_id", "column_name", "row_key", "ref_key"])
         .push(" FROM (SELECT ")
-        .idents(["shard", "added_id", "column_name", "created_at"])
+        .idents([
+            "shard",
+            "added_id",
+            "column_name",
+            "row_key",
+            "ref_key",
+            "created_at",
+        ])
         .push(", ROW_NUMBER() OVER (PARTITION BY ")
         .idents(["row_key", "column_name"])
         .push(" ORDER BY ")
@@ -363,13 +397,15 @@ async fn prune_chunk(
             .bind(Value::DateTime(before));
     }
     let candidates: Vec<Candidate> = backend
-        .rows::<(i64, i64, String)>(&sql)
+        .rows::<(i64, i64, String, uuid::Uuid, i64)>(&sql)
         .await?
         .into_iter()
-        .map(|(shard, added_id, column)| Candidate {
+        .map(|(shard, added_id, column, row_key, ref_key)| Candidate {
             shard: shard as u32,
             added_id,
             column,
+            row_key,
+            ref_key,
         })
         .collect();
     let allowed: HashMap<&str, u64> = candidates.iter().fold(HashMap::new(), |mut m, c| {
@@ -385,10 +421,20 @@ async fn prune_chunk(
     if !candidates.is_empty() {
         let floors = floors(backend, ds, expected, chunk).await?;
         let quarantined = quarantined(backend, ds, chunk).await?;
+        let buffered = buffered(sources.buffers, ds, chunk).await?;
         for candidate in candidates {
             let column = counts.entry(candidate.column.clone()).or_default();
             if quarantined.contains(&(candidate.shard, candidate.added_id)) {
                 column.kept_for_quarantine += 1;
+                continue;
+            }
+            let key = (
+                candidate.row_key,
+                candidate.column.clone(),
+                candidate.ref_key,
+            );
+            if buffered.contains(&key) {
+                column.kept_for_buffers += 1;
                 continue;
             }
             if let Some((floor, consumer)) = floors.get(&candidate.shard) {
@@ -502,6 +548,26 @@ async fn quarantined(
         .into_iter()
         .map(|(shard, added_id)| (shard as u32, added_id))
         .collect())
+}
+
+/// The keys of the cells of `chunk` with a copy in one of `buffers`.
+async fn buffered(
+    buffers: &[std::sync::Arc<dyn Backend>],
+    ds: &DatastoreRuntime,
+    chunk: Chunk,
+) -> Result<HashSet<(uuid::Uuid, String, i64)>> {
+    let mut keys = HashSet::new();
+    for backend in buffers {
+        let mut sql = Sql::new(backend.dialect());
+        sql.push("SELECT ")
+            .idents(["row_key", "column_name", "ref_key"])
+            .push(" FROM ")
+            .ident(&ddl::buffer_table(ds.name()))
+            .push(" WHERE ");
+        chunk.condition(&mut sql, "");
+        keys.extend(backend.rows::<(uuid::Uuid, String, i64)>(&sql).await?);
+    }
+    Ok(keys)
 }
 
 type Batch = Vec<(u32, Vec<(i64, String)>)>;

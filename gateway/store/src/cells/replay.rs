@@ -32,7 +32,7 @@
 //! lease is there to keep gateways from doing the same work, not for
 //! correctness: a holder that stalled past its lease does no harm.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -75,6 +75,10 @@ pub struct Backlog {
     pub cells: i64,
     /// When the oldest was buffered.
     pub oldest: Option<DateTime<Utc>>,
+    /// Of `cells`, those their primary's master has, waiting for its
+    /// replicas to have them too (from the latest pass of the gateway
+    /// holding this buffer's lease; 0 elsewhere).
+    pub awaiting_replicas: i64,
 }
 
 /// A buffered write that lost to another body of its key on replay.
@@ -202,15 +206,20 @@ async fn tend(
 ) -> Result<i64> {
     let backend = topology.clusters[cluster].maintenance()?.clone();
     let (cells, oldest) = count(backend.as_ref(), ds.name()).await?;
-    replayer.set_backlog(
-        ds.name(),
-        cluster,
-        Backlog {
-            cluster: topology.clusters[cluster].name.clone(),
-            cells,
-            oldest,
-        },
-    );
+    let backlog = |awaiting_replicas: i64| Backlog {
+        cluster: topology.clusters[cluster].name.clone(),
+        cells,
+        oldest,
+        awaiting_replicas,
+    };
+    // Until this pass tells, the last pass's figure stands.
+    let before = replayer
+        .backlog
+        .lock()
+        .expect("backlog")
+        .get(&(ds.name().to_string(), cluster))
+        .map_or(0, |b| b.awaiting_replicas);
+    replayer.set_backlog(ds.name(), cluster, backlog(before.min(cells)));
     let slot = (ds.name().to_string(), cluster);
     if cells == 0 {
         if let Some(lease) = held.remove(&slot) {
@@ -228,8 +237,9 @@ async fn tend(
         .saturating_sub(Duration::from_secs(1));
     let deadline = Instant::now() + left.min(replayer.lease_time / 2);
     held.insert(slot, lease);
-    let replayed = replay(topology, ds, cluster, backend.as_ref(), deadline, stopped).await?;
-    Ok(cells - replayed as i64)
+    let pass = replay(topology, ds, cluster, backend.as_ref(), deadline, stopped).await?;
+    replayer.set_backlog(ds.name(), cluster, backlog(pass.awaiting_replicas as i64));
+    Ok(cells - pass.deleted as i64)
 }
 
 /// Renews `lease`, or takes the buffer's lease when it is free.
@@ -272,6 +282,9 @@ async fn hold(
 /// gateway under write load take and give up the lease all the time.
 async fn count(backend: &dyn Backend, datastore: &str) -> Result<(i64, Option<DateTime<Utc>>)> {
     let mut sql = Sql::new(backend.dialect());
+    let young_from = backend
+        .dialect()
+        .now_minus_millis(MIN_AGE.as_millis() as u64);
     sql.push("SELECT COUNT(*), MIN(")
         .ident("created_at")
         .push(") FROM ")
@@ -279,16 +292,11 @@ async fn count(backend: &dyn Backend, datastore: &str) -> Result<(i64, Option<Da
         .push(" WHERE ")
         .ident("created_at")
         .push(" < ")
-        .bind(Value::DateTime(young_from()));
+        .push(&young_from);
     let row = backend
         .first_row::<(Option<i64>, Option<DateTime<Utc>>)>(&sql)
         .await?;
     Ok(row.map_or((0, None), |(count, oldest)| (count.unwrap_or(0), oldest)))
-}
-
-/// Buffered copies from this time on are [`MIN_AGE`] young.
-fn young_from() -> DateTime<Utc> {
-    truncate_to_micros(Utc::now()) - chrono::Duration::from_std(MIN_AGE).expect("a small duration")
 }
 
 /// One buffered write as read back.
@@ -298,11 +306,22 @@ struct Buffered {
     key: CellKey,
     encoded: Vec<u8>,
     created_at: DateTime<Utc>,
+    /// Younger than [`MIN_AGE`]: left to the write still committing it.
+    young: bool,
+}
+
+/// What one pass over a buffer did.
+#[derive(Debug, Default)]
+struct Pass {
+    /// Buffer rows deleted: their cells are on the primary's master and
+    /// every replica (or recorded as conflicts).
+    deleted: usize,
+    /// Copies whose cells the master has and a replica does not yet.
+    awaiting_replicas: usize,
 }
 
 /// Replays the buffer of `datastore` on `holder` page by page until its
-/// end, `deadline` or a shutdown; returns the cells delivered (buffer rows
-/// deleted).
+/// end, `deadline` or a shutdown, and deletes the copies no longer needed.
 async fn replay(
     topology: &Topology,
     ds: &DatastoreRuntime,
@@ -310,18 +329,17 @@ async fn replay(
     backend: &dyn Backend,
     deadline: Instant,
     stopped: &tokio::sync::watch::Receiver<bool>,
-) -> Result<usize> {
+) -> Result<Pass> {
     let mut after = 0;
-    let mut delivered = 0;
+    let mut pass = Pass::default();
     while Instant::now() < deadline && !*stopped.borrow() {
         let page = read_page(backend, ds.name(), after).await?;
         let Some(last) = page.last() else { break };
         after = last.buffer_id;
         let full = page.len() == PAGE;
-        let young = young_from();
         let mut groups: BTreeMap<usize, Vec<Buffered>> = BTreeMap::new();
         for cell in page {
-            if cell.created_at > young {
+            if cell.young {
                 continue;
             }
             groups
@@ -337,9 +355,10 @@ async fn replay(
         .await;
         for outcome in outcomes {
             match outcome {
-                Ok(ids) => {
-                    delete(backend, ds.name(), &ids).await?;
-                    delivered += ids.len();
+                Ok(Delivered { done, waiting }) => {
+                    delete(backend, ds.name(), &done).await?;
+                    pass.deleted += done.len();
+                    pass.awaiting_replicas += waiting;
                 }
                 Err(err) => {
                     tracing::debug!(datastore = %ds.name(), error = %err, "buffered cells wait for their primary");
@@ -350,7 +369,7 @@ async fn replay(
             break;
         }
     }
-    Ok(delivered)
+    Ok(pass)
 }
 
 /// Buffer rows after `after`, in buffer order.
@@ -367,7 +386,16 @@ async fn read_page(backend: &dyn Backend, datastore: &str, after: i64) -> Result
             "body",
             "created_at",
         ])
-        .push(" FROM ")
+        // Whether the copy is younger than `MIN_AGE` by the clock of the
+        // server that stamped it.
+        .push(", CAST(CASE WHEN ")
+        .ident("created_at")
+        .push(" < ")
+        .push(&dialect.now_minus_millis(MIN_AGE.as_millis() as u64))
+        .push(&format!(
+            " THEN 0 ELSE 1 END AS {}) FROM ",
+            dialect.integer_cast()
+        ))
         .ident(&ddl::buffer_table(datastore))
         .push(" WHERE ")
         .ident("buffer_id")
@@ -376,9 +404,9 @@ async fn read_page(backend: &dyn Backend, datastore: &str, after: i64) -> Result
         .push(" ORDER BY ")
         .ident("buffer_id")
         .push(&format!(" LIMIT {PAGE}"));
-    type Row = (i64, i64, Uuid, String, i64, Vec<u8>, DateTime<Utc>);
+    type Row = (i64, i64, Uuid, String, i64, Vec<u8>, DateTime<Utc>, i64);
     let mut page = Vec::new();
-    for (buffer_id, shard, row_key, column, ref_key, encoded, created_at) in
+    for (buffer_id, shard, row_key, column, ref_key, encoded, created_at, young) in
         backend.rows::<Row>(&sql).await?
     {
         page.push(Buffered {
@@ -391,21 +419,36 @@ async fn read_page(backend: &dyn Backend, datastore: &str, after: i64) -> Result
             },
             encoded,
             created_at,
+            young: young != 0,
         });
     }
     Ok(page)
 }
 
+/// The outcome of [`deliver`].
+struct Delivered {
+    /// Buffer ids safe to delete.
+    done: Vec<i64>,
+    /// Copies kept until the primary's replicas have their cells.
+    waiting: usize,
+}
+
 /// Commits buffered cells of one primary, records their conflicts, and
-/// returns the buffer ids now safe to delete. Fails, keeping them all,
-/// while the primary cannot take them.
+/// returns the buffer ids now safe to delete: those whose cells the
+/// primary's master and every one of its replicas have. Fails, keeping
+/// them all, while the primary cannot take them.
+///
+/// A copy outlives its write's commit for the loss it guards against: a
+/// master that dies with its disk before its replicas have the cell. The
+/// replica promoted then lacks the cell, and this replays the copy into
+/// it, like any other buffered write.
 async fn deliver(
     topology: &Topology,
     ds: &DatastoreRuntime,
     holder: usize,
     primary: usize,
     cells: Vec<Buffered>,
-) -> Result<Vec<i64>> {
+) -> Result<Delivered> {
     let cluster = &topology.clusters[primary];
     if let ClusterState::Refused(reason) = cluster.state() {
         return Err(Error::ClusterRefused {
@@ -419,7 +462,11 @@ async fn deliver(
     let mut rounds: Vec<Vec<Prepared>> = Vec::new();
     let mut seen: HashMap<CellKey, usize> = HashMap::new();
     let mut origin: HashMap<usize, (i64, DateTime<Utc>)> = HashMap::new();
-    let mut ids = Vec::with_capacity(cells.len());
+    // Per buffer id the shard of its cell; conflicts are done at once.
+    let mut stored: Vec<(i64, u32)> = Vec::with_capacity(cells.len());
+    let mut done = Vec::new();
+    // The highest `added_id` per shard among the cells the master has.
+    let mut heads: BTreeMap<u32, i64> = BTreeMap::new();
     for (index, cell) in cells.into_iter().enumerate() {
         let body = match codec::decode(&cell.encoded) {
             Ok(body) => body,
@@ -444,30 +491,47 @@ async fn deliver(
         });
         *round += 1;
     }
+    // Where replicas follow the master, most copies are of writes that
+    // committed normally: meeting their cell is a release, not a replay.
+    let replicated = !cluster.replicas.is_empty();
     for mut round in rounds {
         round.sort_by_key(|p| (p.shard, p.index));
-        let (statuses, heads) = with_retry("replaying buffered cells", || {
+        let (statuses, round_heads) = with_retry("replaying buffered cells", || {
             commit_primary(master.as_ref(), ds.name(), &round)
         })
         .await?;
-        if !heads.is_empty() {
+        if statuses.iter().any(|s| matches!(s, Ok(PutStatus::Written))) {
             topology.events.written(Written {
                 datastore: ds.name().to_string(),
                 cluster: primary,
-                heads,
+                heads: round_heads.clone(),
             });
+        }
+        for (shard, added_id) in round_heads {
+            let head = heads.entry(shard).or_insert(added_id);
+            *head = (*head).max(added_id);
         }
         let mut lost = Vec::new();
         for (cell, status) in round.iter().zip(statuses) {
+            let buffer_id = origin[&cell.index].0;
             match status {
                 Ok(PutStatus::Written) => {
                     ds.cells_written.fetch_add(1, Relaxed);
                     ds.cells_replayed.fetch_add(1, Relaxed);
+                    stored.push((buffer_id, cell.shard));
                 }
                 Ok(_) => {
-                    ds.cells_replayed.fetch_add(1, Relaxed);
+                    if !replicated {
+                        ds.cells_replayed.fetch_add(1, Relaxed);
+                    }
+                    stored.push((buffer_id, cell.shard));
                 }
-                Err(err) if matches!(*err, Error::CellConflict { .. }) => lost.push(cell),
+                Err(err) if matches!(*err, Error::CellConflict { .. }) => {
+                    lost.push(cell);
+                    done.push(buffer_id);
+                }
+                // Moved away meanwhile: the next pass finds the new home.
+                Err(err) if matches!(*err, Error::ShardMoving { .. }) => {}
                 Err(err) => return Err(Error::unshare(err)),
             }
         }
@@ -475,9 +539,39 @@ async fn deliver(
             let holder_name = &topology.clusters[holder].name;
             record_conflicts(master.as_ref(), ds, &lost, holder_name, &origin).await?;
         }
-        ids.extend(round.iter().map(|cell| origin[&cell.index].0));
     }
-    Ok(ids)
+    if !replicated {
+        done.extend(stored.iter().map(|(id, _)| *id));
+        return Ok(Delivered { done, waiting: 0 });
+    }
+    let heads: Vec<(u32, i64)> = heads.into_iter().collect();
+    let mut everywhere: Option<BTreeSet<u32>> = None;
+    for (r, replica) in cluster.replicas.iter().enumerate() {
+        let applied = match crate::replicas::applied_shards(replica.as_ref(), ds.name(), &heads)
+            .await
+        {
+            Ok(applied) => applied,
+            Err(err) => {
+                tracing::debug!(cluster = %cluster.name, replica = r, error = %err, "cannot tell whether a replica has buffered cells; their copies stay");
+                BTreeSet::new()
+            }
+        };
+        everywhere = Some(match everywhere {
+            None => applied,
+            Some(so_far) => so_far.intersection(&applied).copied().collect(),
+        });
+    }
+    let everywhere = everywhere.unwrap_or_default();
+    let mut waiting = 0;
+    for (buffer_id, shard) in stored {
+        if everywhere.contains(&shard) {
+            done.push(buffer_id);
+            ds.copies_released.fetch_add(1, Relaxed);
+        } else {
+            waiting += 1;
+        }
+    }
+    Ok(Delivered { done, waiting })
 }
 
 /// The columns of `<ds>_conflicts`, in the order they are written and read.
@@ -608,13 +702,12 @@ pub(crate) async fn list_conflicts(
                 column: column.unwrap_or_default(),
                 ref_key,
             };
+            // A copy set aside because it could not be decoded keeps its
+            // bytes there; the listing says so instead of failing.
             let body = match body {
-                Some(bytes) => codec::decode(&bytes).map_err(|reason| Error::CorruptBody {
-                    row_key,
-                    column: key.column.clone(),
-                    ref_key,
-                    reason,
-                })?,
+                Some(bytes) => codec::decode(&bytes).unwrap_or_else(|_| {
+                    serde_json::Value::String(format!("<undecodable: {} bytes>", bytes.len()))
+                }),
                 None => serde_json::Value::Null,
             };
             all.push(Conflict {
@@ -631,4 +724,118 @@ pub(crate) async fn list_conflicts(
     all.sort_by_key(|c| std::cmp::Reverse(c.recorded_at));
     all.truncate(limit);
     Ok(all)
+}
+
+/// A buffered copy whose body cannot be decoded: replay leaves it where it
+/// is (and logs it each pass) until an operator sets it aside.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UndecodableCopy {
+    /// The cluster whose buffer holds it.
+    pub cluster: String,
+    pub buffer_id: i64,
+    pub key: CellKey,
+    pub bytes: usize,
+    pub buffered_at: DateTime<Utc>,
+    pub reason: String,
+}
+
+/// Every undecodable copy of `datastore` in the buffers of the ready
+/// clusters, a page of [`PAGE`] rows at a time.
+pub(crate) async fn list_undecodable(
+    topology: &Topology,
+    datastore: &str,
+) -> Result<Vec<UndecodableCopy>> {
+    let ds = topology.datastore(datastore)?;
+    let mut found = Vec::new();
+    for cluster in &topology.clusters {
+        let backend = match cluster.master() {
+            Ok(backend) => backend,
+            Err(err) => {
+                tracing::warn!(cluster = %cluster.name, error = %err, "the buffer of an unavailable cluster is not searched for undecodable copies");
+                continue;
+            }
+        };
+        let mut after = 0;
+        loop {
+            let page = read_page(backend.as_ref(), ds.name(), after).await?;
+            let Some(last) = page.last() else { break };
+            after = last.buffer_id;
+            let full = page.len() == PAGE;
+            for copy in page {
+                if let Err(reason) = codec::decode(&copy.encoded) {
+                    found.push(UndecodableCopy {
+                        cluster: cluster.name.clone(),
+                        buffer_id: copy.buffer_id,
+                        key: copy.key,
+                        bytes: copy.encoded.len(),
+                        buffered_at: copy.created_at,
+                        reason,
+                    });
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Moves the undecodable copy `buffer_id` from the buffer of `cluster` to
+/// the conflicts table on its primary (its bytes kept, `body_hash`
+/// `undecodable`), so replay stops retrying it; refuses a copy that
+/// decodes. The record is written before the copy is deleted, so a failure
+/// in between leaves both, never neither.
+pub(crate) async fn set_aside(
+    topology: &Topology,
+    datastore: &str,
+    cluster: &str,
+    buffer_id: i64,
+) -> Result<CellKey> {
+    let ds = topology.datastore(datastore)?;
+    let holder = topology
+        .clusters
+        .iter()
+        .find(|c| c.name == cluster)
+        .ok_or_else(|| Error::BadInput(format!("no storage cluster is named `{cluster}`")))?;
+    let backend = holder.master()?;
+    let copy = read_page(backend.as_ref(), ds.name(), buffer_id - 1)
+        .await?
+        .into_iter()
+        .next()
+        .filter(|copy| copy.buffer_id == buffer_id)
+        .ok_or_else(|| {
+            Error::BadInput(format!(
+                "the buffer of `{cluster}` holds no copy {buffer_id} of `{datastore}`"
+            ))
+        })?;
+    if codec::decode(&copy.encoded).is_ok() {
+        return Err(Error::BadInput(format!(
+            "copy {buffer_id} on `{cluster}` decodes: replay delivers it, nothing to set aside"
+        )));
+    }
+    let primary = topology.clusters[ds.map().cluster_of(copy.shard)].master()?;
+    let dialect = primary.dialect();
+    let mut sql = Sql::new(dialect);
+    sql.push(dialect.insert_ignore())
+        .ident(&ddl::conflicts_table(ds.name()))
+        .push(" (")
+        .idents(CONFLICT_COLUMNS)
+        .push(") ")
+        .rows([vec![
+            Value::Uuid(copy.key.row_key),
+            Value::Text(copy.key.column.clone()),
+            Value::Int(copy.key.ref_key),
+            Value::Text("undecodable".into()),
+            Value::Bytes(copy.encoded.clone()),
+            Value::Text(String::new()),
+            Value::Text(cluster.to_string()),
+            Value::DateTime(copy.created_at),
+            Value::DateTime(truncate_to_micros(Utc::now())),
+        ]])
+        .push(dialect.on_conflict_do_nothing());
+    primary.execute(&sql).await?;
+    delete(backend.as_ref(), ds.name(), &[buffer_id]).await?;
+    tracing::warn!(datastore = %ds.name(), cluster, buffer_id, row_key = %copy.key.row_key, "an undecodable buffered copy was set aside in the conflicts table");
+    Ok(copy.key)
 }

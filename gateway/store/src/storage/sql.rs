@@ -250,6 +250,48 @@ impl Dialect {
         }
     }
 
+    /// The query of what identifies the database server a connection
+    /// reached as the master it is: another answer later means another
+    /// server took its place (a replica promoted behind the same address).
+    /// MySQL/MariaDB: host, port and `server_id` (which replication needs
+    /// to differ); PostgreSQL: the timeline, which a promotion advances.
+    /// `None` for an embedded file.
+    pub fn master_identity_query(self) -> Option<&'static str> {
+        match self {
+            Dialect::MySql => Some("SELECT CONCAT(@@hostname, ':', @@port, '/', @@server_id)"),
+            Dialect::Postgres => {
+                Some("SELECT 'timeline ' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")
+            }
+            Dialect::Sqlite => None,
+        }
+    }
+
+    /// The database server's current time, as a `DateTime` column holds
+    /// it (UTC; microseconds since the epoch on SQLite). Timestamps that
+    /// one server writes and compares with its own clock do not depend on
+    /// the clocks of the gateways that wrote and read them.
+    pub fn now(self) -> &'static str {
+        match self {
+            Dialect::MySql => "UTC_TIMESTAMP(6)",
+            Dialect::Postgres => "CURRENT_TIMESTAMP",
+            Dialect::Sqlite => {
+                "CAST(ROUND((julianday('now') - 2440587.5) * 86400000000) AS INTEGER)"
+            }
+        }
+    }
+
+    /// [`Dialect::now`] less `millis` milliseconds.
+    pub fn now_minus_millis(self, millis: u64) -> String {
+        match self {
+            Dialect::MySql => format!(
+                "(UTC_TIMESTAMP(6) - INTERVAL {} MICROSECOND)",
+                millis * 1000
+            ),
+            Dialect::Postgres => format!("(CURRENT_TIMESTAMP - INTERVAL '{millis} milliseconds')"),
+            Dialect::Sqlite => format!("({} - {})", self.now(), millis * 1000),
+        }
+    }
+
     /// The clause after a `LIKE` pattern that makes the backslash its
     /// escape character. MySQL's default escape character is already the
     /// backslash, and writing it in SQL text would need escaping of its own.
@@ -479,9 +521,40 @@ impl Sql {
     /// connection instead of once per batch size, with a parameter per
     /// column instead of one per value.
     pub fn rows(&mut self, rows: impl IntoIterator<Item = Vec<Value>>) -> &mut Self {
+        self.rows_and(rows, None)
+    }
+
+    /// As [`Sql::rows`], each row followed by one more column: the
+    /// database server's clock ([`Dialect::now`]), so the rows carry the
+    /// time of the server that stores them, not of the gateway.
+    pub fn rows_stamped(&mut self, rows: impl IntoIterator<Item = Vec<Value>>) -> &mut Self {
+        let now = self.dialect.now();
+        self.rows_and(rows, Some(now))
+    }
+
+    fn rows_and(
+        &mut self,
+        rows: impl IntoIterator<Item = Vec<Value>>,
+        last: Option<&str>,
+    ) -> &mut Self {
         if self.dialect != Dialect::Postgres {
             self.push("VALUES ");
-            return self.values(rows);
+            let Some(last) = last else {
+                return self.values(rows);
+            };
+            for (i, row) in rows.into_iter().enumerate() {
+                if i > 0 {
+                    self.text.push_str(", ");
+                }
+                self.text.push('(');
+                for value in row {
+                    self.bind(value);
+                    self.text.push_str(", ");
+                }
+                self.text.push_str(last);
+                self.text.push(')');
+            }
+            return self;
         }
         let mut columns: Vec<Vec<Value>> = Vec::new();
         for row in rows {
@@ -492,7 +565,11 @@ impl Sql {
                 column.push(value);
             }
         }
-        self.push("SELECT * FROM unnest(");
+        self.push("SELECT *");
+        if let Some(last) = last {
+            self.push(", ").push(last);
+        }
+        self.push(" FROM unnest(");
         for (i, column) in columns.into_iter().enumerate() {
             if i > 0 {
                 self.push(", ");

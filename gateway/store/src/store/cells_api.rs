@@ -228,6 +228,23 @@ impl Store {
         cells::cells_for_shard(self.topology_ref(), datastore, shard, location, limit, read).await
     }
 
+    /// The buffered copies of `datastore` whose bodies cannot be decoded,
+    /// on every cluster: replay leaves them in place.
+    pub async fn buffer_undecodable(&self, datastore: &str) -> Result<Vec<cells::UndecodableCopy>> {
+        cells::replay::list_undecodable(self.topology_ref(), datastore).await
+    }
+
+    /// Moves one undecodable buffered copy to the conflicts table on its
+    /// primary, bytes kept; returns its cell's key.
+    pub async fn buffer_set_aside(
+        &self,
+        datastore: &str,
+        cluster: &str,
+        buffer_id: i64,
+    ) -> Result<cells::CellKey> {
+        cells::replay::set_aside(self.topology_ref(), datastore, cluster, buffer_id).await
+    }
+
     pub async fn buffer_conflicts(
         &self,
         datastore: &str,

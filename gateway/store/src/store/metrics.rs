@@ -16,6 +16,9 @@ pub struct DatastoreMetrics {
     pub cells_replayed: u64,
     /// Buffered writes this process recorded as conflicts on replay.
     pub replay_conflicts: u64,
+    /// Buffer copies this process deleted once their cells were on the
+    /// primary's master and every replica of it.
+    pub copies_released: u64,
     /// Index maintenance figures (lag from the latest sweep).
     pub maintenance: MaintenanceMetrics,
     /// Index verify runs of this process and the drift they found.
@@ -78,6 +81,7 @@ impl Store {
                 buffered: self.inner.replayer.backlog(ds.name()),
                 cells_replayed: ds.cells_replayed.load(Relaxed),
                 replay_conflicts: ds.replay_conflicts.load(Relaxed),
+                copies_released: ds.copies_released.load(Relaxed),
                 maintenance: self.inner.maintainer.metrics(&ds),
                 verify: self.inner.verifier.totals(ds.name()),
                 topology_version: ds.routes.version(),

@@ -54,6 +54,11 @@ impl Store {
                 reloading: tokio::sync::Mutex::new(()),
             }),
         };
+        if options.maintain_indexes {
+            tokio::spawn(super::indexes_api::watch_masters(Arc::downgrade(
+                &store.inner,
+            )));
+        }
         if let (true, Some(every)) = (options.maintain_indexes, options.maintenance.verify_every) {
             tokio::spawn(super::indexes_api::scheduled_verifies(
                 Arc::downgrade(&store.inner),

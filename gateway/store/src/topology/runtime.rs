@@ -189,6 +189,9 @@ pub(crate) struct DatastoreRuntime {
     pub(crate) cells_replayed: Arc<AtomicU64>,
     /// Buffered writes this process recorded as conflicts on replay.
     pub(crate) replay_conflicts: Arc<AtomicU64>,
+    /// Buffer copies this process deleted once the primary's master and
+    /// replicas all had their cells.
+    pub(crate) copies_released: Arc<AtomicU64>,
 }
 
 impl DatastoreRuntime {
@@ -201,6 +204,7 @@ impl DatastoreRuntime {
             cells_duplicate: Arc::default(),
             cells_replayed: Arc::default(),
             replay_conflicts: Arc::default(),
+            copies_released: Arc::default(),
         }
     }
 
@@ -215,6 +219,7 @@ impl DatastoreRuntime {
             cells_duplicate: self.cells_duplicate.clone(),
             cells_replayed: self.cells_replayed.clone(),
             replay_conflicts: self.replay_conflicts.clone(),
+            copies_released: self.copies_released.clone(),
         }
     }
 

@@ -282,7 +282,21 @@ async fn write_group(
                     heads: heads.clone(),
                 });
             }
-            release_buffers(topology, ds, buffered).await;
+            if topology.clusters[cluster].replicas.is_empty() {
+                release_buffers(topology, ds, buffered).await;
+            } else {
+                // The copies stay until the replicas have the cells
+                // (`replay.rs` deletes them then): a master lost with its
+                // disk before that would otherwise lose them. Copies of
+                // cells the primary refused go now.
+                let refused: Vec<&CellKey> = group
+                    .iter()
+                    .zip(&statuses)
+                    .filter(|(_, status)| status.is_err())
+                    .map(|(p, _)| &p.key)
+                    .collect();
+                forget_copies(topology, ds, &buffered, &refused).await;
+            }
             (group.iter().map(|p| p.index).zip(statuses).collect(), heads)
         }
         Err(err) if err.is_transient() && buffered.len() >= topology.buffer_count.max(1) => {
@@ -319,14 +333,13 @@ async fn buffer(
         .filter(|c| *c != primary)
         .collect();
     secondaries.shuffle(&mut rand::thread_rng());
-    let created_at = Value::DateTime(truncate_to_micros(Utc::now()));
     let mut copies = Vec::new();
     let mut last_error = None;
     for cluster in secondaries {
         if copies.len() == topology.buffer_count {
             break;
         }
-        match buffer_copy(topology, ds, cluster, group, &created_at).await {
+        match buffer_copy(topology, ds, cluster, group).await {
             Ok(batch) => copies.push((cluster, batch)),
             Err(err) => {
                 tracing::warn!(datastore = %ds.name(), cluster = %topology.clusters[cluster].name, error = %err, "cannot buffer a batch here; trying another cluster");
@@ -355,7 +368,6 @@ async fn buffer_copy(
     ds: &DatastoreRuntime,
     cluster: usize,
     group: &[Prepared],
-    created_at: &Value,
 ) -> Result<Uuid> {
     let backend = topology.clusters[cluster].master()?;
     let dialect = backend.dialect();
@@ -378,7 +390,9 @@ async fn buffer_copy(
                     "created_at",
                 ])
                 .push(") ")
-                .rows(chunk.iter().map(|cell| {
+                // `created_at` by the buffer's server: replay judges a
+                // copy's age by the same clock.
+                .rows_stamped(chunk.iter().map(|cell| {
                     vec![
                         Value::Uuid(batch),
                         Value::Int(i64::from(cell.shard)),
@@ -386,7 +400,6 @@ async fn buffer_copy(
                         Value::Text(cell.key.column.clone()),
                         Value::Int(cell.key.ref_key),
                         Value::Bytes(cell.encoded.clone()),
-                        created_at.clone(),
                     ]
                 }));
             tx.execute(&sql).await?;
@@ -413,6 +426,58 @@ async fn release_buffers(topology: &Topology, ds: &DatastoreRuntime, copies: Vec
             .bind(Value::Uuid(batch));
         if let Err(err) = backend.execute(&sql).await {
             tracing::warn!(cluster = %backend.cluster(), error = %err, "could not release buffered cells");
+        }
+    }
+}
+
+/// Deletes the copies of `keys` from the buffered batches `copies`: cells
+/// the primary refused (a conflict, a shard moving away), which must never
+/// be replayed. Best effort: a copy left behind meets its key's stored
+/// body on replay and is recorded as a conflict.
+async fn forget_copies(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    copies: &[(usize, Uuid)],
+    keys: &[&CellKey],
+) {
+    if keys.is_empty() {
+        return;
+    }
+    for (cluster, batch) in copies {
+        let Ok(backend) = topology.clusters[*cluster].master() else {
+            continue;
+        };
+        for chunk in keys.chunks(MAX_PARAMS / 4) {
+            let mut sql = Sql::new(backend.dialect());
+            sql.push("DELETE FROM ")
+                .ident(&ddl::buffer_table(ds.name()))
+                .push(" WHERE ")
+                .ident("batch_id")
+                .push(" = ")
+                .bind(Value::Uuid(*batch))
+                .push(" AND (");
+            for (i, key) in chunk.iter().enumerate() {
+                if i > 0 {
+                    sql.push(" OR ");
+                }
+                sql.push("(")
+                    .ident("row_key")
+                    .push(" = ")
+                    .bind(Value::Uuid(key.row_key))
+                    .push(" AND ")
+                    .ident("column_name")
+                    .push(" = ")
+                    .bind(Value::Text(key.column.clone()))
+                    .push(" AND ")
+                    .ident("ref_key")
+                    .push(" = ")
+                    .bind(Value::Int(key.ref_key))
+                    .push(")");
+            }
+            sql.push(")");
+            if let Err(err) = backend.execute(&sql).await {
+                tracing::warn!(cluster = %backend.cluster(), error = %err, "could not remove the buffer copies of refused cells");
+            }
         }
     }
 }

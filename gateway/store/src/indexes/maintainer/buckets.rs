@@ -55,9 +55,16 @@ impl Worker {
         }
         for bucket in changed.lost.iter().chain(&changed.released) {
             self.forget_shards(*bucket);
+            self.unadopted.remove(bucket);
         }
-        if !changed.acquired.is_empty() {
-            self.adopt(topology, backend, &changed.acquired).await?;
+        // A bucket whose offsets cannot be read now is held all the same
+        // (giving it up would only move the failure) and adopted at a
+        // later round; until then no pass touches its shards.
+        self.unadopted.extend(changed.acquired.iter().copied());
+        if !self.unadopted.is_empty() {
+            let buckets: Vec<usize> = self.unadopted.iter().copied().collect();
+            self.adopt(topology, backend, &buckets).await?;
+            self.unadopted.clear();
         }
         Ok(changed.short)
     }

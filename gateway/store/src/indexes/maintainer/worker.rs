@@ -61,8 +61,9 @@ pub(super) struct Built {
 
 /// A live pass in flight: its batch, and its outcome once it ends.
 type Flights = futures::stream::FuturesUnordered<Flight>;
-/// What a sweep read: the lag, and the shards behind.
-type Swept = (lag::ClusterLag, Vec<lag::Behind>);
+/// What a sweep read: the lag, the shards behind, and those of them whose
+/// stored offsets went back.
+type Swept = (lag::ClusterLag, Vec<lag::Behind>, Vec<lag::Behind>);
 type Flight = futures::future::BoxFuture<
     'static,
     (Vec<u32>, std::result::Result<Built, tokio::task::JoinError>),
@@ -105,6 +106,9 @@ pub(super) struct Worker {
     pub(super) backoff: Option<Instant>,
     /// Passes failed in a row, for the backoff.
     pub(super) failures: u32,
+    /// Buckets taken whose offsets could not be read yet: adopted at the
+    /// next lease round, so no held shard goes unmaintained.
+    pub(super) unadopted: BTreeSet<usize>,
 }
 
 impl Worker {
@@ -134,6 +138,7 @@ impl Worker {
             offsets: BTreeMap::new(),
             heads: HashMap::new(),
             dirty: BTreeSet::new(),
+            unadopted: BTreeSet::new(),
             cursor: 0,
             claimed: BTreeMap::new(),
             stalled: false,
@@ -752,25 +757,40 @@ impl Worker {
         let consumers = self.consumers.clone();
         let shared = self.shared.clone();
         let datastore = self.datastore.clone();
+        // Offsets in memory only advance after the database's have, so
+        // read before the database's they can never be ahead of them.
+        let known = self.offsets.clone();
         Some(tokio::spawn(async move {
-            let measured = match lag::measure(backend.as_ref(), &ds, &consumers).await {
+            let (lag, behind) = match lag::measure(backend.as_ref(), &ds, &consumers).await {
                 Ok(measured) => measured,
                 Err(err) => {
                     tracing::debug!(datastore = %datastore, error = %err, "sweep failed");
                     return None;
                 }
             };
+            let rewound = went_back(&known, &behind);
             mark_ready_indexes(&topology, &shared, &ds).await;
-            Some(measured)
+            Some((lag, behind, rewound))
         }))
     }
 
     /// Takes in what a sweep read.
     fn swept(&mut self, outcome: std::result::Result<Option<Swept>, tokio::task::JoinError>) {
         self.stalled = false;
-        let Ok(Some((lag, behind))) = outcome else {
+        let Ok(Some((lag, behind, rewound))) = outcome else {
             return;
         };
+        for row in &rewound {
+            // The log went back: the master was replaced by a replica that
+            // lacks its last cells (its counters and these offsets are the
+            // replica's), or the offsets were rewound. Cells numbered again
+            // from there must not be skipped: go on from the stored offset.
+            if let Some(per) = self.offsets.get_mut(&row.shard) {
+                tracing::warn!(datastore = %self.datastore, shard = row.shard, consumer = %self.consumers[row.consumer].name, memory = per[row.consumer], stored = row.offset, head = row.head, "a shard's log went back; maintaining it again from its stored offset");
+                per[row.consumer] = row.offset;
+                self.heads.insert(row.shard, row.head);
+            }
+        }
         let Some(topology) = self.topology.upgrade() else {
             return;
         };
@@ -801,6 +821,21 @@ impl Worker {
             .expect("lag")
             .insert((self.datastore.clone(), self.cluster), lag);
     }
+}
+
+/// The rows of `behind` whose stored offset is below the offset `known`
+/// held in memory before it was read: the log went back.
+fn went_back(known: &BTreeMap<u32, Vec<i64>>, behind: &[lag::Behind]) -> Vec<lag::Behind> {
+    behind
+        .iter()
+        .filter(|row| {
+            known
+                .get(&row.shard)
+                .and_then(|per| per.get(row.consumer))
+                .is_some_and(|memory| *memory > row.offset)
+        })
+        .copied()
+        .collect()
 }
 
 /// Whether the entry `key` (index, row) belongs to the pass over `batch`
