@@ -39,6 +39,12 @@ pub struct BufferBenchArgs {
     /// in a temporary directory]
     #[arg(long, value_name = "URL")]
     pub database_b: Option<String>,
+    /// A replica of cluster `b`'s master (e.g. from `replica-pair.sh`):
+    /// then a copy of a write whose primary is `b` lives until the replica
+    /// has the cell, and the run also reports how soon after the writes
+    /// the copies are gone.
+    #[arg(long, value_name = "URL")]
+    pub replica_b: Option<String>,
     /// Directory of the datastore and index definitions.
     #[arg(long, env = "CELLGATE_DATASTORES", default_value = DEFAULT_DATASTORES)]
     pub datastores: PathBuf,
@@ -56,19 +62,30 @@ pub struct BufferBenchArgs {
     pub concurrency: usize,
 }
 
-/// The definitions' datastore with two clusters; `b_master` replaces `b`'s
-/// URL.
-fn two_clusters(a: &str, b: &str, buffer_count: usize) -> StorageConfig {
-    let cluster = |name: &str, master: &str| ClusterConfig {
+/// The definitions' datastore with two clusters, `b` with `b_replica` if
+/// any.
+fn two_clusters(a: &str, b: &str, b_replica: Option<&str>, buffer_count: usize) -> StorageConfig {
+    let cluster = |name: &str, master: &str, replica: Option<&str>| ClusterConfig {
         name: name.into(),
         master: master.into(),
-        replicas: vec![],
+        replicas: replica.into_iter().map(str::to_string).collect(),
     };
     StorageConfig {
         buffer_count,
-        clusters: vec![cluster("a", a), cluster("b", b)],
+        clusters: vec![cluster("a", a, None), cluster("b", b, b_replica)],
         ..StorageConfig::default()
     }
+}
+
+/// Buffered copies of the datastore on every cluster, from the latest
+/// count.
+fn copies(store: &Store) -> i64 {
+    store
+        .metrics()
+        .datastores
+        .iter()
+        .find(|d| d.name == DATASTORE)
+        .map_or(0, |d| d.buffered.iter().map(|b| b.cells).sum())
 }
 
 /// Writes every batch of `data`, `concurrency` at a time; returns the
@@ -117,10 +134,15 @@ pub async fn run(args: BufferBenchArgs) -> anyhow::Result<ExitCode> {
     let sqlite = |name: &str| format!("sqlite://{}", dir.path().join(name).display());
     let a = args.database_a.clone().unwrap_or_else(|| sqlite("a.db"));
     let b = args.database_b.clone().unwrap_or_else(|| sqlite("b.db"));
+    let replica = args.replica_b.as_deref();
     println!(
-        "cellgate-bench buffer: clusters a = {}, b = {}; {} trips per throughput run, {} cells buffered, batches of {} cells, {} in flight",
+        "cellgate-bench buffer: clusters a = {}, b = {}{}; {} trips per throughput run, {} cells buffered, batches of {} cells, {} in flight",
         cellgate_store::storage::redact_url(&a),
         cellgate_store::storage::redact_url(&b),
+        replica.map_or(String::new(), |r| format!(
+            " with replica {}",
+            cellgate_store::storage::redact_url(r)
+        )),
         args.trips,
         args.buffered,
         args.batch,
@@ -138,7 +160,7 @@ pub async fn run(args: BufferBenchArgs) -> anyhow::Result<ExitCode> {
     // 1. Throughput with and without a buffer copy.
     let mut rates = Vec::new();
     for (seed, buffer_count) in [(11, 0), (12, 1)] {
-        let store = open(two_clusters(&a, &b, buffer_count)).await?;
+        let store = open(two_clusters(&a, &b, replica, buffer_count)).await?;
         let data = Dataset::new(args.trips, 1000, true, seed, args.batch);
         let start = Instant::now();
         let (written, _) =
@@ -150,6 +172,24 @@ pub async fn run(args: BufferBenchArgs) -> anyhow::Result<ExitCode> {
             written.len()
         );
         rates.push(rate);
+        if buffer_count > 0 && replica.is_some() {
+            // The copies of `b`'s cells wait for its replica; the count
+            // leaves out copies under half a second old.
+            let written_at = Instant::now();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let deadline = Instant::now() + Duration::from_secs(600);
+            while copies(&store) > 0 {
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "copies still wait after 10 minutes"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            println!(
+                "buffer_count {buffer_count}: the last copies released {:.2} s after the writes ended",
+                written_at.elapsed().as_secs_f64()
+            );
+        }
         store.shutdown(Duration::from_secs(10)).await;
     }
     println!(
@@ -159,7 +199,7 @@ pub async fn run(args: BufferBenchArgs) -> anyhow::Result<ExitCode> {
 
     // 2. Buffer while `b` is down.
     let down = "mysql://cellgate@127.0.0.1:1/down";
-    let store = open(two_clusters(&a, down, 1)).await?;
+    let store = open(two_clusters(&a, down, None, 1)).await?;
     let data = Dataset::new(args.buffered * 2, 1000, true, 13, args.batch);
     let start = Instant::now();
     let (buffered, failed) = write_all(
@@ -180,7 +220,7 @@ pub async fn run(args: BufferBenchArgs) -> anyhow::Result<ExitCode> {
 
     // 3. `b` is back: time until every buffered cell is on it.
     let start = Instant::now();
-    let store = open(two_clusters(&a, &b, 1)).await?;
+    let store = open(two_clusters(&a, &b, replica, 1)).await?;
     let replayed = |store: &Store| {
         store
             .metrics()

@@ -27,10 +27,12 @@
 //!
 //! A group whose primary is still down stays buffered and is tried again
 //! within [`RETRY_EVERY`]; the rest of the page goes on. A buffered cell
-//! younger than [`MIN_AGE`] waits, so that a write still committing on its
-//! primary normally is not replayed under it. Replay is idempotent, so the
-//! lease is there to keep gateways from doing the same work, not for
-//! correctness: a holder that stalled past its lease does no harm.
+//! younger than [`MIN_AGE`] waits, and one younger than [`REPLAY_AGE`] is
+//! only released (never written into its primary), so that a write still
+//! committing on its primary normally is not replayed under it. Replay is
+//! idempotent, so the lease is there to keep gateways from doing the same
+//! work, not for correctness: a holder that stalled past its lease does no
+//! harm.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering::Relaxed;
@@ -61,6 +63,14 @@ pub const RETRY_EVERY: Duration = Duration::from_millis(250);
 /// Buffered cells younger than this are left to the write that is still
 /// committing them.
 pub const MIN_AGE: Duration = Duration::from_millis(500);
+
+/// Copies younger than this are only released (once the primary and its
+/// replicas have their cells), never written into the primary: their
+/// write may still be committing, and a replay that got there first would
+/// answer that write `DUPLICATE` for its own cell. Writes are bounded by
+/// the statement timeout, so one still committing after this is rare (and
+/// its cell is stored all the same).
+pub const REPLAY_AGE: Duration = Duration::from_secs(5);
 
 /// The lease of replaying one datastore's buffer on one cluster.
 fn lease_name(datastore: &str) -> String {
@@ -308,6 +318,8 @@ struct Buffered {
     created_at: DateTime<Utc>,
     /// Younger than [`MIN_AGE`]: left to the write still committing it.
     young: bool,
+    /// Older than [`REPLAY_AGE`]: written into the primary if it lacks it.
+    settled: bool,
 }
 
 /// What one pass over a buffer did.
@@ -386,14 +398,18 @@ async fn read_page(backend: &dyn Backend, datastore: &str, after: i64) -> Result
             "body",
             "created_at",
         ])
-        // Whether the copy is younger than `MIN_AGE` by the clock of the
-        // server that stamped it.
+        // How old the copy is by the clock of the server that stamped it:
+        // 0 under `MIN_AGE`, 1 under `REPLAY_AGE`, 2 older.
         .push(", CAST(CASE WHEN ")
+        .ident("created_at")
+        .push(" < ")
+        .push(&dialect.now_minus_millis(REPLAY_AGE.as_millis() as u64))
+        .push(" THEN 2 WHEN ")
         .ident("created_at")
         .push(" < ")
         .push(&dialect.now_minus_millis(MIN_AGE.as_millis() as u64))
         .push(&format!(
-            " THEN 0 ELSE 1 END AS {}) FROM ",
+            " THEN 1 ELSE 0 END AS {}) FROM ",
             dialect.integer_cast()
         ))
         .ident(&ddl::buffer_table(datastore))
@@ -406,7 +422,7 @@ async fn read_page(backend: &dyn Backend, datastore: &str, after: i64) -> Result
         .push(&format!(" LIMIT {PAGE}"));
     type Row = (i64, i64, Uuid, String, i64, Vec<u8>, DateTime<Utc>, i64);
     let mut page = Vec::new();
-    for (buffer_id, shard, row_key, column, ref_key, encoded, created_at, young) in
+    for (buffer_id, shard, row_key, column, ref_key, encoded, created_at, age) in
         backend.rows::<Row>(&sql).await?
     {
         page.push(Buffered {
@@ -419,7 +435,8 @@ async fn read_page(backend: &dyn Backend, datastore: &str, after: i64) -> Result
             },
             encoded,
             created_at,
-            young: young != 0,
+            young: age == 0,
+            settled: age == 2,
         });
     }
     Ok(page)
@@ -463,10 +480,30 @@ async fn deliver(
     let mut seen: HashMap<CellKey, usize> = HashMap::new();
     let mut origin: HashMap<usize, (i64, DateTime<Utc>)> = HashMap::new();
     // Per buffer id the shard of its cell; conflicts are done at once.
-    let mut stored: Vec<(i64, u32)> = Vec::with_capacity(cells.len());
+    let mut stored_copies: Vec<(i64, u32)> = Vec::with_capacity(cells.len());
     let mut done = Vec::new();
     // The highest `added_id` per shard among the cells the master has.
     let mut heads: BTreeMap<u32, i64> = BTreeMap::new();
+    // Copies whose write may still be committing are only looked up.
+    let (cells, unsettled): (Vec<Buffered>, Vec<Buffered>) =
+        cells.into_iter().partition(|cell| cell.settled);
+    if !unsettled.is_empty() {
+        let table = ddl::cells_table(ds.name());
+        let found = existing_bodies(master.as_ref(), &table, &unsettled, |c| &c.key).await?;
+        for copy in &unsettled {
+            let Some(stored) = found.get(&copy.key) else {
+                continue;
+            };
+            if stored.body != copy.encoded {
+                // Another body, or the same one encoded otherwise: judged
+                // once the copy is old enough to replay.
+                continue;
+            }
+            let head = heads.entry(stored.shard).or_insert(stored.added_id);
+            *head = (*head).max(stored.added_id);
+            stored_copies.push((copy.buffer_id, stored.shard));
+        }
+    }
     for (index, cell) in cells.into_iter().enumerate() {
         let body = match codec::decode(&cell.encoded) {
             Ok(body) => body,
@@ -518,13 +555,13 @@ async fn deliver(
                 Ok(PutStatus::Written) => {
                     ds.cells_written.fetch_add(1, Relaxed);
                     ds.cells_replayed.fetch_add(1, Relaxed);
-                    stored.push((buffer_id, cell.shard));
+                    stored_copies.push((buffer_id, cell.shard));
                 }
                 Ok(_) => {
                     if !replicated {
                         ds.cells_replayed.fetch_add(1, Relaxed);
                     }
-                    stored.push((buffer_id, cell.shard));
+                    stored_copies.push((buffer_id, cell.shard));
                 }
                 Err(err) if matches!(*err, Error::CellConflict { .. }) => {
                     lost.push(cell);
@@ -541,7 +578,7 @@ async fn deliver(
         }
     }
     if !replicated {
-        done.extend(stored.iter().map(|(id, _)| *id));
+        done.extend(stored_copies.iter().map(|(id, _)| *id));
         return Ok(Delivered { done, waiting: 0 });
     }
     let heads: Vec<(u32, i64)> = heads.into_iter().collect();
@@ -563,7 +600,7 @@ async fn deliver(
     }
     let everywhere = everywhere.unwrap_or_default();
     let mut waiting = 0;
-    for (buffer_id, shard) in stored {
+    for (buffer_id, shard) in stored_copies {
         if everywhere.contains(&shard) {
             done.push(buffer_id);
             ds.copies_released.fetch_add(1, Relaxed);
