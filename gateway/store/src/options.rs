@@ -34,7 +34,9 @@ pub struct StorageConfig {
     /// for when too few can). A write whose master failed transiently is
     /// answered `BUFFERED` once it has this many copies: not readable until
     /// a gateway replays it into the master, within a second or so of the
-    /// master answering again.
+    /// master answering again once the copy is 5 s old. Copies live until
+    /// the master's replicas have the cells, so a master lost with its disk
+    /// and replaced by a promoted replica loses no acknowledged write.
     ///
     /// ```yaml
     /// buffer_count: 0
