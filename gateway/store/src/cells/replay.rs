@@ -159,6 +159,15 @@ impl Replayer {
             .collect()
     }
 
+    /// The copies awaiting replicas on `cluster` at the latest pass.
+    fn awaiting_replicas(&self, datastore: &str, cluster: usize) -> i64 {
+        self.backlog
+            .lock()
+            .expect("backlog")
+            .get(&(datastore.to_string(), cluster))
+            .map_or(0, |b| b.awaiting_replicas)
+    }
+
     fn set_backlog(&self, datastore: &str, cluster: usize, backlog: Backlog) {
         self.backlog
             .lock()
@@ -223,12 +232,7 @@ async fn tend(
         awaiting_replicas,
     };
     // Until this pass tells, the last pass's figure stands.
-    let before = replayer
-        .backlog
-        .lock()
-        .expect("backlog")
-        .get(&(ds.name().to_string(), cluster))
-        .map_or(0, |b| b.awaiting_replicas);
+    let before = replayer.awaiting_replicas(ds.name(), cluster);
     replayer.set_backlog(ds.name(), cluster, backlog(before.min(cells)));
     let slot = (ds.name().to_string(), cluster);
     if cells == 0 {

@@ -350,7 +350,16 @@ pub(super) async fn watch_masters(inner: std::sync::Weak<Inner>) {
             };
             match start_verify(&inner, datastore, options, false) {
                 Ok(_) => false,
-                Err(Error::VerifyRunning { .. }) => true,
+                // Another run of this gateway (a scheduled sample) goes
+                // first; the repair starts at a later tick.
+                Err(_)
+                    if inner
+                        .verifier
+                        .status(datastore)
+                        .is_some_and(|s| s.state == crate::indexes::VerifyState::Running) =>
+                {
+                    true
+                }
                 Err(err) => {
                     tracing::warn!(%datastore, error = %err, "cannot start the repair of the indexes after a master was replaced; run `cellgate index verify --repair`");
                     false
