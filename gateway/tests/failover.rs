@@ -26,6 +26,13 @@
 //! converge fails the wait with the unreadable cells and the rows left in
 //! each buffer.
 //!
+//! The master-loss tests (`a_lost_*`) lose `b`'s master with its disk
+//! instead: `b` is a master with a replica behind one address, two
+//! gateways serve, one of them is killed, the replica (held back so it
+//! lacks the last writes) is promoted and the address repointed at it.
+//! The same convergence conditions must hold, on `a` and the promoted
+//! server.
+//!
 //! The servers need their programs (`mariadb-install-db`, `mariadbd`;
 //! `initdb`, `postgres`); without them a test prints why it is skipped, or
 //! fails with `CELLGATE_TEST_SERVERS=required` (see `support/servers.rs`).
@@ -298,18 +305,27 @@ struct Load {
     tally: Arc<Mutex<Tally>>,
     stop: Arc<AtomicBool>,
     phase: Arc<AtomicU8>,
+    /// The gateway each writer sends to.
+    urls: Arc<Mutex<Vec<String>>>,
     writers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Load {
-    fn start(server: &Server, cities: &[&'static str]) -> Load {
+    /// Writers spread over `servers` (each writer sends to one of them
+    /// until [`Load::only_to`]).
+    fn start(servers: &[&Server], cities: &[&'static str]) -> Load {
         let tally = Arc::new(Mutex::new(Tally::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let phase = Arc::new(AtomicU8::new(BEFORE));
+        let urls: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(
+            (0..WRITERS)
+                .map(|w| servers[w % servers.len()].graphql())
+                .collect(),
+        ));
         let writers = (0..WRITERS)
             .map(|w| {
                 let (tally, stop, phase) = (tally.clone(), stop.clone(), phase.clone());
-                let (url, cities) = (server.graphql(), cities.to_vec());
+                let (urls, cities) = (urls.clone(), cities.to_vec());
                 tokio::spawn(async move {
                     let client = client();
                     let mut rng = Rng::new();
@@ -341,6 +357,7 @@ impl Load {
                             cells.push((row, ref_key, body));
                         }
                         let sent_in = phase.load(Ordering::Relaxed);
+                        let url = urls.lock().unwrap()[w].clone();
                         let answer = put(&client, &url, &cells).await;
                         let refused = {
                             let mut tally = tally.lock().unwrap();
@@ -360,8 +377,19 @@ impl Load {
             tally,
             stop,
             phase,
+            urls,
             writers,
         }
+    }
+
+    /// Sends every later write to `server`.
+    fn only_to(&self, server: &Server) {
+        let url = server.graphql();
+        self.urls
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .for_each(|u| *u = url.clone());
     }
 
     fn set_phase(&self, phase: u8) {
@@ -804,7 +832,7 @@ async fn failover<D: PrivateServer>(test: &str) {
         .await;
     let url = server.graphql();
 
-    let load = Load::start(&server, &cities);
+    let load = Load::start(&[&server], &cities);
     wait_for("writes before the outage", || load.acks() >= 100).await;
     tokio::time::sleep(BEFORE_KILL).await;
 
@@ -967,9 +995,10 @@ fn on_b(row: &Uuid) -> bool {
 
 /// A master lost with its disk: `b` is a master with a replica behind one
 /// address, and the replica stops receiving (so the asynchronous window is
-/// never empty); the master is killed and its data directory deleted, the
-/// replica promoted and the address repointed at it, while the writers go
-/// on. Every acknowledged cell must read back with its body, the buffers
+/// never empty); one of the two gateways is killed (`kill -9`), then the
+/// master is killed and its data directory deleted, the replica promoted
+/// and the address repointed at it, while the writers go on through the
+/// other gateway. Every acknowledged cell must read back with its body, the buffers
 /// drain, no key is stored twice and the index equals a recomputation.
 async fn master_loss<D: PrivateServer, P: Pair>(test: &str) {
     let mut a = match D::init() {
@@ -990,18 +1019,30 @@ async fn master_loss<D: PrivateServer, P: Pair>(test: &str) {
     let cities = cities();
     let address = Address::start(b.master_port()).await;
     let b_master = address.url(&b.master_url(), b.master_port());
+    // Two gateways; the first is killed while copies wait for the replica,
+    // so the other takes over their release and replay.
+    let first = serve(&a.url(), &b_master, Some(&b.replica_url()));
     let server = serve(&a.url(), &b_master, Some(&b.replica_url()));
-    server
-        .wait_ready(StatusCode::OK, Duration::from_secs(120))
-        .await;
+    for gateway in [&first, &server] {
+        gateway
+            .wait_ready(StatusCode::OK, Duration::from_secs(120))
+            .await;
+    }
     let url = server.graphql();
 
-    let load = Load::start(&server, &cities);
+    let load = Load::start(&[&first, &server], &cities);
     wait_for("writes before the loss", || load.acks() >= 100).await;
     tokio::time::sleep(BEFORE_KILL).await;
     // From now on the replica has nothing the master commits.
     b.hold_back_replica().await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The writes in flight on the first gateway end before it is killed.
+    load.only_to(&server);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut first = first;
+    first.child.kill().expect("kill -9 of the first gateway");
+    let _ = first.child.wait();
+    tokio::time::sleep(Duration::from_secs(1)).await;
     load.set_phase(DOWN);
     b.lose_master();
     tokio::time::sleep(Duration::from_secs(2)).await;
