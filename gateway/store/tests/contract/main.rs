@@ -114,6 +114,7 @@ contract_suite!(
     unstorable_values_do_not_stall_a_shard,
     the_sweep_indexes_cells_nobody_announced,
     two_gateways_moving_shard_fields_agree_with_a_recomputation,
+    buckets_whose_offsets_cannot_be_read_are_adopted_later,
     maintenance_does_not_wait_behind_requests,
     statements_per_batch_and_page,
     an_index_page_reads_its_rows_latest_cells_in_one_statement,

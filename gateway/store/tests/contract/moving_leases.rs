@@ -722,3 +722,61 @@ pub async fn moving_entries_between_clusters_takes_no_statement_per_row(env: Arc
     assert_eq!(counts[1], counts[3], "moves of 20 and 200 rows");
     store.shutdown(Duration::from_secs(5)).await;
 }
+
+/// The buckets of `trips` a store's maintainer holds.
+fn buckets_held(store: &Store) -> usize {
+    store
+        .metrics()
+        .datastores
+        .iter()
+        .find(|d| d.name == "trips")
+        .map_or(0, |d| d.maintenance.buckets_held)
+}
+
+// Regression: a gateway that took over buckets while their offsets could
+// not be read held them (renewing the leases) without ever loading their
+// offsets, so nobody maintained those shards again. Here the offsets table
+// is away while the second gateway takes over the first one's buckets; once
+// it is back, every shard must be maintained.
+pub async fn buckets_whose_offsets_cannot_be_read_are_adopted_later(env: Arc<Env>) {
+    let files = trips_only();
+    let first = open(&env, &files, |_| {}).await;
+    let second = open(&env, &files, |_| {}).await;
+    until("both gateways hold buckets", || async {
+        buckets_held(&first) > 0 && buckets_held(&second) > 0
+    })
+    .await;
+    let url = env.urls()[0].clone();
+    harness::execute(
+        env.kind,
+        &url,
+        "ALTER TABLE trips_offsets RENAME TO trips_offsets_away",
+    )
+    .await;
+    first.shutdown(Duration::from_secs(5)).await;
+    drop(first);
+    until("the second gateway holds every bucket", || async {
+        buckets_held(&second) == 64
+    })
+    .await;
+    // Its adoption of the first one's buckets failed; a few rounds more.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    harness::execute(
+        env.kind,
+        &url,
+        "ALTER TABLE trips_offsets_away RENAME TO trips_offsets",
+    )
+    .await;
+    let driver = Uuid::new_v4();
+    let rows: BTreeSet<Uuid> = (0..200).map(|_| Uuid::new_v4()).collect();
+    let cells: Vec<NewCell> = rows
+        .iter()
+        .map(|row| base(*row, 1, Some(driver), None))
+        .collect();
+    second.put_cells("trips", cells).await.unwrap();
+    until("every row is indexed, in every shard", || async {
+        rows_under(&second, "driver_partner_index", driver.to_string()).await == rows
+    })
+    .await;
+    second.shutdown(Duration::from_secs(5)).await;
+}
