@@ -37,6 +37,8 @@
 //! `initdb`, `postgres`); without them a test prints why it is skipped, or
 //! fails with `CELLGATE_TEST_SERVERS=required` (see `support/servers.rs`).
 
+#[path = "support/followers.rs"]
+mod followers;
 #[path = "support/mariadb.rs"]
 mod mariadb;
 #[path = "support/postgres.rs"]
@@ -49,6 +51,8 @@ mod replication;
 mod server;
 #[path = "support/servers.rs"]
 mod servers;
+#[path = "support/socket.rs"]
+mod socket;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -201,8 +205,9 @@ fn cities() -> Vec<&'static str> {
 
 /// Starts `cellgate serve` on clusters `a` and `b` with one buffer copy
 /// per write and no admission limits (the writers would hit the rate
-/// limit, and a refusal there is not what this test is about).
-fn serve(a: &str, b: &str, b_replica: Option<&str>) -> Server {
+/// limit, and a refusal there is not what this test is about); with
+/// `hooks`, a webhook trigger of every `DATA` cell posts to it.
+fn serve(a: &str, b: &str, b_replica: Option<&str>, hooks: Option<&str>) -> Server {
     let replicas = b_replica.map_or(String::new(), |r| format!("\n      replicas: [\"{r}\"]"));
     let config = format!(
         "storage:
@@ -220,20 +225,23 @@ limits:
   max_connections_per_client: 0
 "
     );
-    Server::start_with(
-        &[
-            (
-                "items/datastore.yaml",
-                "name: items\ncolumns:\n  - name: DATA\n",
-            ),
-            (
-                "items/indexes/by_city.yaml",
-                "table: by_city\ndatastore: items\nshard_field: city\ncolumn_defs:\n  - column_key: DATA\n    fields:\n      - { field: city, type: string }\n      - { field: n, type: int }\n",
-            ),
-        ],
-        &config,
-        &[],
-    )
+    let trigger = hooks.map(|url| {
+        format!("name: hooks\ndatastore: items\ncolumns: [DATA]\nwebhook:\n  url: {url}\nbatch_size: 100\n")
+    });
+    let mut definitions = vec![
+        (
+            "items/datastore.yaml",
+            "name: items\ncolumns:\n  - name: DATA\n",
+        ),
+        (
+            "items/indexes/by_city.yaml",
+            "table: by_city\ndatastore: items\nshard_field: city\ncolumn_defs:\n  - column_key: DATA\n    fields:\n      - { field: city, type: string }\n      - { field: n, type: int }\n",
+        ),
+    ];
+    if let Some(trigger) = &trigger {
+        definitions.push(("items/triggers/hooks.yaml", trigger));
+    }
+    Server::start_with(&definitions, &config, &[])
 }
 
 /// Where the outage stands when a write is sent.
@@ -826,7 +834,7 @@ async fn failover<D: PrivateServer>(test: &str) {
     a.start().await;
     b.start().await;
     let cities = cities();
-    let server = serve(&a.url(), &b.url(), None);
+    let server = serve(&a.url(), &b.url(), None, None);
     server
         .wait_ready(StatusCode::OK, Duration::from_secs(120))
         .await;
@@ -1021,14 +1029,20 @@ async fn master_loss<D: PrivateServer, P: Pair>(test: &str) {
     let b_master = address.url(&b.master_url(), b.master_port());
     // Two gateways; the first is killed while copies wait for the replica,
     // so the other takes over their release and replay.
-    let first = serve(&a.url(), &b_master, Some(&b.replica_url()));
-    let server = serve(&a.url(), &b_master, Some(&b.replica_url()));
+    // Every cell goes to a webhook (from both gateways) and to a
+    // subscription of the gateway that lives: each must be given every
+    // acknowledged cell, the replayed ones and those the promoted replica
+    // numbers anew included.
+    let (hooks, hooked) = followers::webhook_receiver().await;
+    let first = serve(&a.url(), &b_master, Some(&b.replica_url()), Some(&hooks));
+    let server = serve(&a.url(), &b_master, Some(&b.replica_url()), Some(&hooks));
     for gateway in [&first, &server] {
         gateway
             .wait_ready(StatusCode::OK, Duration::from_secs(120))
             .await;
     }
     let url = server.graphql();
+    let subscribed = followers::subscribe(server.url("/graphql/ws"), "itemsCells", "DATA");
 
     let load = Load::start(&[&first, &server], &cities);
     wait_for("writes before the loss", || load.acks() >= 100).await;
@@ -1121,6 +1135,41 @@ async fn master_loss<D: PrivateServer, P: Pair>(test: &str) {
         P::KIND,
         window.len(),
         window_back.unwrap_or_default().as_secs_f64(),
+        promoted.elapsed().as_secs_f64()
+    );
+    let acknowledged: Vec<CellKey> = tally
+        .acks
+        .iter()
+        .map(|a| (a.row, "DATA".to_string(), a.ref_key))
+        .collect();
+    loop {
+        let unhooked = hooked.missing(&acknowledged);
+        let unsubscribed = subscribed.missing(&acknowledged);
+        if unhooked.is_empty() && unsubscribed.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: of {} acknowledged cells, {} never reached the webhook (e.g. {:?}) and {} never the subscription (e.g. {:?}); {} of the asynchronous window among them\nserver stderr:\n{}",
+            P::KIND,
+            acknowledged.len(),
+            unhooked.len(),
+            &unhooked[..unhooked.len().min(3)],
+            unsubscribed.len(),
+            &unsubscribed[..unsubscribed.len().min(3)],
+            window
+                .iter()
+                .filter(|w| unhooked.iter().chain(&unsubscribed).any(|k| k.0 == w.row && k.2 == w.ref_key))
+                .count(),
+            server.stderr()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    eprintln!(
+        "{}: every acknowledged cell reached the webhook ({} cells taken) and the subscription ({}) {:.1} s after the promotion",
+        P::KIND,
+        hooked.len(),
+        subscribed.len(),
         promoted.elapsed().as_secs_f64()
     );
 }

@@ -19,7 +19,12 @@ pub type Socket =
 /// Opens `/graphql/ws` with the `graphql-transport-ws` subprotocol and the
 /// extra `headers`; the HTTP status of a refused upgrade.
 pub async fn try_connect(server: &Server, headers: &[(&str, &str)]) -> Result<Socket, u16> {
-    let url = server.url("/graphql/ws").replacen("http", "ws", 1);
+    connect_url(&server.url("/graphql/ws"), headers).await
+}
+
+/// [`try_connect`] to the `/graphql/ws` at `url` (`http://…`).
+pub async fn connect_url(url: &str, headers: &[(&str, &str)]) -> Result<Socket, u16> {
+    let url = url.replacen("http", "ws", 1);
     let mut request = url.into_client_request().expect("request");
     request.headers_mut().insert(
         "Sec-WebSocket-Protocol",

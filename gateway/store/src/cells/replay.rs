@@ -546,6 +546,7 @@ async fn deliver(
                 datastore: ds.name().to_string(),
                 cluster: primary,
                 heads: round_heads.clone(),
+                went_back: false,
             });
         }
         for (shard, added_id) in round_heads {

@@ -240,7 +240,7 @@ impl Store {
 }
 
 /// Starts a verify run of `datastore` on a task of its own.
-fn start_verify(
+pub(super) fn start_verify(
     inner: &Arc<Inner>,
     datastore: &str,
     options: crate::indexes::VerifyOptions,
@@ -290,85 +290,6 @@ fn start_verify(
 }
 
 /// Every `every`, a sampled verify of each datastore with indexes.
-/// How often the masters' identities are read.
-const IDENTITY_EVERY: Duration = Duration::from_secs(2);
-
-/// Watches each cluster's master for being replaced by another server (a
-/// replica promoted behind the same address, see
-/// [`Dialect::master_identity_query`](crate::storage::Dialect::master_identity_query)).
-/// The new master lacks what the old one had not replicated: the cells
-/// come back from the buffers, but index entries the lost master held are
-/// gone, so every datastore's indexes are verified and repaired in the
-/// background.
-pub(super) async fn watch_masters(inner: std::sync::Weak<Inner>) {
-    let mut known: Vec<Option<String>> = Vec::new();
-    // Datastores whose repair could not start yet (another verify runs).
-    let mut pending: std::collections::BTreeSet<String> = Default::default();
-    let mut tick = tokio::time::interval(IDENTITY_EVERY);
-    loop {
-        tick.tick().await;
-        let Some(inner) = inner.upgrade() else {
-            return;
-        };
-        if *inner.shutdown.borrow() {
-            return;
-        }
-        known.resize(inner.topology.clusters.len(), None);
-        let mut replaced = Vec::new();
-        for (cluster, seen) in inner.topology.clusters.iter().zip(known.iter_mut()) {
-            let Ok(master) = cluster.maintenance() else {
-                continue;
-            };
-            let Some(query) = master.dialect().master_identity_query() else {
-                continue;
-            };
-            let mut sql = crate::storage::Sql::new(master.dialect());
-            sql.push(query);
-            let Ok(Some((identity,))) = master.first_row::<(String,)>(&sql).await else {
-                continue;
-            };
-            if seen.as_ref().is_some_and(|before| *before != identity) {
-                tracing::warn!(cluster = %cluster.name, before = ?seen, now = %identity, "another server answers as this cluster's master: verifying and repairing the indexes");
-                replaced.push(cluster.name.clone());
-            }
-            *seen = Some(identity);
-        }
-        if !replaced.is_empty() {
-            pending.extend(
-                inner
-                    .topology
-                    .datastores_sorted()
-                    .iter()
-                    .map(|ds| ds.name().to_string()),
-            );
-        }
-        pending.retain(|datastore| {
-            let options = crate::indexes::VerifyOptions {
-                repair: true,
-                restart: true,
-                ..crate::indexes::VerifyOptions::default()
-            };
-            match start_verify(&inner, datastore, options, false) {
-                Ok(_) => false,
-                // Another run of this gateway (a scheduled sample) goes
-                // first; the repair starts at a later tick.
-                Err(_)
-                    if inner
-                        .verifier
-                        .status(datastore)
-                        .is_some_and(|s| s.state == crate::indexes::VerifyState::Running) =>
-                {
-                    true
-                }
-                Err(err) => {
-                    tracing::warn!(%datastore, error = %err, "cannot start the repair of the indexes after a master was replaced; run `cellgate index verify --repair`");
-                    false
-                }
-            }
-        });
-    }
-}
-
 pub(super) async fn scheduled_verifies(
     inner: std::sync::Weak<Inner>,
     every: Duration,

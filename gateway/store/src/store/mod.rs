@@ -14,6 +14,7 @@
 
 mod cells_api;
 mod indexes_api;
+mod masters;
 mod metrics;
 mod moves_api;
 mod open;

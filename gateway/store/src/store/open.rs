@@ -55,9 +55,7 @@ impl Store {
             }),
         };
         if options.maintain_indexes {
-            tokio::spawn(super::indexes_api::watch_masters(Arc::downgrade(
-                &store.inner,
-            )));
+            tokio::spawn(super::masters::watch_masters(Arc::downgrade(&store.inner)));
         }
         if let (true, Some(every)) = (options.maintain_indexes, options.maintenance.verify_every) {
             tokio::spawn(super::indexes_api::scheduled_verifies(

@@ -13,6 +13,14 @@ pub(crate) struct Written {
     pub(crate) cluster: usize,
     /// Each touched shard with its new last `added_id`.
     pub(crate) heads: Vec<(u32, i64)>,
+    /// The cluster's master was replaced by a server whose log of these
+    /// shards may end before what was read from the old one (a promoted
+    /// replica): `heads` are then floors, at or below the new master's
+    /// heads, from where followers of the log read again. Cells the new
+    /// master numbers anew above a floor are not skipped; cells between a
+    /// floor and the old position come again (followers deliver at least
+    /// once).
+    pub(crate) went_back: bool,
 }
 
 /// The write notifications of a store: to index maintenance through a

@@ -133,6 +133,9 @@ struct Tail {
 
 /// What the tail broadcasts: new cells, and its positions after them.
 struct Batch {
+    /// Floors of shards whose log went back (the master was replaced):
+    /// every follower's position past one moves back to it first.
+    went_back: Option<Arc<Vec<(u32, i64)>>>,
     cells: Vec<Arc<Cell>>,
     /// The number of the tail's positions after the batch; the batch
     /// before it has the number before.
@@ -274,7 +277,14 @@ async fn run(tails: Arc<Tails>, tail: Arc<Tail>) {
     let mut heads: BTreeMap<u32, i64> = BTreeMap::new();
     let mut positions: Option<BTreeMap<u32, i64>> = None;
     let mut next_sweep = tokio::time::Instant::now();
+    // Floors of a log that went back, not taken yet.
+    let mut went_back: Vec<(u32, i64)> = Vec::new();
     loop {
+        if !went_back.is_empty() {
+            let floors = Arc::new(std::mem::take(&mut went_back));
+            go_back(&tail, positions.as_mut(), &mut heads, floors);
+            next_sweep = tokio::time::Instant::now();
+        }
         {
             let mut state = tail.state.lock().expect("tail");
             if tail.sender.receiver_count() == 0 || *shutdown.borrow() {
@@ -332,7 +342,9 @@ async fn run(tails: Arc<Tails>, tail: Arc<Tail>) {
                 loop {
                     match event {
                         Ok(written) => {
-                            if written.datastore == tail.datastore {
+                            if written.datastore == tail.datastore && written.went_back {
+                                went_back.extend(written.heads.iter().copied());
+                            } else if written.datastore == tail.datastore {
                                 for (shard, head) in &written.heads {
                                     let known = heads.entry(*shard).or_insert(0);
                                     *known = (*known).max(*head);
@@ -353,6 +365,44 @@ async fn run(tails: Arc<Tails>, tail: Arc<Tail>) {
             _ = tokio::time::sleep_until(next_sweep) => {}
         }
     }
+}
+
+/// Takes the floors of a log that went back: the tail's heads and
+/// positions past them move back to them (the next sweep reads the new
+/// master's heads, and the cells above the floors are read again), and
+/// every follower hears of the floors before the tail's next cells.
+fn go_back(
+    tail: &Tail,
+    positions: Option<&mut BTreeMap<u32, i64>>,
+    heads: &mut BTreeMap<u32, i64>,
+    floors: Arc<Vec<(u32, i64)>>,
+) {
+    for (shard, floor) in floors.iter() {
+        if let Some(head) = heads.get_mut(shard) {
+            *head = (*head).min(*floor);
+        }
+    }
+    let Some(positions) = positions else {
+        // No positions yet: the first sweep takes the new master's heads.
+        return;
+    };
+    for (shard, floor) in floors.iter() {
+        if let Some(at) = positions.get_mut(shard) {
+            *at = (*at).min(*floor);
+        }
+    }
+    tracing::warn!(datastore = %tail.datastore, shards = floors.len(), "a cluster's master was replaced: subscriptions read its shards again from what the new master had");
+    let after = Arc::new(positions.clone());
+    let mut state = tail.state.lock().expect("tail");
+    state.numbered += 1;
+    let number = state.numbered;
+    state.positions = Some((number, after.clone()));
+    let _ = tail.sender.send(Arc::new(Batch {
+        went_back: Some(floors),
+        cells: Vec::new(),
+        number,
+        after,
+    }));
 }
 
 /// The last `added_id` of every shard of `ds`, one statement per cluster.
@@ -428,6 +478,7 @@ async fn catch_up(
             // Sent under the lock: a follower's snapshot of the positions
             // splits the batches into covered and to come.
             let _ = tail.sender.send(Arc::new(Batch {
+                went_back: None,
                 cells,
                 number,
                 after,
@@ -472,6 +523,9 @@ fn advance(
 /// One step of a follower's stream.
 enum Item {
     Cell(Arc<Cell>),
+    /// Floors of shards whose log went back: positions past them move
+    /// back to them.
+    WentBack(Arc<Vec<(u32, i64)>>),
     /// Shards read to these positions (cells of other columns skipped).
     Advance(Vec<(u32, i64)>),
     /// The end of a broadcast batch the follower took whole, in step with
@@ -632,6 +686,13 @@ impl Follower {
     fn take_queued(&mut self) -> Option<Arc<Cell>> {
         while let Some(item) = self.queue.pop_front() {
             match item {
+                Item::WentBack(floors) => {
+                    for (shard, floor) in floors.iter() {
+                        if self.follows_shard(*shard) && self.positions.get(*shard) > *floor {
+                            self.positions.set(*shard, *floor);
+                        }
+                    }
+                }
                 Item::Advance(moved) => {
                     for (shard, at) in moved {
                         if at > self.positions.get(shard) {
@@ -677,6 +738,9 @@ impl Follower {
     /// Queues the cells of a broadcast batch; a follower in step with the
     /// tail takes its positions after them (shared, not copied).
     fn queue_batch(&mut self, batch: &Batch) {
+        if let Some(floors) = &batch.went_back {
+            self.queue.push_back(Item::WentBack(floors.clone()));
+        }
         let shards = &self.shards;
         self.queue.extend(
             batch

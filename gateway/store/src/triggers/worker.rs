@@ -79,6 +79,9 @@ pub(super) struct Worker {
     positions: BTreeMap<u32, i64>,
     /// The latest known log head of the cluster's shards.
     heads: HashMap<u32, i64>,
+    /// Floors of shards whose log went back (the master was replaced), to
+    /// move the offsets back to before the next round.
+    went_back: BTreeMap<u32, i64>,
     /// No rounds until then (the cluster failed).
     backoff: Option<Instant>,
     failures: u32,
@@ -109,6 +112,7 @@ impl Worker {
             leases,
             positions: BTreeMap::new(),
             heads: HashMap::new(),
+            went_back: BTreeMap::new(),
             backoff: None,
             failures: 0,
             state,
@@ -217,6 +221,10 @@ impl Worker {
             }
             let more = match self.backoff {
                 Some(until) if until > Instant::now() => false,
+                _ if !self.went_back.is_empty() => {
+                    self.go_back(backend.as_ref(), &ds).await;
+                    true
+                }
                 _ => self.round(backend.as_ref(), &ds, &mut stop).await,
             };
             self.publish();
@@ -247,9 +255,14 @@ impl Worker {
                         match event {
                             Ok(written) => {
                                 if written.datastore == self.datastore && written.cluster == self.cluster {
-                                    for (shard, head) in &written.heads {
-                                        let known = self.heads.entry(*shard).or_insert(0);
-                                        *known = (*known).max(*head);
+                                    if written.went_back {
+                                        self.log_went_back(&written.heads);
+                                        next_sweep = Instant::now();
+                                    } else {
+                                        for (shard, head) in &written.heads {
+                                            let known = self.heads.entry(*shard).or_insert(0);
+                                            *known = (*known).max(*head);
+                                        }
                                     }
                                 }
                             }
@@ -434,6 +447,46 @@ impl Worker {
             Ok(()) => self.failures = 0,
             Err(err) => self.failed(&err),
         }
+    }
+
+    /// Takes the floors of a log that went back: no head is known above
+    /// them until a sweep reads the new master's (a round would otherwise
+    /// move offsets to a head the new master has not reached, past the
+    /// cells it numbers from its own heads).
+    fn log_went_back(&mut self, floors: &[(u32, i64)]) {
+        for (shard, floor) in floors {
+            if let Some(head) = self.heads.get_mut(shard) {
+                *head = (*head).min(*floor);
+            }
+            let at = self.went_back.entry(*shard).or_insert(*floor);
+            *at = (*at).min(*floor);
+        }
+    }
+
+    /// Moves the offsets of the held shards that are past their floor back
+    /// to it: the cells above come again (the replayed copies of cells the
+    /// new master lacked among them). Floors of shards not held are left to
+    /// their holders, which heard of the new master too.
+    async fn go_back(&mut self, backend: &dyn Backend, ds: &DatastoreRuntime) {
+        if let Err(err) = self.reload(backend, ds).await {
+            return self.failed(&err);
+        }
+        let moves: Vec<(u32, i64, i64)> = self
+            .went_back
+            .iter()
+            .filter_map(|(shard, floor)| {
+                let at = *self.positions.get(shard)?;
+                (at > *floor).then_some((*shard, at, *floor))
+            })
+            .collect();
+        if !moves.is_empty() && !self.commit(backend, ds, &moves, &[], 0).await {
+            // Moved meanwhile (reloaded) or a lease lost: again next round.
+            let held = &self.positions;
+            self.went_back.retain(|shard, _| held.contains_key(shard));
+            return;
+        }
+        tracing::warn!(consumer = %self.state.options.name, datastore = %self.datastore, shards = moves.len(), "the cluster's master was replaced: trigger offsets moved back to what the new master had; cells above them are delivered again");
+        self.went_back.clear();
     }
 
     /// Takes the stored offsets of the held shards (moved by a rewind).

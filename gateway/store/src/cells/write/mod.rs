@@ -280,6 +280,7 @@ async fn write_group(
                     datastore: ds.name().to_string(),
                     cluster,
                     heads: heads.clone(),
+                    went_back: false,
                 });
             }
             if topology.clusters[cluster].replicas.is_empty() {

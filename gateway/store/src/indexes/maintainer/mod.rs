@@ -394,7 +394,9 @@ pub(crate) fn start(
                 .expect("workers")
                 .get(&(event.datastore.clone(), event.cluster))
                 .cloned();
-            if let Some(sender) = sender {
+            // A log that went back is found by the workers' sweeps, which
+            // compare the stored offsets with their own.
+            if let Some(sender) = sender.filter(|_| !event.went_back) {
                 let _ = sender.send(Msg::Written(event.heads));
             }
         }
