@@ -45,9 +45,7 @@ pub fn start(
     defs: &Definitions,
     config: &TriggersConfig,
 ) -> anyhow::Result<Vec<Consumer>> {
-    let client = reqwest::Client::builder()
-        .build()
-        .context("cannot create the webhook HTTP client")?;
+    let client = http_client(None)?;
     let triggers: Vec<&Trigger> = defs
         .datastores
         .iter()
@@ -55,8 +53,8 @@ pub fn start(
         .collect();
     let mut hooks = Vec::new();
     for trigger in &triggers {
-        let hook = Webhook::new(trigger, client.clone(), |name| std::env::var(name).ok())
-            .with_context(|| {
+        let hook =
+            Webhook::new(trigger, &client, |name| std::env::var(name).ok()).with_context(|| {
                 format!(
                     "trigger `{}` of datastore `{}`",
                     trigger.name, trigger.datastore
@@ -109,9 +107,13 @@ struct Webhook {
 impl Webhook {
     fn new(
         trigger: &Trigger,
-        client: reqwest::Client,
+        client: &reqwest::Client,
         env: impl Fn(&str) -> Option<String>,
     ) -> anyhow::Result<Webhook> {
+        let client = match &trigger.webhook.ca_file {
+            Some(ca_file) => http_client(Some(ca_file))?,
+            None => client.clone(),
+        };
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         for (name, template) in &trigger.webhook.headers {
@@ -182,6 +184,19 @@ impl Webhook {
         if status.is_success() {
             return Ok(());
         }
+        if status.is_redirection() {
+            let location = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("nowhere");
+            return Err(format!(
+                "POST {} answered {status}, a redirect to {location}: a redirect is not an \
+                 acknowledgement (only 307 and 308 to the same origin are followed); point the \
+                 trigger at the final URL",
+                self.url
+            ));
+        }
         let text = response.text().await.unwrap_or_default();
         let text: String = text.chars().take(200).collect();
         Err(format!("POST {} answered {status}: {text}", self.url))
@@ -190,6 +205,51 @@ impl Webhook {
     fn matches(&self, body: &Value) -> bool {
         self.filter.as_ref().is_none_or(|f| f.matches_json(body))
     }
+}
+
+/// The client webhooks are posted with: TLS by rustls with the system's
+/// certificate authorities (`SSL_CERT_FILE` and `SSL_CERT_DIR` honoured)
+/// and those of `ca_file`; a request timeout per trigger; redirects as
+/// [`redirects`] says.
+fn http_client(ca_file: Option<&std::path::Path>) -> anyhow::Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder()
+        .use_rustls_tls()
+        .redirect(redirects());
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path)
+            .with_context(|| format!("cannot read ca_file {}", path.display()))?;
+        let authorities = reqwest::Certificate::from_pem_bundle(&pem)
+            .ok()
+            .filter(|c| !c.is_empty())
+            .with_context(|| format!("ca_file {} holds no PEM certificate", path.display()))?;
+        for authority in authorities {
+            builder = builder.add_root_certificate(authority);
+        }
+    }
+    builder
+        .build()
+        .context("cannot create the webhook HTTP client")
+}
+
+/// Redirects of a webhook POST: a 301, 302 or 303 would turn it into a GET
+/// without the cells, whose 2xx would acknowledge cells nobody received,
+/// so they are answers (failed attempts); a 307 or 308 keeps the method
+/// and body and is followed, with the same headers and signature, when it
+/// stays on the origin of the trigger's URL (at most 5 times). Headers
+/// and their secrets never go to another host.
+fn redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let keeps_the_body = matches!(attempt.status().as_u16(), 307 | 308);
+        let same_origin = attempt
+            .previous()
+            .first()
+            .is_some_and(|first| first.origin() == attempt.url().origin());
+        if keeps_the_body && same_origin && attempt.previous().len() <= 5 {
+            attempt.follow()
+        } else {
+            attempt.stop()
+        }
+    })
 }
 
 /// `err` with its causes, on one line.
@@ -262,7 +322,12 @@ mod tests {
             "SECRET" => Some("s3cret".to_owned()),
             _ => None,
         };
-        Webhook::new(&defs.datastores[0].triggers[0], reqwest::Client::new(), env).unwrap()
+        Webhook::new(
+            &defs.datastores[0].triggers[0],
+            &reqwest::Client::new(),
+            env,
+        )
+        .unwrap()
     }
 
     #[test]
@@ -310,7 +375,7 @@ mod tests {
         .unwrap();
         let error = Webhook::new(
             &defs.datastores[0].triggers[0],
-            reqwest::Client::new(),
+            &reqwest::Client::new(),
             |_| None,
         )
         .err()

@@ -246,4 +246,13 @@ pub(crate) struct RawWebhook {
     /// Request timeout, `1..=600000`; default 5000.
     #[serde(default)]
     pub timeout_ms: Option<Spanned<i64>>,
+    /// A PEM file of certificate authorities trusted for this `https://` URL besides the
+    /// system's (`SSL_CERT_FILE`/`SSL_CERT_DIR` are honoured too); a relative path is taken
+    /// from the directory of the trigger's file.
+    ///
+    /// ```yaml
+    /// ca_file: ../../certs/internal-ca.pem
+    /// ```
+    #[serde(default)]
+    pub ca_file: Option<Spanned<String>>,
 }

@@ -41,6 +41,9 @@ pub struct Webhook {
     pub secret_env: Option<String>,
     /// Request timeout in milliseconds.
     pub timeout_ms: u64,
+    /// A PEM file of extra trusted certificate authorities, resolved against the trigger
+    /// file's directory.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// A header value with `${NAME}` references to environment variables.

@@ -717,6 +717,23 @@ pub(crate) fn trigger(
         5000,
         out,
     );
+    let ca_file = match &webhook.ca_file {
+        Some(ca) if ca.value.trim().is_empty() => {
+            out.push(file.at(ca, "ca_file is empty (expected the path of a PEM file)"));
+            None
+        }
+        Some(ca) if !webhook.url.value.starts_with("https://") => {
+            out.push(file.at(ca, "ca_file is for an https:// url (this trigger's is not)"));
+            None
+        }
+        Some(ca) => Some(
+            file.path
+                .parent()
+                .unwrap_or(std::path::Path::new("."))
+                .join(&ca.value),
+        ),
+        None => None,
+    };
     let batch_size = bounded(file, "batch_size", &raw.batch_size, 1..=10_000, 100, out);
     let max_attempts = bounded(file, "max_attempts", &raw.max_attempts, 1..=1000, 5, out);
 
@@ -731,6 +748,7 @@ pub(crate) fn trigger(
             headers,
             secret_env: webhook.secret_env.as_ref().map(|e| e.value.clone()),
             timeout_ms: timeout_ms as u64,
+            ca_file,
         },
         batch_size: batch_size as u32,
         max_attempts: max_attempts as u32,

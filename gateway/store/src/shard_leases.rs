@@ -184,6 +184,39 @@ impl ShardLeases {
         Some(bucket)
     }
 
+    /// Renews the held leases and the gateway's member heartbeat; the
+    /// buckets whose leases were lost meanwhile, which are held no more.
+    pub(crate) async fn renew(&mut self, backend: &dyn Backend) -> Result<Vec<usize>> {
+        let ttl = self.ttl;
+        leases::heartbeat(backend, &self.holder, ttl).await?;
+        let held: Vec<Lease> = self.held.values().map(|h| h.lease.clone()).collect();
+        let sent = Instant::now();
+        let renewed = leases::renew(backend, &self.holder, &held, ttl).await?;
+        let renewed_names: BTreeSet<&str> = renewed.iter().map(|l| l.name.as_str()).collect();
+        let lost: Vec<usize> = self
+            .held
+            .iter()
+            .filter(|(_, h)| !renewed_names.contains(h.lease.name.as_str()))
+            .map(|(b, _)| *b)
+            .collect();
+        for bucket in &lost {
+            self.held.remove(bucket);
+        }
+        for lease in renewed {
+            if let Some((_, held)) = self
+                .held
+                .iter_mut()
+                .find(|(_, h)| h.lease.name == lease.name)
+            {
+                *held = Held {
+                    lease,
+                    until: sent + ttl,
+                };
+            }
+        }
+        Ok(lost)
+    }
+
     /// Renews the held leases, counts the gateways, and takes or gives up
     /// buckets to hold a fair share.
     pub(crate) async fn rebalance(&mut self, backend: &dyn Backend) -> Result<Rebalanced> {
@@ -201,32 +234,7 @@ impl ShardLeases {
         let mut changed = Rebalanced::default();
         let ttl = self.ttl;
         let holder = self.holder.clone();
-        leases::heartbeat(backend, &holder, ttl).await?;
-        let held: Vec<Lease> = self.held.values().map(|h| h.lease.clone()).collect();
-        let sent = Instant::now();
-        let renewed = leases::renew(backend, &holder, &held, ttl).await?;
-        let renewed_names: BTreeSet<&str> = renewed.iter().map(|l| l.name.as_str()).collect();
-        changed.lost = self
-            .held
-            .iter()
-            .filter(|(_, h)| !renewed_names.contains(h.lease.name.as_str()))
-            .map(|(b, _)| *b)
-            .collect();
-        for bucket in &changed.lost {
-            self.held.remove(bucket);
-        }
-        for lease in renewed {
-            if let Some((_, held)) = self
-                .held
-                .iter_mut()
-                .find(|(_, h)| h.lease.name == lease.name)
-            {
-                *held = Held {
-                    lease,
-                    until: sent + ttl,
-                };
-            }
-        }
+        changed.lost = self.renew(backend).await?;
         let members = leases::live_members(backend).await?;
         let fair = self.buckets.len().div_ceil(members);
         if self.held.len() > fair {

@@ -49,6 +49,9 @@ enum Outcome {
     Failed(String),
     /// The consumer or the store is stopping.
     Stopped,
+    /// A lease of the cells' shards was lost (or could not be renewed in
+    /// time) during the delivery.
+    Lost,
 }
 
 /// A sweep under way.
@@ -521,7 +524,7 @@ impl Worker {
                 state::resolve(backend, ds, &self.key, &quarantined, None).await?;
                 continue;
             };
-            match self.deliver(&[Arc::new(cell)], stop).await {
+            match self.deliver(backend, &[Arc::new(cell)], stop).await {
                 Outcome::Taken => {
                     state::resolve(backend, ds, &self.key, &quarantined, None).await?;
                     use std::sync::atomic::Ordering::Relaxed;
@@ -539,7 +542,7 @@ impl Worker {
                     )
                     .await?;
                 }
-                Outcome::Stopped => return Ok(()),
+                Outcome::Stopped | Outcome::Lost => return Ok(()),
             }
         }
         Ok(())
@@ -588,24 +591,27 @@ impl Worker {
         let cut = (cells.len() >= PAGE).then(|| cells.last().map_or(0, |c| c.shard));
         let cells: Vec<Arc<Cell>> = cells.into_iter().map(Arc::new).collect();
         for batch in cells.chunks(options.batch_size) {
-            match self.deliver(batch, stop).await {
+            match self.deliver(backend, batch, stop).await {
                 Outcome::Taken => {
                     if !self.advance(backend, ds, batch, &[]).await {
                         return true;
                     }
                 }
                 Outcome::Stopped => return false,
+                // The lost shards are forgotten; the others go on.
+                Outcome::Lost => return true,
                 Outcome::Failed(message) => {
                     for cell in batch {
                         let one = std::slice::from_ref(cell);
                         let outcome = if batch.len() == 1 {
                             Outcome::Failed(message.clone())
                         } else {
-                            self.deliver(one, stop).await
+                            self.deliver(backend, one, stop).await
                         };
                         let advanced = match outcome {
                             Outcome::Taken => self.advance(backend, ds, one, &[]).await,
                             Outcome::Stopped => return false,
+                            Outcome::Lost => return true,
                             Outcome::Failed(message) => {
                                 tracing::warn!(consumer = %options.name, datastore = %self.datastore, shard = cell.shard, added_id = cell.added_id, error = %message, "a cell's handler kept failing; quarantined");
                                 let quarantine = [Quarantine {
@@ -726,9 +732,15 @@ impl Worker {
     }
 
     /// Hands `cells` to the handler until it takes them, at most
-    /// `max_attempts` times, waiting between attempts.
-    async fn deliver(&self, cells: &[Arc<Cell>], stop: &mut watch::Receiver<bool>) -> Outcome {
-        let options = &self.state.options;
+    /// `max_attempts` times, waiting between attempts; the leases of their
+    /// shards are kept meanwhile ([`Worker::holding`]).
+    async fn deliver(
+        &mut self,
+        backend: &dyn Backend,
+        cells: &[Arc<Cell>],
+        stop: &mut watch::Receiver<bool>,
+    ) -> Outcome {
+        let options = self.state.options.clone();
         let mut last = String::new();
         for attempt in 1..=options.max_attempts {
             let delivery = Delivery {
@@ -737,13 +749,13 @@ impl Worker {
                 cells: cells.to_vec(),
                 attempt,
             };
-            let handled = std::panic::AssertUnwindSafe((self.state.handler)(delivery))
-                .catch_unwind()
-                .await;
-            match handled {
-                Ok(Ok(())) => return Outcome::Taken,
-                Ok(Err(message)) => last = message,
-                Err(_) => last = "the handler panicked".to_string(),
+            let handled =
+                std::panic::AssertUnwindSafe((self.state.handler)(delivery)).catch_unwind();
+            match self.holding(backend, cells, handled).await {
+                None => return Outcome::Lost,
+                Some(Ok(Ok(()))) => return Outcome::Taken,
+                Some(Ok(Err(message))) => last = message,
+                Some(Err(_)) => last = "the handler panicked".to_string(),
             }
             if attempt == options.max_attempts {
                 break;
@@ -752,11 +764,64 @@ impl Worker {
                 .min_backoff
                 .saturating_mul(1 << (attempt - 1).min(20))
                 .min(options.max_backoff);
-            tokio::select! {
-                _ = stop.changed() => return Outcome::Stopped,
-                _ = tokio::time::sleep(delay) => {}
+            let waited = async {
+                tokio::select! {
+                    _ = stop.changed() => false,
+                    _ = tokio::time::sleep(delay) => true,
+                }
+            };
+            match self.holding(backend, cells, waited).await {
+                None => return Outcome::Lost,
+                Some(false) => return Outcome::Stopped,
+                Some(true) => {}
             }
         }
         Outcome::Failed(last)
+    }
+
+    /// Awaits `work` (a POST, a wait between attempts) while keeping the
+    /// leases of the shards of `cells`: they are renewed a third of the
+    /// lease time after they last were, however long `work` takes. When
+    /// one is lost, or cannot be renewed before an eighth of its time is
+    /// left, `work` is dropped (a POST in flight is abandoned, as its
+    /// shards' next holder delivers the cells) and the answer is `None`.
+    async fn holding<T>(
+        &mut self,
+        backend: &dyn Backend,
+        cells: &[Arc<Cell>],
+        work: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        tokio::pin!(work);
+        let ttl = self.leases.ttl;
+        let mut retry_at: Option<Instant> = None;
+        loop {
+            let (_, until) = self.leases.covering(cells.iter().map(|c| c.shard))?;
+            let now = Instant::now();
+            let renew_at =
+                retry_at.unwrap_or_else(|| until.checked_sub(ttl * 2 / 3).unwrap_or(now));
+            let give_up = until.checked_sub(ttl / 8).unwrap_or(now);
+            tokio::select! {
+                done = &mut work => return Some(done),
+                _ = tokio::time::sleep_until(renew_at.into()) => {
+                    match self.leases.renew(backend).await {
+                        Ok(lost) => {
+                            retry_at = None;
+                            for bucket in lost {
+                                tracing::warn!(consumer = %self.state.options.name, datastore = %self.datastore, bucket, "trigger lease lost during a delivery; leaving its shards to their new holder");
+                                self.forget(bucket);
+                            }
+                        }
+                        Err(err) => {
+                            tracing::debug!(consumer = %self.state.options.name, error = %err, "trigger lease renewal failed during a delivery");
+                            retry_at = Some(Instant::now() + ttl / 10);
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(give_up.into()) => {
+                    tracing::warn!(consumer = %self.state.options.name, datastore = %self.datastore, "trigger leases could not be renewed during a delivery; it is abandoned");
+                    return None;
+                }
+            }
+        }
     }
 }
