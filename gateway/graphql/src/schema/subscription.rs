@@ -44,6 +44,8 @@ const BURST: usize = 256;
 struct CellEvent {
     /// `None` when the subscription does not select it.
     cursor: Option<String>,
+    /// The clusters not followed when the event was taken.
+    unfollowed: Arc<Vec<String>>,
     cell: Arc<Cell>,
     /// The row cells read ahead for the event's burst.
     prefetched: Option<Arc<Prefetched>>,
@@ -66,6 +68,18 @@ pub(super) fn event_type(datastore: &Datastore, types: &DatastoreTypes) -> Objec
                 Value::String(e.cursor.clone().unwrap_or_default())
             })
             .description("pass as `after` to resume after this cell"),
+        )
+        .field(
+            from_parent::<CellEvent, _>(
+                "unfollowedClusters",
+                TypeRef::named_nn_list_nn(TypeRef::STRING),
+                |e| Value::List(e.unfollowed.iter().cloned().map(Value::String).collect()),
+            )
+            .description(
+                "storage clusters of the datastore whose cells this subscription does not follow \
+                 now because they do not answer (usually none): their cells come, in order, once \
+                 they do",
+            ),
         )
         .field(async_graphql::dynamic::Field::new(
             "cell",
@@ -278,6 +292,7 @@ impl Burst {
         let cursor = self.wants_cursor.then(|| self.follower.cursor());
         self.ready.push_back(CellEvent {
             cursor,
+            unfollowed: self.follower.unfollowed(),
             cell,
             prefetched: None,
         });

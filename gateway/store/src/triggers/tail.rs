@@ -20,6 +20,16 @@
 //! of the positions taken under that lock splits the batches exactly into
 //! "already covered" and "still to come".
 //!
+//! Each cluster is followed on its own: one that does not answer delays
+//! only its own shards. A cluster the tail has not reached since it
+//! started gets positions when it first answers the tail's sweep, from its
+//! heads then: a follower from now starts its shards there (so cells the
+//! cluster took in the moment between its return and that sweep are not
+//! its), a follower resumed from a cursor reads the log up to them itself.
+//! [`Follower::unfollowed`] names such clusters meanwhile. A new follower waits for
+//! the tail's first positions at most [`START_WAIT`], then fails with
+//! `STORAGE_UNAVAILABLE`.
+//!
 //! Positions are per-shard `added_id`s; [`encode_cursor`] turns them into
 //! the opaque resume token of the GraphQL API.
 //!
@@ -43,6 +53,10 @@ use crate::cells::log_cells;
 use crate::cells::Cell;
 use crate::error::{Error, Result};
 use crate::topology::{ClusterState, DatastoreRuntime, Topology};
+
+/// The longest a new follower waits for the tail's first positions (no
+/// cluster of the datastore answered yet).
+pub const START_WAIT: Duration = Duration::from_secs(10);
 
 /// Settings of the log tails of a store.
 #[derive(Debug, Clone)]
@@ -136,6 +150,9 @@ struct Batch {
     /// Floors of shards whose log went back (the master was replaced):
     /// every follower's position past one moves back to it first.
     went_back: Option<Arc<Vec<(u32, i64)>>>,
+    /// Shards whose cluster answered for the first time, with the heads
+    /// the tail starts them from.
+    appeared: Option<Arc<Vec<(u32, i64)>>>,
     cells: Vec<Arc<Cell>>,
     /// The number of the tail's positions after the batch; the batch
     /// before it has the number before.
@@ -151,6 +168,8 @@ struct TailState {
     positions: Option<(u64, Arc<BTreeMap<u32, i64>>)>,
     /// The number of the next positions.
     numbered: u64,
+    /// The clusters whose shards are not followed now: they did not answer.
+    unfollowed: Arc<Vec<String>>,
 }
 
 impl Tails {
@@ -258,6 +277,7 @@ impl Tails {
             columns: options.columns.iter().cloned().collect(),
             shards: options.shards,
             from_now: options.after.is_none(),
+            started_now: options.after.is_none(),
             positions,
             in_step: None,
             queue: VecDeque::new(),
@@ -301,24 +321,23 @@ async fn run(tails: Arc<Tails>, tail: Arc<Tail>) {
         };
         let now = tokio::time::Instant::now();
         if now >= next_sweep || positions.is_none() {
-            match read_heads(&topology, &ds).await {
-                Ok(read) => {
-                    for (shard, head) in read {
-                        let known = heads.entry(shard).or_insert(head);
-                        *known = (*known).max(head);
-                    }
-                    if positions.is_none() {
-                        positions = Some(heads.clone());
-                        let mut state = tail.state.lock().expect("tail");
-                        state.numbered += 1;
-                        state.positions = Some((state.numbered, Arc::new(heads.clone())));
-                        drop(state);
-                        tail.ready.send_modify(|n| *n += 1);
-                    }
+            let (read, unfollowed) = read_heads(&topology, &ds).await;
+            for (shard, head) in &read {
+                let known = heads.entry(*shard).or_insert(*head);
+                *known = (*known).max(*head);
+            }
+            tail.state.lock().expect("tail").unfollowed = Arc::new(unfollowed);
+            match positions.as_mut() {
+                None if !read.is_empty() => {
+                    positions = Some(heads.clone());
+                    let mut state = tail.state.lock().expect("tail");
+                    state.numbered += 1;
+                    state.positions = Some((state.numbered, Arc::new(heads.clone())));
+                    drop(state);
+                    tail.ready.send_modify(|n| *n += 1);
                 }
-                Err(err) => {
-                    tracing::warn!(datastore = %tail.datastore, error = %err, "log tail cannot read the shard heads")
-                }
+                None => {}
+                Some(positions) => appear(&tail, positions, &read),
             }
             next_sweep = now + options.sweep_every;
         }
@@ -399,27 +418,65 @@ fn go_back(
     state.positions = Some((number, after.clone()));
     let _ = tail.sender.send(Arc::new(Batch {
         went_back: Some(floors),
+        appeared: None,
         cells: Vec::new(),
         number,
         after,
     }));
 }
 
-/// The last `added_id` of every shard of `ds`, one statement per cluster.
-async fn read_heads(topology: &Topology, ds: &DatastoreRuntime) -> Result<Vec<(u32, i64)>> {
-    let mut all = Vec::new();
-    for cluster in ds.map().clusters() {
-        let backend = ready_backend(topology, cluster)?;
-        let ranges = ds.map().ranges_of(cluster);
-        let held = |s: u32| ranges.iter().any(|(a, b)| (*a..=*b).contains(&s));
-        all.extend(
-            crate::cells::heads(backend.as_ref(), ds)
-                .await?
-                .into_iter()
-                .filter(|(s, _)| held(*s)),
-        );
+/// Starts following the shards of `read` the tail has no position of yet
+/// (their cluster answered for the first time) from their heads, and
+/// tells the followers.
+fn appear(tail: &Tail, positions: &mut BTreeMap<u32, i64>, read: &[(u32, i64)]) {
+    let appeared: Vec<(u32, i64)> = read
+        .iter()
+        .filter(|(shard, _)| !positions.contains_key(shard))
+        .copied()
+        .collect();
+    if appeared.is_empty() {
+        return;
     }
-    Ok(all)
+    positions.extend(appeared.iter().copied());
+    let after = Arc::new(positions.clone());
+    let mut state = tail.state.lock().expect("tail");
+    state.numbered += 1;
+    let number = state.numbered;
+    state.positions = Some((number, after.clone()));
+    let _ = tail.sender.send(Arc::new(Batch {
+        went_back: None,
+        appeared: Some(Arc::new(appeared)),
+        cells: Vec::new(),
+        number,
+        after,
+    }));
+}
+
+/// The last `added_id` of every shard of `ds`, one statement per cluster,
+/// and the names of the clusters that did not answer (their shards are
+/// left out).
+async fn read_heads(topology: &Topology, ds: &DatastoreRuntime) -> (Vec<(u32, i64)>, Vec<String>) {
+    let mut all = Vec::new();
+    let mut unfollowed = Vec::new();
+    for cluster in ds.map().clusters() {
+        let read = match ready_backend(topology, cluster) {
+            Ok(backend) => crate::cells::heads(backend.as_ref(), ds).await,
+            Err(err) => Err(err),
+        };
+        match read {
+            Ok(heads) => {
+                let ranges = ds.map().ranges_of(cluster);
+                let held = |s: u32| ranges.iter().any(|(a, b)| (*a..=*b).contains(&s));
+                all.extend(heads.into_iter().filter(|(s, _)| held(*s)));
+            }
+            Err(err) => {
+                let name = topology.clusters[cluster].name.clone();
+                tracing::warn!(datastore = %ds.name(), cluster = %name, error = %err, "log tail cannot read a cluster's shard heads; its shards wait for it");
+                unfollowed.push(name);
+            }
+        }
+    }
+    (all, unfollowed)
 }
 
 fn ready_backend(topology: &Topology, cluster: usize) -> Result<Arc<dyn crate::storage::Backend>> {
@@ -442,16 +499,24 @@ async fn catch_up(
     positions: &mut BTreeMap<u32, i64>,
     heads: &BTreeMap<u32, i64>,
 ) -> Result<()> {
+    // Clusters whose read failed: the others go on.
+    let mut failed: BTreeMap<usize, Error> = BTreeMap::new();
     loop {
+        // Only shards with a position: a cluster that never answered has
+        // none, and its shards start from its heads once it does.
         let behind: Vec<(u32, i64)> = heads
             .iter()
             .filter_map(|(s, h)| {
-                let at = positions.get(s).copied().unwrap_or(0);
+                let at = *positions.get(s)?;
                 (*h > at).then_some((*s, at))
             })
+            .filter(|(s, _)| !failed.contains_key(&ds.map().cluster_of(*s)))
             .collect();
         if behind.is_empty() {
-            return Ok(());
+            return match failed.into_values().next() {
+                Some(err) => Err(err),
+                None => Ok(()),
+            };
         }
         let mut by_cluster: BTreeMap<usize, Vec<(u32, i64)>> = BTreeMap::new();
         for (shard, at) in behind {
@@ -461,10 +526,21 @@ async fn catch_up(
                 .push((shard, at));
         }
         for (cluster, from) in by_cluster {
-            let backend = ready_backend(topology, cluster)?;
             let page = options.page.max(1);
-            tail.tail_reads.fetch_add(1, Ordering::Relaxed);
-            let cells = log_cells(backend.as_ref(), ds, &from, &[], page).await?;
+            let read = match ready_backend(topology, cluster) {
+                Ok(backend) => {
+                    tail.tail_reads.fetch_add(1, Ordering::Relaxed);
+                    log_cells(backend.as_ref(), ds, &from, &[], page).await
+                }
+                Err(err) => Err(err),
+            };
+            let cells = match read {
+                Ok(cells) => cells,
+                Err(err) => {
+                    failed.insert(cluster, err);
+                    continue;
+                }
+            };
             let moved = advance(&from, &cells, page, heads);
             let cells: Vec<Arc<Cell>> = cells.into_iter().map(Arc::new).collect();
             for (shard, at) in moved {
@@ -479,6 +555,7 @@ async fn catch_up(
             // splits the batches into covered and to come.
             let _ = tail.sender.send(Arc::new(Batch {
                 went_back: None,
+                appeared: None,
                 cells,
                 number,
                 after,
@@ -526,6 +603,9 @@ enum Item {
     /// Floors of shards whose log went back: positions past them move
     /// back to them.
     WentBack(Arc<Vec<(u32, i64)>>),
+    /// Shards the tail starts following from these heads (their cluster
+    /// answered for the first time): a follower from now starts there.
+    Appeared(Arc<Vec<(u32, i64)>>),
     /// Shards read to these positions (cells of other columns skipped).
     Advance(Vec<(u32, i64)>),
     /// The end of a broadcast batch the follower took whole, in step with
@@ -588,8 +668,10 @@ pub struct Follower {
     receiver: broadcast::Receiver<Arc<Batch>>,
     columns: BTreeSet<String>,
     shards: Option<BTreeSet<u32>>,
-    /// Start at the tail's positions (no resume cursor).
+    /// Start at the tail's positions (no resume cursor), until it did.
     from_now: bool,
+    /// Whether it started from now (and not from a cursor).
+    started_now: bool,
     /// The position of every shard up to which cells were handed out.
     positions: Positions,
     /// The number of the tail's positions that are the follower's own
@@ -605,6 +687,13 @@ impl Follower {
     /// followed); what [`encode_cursor`] makes a resume token of.
     pub fn positions(&self) -> BTreeMap<u32, i64> {
         self.positions.iter().collect()
+    }
+
+    /// The clusters of the datastore whose shards are not followed now:
+    /// they did not answer the tail's last read. Their cells come once
+    /// they do.
+    pub fn unfollowed(&self) -> Arc<Vec<String>> {
+        self.tail.state.lock().expect("tail").unfollowed.clone()
     }
 
     /// The resume token of [`Follower::positions`] (see [`encode_cursor`]).
@@ -686,6 +775,13 @@ impl Follower {
     fn take_queued(&mut self) -> Option<Arc<Cell>> {
         while let Some(item) = self.queue.pop_front() {
             match item {
+                Item::Appeared(heads) => {
+                    for (shard, head) in heads.iter() {
+                        if self.follows_shard(*shard) && self.positions.get(*shard) < *head {
+                            self.positions.set(*shard, *head);
+                        }
+                    }
+                }
                 Item::WentBack(floors) => {
                     for (shard, floor) in floors.iter() {
                         if self.follows_shard(*shard) && self.positions.get(*shard) > *floor {
@@ -741,6 +837,20 @@ impl Follower {
         if let Some(floors) = &batch.went_back {
             self.queue.push_back(Item::WentBack(floors.clone()));
         }
+        if let Some(heads) = &batch.appeared {
+            if self.started_now {
+                self.queue.push_back(Item::Appeared(heads.clone()));
+            } else if heads
+                .iter()
+                .any(|(s, h)| self.follows_shard(*s) && self.positions.get(*s) < *h)
+            {
+                // Resumed from a cursor that is behind the tail on shards it
+                // now follows: their cells up to the tail's positions are
+                // read from the log again, as after a lag.
+                self.lagged();
+                return;
+            }
+        }
         let shards = &self.shards;
         self.queue.extend(
             batch
@@ -765,12 +875,29 @@ impl Follower {
     /// follower's positions up to them.
     async fn join(&mut self) -> Result<()> {
         let mut ready = self.tail.ready.subscribe();
-        let (number, target) = loop {
-            if let Some(p) = self.tail.state.lock().expect("tail").positions.clone() {
-                break p;
+        let waited = tokio::time::timeout(START_WAIT, async {
+            loop {
+                if let Some(p) = self.tail.state.lock().expect("tail").positions.clone() {
+                    return Ok(p);
+                }
+                if ready.changed().await.is_err() {
+                    return Err(Error::BadInput("the store is shut down".into()));
+                }
             }
-            if ready.changed().await.is_err() {
-                return Err(Error::BadInput("the store is shut down".into()));
+        })
+        .await;
+        let (number, target) = match waited {
+            Ok(positions) => positions?,
+            Err(_) => {
+                let clusters = self.unfollowed().join("`, `");
+                return Err(Error::ClusterNotReady {
+                    cluster: clusters,
+                    reason: format!(
+                        "no cluster of datastore `{}` answered within {} s, so the subscription cannot start; retry",
+                        self.tail.datastore,
+                        START_WAIT.as_secs()
+                    ),
+                });
             }
         };
         if self.from_now {

@@ -156,6 +156,7 @@ contract_suite!(
 // The index contract again with cells and index entries spread over two
 // clusters, and what only two clusters can show.
 contract_suite_on_two_clusters!(
+    a_cluster_that_is_away_delays_only_its_own_shards,
     injected_drift_is_found_key_by_key_and_repaired,
     an_interrupted_verify_resumes_where_it_stopped,
     a_second_recording_verify_waits_for_the_first,

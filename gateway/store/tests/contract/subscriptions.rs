@@ -214,3 +214,180 @@ pub async fn followers_see_commits_quickly_at_a_thousand_cells_per_second(env: A
     );
     assert!(p(0.99) < 1000, "p99 {} ms", p(0.99));
 }
+
+/// A loopback port in front of a database server that can be shut: shut,
+/// it closes every connection it forwards and each new one at once.
+struct Gate {
+    port: u16,
+    open: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Gate {
+    async fn start(target: String) -> Gate {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let is_open = open.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if !is_open.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue;
+                }
+                let target = target.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Gate { port, open }
+    }
+
+    fn open(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// `url` with its `host:port` replaced by `host_port`, and its `host:port`.
+fn through(url: &str, host_port: &str) -> (String, String) {
+    let start = url
+        .find('@')
+        .map_or_else(|| url.find("://").unwrap() + 3, |at| at + 1);
+    let end = start + url[start..].find('/').unwrap();
+    let target = url[start..end].to_string();
+    (
+        format!("{}{host_port}{}", &url[..start], &url[end..]),
+        target,
+    )
+}
+
+/// A row key whose cells live on the first (`true`) or second half of the
+/// shards: cluster `a` or `b`.
+fn row_on_a(a: bool) -> Uuid {
+    loop {
+        let key = Uuid::new_v4();
+        let shard = cellgate_store::shards::row_shard(&key, crate::harness::TRIP_SHARDS);
+        if (shard < crate::harness::TRIP_SHARDS / 2) == a {
+            return key;
+        }
+    }
+}
+
+/// Puts a BASE cell of each of `rows`, retrying while its cluster is away.
+async fn put_rows(store: &Store, rows: &[Uuid]) {
+    let cells: Vec<NewCell> = rows
+        .iter()
+        .map(|row| NewCell {
+            row_key: *row,
+            column: "BASE".into(),
+            ref_key: 1,
+            body: json!({"n": 1}),
+        })
+        .collect();
+    for _ in 0..300 {
+        if let Ok(results) = store.put_cells("trips", cells.clone()).await {
+            if results.iter().all(|r| r.is_ok()) {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the cells could not be written within 30 s");
+}
+
+// Regression: one cluster that did not answer hung every new subscription
+// of the datastore (the tail never got its start positions), and with the
+// tail running, clusters after a failing one were not read. Here cluster
+// `b` is behind a closed port when the store opens: a follower from now
+// starts at once, gets `a`'s cells and names `b` as not followed; once `b`
+// answers, its cells come too, and a follower resumed from a cursor made
+// while `b` was away reads `b`'s log from its beginning.
+pub async fn a_cluster_that_is_away_delays_only_its_own_shards(env: Arc<Env>) {
+    if env.kind == crate::harness::Kind::Sqlite {
+        eprintln!("skipped on SQLite: a database file cannot be away");
+        return;
+    }
+    let urls = env.urls();
+    let (_, target) = through(&urls[1], "");
+    let gate = Gate::start(target).await;
+    let (b_url, _) = through(&urls[1], &format!("127.0.0.1:{}", gate.port));
+    // b's tables exist (made through the open gate by a first store).
+    let mut storage = env.storage();
+    storage.clusters[1].master = b_url;
+    storage.timeout_ms = 1000;
+    gate.open();
+    let first = env
+        .open_custom(crate::harness::DEFINITIONS, storage.clone(), false)
+        .await
+        .expect("store opens");
+    first.shutdown(Duration::from_secs(5)).await;
+    drop(first);
+    gate.open.store(false, std::sync::atomic::Ordering::SeqCst);
+    let store = env
+        .open_custom(crate::harness::DEFINITIONS, storage, false)
+        .await
+        .expect("a store opens with a cluster away");
+    let mut now = store
+        .follow("trips", base_only())
+        .expect("a follower from now");
+    tokio::time::timeout(Duration::from_secs(15), now.start())
+        .await
+        .expect("a follower starts while a cluster is away")
+        .expect("started");
+    assert_eq!(*now.unfollowed(), vec!["b".to_string()]);
+    let on_a: Vec<Uuid> = (0..5).map(|_| row_on_a(true)).collect();
+    put_rows(&store, &on_a).await;
+    let got: BTreeSet<Uuid> = take_rows("a's cells", &mut now, 5).await;
+    assert_eq!(got, on_a.iter().copied().collect());
+    let cursor = now.positions();
+    let mut resumed = store
+        .follow(
+            "trips",
+            FollowOptions {
+                after: Some(cursor),
+                ..base_only()
+            },
+        )
+        .unwrap();
+    resumed.start().await.expect("a resumed follower starts");
+
+    gate.open();
+    // A follower from now starts b's shards where b stands when the tail
+    // first reaches it.
+    for _ in 0..300 {
+        if now.unfollowed().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(now.unfollowed().is_empty(), "b is followed again");
+    let on_b: Vec<Uuid> = (0..5).map(|_| row_on_a(false)).collect();
+    put_rows(&store, &on_b).await;
+    let got: BTreeSet<Uuid> = take_rows("b's cells from now", &mut now, 5).await;
+    assert_eq!(
+        got,
+        on_b.iter().copied().collect(),
+        "b's cells after it answered"
+    );
+    // From b's beginning: the cells of b the first store wrote (none) and these.
+    let got: BTreeSet<Uuid> = take_rows("b's cells resumed", &mut resumed, 5).await;
+    assert_eq!(got, on_b.iter().copied().collect());
+    store.shutdown(Duration::from_secs(5)).await;
+}
+
+/// The rows of the next `n` cells of `follower` (failing after 20 s).
+async fn take_rows(what: &str, follower: &mut Follower, n: usize) -> BTreeSet<Uuid> {
+    let mut rows = BTreeSet::new();
+    for _ in 0..n {
+        let cell = tokio::time::timeout(Duration::from_secs(20), follower.next())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: only {} of {n} cells arrived", rows.len()))
+            .expect("next");
+        rows.insert(cell.row_key);
+    }
+    rows
+}
