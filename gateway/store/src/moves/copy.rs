@@ -346,6 +346,54 @@ pub(crate) async fn copy_offsets(
     Ok(rows.len() as u64)
 }
 
+/// The columns of a trigger quarantine row, with their types.
+const QUARANTINE: [(&str, ColType); 10] = [
+    ("consumer", ColType::Text),
+    ("shard", ColType::Int),
+    ("added_id", ColType::Int),
+    ("row_key", ColType::Uuid),
+    ("column_name", ColType::Text),
+    ("ref_key", ColType::Int),
+    ("attempts", ColType::Int),
+    ("message", ColType::Text),
+    ("retry", ColType::Int),
+    ("quarantined_at", ColType::DateTime),
+];
+
+/// Every trigger quarantine row of `first..=last` from the source to the
+/// target (kept where the target has it already): the quarantined cells
+/// keep their `added_id`s on the target, so the consumers holding the
+/// range there list them and retry them as they would have on the source.
+pub(crate) async fn copy_trigger_quarantine(
+    source: &dyn Backend,
+    target: &dyn Backend,
+    datastore: &str,
+    (first, last): (u32, u32),
+) -> Result<u64> {
+    let table = ddl::trigger_quarantine_table(datastore);
+    let mut sql = Sql::new(source.dialect());
+    sql.push("SELECT ")
+        .idents(QUARANTINE.map(|(c, _)| c))
+        .push(" FROM ")
+        .ident(&table)
+        .push(" WHERE ");
+    between(&mut sql, "shard", first, last);
+    let rows = source.fetch(&sql, &QUARANTINE.map(|(_, t)| t)).await?;
+    let dialect = target.dialect();
+    for chunk in rows.chunks(MAX_PARAMS / QUARANTINE.len()) {
+        let mut sql = Sql::new(dialect);
+        sql.push(dialect.insert_ignore())
+            .ident(&table)
+            .push(" (")
+            .idents(QUARANTINE.map(|(c, _)| c))
+            .push(") ")
+            .rows(chunk.iter().cloned())
+            .push(dialect.on_conflict_do_nothing());
+        target.execute(&sql).await?;
+    }
+    Ok(rows.len() as u64)
+}
+
 /// Upserts offset rows, keeping the larger `added_id`.
 async fn upsert_offsets(target: &dyn Backend, table: &str, rows: &[Vec<Value>]) -> Result<()> {
     let dialect = target.dialect();

@@ -721,6 +721,8 @@ impl Mover<'_> {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         copy::copy_offsets(source.as_ref(), target.as_ref(), self.ds.name(), range).await?;
+        copy::copy_trigger_quarantine(source.as_ref(), target.as_ref(), self.ds.name(), range)
+            .await?;
         let names = self.names();
         let work = stored::parse_map(&self.row.work, self.ds.def.shards, &names)?;
         let text = stored::map_text(&self.moved_map(&work)?, &names);

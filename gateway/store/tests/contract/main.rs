@@ -78,6 +78,7 @@ contract_suite!(
     a_move_killed_at_every_phase_resumes,
     a_move_is_aborted_before_the_switch_and_reversed_after,
     a_cell_that_differs_on_the_target_stops_the_move_at_its_verify,
+    quarantined_trigger_cells_move_with_their_shards,
     put_get_latest_and_history,
     writes_are_idempotent_and_conflicts_are_refused,
     batches_span_shards_and_report_per_cell,

@@ -671,3 +671,113 @@ pub async fn a_cell_that_differs_on_the_target_stops_the_move_at_its_verify(env:
     mover.shutdown(Duration::from_secs(5)).await;
     gateway.shutdown(Duration::from_secs(5)).await;
 }
+
+// Regression: the move deleted the source's trigger quarantine of the
+// range and nothing copied it, so quarantined cells were never delivered
+// nor listed again. Here cells of the range are quarantined on `a`, the
+// range moves to `c`, and the quarantine is still listed, then retried
+// and delivered by the consumer now following `c`.
+pub async fn quarantined_trigger_cells_move_with_their_shards(env: Arc<Env>) {
+    let storage = storage(&env).await;
+    let gateway = gateway(&storage).await;
+    let refusing = Arc::new(AtomicBool::new(true));
+    let seen: Seen = Arc::default();
+    let handler: Handler = {
+        let (refusing, seen) = (refusing.clone(), seen.clone());
+        Arc::new(move |delivery: Delivery| {
+            let (refusing, seen) = (refusing.clone(), seen.clone());
+            Box::pin(async move {
+                if refusing.load(Ordering::SeqCst)
+                    && delivery.cells.iter().any(|c| c.body["poison"] == true)
+                {
+                    return Err("refused a poison cell".to_string());
+                }
+                let mut seen = seen.lock().unwrap();
+                for cell in &delivery.cells {
+                    seen.push((cell.shard, cell.added_id, cell.row_key));
+                }
+                Ok(())
+            })
+        })
+    };
+    let options = ConsumerOptions {
+        max_attempts: 2,
+        ..consumer_options()
+    };
+    let consumer = gateway.start_consumer(options, handler).unwrap();
+    let in_range = |row: &Uuid| {
+        let shard = gateway.row_shard("trips", row).unwrap();
+        (RANGE.0..=RANGE.1).contains(&shard)
+    };
+    let poisoned: Vec<Uuid> = std::iter::repeat_with(Uuid::new_v4)
+        .filter(|r| in_range(r))
+        .take(3)
+        .collect();
+    let cells: Vec<NewCell> = poisoned
+        .iter()
+        .map(|row| NewCell {
+            row_key: *row,
+            column: "BASE".into(),
+            ref_key: 1,
+            body: json!({"poison": true, "trip_created_at": "2026-11-24T10:00:00Z"}),
+        })
+        .collect();
+    gateway.put_cells("trips", cells).await.unwrap();
+    let quarantined = |store: &Store| {
+        let store = store.clone();
+        async move {
+            store
+                .trigger_quarantine("trips", "follower")
+                .await
+                .unwrap()
+                .iter()
+                .map(|q| q.row_key)
+                .collect::<BTreeSet<Uuid>>()
+        }
+    };
+    let want: BTreeSet<Uuid> = poisoned.iter().copied().collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while quarantined(&gateway).await != want {
+        assert!(
+            Instant::now() < deadline,
+            "the poison cells are quarantined"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    mover(&storage)
+        .await
+        .move_shards(&MoveOptions::new("trips", RANGE, "c"), &mut |_| {})
+        .await
+        .expect("the range moves");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while quarantined(&gateway).await != want {
+        assert!(
+            Instant::now() < deadline,
+            "the quarantine of the moved range is listed after the move: {:?}",
+            quarantined(&gateway).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    refusing.store(false, Ordering::SeqCst);
+    assert_eq!(
+        gateway
+            .retry_trigger_quarantine("trips", "follower")
+            .await
+            .unwrap(),
+        3
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let delivered: BTreeSet<Uuid> = seen.lock().unwrap().iter().map(|s| s.2).collect();
+        if delivered.is_superset(&want) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the retried cells are delivered from `c`"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    consumer.stop().await;
+    gateway.shutdown(Duration::from_secs(5)).await;
+}
