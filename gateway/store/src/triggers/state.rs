@@ -341,7 +341,7 @@ fn clusters<'t>(
     ds: &DatastoreRuntime,
 ) -> Result<Vec<(usize, &'t std::sync::Arc<dyn Backend>)>> {
     (0..topology.clusters.len())
-        .filter(|c| !ds.map().ranges_of(*c).is_empty())
+        .filter(|c| !ds.map().ranges_of(*c).is_empty() || !ds.work_map().ranges_of(*c).is_empty())
         .map(|c| {
             let cluster = &topology.clusters[c];
             if cluster.state() != ClusterState::Ready {
@@ -396,7 +396,10 @@ pub(crate) async fn retry_quarantine(
 
 /// Moves every offset of consumer `name` to `to`: an `added_id` (cells
 /// after it are delivered again, or skipped if it is ahead), or a time
-/// (cells created at or after it are delivered again).
+/// (cells created at or after it are delivered again). A range in the
+/// middle of a shard move (routed to its target, still followed on its
+/// source until the drain) is rewound on both clusters, so the drain,
+/// which hands the source's offsets to the target, keeps the rewind.
 pub(crate) async fn rewind(
     topology: &Topology,
     datastore: &str,
@@ -412,7 +415,10 @@ pub(crate) async fn rewind(
             .map()
             .ranges_of(cluster)
             .into_iter()
+            .chain(ds.work_map().ranges_of(cluster))
             .flat_map(|(a, b)| a..=b)
+            .collect::<std::collections::BTreeSet<u32>>()
+            .into_iter()
             .collect();
         let targets: Vec<(u32, i64)> = match to {
             Location::AddedId(id) => shards.iter().map(|s| (*s, id)).collect(),

@@ -49,6 +49,13 @@ use std::time::Duration;
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::sync::watch;
 
+mod cursor;
+mod positions;
+
+use cursor::encode_positions;
+pub use cursor::{decode_cursor, encode_cursor};
+use positions::Positions;
+
 use crate::cells::log_cells;
 use crate::cells::Cell;
 use crate::error::{Error, Result};
@@ -613,53 +620,6 @@ enum Item {
     InStep(u64, Arc<BTreeMap<u32, i64>>),
 }
 
-/// A follower's positions: a snapshot shared with the tail and other
-/// followers, and the shards moved since.
-#[derive(Debug, Clone)]
-struct Positions {
-    base: Arc<BTreeMap<u32, i64>>,
-    moved: BTreeMap<u32, i64>,
-    /// Whether `moved` was folded into `base` (which then holds moves).
-    folded: bool,
-}
-
-impl Positions {
-    fn get(&self, shard: u32) -> i64 {
-        self.moved
-            .get(&shard)
-            .or_else(|| self.base.get(&shard))
-            .copied()
-            .unwrap_or(0)
-    }
-
-    fn set(&mut self, shard: u32, at: i64) {
-        self.moved.insert(shard, at);
-        // A follower out of step would end up with a second copy of every
-        // shard in `moved`: fold it into a base of its own now and then.
-        if self.moved.len() > 64 && self.moved.len() * 4 > self.base.len() {
-            let base = Arc::make_mut(&mut self.base);
-            base.append(&mut self.moved);
-            self.folded = true;
-        }
-    }
-
-    /// Every position, `moved` over `base`, in shard order.
-    fn iter(&self) -> impl Iterator<Item = (u32, i64)> + '_ {
-        let mut base = self.base.iter().peekable();
-        let mut moved = self.moved.iter().peekable();
-        std::iter::from_fn(move || match (base.peek(), moved.peek()) {
-            (Some((b, _)), Some((m, _))) if b < m => base.next().map(|(s, p)| (*s, *p)),
-            (Some((b, _)), Some((m, _))) if b == m => {
-                base.next();
-                moved.next().map(|(s, p)| (*s, *p))
-            }
-            (_, Some(_)) => moved.next().map(|(s, p)| (*s, *p)),
-            (Some(_), None) => base.next().map(|(s, p)| (*s, *p)),
-            (None, None) => None,
-        })
-    }
-}
-
 /// A follower of a datastore's log: yields the cells of its columns and
 /// shards in per-shard order, at least once, from its positions on.
 pub struct Follower {
@@ -970,148 +930,9 @@ impl Follower {
     }
 }
 
-/// The version byte of the cursor format.
-const CURSOR_V1: u8 = 1;
-
-/// The opaque resume token of `positions`: URL-safe base64 (no padding) of
-/// a version byte and the zlib-compressed list of the shards whose
-/// position is not 0, each as two LEB128 varints: the gap to the previous
-/// shard, and the zigzag difference of its position from the previous
-/// shard's. Neighbouring shards hold similar `added_id`s, so a position
-/// costs about a byte before compression; 4096 shards stay within a few
-/// kilobytes.
-pub fn encode_cursor(positions: &BTreeMap<u32, i64>) -> String {
-    encode_positions(positions.iter().map(|(s, p)| (*s, *p)))
-}
-
-/// [`encode_cursor`] of positions in shard order.
-fn encode_positions(positions: impl Iterator<Item = (u32, i64)>) -> String {
-    use base64::Engine as _;
-    use std::io::Write as _;
-    let mut raw = Vec::with_capacity(1024);
-    let (mut prev_shard, mut prev_at) = (0u32, 0i64);
-    for (shard, at) in positions.filter(|(_, at)| *at > 0) {
-        varint(&mut raw, u64::from(shard - prev_shard));
-        let diff = at.wrapping_sub(prev_at);
-        varint(&mut raw, ((diff << 1) ^ (diff >> 63)) as u64);
-        (prev_shard, prev_at) = (shard, at);
-    }
-    let mut out = vec![CURSOR_V1];
-    let mut z = flate2::write::ZlibEncoder::new(&mut out, flate2::Compression::fast());
-    let _ = z.write_all(&raw);
-    let _ = z.finish();
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(out)
-}
-
-/// The positions of a token made by [`encode_cursor`].
-pub fn decode_cursor(cursor: &str) -> Result<BTreeMap<u32, i64>> {
-    use base64::Engine as _;
-    use std::io::Read as _;
-    let bad = || Error::InvalidCursor("not a subscription cursor of this gateway".into());
-    if cursor.len() > 1 << 20 {
-        return Err(bad());
-    }
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(cursor)
-        .map_err(|_| bad())?;
-    let (&version, body) = bytes.split_first().ok_or_else(bad)?;
-    if version != CURSOR_V1 {
-        return Err(bad());
-    }
-    let mut raw = Vec::new();
-    flate2::read::ZlibDecoder::new(body)
-        .take(1 << 20)
-        .read_to_end(&mut raw)
-        .map_err(|_| bad())?;
-    let mut positions = BTreeMap::new();
-    let (mut shard, mut at) = (0u64, 0i64);
-    let mut rest = &raw[..];
-    while !rest.is_empty() {
-        shard += read_varint(&mut rest).ok_or_else(bad)?;
-        let z = read_varint(&mut rest).ok_or_else(bad)?;
-        at = at.wrapping_add(((z >> 1) as i64) ^ -((z & 1) as i64));
-        let shard = u32::try_from(shard).map_err(|_| bad())?;
-        if at <= 0 || (!positions.is_empty() && positions.contains_key(&shard)) {
-            return Err(bad());
-        }
-        positions.insert(shard, at);
-    }
-    Ok(positions)
-}
-
-fn varint(out: &mut Vec<u8>, mut n: u64) {
-    while n >= 0x80 {
-        out.push((n as u8) | 0x80);
-        n >>= 7;
-    }
-    out.push(n as u8);
-}
-
-fn read_varint(input: &mut &[u8]) -> Option<u64> {
-    let mut n = 0u64;
-    for shift in (0..64).step_by(7) {
-        let (&byte, rest) = input.split_first()?;
-        *input = rest;
-        n |= u64::from(byte & 0x7f) << shift;
-        if byte < 0x80 {
-            return Some(n);
-        }
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cursors_round_trip_and_stay_small_for_4096_shards() {
-        let positions: BTreeMap<u32, i64> = (0..4096u32)
-            .map(|s| (s, 250_000 + i64::from(s % 97)))
-            .collect();
-        let cursor = encode_cursor(&positions);
-        assert!(cursor.len() < 16 * 1024, "{} bytes", cursor.len());
-        assert_eq!(decode_cursor(&cursor).unwrap(), positions);
-        let sparse = BTreeMap::from([(3, 7), (4095, 1), (9, 0)]);
-        let back = decode_cursor(&encode_cursor(&sparse)).unwrap();
-        assert_eq!(back, BTreeMap::from([(3, 7), (4095, 1)]));
-        assert!(decode_cursor("not a cursor").is_err());
-        assert!(decode_cursor("").is_err());
-    }
-
-    #[test]
-    fn positions_over_a_shared_base_read_and_encode_like_one_map() {
-        let base = Arc::new((0..4096u32).map(|s| (s, 100 + i64::from(s))).collect());
-        let mut positions = Positions {
-            base,
-            moved: BTreeMap::new(),
-            folded: false,
-        };
-        let mut plain: BTreeMap<u32, i64> = positions.base.as_ref().clone();
-        for (shard, at) in [(7, 500), (4095, 9000), (5000, 3), (7, 501)] {
-            positions.set(shard, at);
-            plain.insert(shard, at);
-        }
-        assert!(!positions.folded, "a few moves stay beside the base");
-        assert_eq!(positions.iter().collect::<BTreeMap<_, _>>(), plain);
-        assert_eq!(encode_positions(positions.iter()), encode_cursor(&plain));
-        assert_eq!(positions.get(7), 501);
-        assert_eq!(positions.get(8), 108);
-        assert_eq!(positions.get(6000), 0);
-        // Many moves fold into a base of the follower's own.
-        let shared = positions.base.clone();
-        for shard in 0..2000u32 {
-            positions.set(shard, 7000 + i64::from(shard));
-            plain.insert(shard, 7000 + i64::from(shard));
-        }
-        assert!(positions.folded);
-        assert!(
-            !Arc::ptr_eq(&shared, &positions.base),
-            "the shared base is not changed"
-        );
-        assert_eq!(shared.get(&0), Some(&100));
-        assert_eq!(positions.iter().collect::<BTreeMap<_, _>>(), plain);
-    }
 
     #[test]
     fn a_full_page_stops_at_its_last_shard() {

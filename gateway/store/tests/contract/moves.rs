@@ -781,3 +781,104 @@ pub async fn quarantined_trigger_cells_move_with_their_shards(env: Arc<Env>) {
     consumer.stop().await;
     gateway.shutdown(Duration::from_secs(5)).await;
 }
+
+// Regression: a trigger rewind between a move's switch and its drain set
+// the offsets of the range on the target only, and the drain, which hands
+// the source's offsets to the target keeping the larger, overwrote it.
+// Here the move is stopped at its drain, the consumer rewound to the
+// beginning, the move finished: every cell of the range comes again.
+pub async fn a_trigger_rewind_during_a_move_survives_its_drain(env: Arc<Env>) {
+    let storage = storage(&env).await;
+    let gateway = gateway(&storage).await;
+    let (handler, seen) = recorder();
+    let consumer = gateway.start_consumer(consumer_options(), handler).unwrap();
+    let rows: Vec<Uuid> = std::iter::repeat_with(Uuid::new_v4)
+        .filter(|r| {
+            let shard = gateway.row_shard("trips", r).unwrap();
+            (RANGE.0..=RANGE.1).contains(&shard)
+        })
+        .take(20)
+        .collect();
+    let cells: Vec<NewCell> = rows
+        .iter()
+        .map(|row| NewCell {
+            row_key: *row,
+            column: "BASE".into(),
+            ref_key: 1,
+            body: body(Uuid::new_v4(), 1),
+        })
+        .collect();
+    gateway.put_cells("trips", cells).await.unwrap();
+    let times = |seen: &Seen| {
+        let mut times: BTreeMap<Uuid, usize> = BTreeMap::new();
+        for (_, _, row) in seen.lock().unwrap().iter() {
+            *times.entry(*row).or_default() += 1;
+        }
+        times
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rows.iter().any(|r| !times(&seen).contains_key(r)) {
+        assert!(Instant::now() < deadline, "the cells are delivered once");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mover = mover(&storage).await;
+    let options = MoveOptions::new("trips", RANGE, "c");
+    let reached = tokio::sync::Notify::new();
+    let mut on_progress = |p: &MoveProgress| {
+        if p.phase == Phase::Drain {
+            reached.notify_one();
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = reached.notified() => {}
+        outcome = mover.move_shards(&options, &mut on_progress) => panic!("the move ended before its drain: {outcome:?}"),
+    }
+    // The gateway follows the switch before the rewind.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while gateway
+        .topology_status("trips")
+        .await
+        .unwrap()
+        .moving
+        .map(|m| m.phase)
+        != Some(Phase::Drain)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway sees the move at its drain"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    gateway
+        .rewind_consumer(
+            "trips",
+            "follower",
+            cellgate_store::cells::Location::AddedId(0),
+        )
+        .await
+        .unwrap();
+    mover
+        .move_shards(&options, &mut |_| {})
+        .await
+        .expect("the move ends");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let times = times(&seen);
+        if rows.iter().all(|r| times.get(r).copied().unwrap_or(0) >= 2) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rewound cells of the moved range are delivered again: {} of {} were",
+            rows.iter()
+                .filter(|r| times.get(r).copied().unwrap_or(0) >= 2)
+                .count(),
+            rows.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    consumer.stop().await;
+    mover.shutdown(Duration::from_secs(5)).await;
+    gateway.shutdown(Duration::from_secs(5)).await;
+}
