@@ -167,6 +167,40 @@ struct Batch {
     after: Arc<BTreeMap<u32, i64>>,
 }
 
+impl Tail {
+    /// Takes `positions` as the tail's, numbered, and broadcasts `batch`
+    /// (its cells or its marks) with them, under the lock: a follower's
+    /// snapshot of the positions splits the batches into covered and to
+    /// come.
+    fn broadcast(&self, positions: &BTreeMap<u32, i64>, batch: Batch) {
+        let after = Arc::new(positions.clone());
+        let mut state = self.state.lock().expect("tail");
+        state.numbered += 1;
+        let number = state.numbered;
+        state.positions = Some((number, after.clone()));
+        let _ = self.sender.send(Arc::new(Batch {
+            number,
+            after,
+            ..batch
+        }));
+    }
+}
+
+/// A batch of `cells` (or marks) to [`Tail::broadcast`].
+fn batch(
+    cells: Vec<Arc<Cell>>,
+    went_back: Option<Arc<Vec<(u32, i64)>>>,
+    appeared: Option<Arc<Vec<(u32, i64)>>>,
+) -> Batch {
+    Batch {
+        went_back,
+        appeared,
+        cells,
+        number: 0,
+        after: Arc::default(),
+    }
+}
+
 #[derive(Default)]
 struct TailState {
     running: bool,
@@ -418,18 +452,7 @@ fn go_back(
         }
     }
     tracing::warn!(datastore = %tail.datastore, shards = floors.len(), "a cluster's master was replaced: subscriptions read its shards again from what the new master had");
-    let after = Arc::new(positions.clone());
-    let mut state = tail.state.lock().expect("tail");
-    state.numbered += 1;
-    let number = state.numbered;
-    state.positions = Some((number, after.clone()));
-    let _ = tail.sender.send(Arc::new(Batch {
-        went_back: Some(floors),
-        appeared: None,
-        cells: Vec::new(),
-        number,
-        after,
-    }));
+    tail.broadcast(positions, batch(Vec::new(), Some(floors), None));
 }
 
 /// Starts following the shards of `read` the tail has no position of yet
@@ -445,18 +468,7 @@ fn appear(tail: &Tail, positions: &mut BTreeMap<u32, i64>, read: &[(u32, i64)]) 
         return;
     }
     positions.extend(appeared.iter().copied());
-    let after = Arc::new(positions.clone());
-    let mut state = tail.state.lock().expect("tail");
-    state.numbered += 1;
-    let number = state.numbered;
-    state.positions = Some((number, after.clone()));
-    let _ = tail.sender.send(Arc::new(Batch {
-        went_back: None,
-        appeared: Some(Arc::new(appeared)),
-        cells: Vec::new(),
-        number,
-        after,
-    }));
+    tail.broadcast(positions, batch(Vec::new(), None, Some(Arc::new(appeared))));
 }
 
 /// The last `added_id` of every shard of `ds`, one statement per cluster,
@@ -553,20 +565,7 @@ async fn catch_up(
             for (shard, at) in moved {
                 positions.insert(shard, at);
             }
-            let after = Arc::new(positions.clone());
-            let mut state = tail.state.lock().expect("tail");
-            state.numbered += 1;
-            let number = state.numbered;
-            state.positions = Some((number, after.clone()));
-            // Sent under the lock: a follower's snapshot of the positions
-            // splits the batches into covered and to come.
-            let _ = tail.sender.send(Arc::new(Batch {
-                went_back: None,
-                appeared: None,
-                cells,
-                number,
-                after,
-            }));
+            tail.broadcast(positions, batch(cells, None, None));
         }
     }
 }
