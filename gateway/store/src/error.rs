@@ -137,6 +137,19 @@ pub enum Error {
     /// reaches a client only when the cut-over did not end in time.
     #[error("shard {shard} of `{datastore}` is moving to another cluster; retry shortly")]
     ShardMoving { datastore: String, shard: u32 },
+    /// This gateway could not read the stored topology for longer than a
+    /// move waits for it, and a cluster it routes a read to no longer
+    /// serves every shard it routes there: a move passed it by. Its reads
+    /// of that cluster are refused until the topology is read again
+    /// (`moves/fence.rs`).
+    #[error("{}", topology_stale(datastore, cluster, *since))]
+    TopologyStale {
+        datastore: String,
+        cluster: String,
+        /// Seconds since the last acknowledgement (`None`: none since
+        /// start-up).
+        since: Option<u64>,
+    },
     /// A shard move that cannot start or go on (another move is running, a
     /// range that is not where the move says, a target that is not ready).
     #[error("{0}")]
@@ -157,6 +170,14 @@ pub enum Error {
     /// A broken invariant of the store (never caused by client input).
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+fn topology_stale(datastore: &str, cluster: &str, since: Option<u64>) -> String {
+    let since = match since {
+        Some(seconds) => format!("for {seconds} s"),
+        None => "since it started".to_string(),
+    };
+    format!("this gateway has not read the shard topology {since} (the metadata cluster does not answer it), and shards of `{datastore}` it routes to cluster `{cluster}` have moved away: retry, or ask another gateway")
 }
 
 impl Error {
@@ -189,6 +210,7 @@ impl Error {
             Error::LeaseLost(_) => "LEASE_LOST",
             Error::VerifyRunning { .. } => "VERIFY_RUNNING",
             Error::ShardMoving { .. } => "SHARD_MOVING",
+            Error::TopologyStale { .. } => "TOPOLOGY_STALE",
             Error::Move(_) => "MOVE_REFUSED",
             Error::UnknownBizTag(_) => "UNKNOWN_BIZ_TAG",
             Error::IdSourceUnavailable(_) => "ID_SOURCE_UNAVAILABLE",
@@ -234,6 +256,7 @@ impl Error {
             | Error::ClusterNotReady { .. }
             | Error::IndexBuilding { .. }
             | Error::ShardMoving { .. }
+            | Error::TopologyStale { .. }
             | Error::IdSourceUnavailable(_)
             | Error::ClockMovedBackwards { .. } => true,
             Error::Shared(inner) => inner.is_transient(),

@@ -76,6 +76,7 @@ mod options;
 mod reload;
 pub mod replicas;
 mod retry;
+mod run_lease;
 mod shard_leases;
 pub mod shards;
 pub mod storage;

@@ -371,7 +371,7 @@ pub(crate) async fn run(
 ) -> Result<VerifyReport> {
     // A run that records its progress runs alone on the datastore.
     let lease = match options.sample {
-        None => Some(lease::RunLease::take(topology, &ds).await?),
+        None => Some(lease::take(topology, &ds).await?),
         Some(_) => None,
     };
     let mut callbacks = Callbacks {

@@ -30,6 +30,15 @@ pub(crate) const FAST_POLL: Duration = Duration::from_millis(10);
 /// without withdrawing holds up a move's cut-over this long at most.
 pub(crate) const ACK_TTL: Duration = Duration::from_secs(10);
 
+/// How long after sending its last acknowledgement a gateway trusts the
+/// routes it serves. A mover stops waiting for an acknowledgement
+/// [`ACK_TTL`] after it was written, by its own clock; this is earlier by
+/// a margin for the clocks of the two machines and the statement's way to
+/// the database. From then on reads check the routes against the clusters
+/// (`moves/fence.rs`) until the stored topology is read and acknowledged
+/// again.
+pub(crate) const FENCE_AFTER: Duration = Duration::from_secs(8);
+
 /// Serves the versions of `stored` that differ from the ones served now.
 /// Returns whether any changed.
 pub(crate) async fn serve(
@@ -101,7 +110,7 @@ pub(crate) async fn follow(
             }
             Err(err) => {
                 if !failing {
-                    tracing::warn!(error = %err, "cannot read the stored topology; serving the last version read");
+                    tracing::warn!(error = %err, "cannot read the stored topology; serving the last version read, checked against the clusters before each read once {} s have passed", FENCE_AFTER.as_secs());
                 }
                 failing = true;
                 false
@@ -148,10 +157,12 @@ async fn round(
         .collect();
     let due = acked.at.is_none_or(|at| at.elapsed() >= ACK_TTL / 3);
     if due || versions != acked.versions {
+        let sent = Instant::now();
         stored::acknowledge(meta.as_ref(), holder, &versions, ACK_TTL).await?;
+        topology.moves.acknowledged(sent);
         *acked = Acked {
             versions,
-            at: Some(Instant::now()),
+            at: Some(sent),
         };
     }
     Ok(rows.iter().any(|r| r.cutover))

@@ -40,6 +40,7 @@
 //!    before cleanup, and the move back copies only what was written since).
 
 pub(crate) mod copy;
+pub(crate) mod fence;
 pub(crate) mod follow;
 mod plan;
 pub(crate) mod stored;
@@ -55,6 +56,7 @@ pub use crate::topology::{MoveRecord, Phase};
 
 use crate::catalog;
 use crate::error::{Error, Result};
+use crate::run_lease::RunLease;
 use crate::shards::{format_ranges, ShardMap};
 use crate::storage::Backend;
 use crate::topology::{Cluster, DatastoreRuntime, Topology};
@@ -179,6 +181,21 @@ struct Mover<'a> {
     copied: Option<std::collections::BTreeMap<u32, i64>>,
     /// Cells the recorded move had copied before this run.
     copied_before: u64,
+    /// The datastore's move lease (`None` for a dry run).
+    lease: Option<RunLease>,
+}
+
+/// Takes the lease `move:<datastore>` on the metadata cluster, held by a
+/// move while it runs and by an abort: one of them at a time, across
+/// processes (`run_lease.rs`).
+async fn take_lease(meta: &Arc<dyn Backend>, datastore: &str) -> Result<RunLease> {
+    RunLease::take(meta.clone(), format!("move:{datastore}"), "move", |row| {
+        Error::Move(format!(
+            "a shard move of `{datastore}` is running ({}, its lease runs until {} unless renewed): wait for it to end, or stop it and run the command again",
+            row.holder, row.expires_at
+        ))
+    })
+    .await
 }
 
 /// Moves a shard range to another cluster (see the module doc), or
@@ -192,6 +209,11 @@ pub(crate) async fn move_shards(
     let started = Instant::now();
     let ds = topology.datastore(&options.datastore)?;
     let meta = topology.clusters[0].master()?.clone();
+    // Before the row is read, so the plan is not made beside a live move.
+    let lease = match options.dry_run {
+        true => None,
+        false => Some(take_lease(&meta, ds.name()).await?),
+    };
     let row = stored::read(meta.as_ref(), ds.name())
         .await?
         .ok_or_else(|| {
@@ -230,6 +252,7 @@ pub(crate) async fn move_shards(
         fenced_at: None,
         copied: None,
         copied_before: 0,
+        lease,
     };
     if plan.resumes_at.is_some() {
         mover.copied_before = mover.row.moving.as_ref().map_or(0, |m| m.copied);
@@ -244,15 +267,34 @@ pub(crate) async fn move_shards(
         )));
     }
     mover.run(progress).await?;
+    if let Some(lease) = mover.lease.take() {
+        lease.release().await;
+    }
     mover.report.elapsed = started.elapsed();
     Ok(mover.report)
 }
 
 /// Undoes a move that has not switched yet: the source's counters are
-/// opened again and the target's copy is deleted.
+/// opened again and the target's copy is deleted. Refused while the move
+/// runs (it holds the datastore's move lease); the row is taken by a
+/// compare-and-set before anything is undone, so a mover that lost its
+/// lease cannot record another phase meanwhile.
 pub(crate) async fn abort_move(topology: &Topology, datastore: &str) -> Result<MoveRecord> {
     let ds = topology.datastore(datastore)?;
     let meta = topology.clusters[0].master()?.clone();
+    let lease = take_lease(&meta, ds.name()).await?;
+    let record = abort_under(topology, &ds, &meta, &lease).await;
+    lease.release().await;
+    record
+}
+
+async fn abort_under(
+    topology: &Topology,
+    ds: &DatastoreRuntime,
+    meta: &Arc<dyn Backend>,
+    lease: &RunLease,
+) -> Result<MoveRecord> {
+    let datastore = ds.name();
     let row = stored::read(meta.as_ref(), ds.name())
         .await?
         .ok_or_else(|| Error::Move(format!("datastore `{datastore}` has no move in progress")))?;
@@ -273,13 +315,20 @@ pub(crate) async fn abort_move(topology: &Topology, datastore: &str) -> Result<M
     let source = cluster_index(topology, &record.source)?;
     let target = cluster_index(topology, &record.target)?;
     let range = (record.first, record.last);
+    let mut taken = row.clone();
+    taken.version += 1;
+    if !stored::replace(meta.as_ref(), row.version, &taken).await? {
+        return Err(changed_meanwhile(datastore));
+    }
+    let row = taken;
     let source_backend = topology.clusters[source].master()?.clone();
     let target_backend = topology.clusters[target].master()?.clone();
     copy::flip_counters(source_backend.as_ref(), ds.name(), range, false).await?;
     let map = ds.map();
-    write_ranges(&topology.clusters[source], &ds, &map).await?;
-    copy::delete_range(target_backend.as_ref(), &ds, range, 1.0, &mut |_| {}).await?;
-    write_ranges(&topology.clusters[target], &ds, &map).await?;
+    write_ranges(&topology.clusters[source], ds, &map).await?;
+    copy::delete_range(target_backend.as_ref(), ds, range, 1.0, &mut |_| {}).await?;
+    write_ranges(&topology.clusters[target], ds, &map).await?;
+    lease.check()?;
     let mut next = row.clone();
     next.version += 1;
     next.cutover = false;
@@ -415,6 +464,9 @@ impl Mover<'_> {
 
     /// Writes the next version of the stored row, built by `change`.
     async fn publish(&mut self, change: impl FnOnce(&mut Stored)) -> Result<()> {
+        if let Some(lease) = &self.lease {
+            lease.check()?;
+        }
         let mut next = self.row.clone();
         next.version += 1;
         change(&mut next);

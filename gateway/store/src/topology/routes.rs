@@ -141,12 +141,24 @@ impl Routes {
     }
 }
 
-/// How the write path waits for a shard move's cut-over.
+/// How the write path waits for a shard move's cut-over, and how recent
+/// the topology this gateway serves is known to be.
 #[derive(Default)]
 pub(crate) struct MoveSignals {
     /// Wakes the topology follower (`moves/follow.rs`) to read the stored
     /// topology at once.
     pub(crate) poke: tokio::sync::Notify,
+    /// With a follower running: when the acknowledgement in force was sent
+    /// (`None` before one, with the metadata cluster unreachable at
+    /// start-up). Without a follower (one cluster, or a store that routes
+    /// nothing), no move can pass this gateway by: never stale.
+    acked: std::sync::Mutex<Option<Acked>>,
+}
+
+/// The acknowledgement in force.
+#[derive(Clone, Copy)]
+struct Acked {
+    at: Option<std::time::Instant>,
 }
 
 /// How long a write that met a moving shard waits for a new topology
@@ -154,6 +166,36 @@ pub(crate) struct MoveSignals {
 const MOVE_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl MoveSignals {
+    /// A follower starts; `fresh` when the stored topology was read at
+    /// start-up (the first acknowledgement follows at once).
+    pub(crate) fn following(&self, fresh: bool) {
+        let at = fresh.then(std::time::Instant::now);
+        *self.acked.lock().unwrap_or_else(|e| e.into_inner()) = Some(Acked { at });
+    }
+
+    /// An acknowledgement sent at `at` was recorded.
+    pub(crate) fn acknowledged(&self, at: std::time::Instant) {
+        let mut acked = self.acked.lock().unwrap_or_else(|e| e.into_inner());
+        if acked.is_some() {
+            *acked = Some(Acked { at: Some(at) });
+        }
+    }
+
+    /// How long ago the acknowledgement in force was sent, once that is
+    /// [`FENCE_AFTER`](crate::moves::follow::FENCE_AFTER) or more
+    /// (`Duration::MAX`: none since start-up): a move
+    /// may since have switched a range without this gateway, so the
+    /// routes it serves are checked against the clusters before a read
+    /// (`moves::fence`). `None` while the topology is known to be current.
+    pub(crate) fn stale(&self) -> Option<std::time::Duration> {
+        let acked = (*self.acked.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let Some(at) = acked.at else {
+            return Some(std::time::Duration::MAX);
+        };
+        let elapsed = at.elapsed();
+        (elapsed >= crate::moves::follow::FENCE_AFTER).then_some(elapsed)
+    }
+
     /// Asks for the stored topology to be read now, then waits until a
     /// version newer than `seen`'s is served, [`MOVE_RECHECK`] at most.
     /// False once `deadline` has passed.

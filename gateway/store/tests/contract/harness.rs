@@ -378,3 +378,63 @@ macro_rules! contract_suite_on_two_clusters {
         $crate::contract_suite!(@on run_on_two_clusters: sqlite_two_clusters, mysql_two_clusters, postgres_two_clusters; $($test),*);
     };
 }
+
+/// A loopback port in front of a database server that can be shut: shut,
+/// it closes every connection it forwards and each new one at once.
+pub struct Gate {
+    pub port: u16,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl Gate {
+    /// A gate to `target` (`host:port`), shut.
+    pub async fn start(target: String) -> Gate {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = tokio::sync::watch::channel(false).0;
+        let watch = open.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                let mut state = watch.subscribe();
+                if !*state.borrow_and_update() {
+                    continue;
+                }
+                let target = target.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = state.wait_for(|open| !*open) => {}
+                        }
+                    }
+                });
+            }
+        });
+        Gate { port, open }
+    }
+
+    pub fn open(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// Closes every forwarded connection, and each new one from now on.
+    pub fn shut(&self) {
+        self.open.send_replace(false);
+    }
+}
+
+/// `url` with its `host:port` replaced by `host_port`, and its `host:port`.
+pub fn through(url: &str, host_port: &str) -> (String, String) {
+    let start = url
+        .find('@')
+        .map_or_else(|| url.find("://").unwrap() + 3, |at| at + 1);
+    let end = start + url[start..].find('/').unwrap();
+    let target = url[start..end].to_string();
+    (
+        format!("{}{host_port}{}", &url[..start], &url[end..]),
+        target,
+    )
+}

@@ -80,6 +80,8 @@ contract_suite!(
     a_cell_that_differs_on_the_target_stops_the_move_at_its_verify,
     quarantined_trigger_cells_move_with_their_shards,
     a_trigger_rewind_during_a_move_survives_its_drain,
+    a_gateway_cut_off_from_the_topology_fences_what_moved,
+    an_abort_beside_a_live_move_is_refused,
     put_get_latest_and_history,
     writes_are_idempotent_and_conflicts_are_refused,
     batches_span_shards_and_report_per_cell,

@@ -13,7 +13,7 @@ use cellgate_store::Store;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::harness::Env;
+use crate::harness::{through, Env, Gate};
 
 /// Writes `rows` new rows with a BASE and a STATUS cell each, in one put.
 async fn write(store: &Store, rows: usize) {
@@ -215,56 +215,6 @@ pub async fn followers_see_commits_quickly_at_a_thousand_cells_per_second(env: A
     assert!(p(0.99) < 1000, "p99 {} ms", p(0.99));
 }
 
-/// A loopback port in front of a database server that can be shut: shut,
-/// it closes every connection it forwards and each new one at once.
-struct Gate {
-    port: u16,
-    open: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Gate {
-    async fn start(target: String) -> Gate {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let is_open = open.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
-                    continue;
-                };
-                if !is_open.load(std::sync::atomic::Ordering::SeqCst) {
-                    continue;
-                }
-                let target = target.clone();
-                tokio::spawn(async move {
-                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-            }
-        });
-        Gate { port, open }
-    }
-
-    fn open(&self) {
-        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-/// `url` with its `host:port` replaced by `host_port`, and its `host:port`.
-fn through(url: &str, host_port: &str) -> (String, String) {
-    let start = url
-        .find('@')
-        .map_or_else(|| url.find("://").unwrap() + 3, |at| at + 1);
-    let end = start + url[start..].find('/').unwrap();
-    let target = url[start..end].to_string();
-    (
-        format!("{}{host_port}{}", &url[..start], &url[end..]),
-        target,
-    )
-}
-
 /// A row key whose cells live on the first (`true`) or second half of the
 /// shards: cluster `a` or `b`.
 fn row_on_a(a: bool) -> Uuid {
@@ -326,7 +276,7 @@ pub async fn a_cluster_that_is_away_delays_only_its_own_shards(env: Arc<Env>) {
         .expect("store opens");
     first.shutdown(Duration::from_secs(5)).await;
     drop(first);
-    gate.open.store(false, std::sync::atomic::Ordering::SeqCst);
+    gate.shut();
     let store = env
         .open_custom(crate::harness::DEFINITIONS, storage, false)
         .await
