@@ -125,6 +125,16 @@ async fn drift_is_reported_and_a_killed_repair_resumes_to_a_clean_index() {
     .execute(&mut db)
     .await
     .unwrap();
+    // And five entries of rows that have no cells at all appear.
+    const ORPHANS: i64 = 5;
+    sqlx::query(&format!(
+        "INSERT INTO {INDEX_TABLE} (row_key, _shard, driver_partner_uuid, _updated_at) \
+         SELECT randomblob(16), _shard, driver_partner_uuid, _updated_at FROM {INDEX_TABLE} \
+         WHERE _shard IS NOT NULL LIMIT {ORPHANS}"
+    ))
+    .execute(&mut db)
+    .await
+    .unwrap();
     drop(db);
 
     let report = server.dir.path().join("drift.jsonl");
@@ -150,12 +160,26 @@ async fn drift_is_reported_and_a_killed_repair_resumes_to_a_clean_index() {
         .collect();
     let (drift, summary): (Vec<&Value>, Vec<&Value>) =
         lines.iter().partition(|l| l.get("summary").is_none());
-    assert_eq!(drift.len() as i64, doomed, "{}", text(&found));
-    assert!(drift
-        .iter()
-        .all(|d| d["kind"] == "missing" && d["index"] == "driver_partner_index"));
+    assert_eq!(drift.len() as i64, doomed + ORPHANS, "{}", text(&found));
+    assert!(drift.iter().all(|d| d["index"] == "driver_partner_index"));
+    let extra = drift.iter().filter(|d| d["kind"] == "extra").count() as i64;
+    assert_eq!(extra, ORPHANS, "{}", text(&found));
     assert_eq!(summary.len(), 1);
     assert_eq!(summary[0]["summary"]["progress"]["missing"], json!(doomed));
+    // Every drifted key is named on the terminal too.
+    let stdout = String::from_utf8_lossy(&found.stdout);
+    for d in &drift {
+        let line = format!(
+            "{} trips/driver_partner_index row {} ",
+            d["kind"].as_str().unwrap(),
+            d["rowKey"].as_str().unwrap()
+        );
+        assert!(
+            stdout.contains(&line),
+            "{line} is not named:\n{}",
+            text(&found)
+        );
+    }
 
     // A slow repair (it works 2% of the time) is killed once it has
     // recorded progress.

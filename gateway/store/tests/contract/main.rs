@@ -74,6 +74,7 @@ where
 }
 
 contract_suite!(
+    extra_entries_of_rows_without_cells_are_named_past_the_first_page,
     a_shard_range_moves_while_two_gateways_write_and_read,
     a_move_killed_at_every_phase_resumes,
     a_move_is_aborted_before_the_switch_and_reversed_after,

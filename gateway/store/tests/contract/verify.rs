@@ -141,20 +141,26 @@ pub async fn injected_drift_is_found_key_by_key_and_repaired(env: Arc<Env>) {
         ),
     )
     .await;
-    // Extra, of a row that has no cells at all.
-    let orphan = Uuid::new_v4();
-    let orphan_url = entry_url(&env, model_driver);
-    harness::execute(
-        kind,
-        &orphan_url,
-        &format!(
-            "INSERT INTO {table} (row_key, _shard, driver_partner_uuid, _updated_at) \
-             SELECT {}, _shard, driver_partner_uuid, _updated_at FROM {table} WHERE row_key = {}",
-            uuid_sql(kind, orphan),
-            uuid_sql(kind, model)
-        ),
-    )
-    .await;
+    // Extra, of rows that have no cells at all: copies of ten rows' entries
+    // under new row keys (so on both clusters with two).
+    let mut orphans = Vec::new();
+    for (model, model_driver) in
+        std::iter::once((model, model_driver)).chain(rows[4..13].iter().copied())
+    {
+        let orphan = Uuid::new_v4();
+        harness::execute(
+            kind,
+            &entry_url(&env, model_driver),
+            &format!(
+                "INSERT INTO {table} (row_key, _shard, driver_partner_uuid, _updated_at) \
+                 SELECT {}, _shard, driver_partner_uuid, _updated_at FROM {table} WHERE row_key = {}",
+                uuid_sql(kind, orphan),
+                uuid_sql(kind, model)
+            ),
+        )
+        .await;
+        orphans.push(orphan);
+    }
 
     let (found, drift) = verify(&store, full(false)).await;
     let seen: BTreeSet<(DriftKind, Uuid)> = drift.iter().map(|d| (d.kind, d.row_key)).collect();
@@ -162,12 +168,12 @@ pub async fn injected_drift_is_found_key_by_key_and_repaired(env: Arc<Env>) {
         (DriftKind::Missing, missing),
         (DriftKind::Stale, stale),
         (DriftKind::Extra, moved),
-        (DriftKind::Extra, orphan),
     ]
     .into_iter()
+    .chain(orphans.iter().map(|o| (DriftKind::Extra, *o)))
     .collect();
     assert_eq!(seen, expected, "{drift:#?}");
-    assert_eq!(found.progress.drift(), 4);
+    assert_eq!(found.progress.drift(), 13);
     assert_eq!(found.progress.repaired, 0);
     let stale_report = drift.iter().find(|d| d.row_key == stale).unwrap();
     assert_eq!(
@@ -181,9 +187,9 @@ pub async fn injected_drift_is_found_key_by_key_and_repaired(env: Arc<Env>) {
     assert!(drift.iter().all(|d| !d.repaired));
 
     let (repaired, drift) = verify(&store, full(true)).await;
-    assert_eq!(drift.len(), 4, "{drift:#?}");
+    assert_eq!(drift.len(), 13, "{drift:#?}");
     assert!(drift.iter().all(|d| d.repaired), "{drift:#?}");
-    assert_eq!(repaired.progress.repaired, 4);
+    assert_eq!(repaired.progress.repaired, 13);
 
     let (again, drift) = verify(&store, full(false)).await;
     assert!(drift.is_empty(), "drift after the repair: {drift:#?}");
@@ -432,4 +438,47 @@ pub async fn a_second_recording_verify_waits_for_the_first(env: Arc<Env>) {
     assert_eq!(report.progress.drift(), 0);
     first.shutdown(Duration::from_secs(5)).await;
     second.shutdown(Duration::from_secs(5)).await;
+}
+
+// Extra entries of rows without cells are named one by one also past the
+// first page of the orphan scan (over 10,000 index rows).
+pub async fn extra_entries_of_rows_without_cells_are_named_past_the_first_page(env: Arc<Env>) {
+    let store = open(&env).await;
+    let city = Uuid::new_v4();
+    let rows: Vec<(Uuid, Uuid)> = (0..12_000)
+        .map(|_| (Uuid::new_v4(), Uuid::new_v4()))
+        .collect();
+    for part in rows.chunks(1000) {
+        let cells: Vec<NewCell> = part.iter().map(|(r, d)| trip(*r, *d, city)).collect();
+        for result in store.put_cells("trips", cells).await.unwrap() {
+            result.expect("written");
+        }
+    }
+    store.sync_indexes().await.unwrap();
+    let table = store.index_table("trips", "driver_partner_index").unwrap();
+    let mut orphans = BTreeSet::new();
+    for (model, _) in rows.iter().step_by(400) {
+        let orphan = Uuid::new_v4();
+        harness::execute(
+            env.kind,
+            &env.url,
+            &format!(
+                "INSERT INTO {table} (row_key, _shard, driver_partner_uuid, _updated_at) \
+                 SELECT {}, _shard, driver_partner_uuid, _updated_at FROM {table} WHERE row_key = {}",
+                uuid_sql(env.kind, orphan),
+                uuid_sql(env.kind, *model)
+            ),
+        )
+        .await;
+        orphans.insert(orphan);
+    }
+    let (report, drift) = verify(&store, full(true)).await;
+    let named: BTreeSet<Uuid> = drift
+        .iter()
+        .filter(|d| d.kind == DriftKind::Extra)
+        .map(|d| d.row_key)
+        .collect();
+    assert_eq!(named, orphans, "{:?}", report.progress);
+    assert_eq!(report.progress.repaired, orphans.len() as u64);
+    store.shutdown(Duration::from_secs(5)).await;
 }
