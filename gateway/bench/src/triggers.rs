@@ -12,6 +12,11 @@
 //!    `--duration` seconds; the handler records, per cell, the time from
 //!    the cell's `created_at` (taken just before its commit) to the
 //!    handler call, and p50, p99 and the maximum are printed per rate.
+//!
+//! With `--handler-ms`, the handler takes that long for each batch before
+//! it acknowledges it (a slow webhook receiver); cells delivered more than
+//! once are counted (a batch outliving the consumer's lease must not be
+//! redelivered). `--cells 0` skips the throughput part.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,6 +56,9 @@ pub struct TriggersBenchArgs {
     /// Seconds each rate runs.
     #[arg(long, default_value_t = 10, env = "CELLGATE_BENCH_DURATION")]
     pub duration: u64,
+    /// Milliseconds the handler takes per batch before acknowledging it.
+    #[arg(long, default_value_t = 0)]
+    pub handler_ms: u64,
 }
 
 /// What the handler saw.
@@ -59,13 +67,28 @@ struct Seen {
     cells: AtomicU64,
     /// Commit-to-handler delays in microseconds, while recording.
     lag_us: Mutex<Option<hdrhistogram::Histogram<u64>>>,
+    /// Every cell handed over, by `(shard, added_id)`.
+    distinct: Mutex<std::collections::HashSet<(u32, i64)>>,
+    /// Cells handed over again.
+    repeated: AtomicU64,
 }
 
-fn handler(seen: Arc<Seen>) -> Handler {
+fn handler(seen: Arc<Seen>, takes: Duration) -> Handler {
     Arc::new(move |delivery: Delivery| {
         let seen = seen.clone();
         Box::pin(async move {
             let now = chrono::Utc::now();
+            let mut new = 0u64;
+            {
+                let mut distinct = seen.distinct.lock().expect("distinct");
+                for cell in &delivery.cells {
+                    if distinct.insert((cell.shard, cell.added_id)) {
+                        new += 1;
+                    } else {
+                        seen.repeated.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
             if let Some(histogram) = seen.lag_us.lock().expect("lag").as_mut() {
                 for cell in &delivery.cells {
                     let us = (now - cell.created_at)
@@ -75,8 +98,10 @@ fn handler(seen: Arc<Seen>) -> Handler {
                     let _ = histogram.record(us as u64);
                 }
             }
-            seen.cells
-                .fetch_add(delivery.cells.len() as u64, Ordering::Relaxed);
+            // Counted when the handler got them: a slow handler's cells
+            // are delivered, and the clock for their lag stops, here.
+            seen.cells.fetch_add(new, Ordering::Relaxed);
+            tokio::time::sleep(takes).await;
             Ok(())
         })
     })
@@ -92,11 +117,12 @@ pub async fn run(args: TriggersBenchArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| format!("sqlite://{}", dir.path().join("cellgate.db").display()));
     println!(
-        "cellgate-bench triggers: database {}; {} cells before the consumer starts; rates {:?} cells/s for {} s each",
+        "cellgate-bench triggers: database {}; {} cells before the consumer starts; rates {:?} cells/s for {} s each; the handler takes {} ms per batch",
         cellgate_store::storage::redact_url(&url),
         args.cells,
         args.rates,
-        args.duration
+        args.duration,
+        args.handler_ms
     );
     let storage = StorageConfig {
         clusters: vec![ClusterConfig {
@@ -126,7 +152,7 @@ pub async fn run(args: TriggersBenchArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let consumer = store.start_consumer(
         ConsumerOptions::new("bench", DATASTORE),
-        handler(seen.clone()),
+        handler(seen.clone(), Duration::from_millis(args.handler_ms)),
     )?;
     let deadline = Instant::now() + Duration::from_secs(600);
     while seen.cells.load(Ordering::Relaxed) < stored {
@@ -138,10 +164,12 @@ pub async fn run(args: TriggersBenchArgs) -> anyhow::Result<ExitCode> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let seconds = started.elapsed().as_secs_f64();
-    println!(
-        "one worker: {stored} cells delivered in {seconds:.2} s: {:.0} cells/s",
-        stored as f64 / seconds
-    );
+    if stored > 0 {
+        println!(
+            "one worker: {stored} cells delivered in {seconds:.2} s: {:.0} cells/s",
+            stored as f64 / seconds
+        );
+    }
 
     // 2. Lag at steady rates.
     let mut failed = false;
@@ -171,7 +199,8 @@ pub async fn run(args: TriggersBenchArgs) -> anyhow::Result<ExitCode> {
         for write in writes {
             write.await??;
         }
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline =
+            Instant::now() + Duration::from_secs(60) + Duration::from_millis(args.handler_ms) * 10;
         while seen.cells.load(Ordering::Relaxed) < before + sent && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -187,6 +216,11 @@ pub async fn run(args: TriggersBenchArgs) -> anyhow::Result<ExitCode> {
         );
         failed |= took < sent;
     }
+    let repeated = seen.repeated.load(Ordering::Relaxed);
+    println!(
+        "cells handed over more than once: {repeated} of {}",
+        seen.cells.load(Ordering::Relaxed)
+    );
     consumer.stop().await;
     store.shutdown(Duration::from_secs(10)).await;
     Ok(if failed {

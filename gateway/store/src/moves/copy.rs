@@ -499,6 +499,7 @@ pub(crate) async fn copy_entries(
     ds: &DatastoreRuntime,
     (first, last): (u32, u32),
     chunk: usize,
+    duty: f64,
 ) -> Result<u64> {
     let mut copied = 0;
     for index in &ds.indexes {
@@ -523,6 +524,7 @@ pub(crate) async fn copy_entries(
             sql.push(" ORDER BY ")
                 .ident("row_key")
                 .push(&format!(" LIMIT {chunk}"));
+            let started = std::time::Instant::now();
             let rows = source.fetch(&sql, &types).await?;
             let Some(last_row) = rows.last() else { break };
             after = last_row[0].as_uuid();
@@ -542,6 +544,7 @@ pub(crate) async fn copy_entries(
             if rows.len() < chunk {
                 break;
             }
+            pause(started.elapsed(), duty).await;
         }
     }
     Ok(copied)

@@ -84,10 +84,12 @@ pub struct MoveOptions {
     /// How long to wait for every gateway to acknowledge a new version
     /// before giving up (the move can be resumed).
     pub ack_timeout: Duration,
-    /// The share of the time the bulk work (the copy, the verify, the
-    /// cleanup and its index repair) runs: after a chunk of `t` it pauses
-    /// `t × (1 − duty) / duty`, leaving the databases to the requests. The
-    /// cut-over (catch-up to switch) always runs flat out. 1: no pauses.
+    /// The share of the time the bulk work (the copy, the copy of a new
+    /// target's index entries, the verify, the cleanup and its index
+    /// repair) runs: after a chunk of `t` it pauses `t × (1 − duty) /
+    /// duty`, leaving the databases to the requests. The catch-up passes
+    /// of cells and the cut-over (fence to switch) always run flat out.
+    /// 1: no pauses.
     pub duty: f64,
 }
 
@@ -665,6 +667,7 @@ impl Mover<'_> {
                 &self.ds,
                 self.range(),
                 self.options.chunk,
+                self.options.duty,
             )
             .await?;
         }
