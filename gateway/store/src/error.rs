@@ -141,7 +141,7 @@ pub enum Error {
     /// move waits for it, and a cluster it routes a read to no longer
     /// serves every shard it routes there: a move passed it by. Its reads
     /// of that cluster are refused until the topology is read again
-    /// (`moves/fence.rs`).
+    /// (`topology/fence.rs`).
     #[error("{}", topology_stale(datastore, cluster, *since))]
     TopologyStale {
         datastore: String,

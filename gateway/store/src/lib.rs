@@ -91,3 +91,4 @@ pub use indexes::IndexStatus;
 pub use options::{BreakerConfig, ClusterConfig, ShardRange, StorageConfig};
 pub use reload::ReloadReport;
 pub use store::{ClusterMetrics, DatastoreMetrics, Snapshot, Store, StoreMetrics, StoreOptions};
+pub use topology::index_signature;

@@ -191,11 +191,11 @@ where
     let node = &topology.clusters[cluster];
     let master = node.master()?;
     // A gateway that may have missed a move checks each node it reads
-    // serves the shards first (`moves/fence.rs`).
+    // serves the shards first (`topology/fence.rs`).
     let op = |backend: Arc<dyn Backend>| {
         let op = &op;
         async move {
-            crate::moves::fence::check(topology, ds, cluster, shards, backend.as_ref()).await?;
+            crate::topology::fence::check(topology, ds, cluster, shards, backend.as_ref()).await?;
             op(backend).await
         }
     };

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::stored::{self, Stored};
 use crate::error::Result;
 use crate::indexes::maintainer::{self, Maintainer};
-use crate::topology::{DatastoreRuntime, Topology};
+use crate::topology::{DatastoreRuntime, Topology, FENCE_AFTER};
 
 /// How often a gateway reads the stored topology.
 pub(crate) const POLL: Duration = Duration::from_millis(500);
@@ -29,15 +29,6 @@ pub(crate) const FAST_POLL: Duration = Duration::from_millis(10);
 /// How long an acknowledgement lasts unless renewed: a gateway that stops
 /// without withdrawing holds up a move's cut-over this long at most.
 pub(crate) const ACK_TTL: Duration = Duration::from_secs(10);
-
-/// How long after sending its last acknowledgement a gateway trusts the
-/// routes it serves. A mover stops waiting for an acknowledgement
-/// [`ACK_TTL`] after it was written, by its own clock; this is earlier by
-/// a margin for the clocks of the two machines and the statement's way to
-/// the database. From then on reads check the routes against the clusters
-/// (`moves/fence.rs`) until the stored topology is read and acknowledged
-/// again.
-pub(crate) const FENCE_AFTER: Duration = Duration::from_secs(8);
 
 /// Serves the versions of `stored` that differ from the ones served now.
 /// Returns whether any changed.
@@ -131,6 +122,16 @@ pub(crate) async fn follow(
     }
 }
 
+/// The (datastore, version) pairs served now.
+fn served(topology: &Topology) -> Vec<(String, i64)> {
+    topology
+        .datastores_sorted()
+        .iter()
+        .map(|ds| (ds.name().to_string(), ds.routes.version()))
+        .filter(|(_, v)| *v > 0)
+        .collect()
+}
+
 /// The versions acknowledged last, and when.
 #[derive(Default)]
 struct Acked {
@@ -149,16 +150,25 @@ async fn round(
     let meta = topology.clusters[0].maintenance()?.clone();
     let rows = stored::read_all(meta.as_ref()).await?;
     serve(topology, Some(maintainer), &rows).await?;
-    let versions: Vec<(String, i64)> = topology
-        .datastores_sorted()
-        .iter()
-        .map(|ds| (ds.name().to_string(), ds.routes.version()))
-        .filter(|(_, v)| *v > 0)
-        .collect();
+    let mut versions = served(topology);
     let due = acked.at.is_none_or(|at| at.elapsed() >= ACK_TTL / 3);
     if due || versions != acked.versions {
+        let lapsed = topology.moves.stale().is_some();
         let sent = Instant::now();
         stored::acknowledge(meta.as_ref(), holder, &versions, ACK_TTL).await?;
+        if lapsed {
+            // Without an acknowledgement in force (the first one, or one
+            // that expired), this gateway was passed by: a move may have
+            // published versions after the read above. Read again now
+            // that movers wait for it, before its routes are trusted.
+            let rows = stored::read_all(meta.as_ref()).await?;
+            serve(topology, Some(maintainer), &rows).await?;
+            let now = served(topology);
+            if now != versions {
+                stored::acknowledge(meta.as_ref(), holder, &now, ACK_TTL).await?;
+                versions = now;
+            }
+        }
         topology.moves.acknowledged(sent);
         *acked = Acked {
             versions,

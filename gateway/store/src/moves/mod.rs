@@ -40,7 +40,6 @@
 //!    before cleanup, and the move back copies only what was written since).
 
 pub(crate) mod copy;
-pub(crate) mod fence;
 pub(crate) mod follow;
 mod plan;
 pub(crate) mod stored;

@@ -262,11 +262,7 @@ async fn start_maintenance(
         options.maintain_indexes,
     );
     if options.follow_topology && topology.clusters.len() > 1 {
-        let fresh = topology
-            .datastores_sorted()
-            .iter()
-            .any(|ds| ds.routes.version() > 0);
-        topology.moves.following(fresh);
+        topology.moves.following();
         tokio::spawn(crate::moves::follow::follow(
             Arc::downgrade(topology),
             maintainer.clone(),

@@ -13,6 +13,7 @@
 
 mod cluster;
 mod events;
+pub(crate) mod fence;
 mod lag;
 mod routes;
 mod runtime;
@@ -31,9 +32,10 @@ pub(crate) use cluster::{Cluster, ClusterState};
 pub(crate) use events::{Events, Written};
 pub(crate) use lag::LagBoard;
 pub use lag::ReplicaLag;
-pub(crate) use routes::MoveSignals;
 pub use routes::{MoveRecord, Phase};
-pub(crate) use runtime::{index_signature, trigger_consumer, DatastoreRuntime, IndexRuntime};
+pub(crate) use routes::{MoveSignals, FENCE_AFTER};
+pub use runtime::index_signature;
+pub(crate) use runtime::{trigger_consumer, DatastoreRuntime, IndexRuntime};
 
 /// Everything the store knows about where data lives.
 pub(crate) struct Topology {

@@ -141,6 +141,15 @@ impl Routes {
     }
 }
 
+/// How long after sending its last acknowledgement of the stored topology
+/// (`moves/follow.rs`) a gateway trusts the routes it serves. A mover stops
+/// waiting for an acknowledgement 10 s (`ACK_TTL`) after it was written,
+/// by its own clock; this is earlier by a margin for the clocks of the two
+/// machines and the statement's way to the database. From then on reads
+/// check the routes against the clusters (`topology/fence.rs`) until the
+/// stored topology is read and acknowledged again.
+pub(crate) const FENCE_AFTER: std::time::Duration = std::time::Duration::from_secs(8);
+
 /// How the write path waits for a shard move's cut-over, and how recent
 /// the topology this gateway serves is known to be.
 #[derive(Default)]
@@ -149,8 +158,7 @@ pub(crate) struct MoveSignals {
     /// topology at once.
     pub(crate) poke: tokio::sync::Notify,
     /// With a follower running: when the acknowledgement in force was sent
-    /// (`None` before one, with the metadata cluster unreachable at
-    /// start-up). Without a follower (one cluster, or a store that routes
+    /// (`None` before the first). Without a follower (one cluster, or a store that routes
     /// nothing), no move can pass this gateway by: never stale.
     acked: std::sync::Mutex<Option<Acked>>,
 }
@@ -166,11 +174,11 @@ struct Acked {
 const MOVE_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl MoveSignals {
-    /// A follower starts; `fresh` when the stored topology was read at
-    /// start-up (the first acknowledgement follows at once).
-    pub(crate) fn following(&self, fresh: bool) {
-        let at = fresh.then(std::time::Instant::now);
-        *self.acked.lock().unwrap_or_else(|e| e.into_inner()) = Some(Acked { at });
+    /// A follower starts. Until its first acknowledgement is recorded no
+    /// mover waits for this gateway, so its reads are checked (`stale`)
+    /// from the start.
+    pub(crate) fn following(&self) {
+        *self.acked.lock().unwrap_or_else(|e| e.into_inner()) = Some(Acked { at: None });
     }
 
     /// An acknowledgement sent at `at` was recorded.
@@ -182,18 +190,18 @@ impl MoveSignals {
     }
 
     /// How long ago the acknowledgement in force was sent, once that is
-    /// [`FENCE_AFTER`](crate::moves::follow::FENCE_AFTER) or more
+    /// [`FENCE_AFTER`] or more
     /// (`Duration::MAX`: none since start-up): a move
     /// may since have switched a range without this gateway, so the
     /// routes it serves are checked against the clusters before a read
-    /// (`moves::fence`). `None` while the topology is known to be current.
+    /// (`topology/fence.rs`). `None` while the topology is known to be current.
     pub(crate) fn stale(&self) -> Option<std::time::Duration> {
         let acked = (*self.acked.lock().unwrap_or_else(|e| e.into_inner()))?;
         let Some(at) = acked.at else {
             return Some(std::time::Duration::MAX);
         };
         let elapsed = at.elapsed();
-        (elapsed >= crate::moves::follow::FENCE_AFTER).then_some(elapsed)
+        (elapsed >= FENCE_AFTER).then_some(elapsed)
     }
 
     /// Asks for the stored topology to be read now, then waits until a

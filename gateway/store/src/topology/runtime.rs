@@ -149,7 +149,7 @@ impl IndexRuntime {
 /// A digest of what shapes an index table and its entries: fields (name,
 /// path, type, column), the shard field and the `where:` predicate of a
 /// partial index. Descriptions do not count.
-pub(crate) fn index_signature(index: &Index) -> String {
+pub fn index_signature(index: &Index) -> String {
     let mut text = format!("shard={};", index.shard_field().name);
     for field in &index.fields {
         text.push_str(&format!(

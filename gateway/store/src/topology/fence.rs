@@ -7,7 +7,7 @@
 //! deleted at the cleanup, and a write without a usable counter is not
 //! written), but its reads would go on reading the old cluster, missing
 //! what the new one acknowledged. So once its last acknowledgement is older
-//! than [`FENCE_AFTER`](super::follow::FENCE_AFTER) (the mover's wait is
+//! than [`FENCE_AFTER`](crate::topology::FENCE_AFTER) (the mover's wait is
 //! longer), each read first asks the node it reads whether the shards it
 //! routes there are still served there: their counters on that cluster
 //! exist and are not negated. A range in motion (fenced, switched, cleaned
@@ -71,7 +71,7 @@ pub(crate) async fn check(
     Err(Error::TopologyStale {
         datastore: ds.name().to_string(),
         cluster: topology.clusters[cluster].name.clone(),
-        since: (since != std::time::Duration::MAX).then(|| since.as_secs()),
+        since: (since != std::time::Duration::MAX).then_some(since.as_secs()),
     })
 }
 
