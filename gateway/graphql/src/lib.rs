@@ -53,6 +53,7 @@ pub use pipeline::{
     Caller, Executed, GraphqlRequest, Pipeline, PipelineOptions, Prepared, Refusal, RefusalKind,
     Served, Subscription, Transport,
 };
+pub use schema::diff::{diff_sdl, Criticality, SchemaChange};
 pub use schema::{build_schema, sdl};
 pub use variables::RequestVariables;
 

@@ -20,6 +20,7 @@ mod generated;
 mod ids;
 mod index;
 mod migrate;
+mod plan;
 mod reload;
 mod schema;
 mod serve;
@@ -88,6 +89,17 @@ pub enum Command {
     /// `cellgate migrate` would create them. With `--check`, writes nothing
     /// and exits 1 if any file is missing or out of date.
     Ddl(DdlArgs),
+    /// Say what a change of the definitions will do before it ships.
+    ///
+    /// Compares DIR with a git revision of it (`--base`, HEAD by default)
+    /// or with another directory (`--base-dir`), and prints the GraphQL
+    /// schema changes (breaking, dangerous or safe, as graphql-inspector
+    /// classifies them), the index tables created, rebuilt or left
+    /// behind, the changes the store refuses, and the triggers that start,
+    /// stop or change. Exits 0 without changes, 3 with only safe or
+    /// dangerous ones, 4 with a breaking or refused one, 1 when a side
+    /// cannot be read.
+    Plan(plan::PlanArgs),
     /// Write the GraphQL SDL of the definitions to `schema/schema.graphql`.
     ///
     /// Frontend clients generate code against this file. With `--check`,
@@ -153,6 +165,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Check(args) => check::run(args),
         Command::Ddl(args) => ddl::run(args),
+        Command::Plan(args) => plan::run(args),
         Command::Schema(args) => schema::run(args),
         Command::Migrate(args) => migrate::run(args).await,
         Command::Index(args) => index::run(args).await,

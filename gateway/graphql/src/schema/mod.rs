@@ -33,6 +33,7 @@ use cellgate_store::Store;
 mod arguments;
 mod cell;
 mod datastore;
+pub mod diff;
 mod index;
 mod metadata;
 mod put;

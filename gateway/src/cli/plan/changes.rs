@@ -1,0 +1,490 @@
+//! What a change of the definitions does to the store and the triggers,
+//! by the rules the store applies at start-up and on a reload
+//! (`catalog.rs`, "Changing definitions" in the guide): which index tables
+//! are created, rebuilt as a new version or left for `index drop`, which
+//! change is refused, which trigger starts or stops delivering.
+
+use std::path::PathBuf;
+
+use cellgate_graphql::{camel, pascal, Criticality, SchemaChange};
+use index_dsl::{Datastore, Index, Trigger};
+use serde::Serialize;
+
+use super::sides::Side;
+
+/// The part of the plan a change belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Section {
+    Graphql,
+    Storage,
+    Triggers,
+}
+
+/// How bad a change is; `Refused` is a change the store will not start
+/// with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Safe,
+    Dangerous,
+    Breaking,
+    Refused,
+}
+
+impl Level {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Safe => "safe",
+            Level::Dangerous => "dangerous",
+            Level::Breaking => "breaking",
+            Level::Refused => "refused",
+        }
+    }
+}
+
+impl From<Criticality> for Level {
+    fn from(c: Criticality) -> Level {
+        match c {
+            Criticality::Safe => Level::Safe,
+            Criticality::Dangerous => Level::Dangerous,
+            Criticality::Breaking => Level::Breaking,
+        }
+    }
+}
+
+/// One planned change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Change {
+    pub section: Section,
+    pub level: Level,
+    /// A stable name of the kind of change (`INDEX_REBUILT`,
+    /// graphql-inspector's `FIELD_REMOVED`, …).
+    pub kind: &'static str,
+    /// What changed: `Type.field`, `trips/driver_partner_index`, …
+    pub path: String,
+    pub message: String,
+    /// The definition file it comes from, and the line there, if known.
+    pub file: Option<String>,
+    pub line: Option<usize>,
+}
+
+/// The GraphQL changes, pointed at the definition file of the datastore or
+/// index their type or field belongs to.
+pub fn graphql(changes: Vec<SchemaChange>, base: &Side, head: &Side) -> Vec<Change> {
+    changes
+        .into_iter()
+        .map(|c| {
+            // The closer match of either side: a removed index's types
+            // belong to its file in the base.
+            let found = match (owner(&c.path, head), owner(&c.path, base)) {
+                (Some(h), Some(b)) if b.0 > h.0 => Some(base.path(&b.1)),
+                (Some(h), _) => Some(head.path(&h.1)),
+                (None, b) => b.map(|b| base.path(&b.1)),
+            };
+            Change {
+                section: Section::Graphql,
+                level: c.criticality.into(),
+                kind: c.kind,
+                path: c.path,
+                message: c.message,
+                file: found,
+                line: None,
+            }
+        })
+        .collect()
+}
+
+/// The file on `side` of the datastore or index whose generated type, or
+/// root or datastore query field, `path` names, with the length of the
+/// match (longer is closer).
+fn owner(path: &str, side: &Side) -> Option<(usize, PathBuf)> {
+    let mut parts = path.split('.');
+    let first = parts.next()?;
+    let second = parts.next().unwrap_or("");
+    let mut best: Option<(usize, PathBuf)> = None;
+    for ds in &side.defs.datastores {
+        let prefix = pascal(&ds.name);
+        let root_field = matches!(first, "Query" | "Mutation" | "Subscription")
+            && second.starts_with(&camel(&ds.name));
+        if !first.starts_with(&prefix) && !root_field {
+            continue;
+        }
+        let mut found = (prefix.len(), side.datastore_file(&ds.name));
+        for index in &ds.indexes {
+            let longer = format!("{prefix}{}", pascal(&index.name));
+            let query_field =
+                first == format!("{prefix}Query") && second.starts_with(&camel(&index.name));
+            if first.starts_with(&longer) || query_field {
+                found = (longer.len(), side.index_file(&ds.name, &index.name));
+            }
+        }
+        if let (len, Some(file)) = found {
+            if best.as_ref().is_none_or(|(l, _)| len > *l) {
+                best = Some((len, file));
+            }
+        }
+    }
+    best
+}
+
+/// The storage and trigger changes from `base` to `head`.
+pub fn definitions(base: &Side, head: &Side) -> Vec<Change> {
+    let mut out = Vec::new();
+    for after in &head.defs.datastores {
+        match base.defs.datastore(&after.name) {
+            None => {
+                out.push(datastore_change(
+                    head,
+                    after,
+                    Level::Safe,
+                    "DATASTORE_ADDED",
+                    "datastore added: its tables are created on every cluster at start-up"
+                        .to_string(),
+                ));
+                for index in &after.indexes {
+                    out.push(index_added(head, after, index));
+                }
+                for trigger in &after.triggers {
+                    out.push(trigger_added(head, trigger));
+                }
+            }
+            Some(before) => compare_datastore(&mut out, base, head, before, after),
+        }
+    }
+    for before in &base.defs.datastores {
+        if head.defs.datastore(&before.name).is_none() {
+            out.push(datastore_change(
+                base,
+                before,
+                Level::Dangerous,
+                "DATASTORE_REMOVED",
+                "datastore removed: it is no longer served; its tables and cells stay".to_string(),
+            ));
+        }
+    }
+    out
+}
+
+fn datastore_change(
+    side: &Side,
+    ds: &Datastore,
+    level: Level,
+    kind: &'static str,
+    message: String,
+) -> Change {
+    Change {
+        section: Section::Storage,
+        level,
+        kind,
+        path: ds.name.clone(),
+        message,
+        file: side.datastore_file(&ds.name).map(|f| side.path(&f)),
+        line: None,
+    }
+}
+
+fn compare_datastore(
+    out: &mut Vec<Change>,
+    base: &Side,
+    head: &Side,
+    before: &Datastore,
+    after: &Datastore,
+) {
+    if before.shards != after.shards {
+        let file = head.datastore_file(&after.name);
+        out.push(Change {
+            section: Section::Storage,
+            level: Level::Refused,
+            kind: "SHARD_COUNT_CHANGED",
+            path: after.name.clone(),
+            message: format!(
+                "shards {} -> {}: the store refuses a new shard count at start-up (every stored cell would hash to another shard and become invisible); keep {}",
+                before.shards, after.shards, before.shards
+            ),
+            line: file.as_ref().and_then(|f| head.line_of(f, "shards")).or(Some(1)),
+            file: file.map(|f| head.path(&f)),
+        });
+    }
+    for column in &after.columns {
+        if before.column(&column.name).is_none() {
+            out.push(datastore_change(
+                head,
+                after,
+                Level::Safe,
+                "COLUMN_ADDED",
+                format!("column `{}` added", column.name),
+            ));
+        }
+    }
+    for column in &before.columns {
+        if after.column(&column.name).is_none() {
+            out.push(datastore_change(
+                head,
+                after,
+                Level::Dangerous,
+                "COLUMN_REMOVED",
+                format!(
+                    "column `{}` removed: its cells stay stored but are no longer served or writable",
+                    column.name
+                ),
+            ));
+        }
+    }
+    for index in &after.indexes {
+        match before.index(&index.name) {
+            None => out.push(index_added(head, after, index)),
+            Some(was) => {
+                let reasons = rebuild_reasons(was, index);
+                if !reasons.is_empty() {
+                    out.push(Change {
+                        section: Section::Storage,
+                        level: Level::Dangerous,
+                        kind: "INDEX_REBUILT",
+                        path: format!("{}/{}", after.name, index.name),
+                        message: format!(
+                            "index `{}` is built as a new table version from the cell log ({}); queries on it answer INDEX_BUILDING until it has caught up; the previous version's table stays until `cellgate index drop {} {} --index-version N`",
+                            index.name,
+                            reasons.join("; "),
+                            after.name,
+                            index.name
+                        ),
+                        file: head.index_file(&after.name, &index.name).map(|f| head.path(&f)),
+                        line: None,
+                    });
+                }
+            }
+        }
+    }
+    for index in &before.indexes {
+        if after.index(&index.name).is_none() {
+            out.push(Change {
+                section: Section::Storage,
+                level: Level::Dangerous,
+                kind: "INDEX_REMOVED",
+                path: format!("{}/{}", after.name, index.name),
+                message: format!(
+                    "index `{}` is no longer served or maintained; its table stays until `cellgate index drop {} {}`",
+                    index.name, after.name, index.name
+                ),
+                file: base.index_file(&after.name, &index.name).map(|f| base.path(&f)),
+                line: None,
+            });
+        }
+    }
+    for trigger in &after.triggers {
+        match before.trigger(&trigger.name) {
+            None => out.push(trigger_added(head, trigger)),
+            Some(was) => compare_trigger(out, head, was, trigger),
+        }
+    }
+    for trigger in &before.triggers {
+        if after.trigger(&trigger.name).is_none() {
+            out.push(Change {
+                section: Section::Triggers,
+                level: Level::Dangerous,
+                kind: "TRIGGER_REMOVED",
+                path: format!("{}/{}", trigger.datastore, trigger.name),
+                message: format!(
+                    "trigger `{}` stops delivering to {}; its offsets and quarantine stay (a trigger of the same name later resumes from them)",
+                    trigger.name,
+                    host(&trigger.webhook.url)
+                ),
+                file: base.trigger_file(&trigger.datastore, &trigger.name).map(|f| base.path(&f)),
+                line: None,
+            });
+        }
+    }
+}
+
+fn index_added(side: &Side, ds: &Datastore, index: &Index) -> Change {
+    Change {
+        section: Section::Storage,
+        level: Level::Safe,
+        kind: "INDEX_ADDED",
+        path: format!("{}/{}", ds.name, index.name),
+        message: format!(
+            "index `{}` is created and built from the cell log (every cell of {}); queries on it answer INDEX_BUILDING until it has caught up",
+            index.name,
+            index.columns.join(", ")
+        ),
+        file: side.index_file(&ds.name, &index.name).map(|f| side.path(&f)),
+        line: None,
+    }
+}
+
+/// Why an index gets a new table version: what its signature
+/// (`index_signature` in the store) depends on — the shard field, each
+/// field's column, path and type, the `where:` predicate — changed.
+fn rebuild_reasons(before: &Index, after: &Index) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if before.shard_field().name != after.shard_field().name {
+        reasons.push(format!(
+            "shard field `{}` -> `{}`",
+            before.shard_field().name,
+            after.shard_field().name
+        ));
+    }
+    for field in &after.fields {
+        match before.fields.iter().find(|f| f.name == field.name) {
+            None => reasons.push(format!("field `{}` added", field.name)),
+            Some(was) => {
+                if was.ty != field.ty {
+                    reasons.push(format!(
+                        "field `{}`: type {} -> {}",
+                        field.name,
+                        was.ty.name(),
+                        field.ty.name()
+                    ));
+                }
+                if was.path.to_string() != field.path.to_string() {
+                    reasons.push(format!(
+                        "field `{}`: path {} -> {}",
+                        field.name, was.path, field.path
+                    ));
+                }
+                if was.column != field.column {
+                    reasons.push(format!(
+                        "field `{}`: column {} -> {}",
+                        field.name, was.column, field.column
+                    ));
+                }
+            }
+        }
+    }
+    for field in &before.fields {
+        if !after.fields.iter().any(|f| f.name == field.name) {
+            reasons.push(format!("field `{}` removed", field.name));
+        }
+    }
+    let qualified = |i: &Index| i.predicate.as_ref().map(|p| p.qualified());
+    if qualified(before) != qualified(after) {
+        reasons.push(match (&before.predicate, &after.predicate) {
+            (None, Some(_)) => "a `where:` predicate added".to_string(),
+            (Some(_), None) => "its `where:` predicate removed".to_string(),
+            _ => "its `where:` predicate selects other rows".to_string(),
+        });
+    }
+    if reasons.is_empty()
+        && cellgate_store::index_signature(before) != cellgate_store::index_signature(after)
+    {
+        reasons.push("its stored form changed".to_string());
+    }
+    reasons
+}
+
+fn trigger_added(side: &Side, trigger: &Trigger) -> Change {
+    Change {
+        section: Section::Triggers,
+        level: Level::Dangerous,
+        kind: "TRIGGER_ADDED",
+        path: format!("{}/{}", trigger.datastore, trigger.name),
+        message: format!(
+            "trigger `{}` starts delivering every cell of {} from the beginning of each shard's log (the cells stored before it too) to {}",
+            trigger.name,
+            columns(trigger),
+            host(&trigger.webhook.url)
+        ),
+        file: side.trigger_file(&trigger.datastore, &trigger.name).map(|f| side.path(&f)),
+        line: None,
+    }
+}
+
+fn compare_trigger(out: &mut Vec<Change>, head: &Side, before: &Trigger, after: &Trigger) {
+    let mut push = |level: Level, kind: &'static str, what: String| {
+        out.push(Change {
+            section: Section::Triggers,
+            level,
+            kind,
+            path: format!("{}/{}", after.datastore, after.name),
+            message: format!(
+                "trigger `{}`: {what}; it goes on from its stored offsets, so the change applies to cells it has not delivered yet",
+                after.name
+            ),
+            file: head.trigger_file(&after.datastore, &after.name).map(|f| head.path(&f)),
+            line: None,
+        })
+    };
+    if host(&before.webhook.url) != host(&after.webhook.url) {
+        push(
+            Level::Dangerous,
+            "TRIGGER_HOST_CHANGED",
+            format!(
+                "deliveries go to {} instead of {}",
+                host(&after.webhook.url),
+                host(&before.webhook.url)
+            ),
+        );
+    } else if before.webhook.url != after.webhook.url {
+        push(
+            Level::Safe,
+            "TRIGGER_URL_CHANGED",
+            format!("url {} -> {}", before.webhook.url, after.webhook.url),
+        );
+    }
+    if before.columns != after.columns {
+        push(
+            Level::Dangerous,
+            "TRIGGER_COLUMNS_CHANGED",
+            format!("columns {} -> {}", columns(before), columns(after)),
+        );
+    }
+    if before.filter_text != after.filter_text {
+        let text = |t: &Trigger| t.filter_text.clone().unwrap_or_else(|| "none".into());
+        push(
+            Level::Dangerous,
+            "TRIGGER_FILTER_CHANGED",
+            format!("filter {} -> {}", text(before), text(after)),
+        );
+    }
+    if before.webhook.headers != after.webhook.headers
+        || before.webhook.secret_env != after.webhook.secret_env
+    {
+        push(
+            Level::Safe,
+            "TRIGGER_REQUEST_CHANGED",
+            "headers or signing secret changed".into(),
+        );
+    }
+    let delivery: Vec<String> = [
+        (
+            "batch_size",
+            u64::from(before.batch_size),
+            u64::from(after.batch_size),
+        ),
+        (
+            "max_attempts",
+            u64::from(before.max_attempts),
+            u64::from(after.max_attempts),
+        ),
+        (
+            "timeout_ms",
+            before.webhook.timeout_ms,
+            after.webhook.timeout_ms,
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, was, now)| was != now)
+    .map(|(what, was, now)| format!("{what} {was} -> {now}"))
+    .collect();
+    if !delivery.is_empty() {
+        push(Level::Safe, "TRIGGER_DELIVERY_CHANGED", delivery.join(", "));
+    }
+}
+
+fn columns(trigger: &Trigger) -> String {
+    trigger.columns.join(", ")
+}
+
+/// The scheme, host and port of `url`.
+fn host(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(u) => format!(
+            "{}://{}{}",
+            u.scheme(),
+            u.host_str().unwrap_or(""),
+            u.port().map(|p| format!(":{p}")).unwrap_or_default()
+        ),
+        Err(_) => url.to_string(),
+    }
+}
