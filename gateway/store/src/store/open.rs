@@ -240,6 +240,11 @@ async fn prepare_clusters(
     Ok(())
 }
 
+/// How long opening a store of several clusters waits for its first
+/// topology acknowledgement (`moves/follow.rs`) before it serves anyway,
+/// its reads checked until then (`topology/fence.rs`).
+const FIRST_ACK_WAIT: Duration = Duration::from_secs(2);
+
 /// Index maintenance: readiness first (a catch-up after a crash), then
 /// the workers; and the follower of the stored topology.
 async fn start_maintenance(
@@ -269,6 +274,16 @@ async fn start_maintenance(
             maintainer.holder.clone(),
             shutdown.subscribe(),
         ));
+        // Until its first acknowledgement no mover waits for this store, and
+        // its reads are checked against the clusters: with the metadata
+        // cluster answering, that takes a round trip or two, so the store
+        // serves with trusted routes from its first request.
+        if topology.clusters[0].state() == ClusterState::Ready {
+            let deadline = std::time::Instant::now() + FIRST_ACK_WAIT;
+            while topology.moves.stale().is_some() && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
     }
     maintainer
 }
