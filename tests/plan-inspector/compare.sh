@@ -7,6 +7,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cellgate="${1:-$root/target/debug/cellgate}"
+[ -x "$cellgate" ] || { echo "no cellgate binary at $cellgate (cargo build -p cellgate)" >&2; exit 1; }
+cellgate="$(cd "$(dirname "$cellgate")" && pwd)/$(basename "$cellgate")"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 (cd "$here" && npm ci --no-audit --no-fund --loglevel=error)
