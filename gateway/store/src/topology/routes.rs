@@ -3,7 +3,7 @@
 //! progress (as the stored topology records it), and how the write path
 //! waits for a move's cut-over.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -157,16 +157,21 @@ pub(crate) struct MoveSignals {
     /// Wakes the topology follower (`moves/follow.rs`) to read the stored
     /// topology at once.
     pub(crate) poke: tokio::sync::Notify,
-    /// With a follower running: when the acknowledgement in force was sent
-    /// (`None` before the first). Without a follower (one cluster, or a store that routes
-    /// nothing), no move can pass this gateway by: never stale.
-    acked: std::sync::Mutex<Option<Acked>>,
+    /// When the acknowledgement in force was sent, in microseconds since
+    /// [`origin`] plus one; [`UNACKED`] with a follower running and none
+    /// recorded yet; 0 without a follower (one cluster, or a store that
+    /// routes nothing): no move can pass such a store by. Read on every
+    /// request, so an atomic rather than a lock.
+    acked: AtomicU64,
 }
 
-/// The acknowledgement in force.
-#[derive(Clone, Copy)]
-struct Acked {
-    at: Option<std::time::Instant>,
+/// [`MoveSignals::acked`] before a following store's first acknowledgement.
+const UNACKED: u64 = u64::MAX;
+
+/// The instant acknowledgement times are counted from.
+fn origin() -> std::time::Instant {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *ORIGIN.get_or_init(std::time::Instant::now)
 }
 
 /// How long a write that met a moving shard waits for a new topology
@@ -178,30 +183,37 @@ impl MoveSignals {
     /// mover waits for this gateway, so its reads are checked (`stale`)
     /// from the start.
     pub(crate) fn following(&self) {
-        *self.acked.lock().unwrap_or_else(|e| e.into_inner()) = Some(Acked { at: None });
+        origin();
+        self.acked.store(UNACKED, Ordering::Release);
     }
 
     /// An acknowledgement sent at `at` was recorded.
     pub(crate) fn acknowledged(&self, at: std::time::Instant) {
-        let mut acked = self.acked.lock().unwrap_or_else(|e| e.into_inner());
-        if acked.is_some() {
-            *acked = Some(Acked { at: Some(at) });
-        }
+        let micros = at.saturating_duration_since(origin()).as_micros() as u64 + 1;
+        // Only a following store records them.
+        let _ = self
+            .acked
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                (now != 0).then_some(micros)
+            });
     }
 
     /// How long ago the acknowledgement in force was sent, once that is
-    /// [`FENCE_AFTER`] or more
-    /// (`Duration::MAX`: none since start-up): a move
-    /// may since have switched a range without this gateway, so the
+    /// [`FENCE_AFTER`] or more (`Duration::MAX`: none since start-up): a
+    /// move may since have switched a range without this gateway, so the
     /// routes it serves are checked against the clusters before a read
-    /// (`topology/fence.rs`). `None` while the topology is known to be current.
+    /// (`topology/fence.rs`). `None` while the topology is known to be
+    /// current.
     pub(crate) fn stale(&self) -> Option<std::time::Duration> {
-        let acked = (*self.acked.lock().unwrap_or_else(|e| e.into_inner()))?;
-        let Some(at) = acked.at else {
-            return Some(std::time::Duration::MAX);
-        };
-        let elapsed = at.elapsed();
-        (elapsed >= FENCE_AFTER).then_some(elapsed)
+        match self.acked.load(Ordering::Acquire) {
+            0 => None,
+            UNACKED => Some(std::time::Duration::MAX),
+            micros => {
+                let at = origin() + std::time::Duration::from_micros(micros - 1);
+                let elapsed = at.elapsed();
+                (elapsed >= FENCE_AFTER).then_some(elapsed)
+            }
+        }
     }
 
     /// Asks for the stored topology to be read now, then waits until a

@@ -973,6 +973,33 @@ pub async fn a_gateway_cut_off_from_the_topology_fences_what_moved(env: Arc<Env>
         assert_eq!(err.code(), "TOPOLOGY_STALE", "{err}");
         assert!(err.is_transient());
     }
+    // The index path reads through the same check: entries of a driver
+    // whose index shard moved are not read on `b`.
+    let moved_driver = loop {
+        let driver = Uuid::new_v4();
+        let shard = cellgate_store::shards::value_shard(
+            &cellgate_store::storage::Value::Uuid(driver),
+            4096,
+        )
+        .unwrap();
+        if (MOVED.0..=MOVED.1).contains(&shard) {
+            break driver;
+        }
+    };
+    let query = cellgate_store::indexes::IndexQuery {
+        index: "driver_partner_index".into(),
+        shard_values: vec![index_dsl::Literal::String(moved_driver.to_string())],
+        ..Default::default()
+    };
+    let err = stale
+        .query_index("trips", &query)
+        .await
+        .expect_err("a moved index shard is not read on its old cluster");
+    assert_eq!(err.code(), "TOPOLOGY_STALE", "{err}");
+    writer
+        .query_index("trips", &query)
+        .await
+        .expect("the writer reads it on `c`");
     let latest = stale
         .get_cell_latest("trips", kept, "BASE")
         .await
