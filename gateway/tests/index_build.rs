@@ -16,7 +16,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use server::{cellgate, client, root, Server};
+use server::{cellgate, client, copy_dir, root, Server};
 use sqlx::Connection as _;
 use uuid::Uuid;
 
@@ -34,19 +34,6 @@ column_defs:
       - { field: status, type: string }
       - { field: fare.total, name: fare_total, type: float }
 ";
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
 
 fn args(dir: &Path) -> Vec<OsString> {
     vec![

@@ -43,7 +43,7 @@ pub use filter::{parse_filter, CompareOp, Condition, Filter, Literal};
 pub use filter_error::FilterError;
 pub use identifier::is_identifier;
 pub use index::{Index, IndexField};
-pub use load::{load_dir, load_files};
+pub use load::{digest, load_dir, load_dir_with_files, load_files};
 pub use predicate::{Predicate, PredicateSource};
 pub use trigger::{is_env_name, Template, TemplatePart, Trigger, Webhook};
 

@@ -30,6 +30,14 @@ struct DatastoreDir {
 /// Paths in diagnostics are `dir` joined with each file's relative path, so a relative `dir`
 /// gives relative paths.
 pub fn load_dir(dir: &Path) -> Result<Definitions, Diagnostics> {
+    load_dir_with_files(dir).map(|(defs, _)| defs)
+}
+
+/// [`load_dir`], with the files it read: `(path relative to dir, text)`,
+/// sorted by path (for [`digest`]).
+pub fn load_dir_with_files(
+    dir: &Path,
+) -> Result<(Definitions, Vec<(PathBuf, String)>), Diagnostics> {
     let mut diagnostics = Vec::new();
     let mut files = Vec::new();
     let mut dirs = Vec::new();
@@ -46,7 +54,43 @@ pub fn load_dir(dir: &Path) -> Result<Definitions, Diagnostics> {
             }
         }
     }
-    check(dir, dirs, files, diagnostics)
+    let mut read = files.clone();
+    read.sort();
+    check(dir, dirs, files, diagnostics).map(|defs| (defs, read))
+}
+
+/// The digest of a set of definition files, `sha256:<hex>`, over each
+/// file's path (relative to the definitions directory, `/`-separated) and
+/// text, in path order: the same files give the same digest wherever the
+/// directory is and whichever way they were read (a directory, a git
+/// revision, the store's catalog).
+pub fn digest<P: AsRef<Path>, S: AsRef<str>>(files: impl IntoIterator<Item = (P, S)>) -> String {
+    use sha2::{Digest as _, Sha256};
+    let mut files: Vec<(String, S)> = files
+        .into_iter()
+        .map(|(p, s)| (portable(p.as_ref()), s))
+        .collect();
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut hash = Sha256::new();
+    for (path, text) in &files {
+        let text = text.as_ref();
+        hash.update(format!("{path}\n{}\n", text.len()));
+        hash.update(text);
+    }
+    let bytes = hash.finalize();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// `path`'s normal components joined by `/`.
+fn portable(path: &Path) -> String {
+    path.components()
+        .filter_map(|c| match c {
+            Component::Normal(part) => Some(part.to_string_lossy().into_owned()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 /// Validates definitions given as `(path relative to root, text)` pairs, as if read from `root`
@@ -342,4 +386,32 @@ fn check_datastore(
     triggers.sort_by(|a, b| a.name.cmp(&b.name));
     datastore.triggers = triggers;
     Some(datastore)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::digest;
+
+    #[test]
+    fn the_digest_is_of_paths_and_texts_in_any_order() {
+        let one = digest([("a/datastore.yaml", "x"), ("a/indexes/i.yaml", "y")]);
+        assert!(one.starts_with("sha256:") && one.len() == 7 + 64);
+        assert_eq!(
+            one,
+            digest([("./a/indexes/i.yaml", "y"), ("a/datastore.yaml", "x")])
+        );
+        assert_ne!(
+            one,
+            digest([("a/datastore.yaml", "x"), ("a/indexes/j.yaml", "y")])
+        );
+        assert_ne!(
+            one,
+            digest([("a/datastore.yaml", "x "), ("a/indexes/i.yaml", "y")])
+        );
+        // The lengths keep a text from running into the next path.
+        assert_ne!(
+            digest([("a", "b\nc\n1\nd")]),
+            digest([("a", "b"), ("c", "d")])
+        );
+    }
 }

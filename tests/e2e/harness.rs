@@ -126,6 +126,19 @@ pub struct Env {
     database: Option<(String, String)>,
 }
 
+/// The `cellgate` binary, with no `CELLGATE_*` or `RUST_LOG` variables
+/// inherited.
+fn cellgate() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cellgate"));
+    for (name, _) in std::env::vars_os() {
+        let text = name.to_string_lossy();
+        if text.starts_with("CELLGATE_") || text == "RUST_LOG" {
+            command.env_remove(&name);
+        }
+    }
+    command
+}
+
 /// Runs one test on `backend`, or prints why it is skipped; drops the
 /// test's database afterwards, also when the test panics.
 pub async fn run<F, Fut>(backend: Backend, test: &str, body: F)
@@ -280,6 +293,27 @@ impl Env {
 }
 
 impl Env {
+    /// The flags that name this test's store to a command other than
+    /// `serve` (`--data DIR`, and `--database URL` on a server backend).
+    pub fn store_flags(&self) -> Vec<String> {
+        let mut flags = vec!["--data".to_string(), self.data_dir().display().to_string()];
+        if let Some((base, name)) = &self.database {
+            flags.push("--database".to_string());
+            flags.push(replace_database(base, name));
+        }
+        flags
+    }
+
+    /// Runs `cellgate args…` with no `CELLGATE_*` variables inherited.
+    pub fn command(&self, args: &[String]) -> std::process::Output {
+        let mut command = cellgate();
+        command
+            .current_dir(self.dir.path())
+            .args(args)
+            .output()
+            .expect("run cellgate")
+    }
+
     /// Whether the store holds a table called `table`.
     pub async fn table_exists(&self, table: &str) -> bool {
         match (&self.database, self.backend) {
@@ -404,13 +438,7 @@ impl Server {
     /// Runs `cellgate reload --url <this server>`; returns whether it
     /// succeeded, its stdout and its stderr.
     pub fn reload_command(&self) -> (bool, String, String) {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_cellgate"));
-        for (name, _) in std::env::vars_os() {
-            let text = name.to_string_lossy();
-            if text.starts_with("CELLGATE_") || text == "RUST_LOG" {
-                command.env_remove(&name);
-            }
-        }
+        let mut command = cellgate();
         let output = command
             .args(["reload", "--url", &self.base])
             .output()
@@ -424,6 +452,11 @@ impl Server {
 
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// The gateway's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     /// POSTs `{query, variables}` and returns the JSON response, whatever

@@ -35,4 +35,5 @@ e2e_suite!(
     ids::two_gateways_on_one_data_directory_issue_no_duplicate,
     reload::reload_swaps_definitions_while_serving,
     reload::watch_reloads_changed_definitions,
+    reload::a_planned_reload_applies_what_was_planned_only,
 );

@@ -358,3 +358,71 @@ pub async fn watch_reloads_changed_definitions(env: Arc<Env>) {
     );
     assert_eq!(server.metric("cellgate_definitions_latest").await, 1.0);
 }
+
+/// `cellgate plan --base-deployed` against the store, then `cellgate reload
+/// --plan`: the new index's estimate counts the log, the plan applies, and
+/// the same plan once more (made from files no longer served) is refused.
+pub async fn a_planned_reload_applies_what_was_planned_only(env: Arc<Env>) {
+    let server = env.serve(Defs::Small, &[]);
+    put_items(&server, "plan-owner", 30).await;
+    let dir = server.datastores.display().to_string();
+    let plan = |format: &str| {
+        let mut args = vec!["plan".to_string(), dir.clone(), "--base-deployed".into()];
+        args.extend(env.store_flags());
+        args.extend(["--format".to_string(), format.to_string()]);
+        env.command(&args)
+    };
+    let shown = |o: &std::process::Output| {
+        format!(
+            "{:?}\n{}\n{}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    let output = plan("text");
+    assert_eq!(output.status.code(), Some(0), "{}", shown(&output));
+
+    write(&server, BY_N, BY_N_V1);
+    let output = plan("json");
+    assert_eq!(output.status.code(), Some(3), "{}", shown(&output));
+    let planned: Value = serde_json::from_slice(&output.stdout).expect("a JSON plan");
+    let added = planned["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["kind"] == "INDEX_ADDED")
+        .unwrap_or_else(|| panic!("{planned:#}"))
+        .clone();
+    assert_eq!(added["path"], "items/items_by_n", "{planned:#}");
+    // The items datastore's log holds the 30 cells written, on one cluster.
+    assert_eq!(added["estimate"]["cells"], 30, "{planned:#}");
+    let file = env.data_dir().with_file_name("plan.json");
+    std::fs::write(&file, &output.stdout).unwrap();
+    let reload = || {
+        env.command(&[
+            "reload".into(),
+            "--url".into(),
+            server.base().to_string(),
+            "--plan".into(),
+            file.display().to_string(),
+        ])
+    };
+    let output = reload();
+    assert_eq!(output.status.code(), Some(0), "{}", shown(&output));
+    until_answered(&server, "plan-owner", "n", 30).await;
+
+    write(&server, BY_N, BY_N_V2);
+    let output = reload();
+    assert_eq!(output.status.code(), Some(1), "{}", shown(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("but the gateway serves"),
+        "{}",
+        shown(&output)
+    );
+    // Still the planned version: `x` is not served.
+    assert!(by_n(&server, "plan-owner", "x").await.is_err());
+    let output = plan("json");
+    let now: Value = serde_json::from_slice(&output.stdout).expect("a JSON plan");
+    assert_eq!(now["base_digest"], planned["head_digest"], "{now:#}");
+}

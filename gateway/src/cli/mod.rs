@@ -165,7 +165,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Check(args) => check::run(args),
         Command::Ddl(args) => ddl::run(args),
-        Command::Plan(args) => plan::run(args),
+        Command::Plan(args) => plan::run(args).await,
         Command::Schema(args) => schema::run(args),
         Command::Migrate(args) => migrate::run(args).await,
         Command::Index(args) => index::run(args).await,

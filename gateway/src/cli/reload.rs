@@ -27,6 +27,37 @@ pub struct ReloadArgs {
         hide_env_values = true
     )]
     pub token: Option<String>,
+
+    /// A plan written by `cellgate plan --format json`: reload only if the
+    /// gateway serves the definitions the plan was made from and its
+    /// directory holds those it was made for (refused otherwise, nothing
+    /// changes).
+    #[arg(long, value_name = "FILE", env = "CELLGATE_RELOAD_PLAN")]
+    pub plan: Option<std::path::PathBuf>,
+}
+
+/// The digests of a plan file, as `POST /admin/reload` takes them.
+fn plan_body(path: &std::path::Path) -> anyhow::Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the plan `{}`", path.display()))?;
+    let plan: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "`{}` is not a plan written by `cellgate plan --format json`",
+            path.display()
+        )
+    })?;
+    let digest = |side: &str| {
+        plan[format!("{side}_digest")]
+            .as_str()
+            .map(str::to_string)
+            .with_context(|| {
+                format!(
+                    "`{}` has no `{side}_digest`: write it with `cellgate plan --format json` (version 1)",
+                    path.display()
+                )
+            })
+    };
+    Ok(serde_json::json!({ "plan": { "base": digest("base")?, "head": digest("head")? } }))
 }
 
 pub async fn run(args: ReloadArgs) -> anyhow::Result<ExitCode> {
@@ -34,13 +65,17 @@ pub async fn run(args: ReloadArgs) -> anyhow::Result<ExitCode> {
         .url
         .unwrap_or_else(|| format!("http://{}", crate::config::DEFAULT_LISTEN));
     let url = format!("{}/admin/reload", base.trim_end_matches('/'));
+    let body = match &args.plan {
+        Some(path) => plan_body(path)?,
+        None => serde_json::json!({}),
+    };
     let client = reqwest::Client::builder()
         .build()
         .context("cannot create the HTTP client")?;
     let mut request = client
         .post(&url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body("{}");
+        .body(body.to_string());
     if let Some(token) = &args.token {
         request = request.bearer_auth(token);
     }

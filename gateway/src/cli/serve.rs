@@ -218,6 +218,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!(%address, "authentication is off on a non-loopback address");
     }
     let gateway = Arc::new(gateway);
+    gateway.record_deployed().await;
     // Installed before the listening line, like the shutdown handlers: a
     // SIGHUP sent once the gateway announced itself must not kill it.
     spawn_reloads(&gateway, &config.datastores, args.watch)?;

@@ -54,25 +54,7 @@ pub struct StoreArgs {
 impl StoreArgs {
     /// The storage topology these flags name.
     pub fn storage(&self) -> anyhow::Result<StorageConfig> {
-        if let Some(url) = &self.database {
-            return Ok(StorageConfig::single(url));
-        }
-        let file = match &self.config {
-            Some(path) => {
-                Config::load(path)
-                    .map_err(|e| anyhow::anyhow!("{e}"))?
-                    .storage
-            }
-            None => StorageConfig::default(),
-        };
-        if file.clusters.is_empty() {
-            Ok(StorageConfig {
-                shards: file.shards,
-                ..StorageConfig::embedded(&self.data)
-            })
-        } else {
-            Ok(file)
-        }
+        storage(self.database.as_deref(), self.config.as_deref(), &self.data)
     }
 
     /// Opens the store without index maintenance; `None` when the
@@ -101,5 +83,33 @@ impl StoreArgs {
             .await
             .map_err(|e| anyhow::anyhow!("cannot open storage {}: {e}", shown.join(", ")))?;
         Ok(Some(store))
+    }
+}
+
+/// The storage topology of a `--database` URL, else of a `--config` file's
+/// clusters, else the embedded SQLite database in `data`.
+pub fn storage(
+    database: Option<&str>,
+    config: Option<&std::path::Path>,
+    data: &std::path::Path,
+) -> anyhow::Result<StorageConfig> {
+    if let Some(url) = database {
+        return Ok(StorageConfig::single(url));
+    }
+    let file = match config {
+        Some(path) => {
+            Config::load(path)
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .storage
+        }
+        None => StorageConfig::default(),
+    };
+    if file.clusters.is_empty() {
+        Ok(StorageConfig {
+            shards: file.shards,
+            ..StorageConfig::embedded(data)
+        })
+    } else {
+        Ok(file)
     }
 }

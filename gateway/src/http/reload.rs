@@ -20,6 +20,7 @@
 //! Trigger changes are reported and apply at the next restart (webhook
 //! delivery reads its environment once, at start-up).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -28,7 +29,7 @@ use cellgate_store::Store;
 use index_dsl::Definitions;
 use poem::http::StatusCode;
 use poem::web::Data;
-use poem::{handler, Request, Response};
+use poem::{handler, Body, Request, Response};
 
 use super::Gateway;
 
@@ -42,16 +43,57 @@ pub(super) struct Reloads {
     /// One reload at a time: a second one waits, then reads the directory
     /// again itself.
     running: tokio::sync::Mutex<()>,
+    /// The files of the definitions served, when the directory held them
+    /// (at start-up, what the store was opened with).
+    served: std::sync::Mutex<Option<Files>>,
+}
+
+/// Definition files, by path relative to the directory, with their digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Files {
+    digest: String,
+    texts: BTreeMap<String, String>,
+}
+
+impl Files {
+    fn of(read: Vec<(PathBuf, String)>) -> Files {
+        let texts: BTreeMap<String, String> = read
+            .into_iter()
+            .map(|(path, text)| (path.to_string_lossy().replace('\\', "/"), text))
+            .collect();
+        Files {
+            digest: index_dsl::digest(&texts),
+            texts,
+        }
+    }
+}
+
+/// What a plan (`cellgate plan --format json`) was made from and for:
+/// `cellgate reload --plan` reloads only when the gateway serves `base` and
+/// its directory holds `head`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct PlannedDigests {
+    pub base: String,
+    pub head: String,
 }
 
 impl Reloads {
     pub(super) fn new(dir: PathBuf, store: &Store) -> Reloads {
+        let served = match index_dsl::load_dir_with_files(&dir) {
+            Ok((defs, read)) if defs == *store.definitions() => Some(Files::of(read)),
+            _ => None,
+        };
         Reloads {
             dir,
             triggers_from: store.definitions(),
             status: DefinitionsStatus::default(),
             running: tokio::sync::Mutex::new(()),
+            served: std::sync::Mutex::new(served),
         }
+    }
+
+    fn served(&self) -> Option<Files> {
+        self.served.lock().expect("served files").clone()
     }
 
     pub(super) fn status(&self) -> &DefinitionsStatus {
@@ -71,8 +113,14 @@ impl Gateway {
     /// it loads and the store can apply it (see the module doc); `cause`
     /// says what asked, for the log.
     pub async fn reload(&self, cause: &str) -> Reloaded {
+        self.reload_planned(cause, None).await
+    }
+
+    /// [`Gateway::reload`], only if the gateway serves the files `plan`
+    /// was made from and its directory holds those it was made for.
+    pub async fn reload_planned(&self, cause: &str, plan: Option<&PlannedDigests>) -> Reloaded {
         let _one = self.reloads.running.lock().await;
-        let reloaded = self.reload_once().await;
+        let reloaded = self.reload_once(plan).await;
         let details = reloaded.details.join("\n");
         match reloaded.result {
             ReloadResult::Applied => {
@@ -96,11 +144,62 @@ impl Gateway {
         reloaded
     }
 
-    async fn reload_once(&self) -> Reloaded {
+    /// Records the definition files served in the store's catalog (for
+    /// `cellgate plan --base-deployed`); a failure is logged, nothing else.
+    pub async fn record_deployed(&self) {
+        let Some(files) = self.reloads.served() else {
+            return;
+        };
+        if let Err(error) = self.store.record_deployed(&files.digest, files.texts).await {
+            tracing::warn!(%error, "cannot record the deployed definitions in the catalog");
+        }
+    }
+
+    /// Serves `files` from now on, as the catalog records.
+    async fn served(&self, files: Files) {
+        *self.reloads.served.lock().expect("served files") = Some(files);
+        self.record_deployed().await;
+    }
+
+    async fn reload_once(&self, plan: Option<&PlannedDigests>) -> Reloaded {
         let failed = |result, details| Reloaded { result, details };
+        if let Some(plan) = plan {
+            let served = self.reloads.served().map(|f| f.digest);
+            if served.as_deref() != Some(plan.base.as_str()) {
+                let serving = served.unwrap_or_else(|| "files it cannot name".into());
+                return failed(
+                    ReloadResult::Refused,
+                    vec![format!(
+                        "the plan was made from definitions {} but the gateway serves {serving}: \
+                         make the plan again against what is deployed (`cellgate plan --base-deployed`)",
+                        plan.base
+                    )],
+                );
+            }
+        }
         let dir = &self.reloads.dir;
-        let defs = match index_dsl::load_dir(dir) {
-            Ok(defs) => defs,
+        let (defs, files) = match index_dsl::load_dir_with_files(dir) {
+            Ok((defs, read)) => {
+                let files = Files::of(read);
+                if let Some(plan) = plan.filter(|p| p.head != files.digest) {
+                    return failed(
+                        ReloadResult::Refused,
+                        vec![format!(
+                            "the plan was made for definitions {} but the directory holds {}: \
+                             make the plan again for what is there",
+                            plan.head, files.digest
+                        )],
+                    );
+                }
+                if *self.store.definitions() == defs {
+                    self.served(files).await;
+                    return Reloaded {
+                        result: ReloadResult::Unchanged,
+                        details: Vec::new(),
+                    };
+                }
+                (defs, files)
+            }
             Err(diagnostics) => {
                 let mut details: Vec<String> =
                     diagnostics.0.iter().map(|d| d.to_string()).collect();
@@ -110,12 +209,6 @@ impl Gateway {
                 return failed(ReloadResult::Invalid, details);
             }
         };
-        if *self.store.definitions() == defs {
-            return Reloaded {
-                result: ReloadResult::Unchanged,
-                details: Vec::new(),
-            };
-        }
         // Names that clash in GraphQL are refused before the store changes.
         if let Err(error) = cellgate_graphql::sdl(&defs) {
             return failed(ReloadResult::Invalid, vec![error.to_string()]);
@@ -138,6 +231,7 @@ impl Gateway {
                 return failed(ReloadResult::Refused, vec![error.client_message()]);
             }
         }
+        self.served(files).await;
         let mut details = report.changes;
         if triggers_changed {
             details.push(
@@ -169,7 +263,11 @@ fn triggers(defs: &Definitions) -> Vec<&index_dsl::Trigger> {
 /// JSON (`{}`), so a page of another origin cannot send it without a CORS
 /// preflight, which this route does not answer.
 #[handler]
-pub(super) async fn reload_route(gateway: Data<&Arc<Gateway>>, request: &Request) -> Response {
+pub(super) async fn reload_route(
+    gateway: Data<&Arc<Gateway>>,
+    request: &Request,
+    body: Body,
+) -> Response {
     if let Some(refused) = gateway
         .refuse_plain(
             request,
@@ -191,7 +289,18 @@ pub(super) async fn reload_route(gateway: Data<&Arc<Gateway>>, request: &Request
                 "UNSUPPORTED_MEDIA_TYPE: send the request with `Content-Type: application/json`",
             );
     }
-    let reloaded = gateway.reload("POST /admin/reload").await;
+    let plan = match planned(body).await {
+        Ok(plan) => plan,
+        Err(message) => {
+            return Response::builder()
+                .status(StatusCode::BAD_REQUEST)
+                .content_type("text/plain; charset=utf-8")
+                .body(format!("BAD_REQUEST: {message}"))
+        }
+    };
+    let reloaded = gateway
+        .reload_planned("POST /admin/reload", plan.as_ref())
+        .await;
     let status = match reloaded.result {
         ReloadResult::Applied | ReloadResult::Unchanged => StatusCode::OK,
         ReloadResult::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
@@ -205,4 +314,40 @@ pub(super) async fn reload_route(gateway: Data<&Arc<Gateway>>, request: &Request
         .status(status)
         .content_type("application/json")
         .body(body.to_string())
+}
+
+/// The largest body `POST /admin/reload` reads.
+const MAX_RELOAD_BODY: usize = 64 * 1024;
+
+/// The `plan` member of a reload request's body (`{}` or `{"plan": {"base":
+/// "sha256:…", "head": "sha256:…"}}`), read within 5 s.
+async fn planned(body: Body) -> Result<Option<PlannedDigests>, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Request {
+        plan: Option<PlannedDigests>,
+    }
+    let read = async {
+        let mut bytes = Vec::new();
+        let mut frames = body.into_bytes_stream();
+        while let Some(frame) = futures::StreamExt::next(&mut frames).await {
+            let frame = frame.map_err(|_| "cannot read the request body".to_string())?;
+            bytes.extend_from_slice(&frame);
+            if bytes.len() > MAX_RELOAD_BODY {
+                return Err(format!("the body exceeds {MAX_RELOAD_BODY} bytes"));
+            }
+        }
+        Ok(bytes)
+    };
+    let bytes = tokio::time::timeout(std::time::Duration::from_secs(5), read)
+        .await
+        .map_err(|_| "the body did not arrive within 5 s".to_string())??;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    serde_json::from_slice::<Request>(&bytes)
+        .map(|r| r.plan)
+        .map_err(|e| {
+            format!("the body is not `{{}}` or `{{\"plan\": {{\"base\": …, \"head\": …}}}}`: {e}")
+        })
 }

@@ -9,7 +9,8 @@
 //! | `layout` (datastore `""`) | the table layout version, `2` |
 //! | `shards` | the datastore's logical shard count, fixed at creation |
 //! | `ranges` | the shard ranges this cluster holds, e.g. `0-2047` |
-//! | `index:<name>:<version>` | JSON: the definition's signature, `building` / `ready` / `superseded`, and its fields |
+//! | `index:<name>:<version>` | JSON: the definition's signature, `building` / `ready` / `superseded`, its fields, and once ready the cells and seconds its build took |
+//! | `definitions` (datastore `""`, first cluster) | JSON: the definition files a gateway last served, with their digest (`deployed.rs`) |
 //!
 //! At start-up the definitions and topology are checked against every
 //! reachable cluster's catalog. A change that would hide or corrupt data is
@@ -46,12 +47,23 @@ use crate::topology::{
 pub(crate) type Catalog = BTreeMap<(String, String), String>;
 
 /// What a catalog records of one index version.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct IndexRecord {
     signature: String,
     state: IndexState,
     /// The fields, for people reading the catalog.
     fields: String,
+    /// How the build of this version went, once it is ready (what
+    /// `cellgate plan` estimates rebuilds from).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    built: Option<Built>,
+}
+
+/// The measured part of an index build: cells applied, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Built {
+    pub cells: i64,
+    pub seconds: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +83,12 @@ enum IndexState {
 pub(crate) struct IndexPlan {
     pub(crate) version: u32,
     pub(crate) ready: bool,
+}
+
+/// The build figures of a catalog value, if it is an index record that
+/// has them.
+pub(crate) fn recorded_build(value: &str) -> Option<Built> {
+    serde_json::from_str::<IndexRecord>(value).ok()?.built
 }
 
 fn index_item(name: &str, version: u32) -> String {
@@ -428,6 +446,7 @@ async fn prepare_once(
                     signature: index.signature.clone(),
                     state,
                     fields: fields_text(&index.def),
+                    built: None,
                 };
                 let value = serde_json::to_string(&record).expect("record serializes");
                 records.push((ds.name().to_string(), item, value));
@@ -482,6 +501,7 @@ pub(crate) async fn prepare_tables(backend: &dyn Backend, ds: &DatastoreRuntime)
                 IndexState::Building
             },
             fields: fields_text(&index.def),
+            built: None,
         };
         records.push((
             index_item(&index.def.name, index.version),
@@ -586,6 +606,10 @@ pub(crate) async fn mark_ready(
         signature: index.signature.clone(),
         state: IndexState::Ready,
         fields: fields_text(&index.def),
+        built: index
+            .build_progress()
+            .whole()
+            .map(|(cells, seconds)| Built { cells, seconds }),
     };
     let value = serde_json::to_string(&record).expect("record serializes");
     let now = Value::DateTime(crate::storage::value::truncate_to_micros(Utc::now()));

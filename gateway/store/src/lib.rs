@@ -67,6 +67,7 @@
 
 mod catalog;
 pub mod cells;
+mod deployed;
 mod error;
 pub mod ids;
 pub mod indexes;
@@ -86,6 +87,8 @@ mod topology;
 pub mod triggers;
 pub mod upgrade;
 
+pub use catalog::Built;
+pub use deployed::{inspect, ClusterInspection, Deployed, Inspection};
 pub use error::{Error, Result};
 pub use indexes::IndexStatus;
 pub use options::{BreakerConfig, ClusterConfig, ShardRange, StorageConfig};

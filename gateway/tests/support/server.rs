@@ -22,6 +22,20 @@ pub fn root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Copies the directory `from` (a definitions directory) to `to`.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
 /// `cellgate` with no `CELLGATE_*` or `RUST_LOG` variables inherited.
 pub fn cellgate(dir: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_cellgate"));

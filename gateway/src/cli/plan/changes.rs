@@ -54,7 +54,7 @@ impl From<Criticality> for Level {
 }
 
 /// One planned change.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Change {
     pub section: Section,
     pub level: Level,
@@ -67,6 +67,25 @@ pub struct Change {
     /// The definition file it comes from, and the line there, if known.
     pub file: Option<String>,
     pub line: Option<usize>,
+    /// For an index built from the cell log, with a store to look at:
+    /// what the build reads and how long it may take.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<Estimate>,
+}
+
+/// What building an index reads, from a store's log heads.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Estimate {
+    /// Log cells of the datastore, in all.
+    pub cells: i64,
+    /// The same, per cluster.
+    pub clusters: std::collections::BTreeMap<String, i64>,
+    /// Cells per second of the largest build the store's catalogs
+    /// recorded, on the slowest cluster the build reads; `None` when none
+    /// was recorded.
+    pub rate: Option<f64>,
+    /// `cells` at `rate`, on the cluster with the most to read.
+    pub seconds: Option<f64>,
 }
 
 /// The GraphQL changes, pointed at the definition file of the datastore or
@@ -90,6 +109,7 @@ pub fn graphql(changes: Vec<SchemaChange>, base: &Side, head: &Side) -> Vec<Chan
                 message: c.message,
                 file: found,
                 line: None,
+                estimate: None,
             }
         })
         .collect()
@@ -181,6 +201,7 @@ fn datastore_change(
         message,
         file: side.datastore_file(&ds.name).map(|f| side.path(&f)),
         line: None,
+        estimate: None,
     }
 }
 
@@ -204,6 +225,7 @@ fn compare_datastore(
             ),
             line: file.as_ref().and_then(|f| head.line_of(f, "shards")).or(Some(1)),
             file: file.map(|f| head.path(&f)),
+            estimate: None,
         });
     }
     for column in &after.columns {
@@ -251,6 +273,7 @@ fn compare_datastore(
                         ),
                         file: head.index_file(&after.name, &index.name).map(|f| head.path(&f)),
                         line: None,
+                        estimate: None,
                     });
                 }
             }
@@ -269,6 +292,7 @@ fn compare_datastore(
                 ),
                 file: base.index_file(&after.name, &index.name).map(|f| base.path(&f)),
                 line: None,
+                estimate: None,
             });
         }
     }
@@ -292,6 +316,7 @@ fn compare_datastore(
                 ),
                 file: base.trigger_file(&trigger.datastore, &trigger.name).map(|f| base.path(&f)),
                 line: None,
+                estimate: None,
             });
         }
     }
@@ -310,6 +335,7 @@ fn index_added(side: &Side, ds: &Datastore, index: &Index) -> Change {
         ),
         file: side.index_file(&ds.name, &index.name).map(|f| side.path(&f)),
         line: None,
+        estimate: None,
     }
 }
 
@@ -387,6 +413,7 @@ fn trigger_added(side: &Side, trigger: &Trigger) -> Change {
         ),
         file: side.trigger_file(&trigger.datastore, &trigger.name).map(|f| side.path(&f)),
         line: None,
+        estimate: None,
     }
 }
 
@@ -403,6 +430,7 @@ fn compare_trigger(out: &mut Vec<Change>, head: &Side, before: &Trigger, after: 
             ),
             file: head.trigger_file(&after.datastore, &after.name).map(|f| head.path(&f)),
             line: None,
+            estimate: None,
         })
     };
     if host(&before.webhook.url) != host(&after.webhook.url) {

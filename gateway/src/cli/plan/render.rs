@@ -83,6 +83,9 @@ fn text(plan: &Plan) -> String {
                 change.path,
                 change.message
             );
+            if let Some(estimate) = &change.estimate {
+                let _ = writeln!(out, "             {}", super::estimate::describe(estimate));
+            }
         }
     }
     let _ = writeln!(out, "\n{}", summary(plan));
@@ -98,6 +101,8 @@ fn as_json(plan: &Plan) -> serde_json::Value {
         "version": JSON_VERSION,
         "base": plan.base,
         "head": plan.head,
+        "base_digest": plan.base_digest,
+        "head_digest": plan.head_digest,
         "summary": counts,
         "changes": plan.changes,
     })

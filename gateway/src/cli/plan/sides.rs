@@ -26,6 +26,9 @@ pub struct Side {
     pub root: PathBuf,
     /// Each file's text, by its path relative to `root`.
     pub files: BTreeMap<PathBuf, String>,
+    /// [`index_dsl::digest`] of the files: what `cellgate reload --plan`
+    /// checks the gateway against.
+    pub digest: String,
     pub defs: Definitions,
 }
 
@@ -38,19 +41,49 @@ impl Side {
                 dir.display()
             )));
         }
-        let defs = index_dsl::load_dir(dir).map_err(|d| SideError::Invalid(d.to_string()))?;
-        let mut files = BTreeMap::new();
-        for path in walk(dir) {
-            if let Ok(text) = std::fs::read_to_string(dir.join(&path)) {
-                files.insert(path, text);
-            }
-        }
-        Ok(Side {
-            label: dir.display().to_string(),
-            root: dir.to_path_buf(),
+        let (defs, files) =
+            index_dsl::load_dir_with_files(dir).map_err(|d| SideError::Invalid(d.to_string()))?;
+        Ok(Side::new(
+            dir.display().to_string(),
+            dir,
+            files.into_iter().collect(),
+            defs,
+        ))
+    }
+
+    /// The definitions the store's catalog records as deployed (the files
+    /// the gateway last loaded), as if read from `dir`.
+    pub fn from_deployed(
+        dir: &Path,
+        deployed: cellgate_store::Deployed,
+    ) -> Result<Side, SideError> {
+        let files: BTreeMap<PathBuf, String> = deployed
+            .files
+            .into_iter()
+            .map(|(path, text)| (PathBuf::from(path), text))
+            .collect();
+        let defs = index_dsl::load_files(dir, files.iter().map(|(p, t)| (p.clone(), t.clone())))
+            .map_err(|d| SideError::Invalid(d.to_string()))?;
+        let label = format!(
+            "deployed ({})",
+            deployed.recorded_at.format("%Y-%m-%d %H:%M:%S UTC")
+        );
+        Ok(Side::new(label, dir, files, defs))
+    }
+
+    fn new(
+        label: String,
+        root: &Path,
+        files: BTreeMap<PathBuf, String>,
+        defs: Definitions,
+    ) -> Side {
+        Side {
+            label,
+            root: root.to_path_buf(),
+            digest: index_dsl::digest(&files),
             files,
             defs,
-        })
+        }
     }
 
     /// The definitions `dir` held at the git revision `rev`.
@@ -84,12 +117,7 @@ impl Side {
         }
         let defs = index_dsl::load_files(dir, files.iter().map(|(p, t)| (p.clone(), t.clone())))
             .map_err(|d| SideError::Invalid(d.to_string()))?;
-        Ok(Side {
-            label: rev.to_string(),
-            root: dir.to_path_buf(),
-            files,
-            defs,
-        })
+        Ok(Side::new(rev.to_string(), dir, files, defs))
     }
 
     /// The path of a file of this side, as the user sees it.
@@ -153,30 +181,10 @@ fn is_definition(path: &Path) -> bool {
     let yaml = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
-    yaml && path.components().count() <= 3
-}
-
-/// The definition files under `dir`, relative to it.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut todo = vec![PathBuf::new()];
-    while let Some(relative) = todo.pop() {
-        let Ok(entries) = std::fs::read_dir(dir.join(&relative)) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = relative.join(entry.file_name());
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                if path.components().count() < 3 {
-                    todo.push(path);
-                }
-            } else if is_definition(&path) {
-                found.push(path);
-            }
-        }
-    }
-    found.sort();
-    found
+    let hidden = path
+        .components()
+        .any(|c| c.as_os_str().to_string_lossy().starts_with('.'));
+    yaml && !hidden && path.components().count() <= 3
 }
 
 /// Runs `git -C dir args…`; its stdout, or its stderr as the error.
@@ -206,6 +214,7 @@ mod tests {
         assert!(is_definition(Path::new("trips/triggers/b.yml")));
         assert!(!is_definition(Path::new("README.md")));
         assert!(!is_definition(Path::new("trips/indexes/x/a.yaml")));
+        assert!(!is_definition(Path::new(".github/ci.yaml")));
     }
 
     #[test]

@@ -254,6 +254,24 @@ impl Store {
             .collect()
     }
 
+    /// Records in the first cluster's catalog the definition files this
+    /// store serves (`files` by path relative to the definitions
+    /// directory, with their `index_dsl::digest`), for `cellgate plan
+    /// --base-deployed`; a gateway calls it at start-up and at each reload.
+    pub async fn record_deployed(
+        &self,
+        digest: &str,
+        files: BTreeMap<String, String>,
+    ) -> Result<()> {
+        let deployed = crate::Deployed {
+            digest: digest.to_string(),
+            recorded_at: chrono::Utc::now(),
+            files,
+        };
+        let backend = self.tokens_backend()?;
+        crate::deployed::record(backend.as_ref(), &deployed).await
+    }
+
     /// The master of the first cluster, which holds the API tokens.
     pub fn tokens_backend(&self) -> Result<Arc<dyn crate::storage::Backend>> {
         match self.topology_ref().clusters.first() {

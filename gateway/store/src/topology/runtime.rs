@@ -40,6 +40,8 @@ pub(crate) const RATE_WINDOW: std::time::Duration = std::time::Duration::from_se
 pub(crate) struct BuildProgress {
     total: i64,
     samples: std::collections::VecDeque<(std::time::Instant, i64)>,
+    /// The first measurement of the build.
+    first: Option<(std::time::Instant, i64)>,
 }
 
 impl BuildProgress {
@@ -51,6 +53,7 @@ impl BuildProgress {
             return;
         }
         self.total = total;
+        self.first.get_or_insert((at, done));
         self.samples.push_back((at, done));
         while self.samples.len() > 2
             && self
@@ -73,6 +76,14 @@ impl BuildProgress {
         let (first, last) = (self.samples.front()?, self.samples.back()?);
         let secs = last.0.duration_since(first.0).as_secs_f64();
         (secs > 0.0).then(|| (last.1 - first.1).max(0) as f64 / secs)
+    }
+
+    /// The cells applied and the seconds taken from the first measurement
+    /// to the last one; `None` before two measurements some time apart.
+    pub(crate) fn whole(&self) -> Option<(i64, f64)> {
+        let (first, last) = (self.first?, self.samples.back()?);
+        let secs = last.0.duration_since(first.0).as_secs_f64();
+        (secs > 0.0).then(|| ((last.1 - first.1).max(0), secs))
     }
 
     /// Seconds until `pending` cells are applied at the current rate.
@@ -313,5 +324,9 @@ mod tests {
         // A stale measurement (fewer cells done) changes nothing.
         p.record(at(81), 4_000, 9_000);
         assert_eq!((p.total(), p.rate()), (10_000, Some(300.0)));
+        // The whole build, from its first measurement: what the catalog
+        // records when it is ready.
+        assert_eq!(p.whole(), Some((5_000, 80.0)));
+        assert_eq!(BuildProgress::default().whole(), None);
     }
 }
