@@ -118,6 +118,13 @@ pub struct Config {
     ///   allowed_hosts: [cellgate.internal]
     /// ```
     pub http: HttpConfig,
+    /// Persisted documents and which documents run; see [`GraphqlConfig`].
+    ///
+    /// ```yaml
+    /// graphql:
+    ///   persisted_documents: ./persisted-documents.json
+    /// ```
+    pub graphql: GraphqlConfig,
     /// ID allocation (Leaf segments, snowflake, shard-tagged IDs); see
     /// [`IdsConfig`].
     ///
@@ -541,6 +548,57 @@ pub struct HttpConfig {
     pub allowed_hosts: Vec<String>,
 }
 
+/// Persisted documents (requests that name a document by its SHA-256) and
+/// the trusted-documents mode.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct GraphqlConfig {
+    /// A manifest of persisted documents in the format graphql-codegen's
+    /// client preset writes (`{"<sha256 hex>": "<document>"}`), read at
+    /// start-up and again with the definitions.
+    ///
+    /// ```yaml
+    /// persisted_documents: ./persisted-documents.json
+    /// ```
+    pub persisted_documents: Option<PathBuf>,
+    /// `any` document runs, or `only_persisted`: only the manifest's,
+    /// except for tokens with the `*:admin` scope.
+    ///
+    /// ```yaml
+    /// documents: any
+    /// ```
+    pub documents: cellgate_graphql::DocumentsMode,
+    /// Bytes of document text kept for automatic persisted queries
+    /// (Apollo's `extensions.persistedQuery`); 0 turns their registration
+    /// off.
+    ///
+    /// ```yaml
+    /// apq_cache_bytes: 8388608
+    /// ```
+    pub apq_cache_bytes: u64,
+}
+
+impl Default for GraphqlConfig {
+    fn default() -> Self {
+        GraphqlConfig {
+            persisted_documents: None,
+            documents: cellgate_graphql::DocumentsMode::Any,
+            apq_cache_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+impl GraphqlConfig {
+    /// The options of the gateway's persisted documents.
+    pub fn persisted(&self) -> cellgate_graphql::PersistedOptions {
+        cellgate_graphql::PersistedOptions {
+            manifest: self.persisted_documents.clone(),
+            mode: self.documents,
+            apq_bytes: self.apq_cache_bytes,
+        }
+    }
+}
+
 /// Index maintenance: several gateways on one store share the work through
 /// leases on buckets of shards.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -652,6 +710,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             cors: CorsConfig::default(),
             http: HttpConfig::default(),
+            graphql: GraphqlConfig::default(),
             ids: IdsConfig::default(),
             triggers: TriggersConfig::default(),
         }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use cellgate_graphql::auth::Authenticator;
 use cellgate_graphql::{
-    build_schema, sdl, DefinitionsStatus, Documents, GraphqlLimits, GraphqlRequest, Pipeline,
-    PipelineOptions, Served, Transport,
+    build_schema, sdl, DefinitionsStatus, Documents, GraphqlLimits, GraphqlRequest, Persisted,
+    PersistedOptions, Pipeline, PipelineOptions, Served, Transport,
 };
 use cellgate_store::cells::NewCell;
 use cellgate_store::{StorageConfig, Store, StoreOptions};
@@ -74,11 +74,12 @@ async fn a_partial_index_field_answers_with_the_rows_its_predicate_selects() {
             introspection: true,
             request_timeout: Duration::from_secs(30),
         },
+        Arc::new(Persisted::new(PersistedOptions::default()).unwrap()),
     );
     let query = r#"{ trips { completedByCity(city: "Oslo") { edges { node { rowKey status fareTotal } } } } }"#;
     let caller = pipeline.authenticate(None).await.unwrap();
     let request = GraphqlRequest {
-        query: query.to_string(),
+        query: Some(query.to_string()),
         ..GraphqlRequest::default()
     };
     let executed = pipeline

@@ -92,6 +92,26 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub watch: bool,
+
+    /// A manifest of persisted documents (`persisted-documents.json` of
+    /// graphql-codegen's client preset). [default: graphql.persisted_documents
+    /// of the configuration]
+    #[arg(long, value_name = "FILE", env = "CELLGATE_PERSISTED_DOCUMENTS")]
+    pub persisted_documents: Option<PathBuf>,
+
+    /// Which documents run: `any`, or `only_persisted` (the manifest's, and
+    /// any for a `*:admin` token). [default: graphql.documents of the
+    /// configuration, else any]
+    #[arg(long, value_name = "MODE", env = "CELLGATE_DOCUMENTS")]
+    pub documents: Option<DocumentsFlag>,
+}
+
+/// `--documents`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DocumentsFlag {
+    Any,
+    #[value(name = "only_persisted")]
+    OnlyPersisted,
 }
 
 /// `--auth`.
@@ -116,6 +136,16 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     }
     if let Some(datastores) = &args.datastores {
         config.datastores = datastores.clone();
+    }
+    if let Some(file) = &args.persisted_documents {
+        config.graphql.persisted_documents = Some(file.clone());
+    }
+    match args.documents {
+        Some(DocumentsFlag::Any) => config.graphql.documents = cellgate_graphql::DocumentsMode::Any,
+        Some(DocumentsFlag::OnlyPersisted) => {
+            config.graphql.documents = cellgate_graphql::DocumentsMode::OnlyPersisted
+        }
+        None => {}
     }
     match args.auth {
         Some(AuthMode::On) => config.auth.enabled = Some(true),
@@ -356,6 +386,8 @@ mod tests {
             auth: None,
             config,
             watch: false,
+            persisted_documents: None,
+            documents: None,
         }
     }
 

@@ -43,9 +43,10 @@ use poem::{handler, Body, Request, Response};
 use serde_json::{json, Map, Value};
 
 use super::admission::Rejection;
+use super::caching::Caching;
 use super::metrics::Outcome;
 use super::Gateway;
-use cellgate_graphql::{GraphqlRequest, Refusal, RefusalKind, Transport};
+use cellgate_graphql::{Cacheability, GraphqlRequest, Refusal, RefusalKind, Transport};
 
 const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
 const JSON: &str = "application/json";
@@ -137,6 +138,11 @@ async fn handle(gateway: &Gateway, request: &Request, body: Option<Body>) -> Res
             Err(Answered::Refusal(refusal)) => refusal_response(media, refusal),
         },
     };
+    let mut response = response;
+    if !response.headers().contains_key(header::CACHE_CONTROL) {
+        // Refusals, failures and everything but a GET query's answer.
+        Caching::no_store().apply(&mut response);
+    }
     gateway
         .metrics
         .record(operation.as_deref(), outcome, start.elapsed());
@@ -193,13 +199,41 @@ async fn respond(
     *operation = params.operation_name.clone();
     let prepared = gateway.pipeline.prepare(params, &caller, transport)?;
     *operation = prepared.operation_name().map(str::to_string);
+    let cacheability = match transport {
+        Transport::Get => prepared.cacheability(),
+        _ => Cacheability::NoStore,
+    };
+    // A full-key read's tag is the request's: its 304 needs no execution.
+    let immutable = (cacheability == Cacheability::Immutable).then(|| {
+        Caching::immutable(
+            request,
+            media.content_type(),
+            prepared.request_tag().as_bytes(),
+        )
+    });
+    if let Some(caching) = immutable.as_ref().filter(|c| c.not_modified(request)) {
+        return Ok((caching.not_modified_response(), Outcome::NotModified));
+    }
     let executed = prepared.execute().await?;
+    let caching = match (immutable, cacheability) {
+        _ if executed.has_errors => Caching::no_store(),
+        (Some(caching), _) if cellgate_graphql::complete_answer(&executed.body) => caching,
+        (_, Cacheability::Immutable | Cacheability::Revalidate) => {
+            Caching::revalidate(request, media.content_type(), &executed.body)
+        }
+        _ => Caching::no_store(),
+    };
+    if caching.not_modified(request) {
+        return Ok((caching.not_modified_response(), Outcome::NotModified));
+    }
     let outcome = if executed.has_errors {
         Outcome::Error
     } else {
         Outcome::Ok
     };
-    Ok((json_bytes(StatusCode::OK, media, executed.body), outcome))
+    let mut response = json_bytes(StatusCode::OK, media, executed.body);
+    caching.apply(&mut response);
+    Ok((response, outcome))
 }
 
 /// The answer to a refused request: request errors (parse, validation,
@@ -484,7 +518,6 @@ fn json_bytes(status: StatusCode, media: MediaType, body: Vec<u8>) -> Response {
     Response::builder()
         .status(status)
         .content_type(media.content_type())
-        .header(header::VARY, "accept")
         .body(body)
 }
 

@@ -55,6 +55,8 @@ pub enum Outcome {
     Denied,
     /// Cancelled at the request deadline.
     TimedOut,
+    /// Answered `304 Not Modified`: the client's copy is current.
+    NotModified,
 }
 
 impl Outcome {
@@ -80,6 +82,7 @@ impl Outcome {
             Outcome::Overloaded => "overloaded",
             Outcome::Denied => "denied",
             Outcome::TimedOut => "timeout",
+            Outcome::NotModified => "not_modified",
         }
     }
 }
@@ -107,6 +110,7 @@ impl Metrics {
     pub fn new(
         store: Store,
         documents: Arc<cellgate_graphql::Documents>,
+        persisted: Arc<cellgate_graphql::Persisted>,
         definitions: cellgate_graphql::DefinitionsStatus,
         config: &MetricsConfig,
     ) -> Metrics {
@@ -126,6 +130,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(StoreCollector(store)));
         registry.register_collector(Box::new(DocumentCollector(documents)));
+        registry.register_collector(Box::new(PersistedCollector(persisted)));
         registry.register_collector(Box::new(DefinitionsCollector(definitions)));
         Metrics {
             registry,
@@ -211,6 +216,49 @@ struct DocumentCollector(Arc<cellgate_graphql::Documents>);
 impl std::fmt::Debug for DocumentCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("DocumentCollector")
+    }
+}
+
+/// What persisted documents hold and served.
+struct PersistedCollector(Arc<cellgate_graphql::Persisted>);
+
+impl std::fmt::Debug for PersistedCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PersistedCollector")
+    }
+}
+
+impl Collector for PersistedCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counts = self.0.counts();
+        let mut family = encoder.encode_descriptor(
+            "cellgate_persisted_documents",
+            "Persisted documents held: in the manifest, and registered as automatic persisted queries",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (kind, n) in [
+            ("manifest", counts.manifest_documents),
+            ("apq", counts.apq_documents),
+        ] {
+            ConstGauge::new(n as i64).encode(family.encode_family(&[("kind", kind)])?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "cellgate_persisted_requests",
+            "Requests naming a persisted document: by documentId, automatic persisted queries found, not found and registered, and free documents refused in trusted-documents mode",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (kind, n) in [
+            ("by_id", counts.by_id),
+            ("apq_hit", counts.apq_hits),
+            ("apq_miss", counts.apq_misses),
+            ("apq_registered", counts.apq_registered),
+            ("refused", counts.refused),
+        ] {
+            ConstCounter::new(n).encode(family.encode_family(&[("kind", kind)])?)?;
+        }
+        Ok(())
     }
 }
 

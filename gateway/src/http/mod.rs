@@ -27,6 +27,7 @@
 
 mod admission;
 mod assets;
+mod caching;
 mod cors;
 mod graphql;
 mod health;
@@ -170,6 +171,10 @@ impl Gateway {
             config.limits.document_cache_bytes,
         ));
         let reloads = reload::Reloads::new(config.datastores.clone(), &store);
+        let persisted = Arc::new(
+            cellgate_graphql::Persisted::new(config.graphql.persisted())
+                .map_err(cellgate_store::Error::Config)?,
+        );
         let auth = Authenticator::new(&config.auth.tokens, auth_on, Some(store.clone()))?;
         let pipeline = cellgate_graphql::Pipeline::new(
             store.clone(),
@@ -181,11 +186,13 @@ impl Gateway {
                 introspection: config.auth.introspection,
                 request_timeout: Duration::from_millis(config.limits.request_timeout_ms.max(1)),
             },
+            persisted.clone(),
         );
         Ok(Gateway {
             metrics: Metrics::new(
                 store.clone(),
                 documents,
+                persisted,
                 reloads.status().clone(),
                 &config.metrics,
             ),

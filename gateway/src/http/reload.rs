@@ -18,7 +18,9 @@
 //! definitions (`Store::pinned`), new ones get the new ones, and no
 //! connection is closed.
 //! Trigger changes are reported and apply at the next restart (webhook
-//! delivery reads its environment once, at start-up).
+//! delivery reads its environment once, at start-up). The manifest of
+//! persisted documents is read again on every reload; one that does not
+//! load is reported and the previous one stays.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -120,7 +122,19 @@ impl Gateway {
     /// was made from and its directory holds those it was made for.
     pub async fn reload_planned(&self, cause: &str, plan: Option<&PlannedDigests>) -> Reloaded {
         let _one = self.reloads.running.lock().await;
-        let reloaded = self.reload_once(plan).await;
+        let mut reloaded = self.reload_once(plan).await;
+        match self.pipeline.persisted().reload() {
+            Ok(None) => {}
+            Ok(Some(count)) => reloaded
+                .details
+                .push(format!("persisted documents: {count} in the manifest")),
+            Err(error) => {
+                tracing::error!(cause, %error, "persisted documents not reloaded; the previous manifest stays");
+                reloaded.details.push(format!(
+                    "persisted documents not reloaded, the previous manifest stays: {error}"
+                ));
+            }
+        }
         let details = reloaded.details.join("\n");
         match reloaded.result {
             ReloadResult::Applied => {

@@ -7,7 +7,10 @@
 //! 1. **authentication** ([`Pipeline::authenticate`]): the bearer token
 //!    becomes a [`Caller`] (`auth/`: cached for `auth::CACHE_TTL`, so a
 //!    revocation is seen within that time);
-//! 2. **parsing**, through the document cache of the schema served now
+//! 2. the **document**: the request's text, or the persisted document its
+//!    `documentId` or automatic persisted query names, where the
+//!    trusted-documents mode lets it run (`persisted.rs`); then
+//!    **parsing**, through the document cache of the schema served now
 //!    (`documents.rs`);
 //! 3. **authorization** of the operation's root fields against the
 //!    caller's scopes (`access.rs`), before validation, so an unknown
@@ -21,6 +24,9 @@
 //! 7. the **schema** the caller may see: with `__schema`/`__type` and no
 //!    `*` scope, one of only the datastores it may read.
 //!
+//! A prepared query also says how an HTTP cache may keep its answer
+//! (`caching.rs`: cells named by their full key never change).
+//!
 //! [`Prepared::execute`] then runs a query or mutation under the request
 //! deadline, and [`Prepared::subscribe`] a subscription, whose caller is
 //! checked again every half second while it runs: a revoked token,
@@ -28,6 +34,7 @@
 //! `FORBIDDEN`. The transports keep only what is theirs: bodies, headers,
 //! status codes, frames, close codes and admission.
 
+mod caching;
 mod params;
 mod prepared;
 mod refusal;
@@ -42,6 +49,7 @@ use async_graphql::parser::types::{
 use async_graphql::Positioned;
 use serde_json::json;
 
+pub use caching::{complete as complete_answer, Cacheability};
 pub use params::GraphqlRequest;
 pub use prepared::{Executed, Prepared, Subscription};
 pub use refusal::{Refusal, RefusalKind};
@@ -52,6 +60,7 @@ use crate::auth::{AuthError, Authenticator, Principal};
 use crate::definitions::DefinitionsStatus;
 use crate::direct::Direct;
 use crate::limits::{check_limits, GraphqlLimits};
+use crate::persisted::Persisted;
 use cellgate_store::Store;
 
 /// How a request arrived, where that changes what may run.
@@ -96,18 +105,20 @@ struct Inner {
     served: arc_swap::ArcSwap<Served>,
     status: DefinitionsStatus,
     options: PipelineOptions,
+    persisted: Arc<Persisted>,
 }
 
 impl Pipeline {
     /// A pipeline serving `served` from `store`, authenticating with
     /// `auth`; `status` is the state of the definitions that
-    /// `Query.definitions` reports.
+    /// `Query.definitions` reports; `persisted` the persisted documents.
     pub fn new(
         store: Store,
         auth: Authenticator,
         served: Served,
         status: DefinitionsStatus,
         options: PipelineOptions,
+        persisted: Arc<Persisted>,
     ) -> Pipeline {
         Pipeline {
             inner: Arc::new(Inner {
@@ -116,8 +127,14 @@ impl Pipeline {
                 served: arc_swap::ArcSwap::from_pointee(served),
                 status,
                 options,
+                persisted,
             }),
         }
+    }
+
+    /// The persisted documents this pipeline runs.
+    pub fn persisted(&self) -> &Persisted {
+        &self.inner.persisted
     }
 
     /// The schema and what goes with it, for the definitions served now.
@@ -159,9 +176,23 @@ impl Pipeline {
     ) -> Result<Prepared, Refusal> {
         let options = self.inner.options;
         let served = self.served();
+        let trusted = caller.principal.token.is_some()
+            && caller
+                .principal
+                .allows(crate::ANY_DATASTORE, crate::auth::Access::Admin);
+        let query = self
+            .inner
+            .persisted
+            .resolve(
+                request.query,
+                request.document_id.as_deref(),
+                &request.extensions,
+                trusted,
+            )?
+            .query;
         let parsed = served
             .documents
-            .parse(&request.query)
+            .parse(&query)
             .map_err(|error| Refusal::invalid(&[error], |_| "GRAPHQL_PARSE_FAILED"))?;
         let document = &parsed.document;
         let requested = request.operation_name.as_deref();
@@ -202,7 +233,8 @@ impl Pipeline {
         } else {
             served.schema.clone()
         };
-        let mut graphql = async_graphql::Request::new(request.query);
+        let cacheability = caching::of(document, requested, &served.defs);
+        let mut graphql = async_graphql::Request::new(query);
         graphql.operation_name = request.operation_name;
         graphql.extensions = request.extensions;
         graphql.variables = variables;
@@ -217,6 +249,7 @@ impl Pipeline {
             kind,
             operation_name,
             caller: caller.clone(),
+            cacheability,
         })
     }
 

@@ -11,7 +11,11 @@ use crate::variables::RequestVariables;
 /// JSON text (see `variables.rs`); extensions are parsed.
 #[derive(Debug, Default)]
 pub struct GraphqlRequest {
-    pub query: String,
+    /// The document's text; `None` when the request names a persisted
+    /// document instead (`documentId`, an automatic persisted query).
+    pub query: Option<String>,
+    /// `documentId`: the id of a persisted document (`persisted.rs`).
+    pub document_id: Option<String>,
     pub operation_name: Option<String>,
     pub variables: RequestVariables,
     pub extensions: async_graphql::Extensions,
@@ -23,6 +27,8 @@ pub struct GraphqlRequest {
 struct RawParams<'a> {
     #[serde(borrow, default)]
     query: Option<&'a RawValue>,
+    #[serde(rename = "documentId", borrow, default)]
+    document_id: Option<&'a RawValue>,
     #[serde(rename = "operationName", borrow, default)]
     operation_name: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -60,19 +66,17 @@ impl GraphqlRequest {
 
 fn checked(raw: RawParams) -> Result<GraphqlRequest, Refusal> {
     let is_null = |value: Option<&RawValue>| value.is_none_or(|v| v.get() == "null");
-    let query = match raw.query {
-        None => return Err(Refusal::bad_request("the `query` parameter is required")),
-        Some(query) => serde_json::from_str::<String>(query.get())
-            .map_err(|_| Refusal::bad_request("`query` must be a string"))?,
+    let string = |value: Option<&RawValue>, name: &str| match value {
+        v if is_null(v) => Ok(None),
+        Some(v) => serde_json::from_str::<String>(v.get())
+            .map(Some)
+            .map_err(|_| Refusal::bad_request(format!("`{name}` must be a string"))),
+        None => Ok(None),
     };
-    let operation_name = match raw.operation_name {
-        name if is_null(name) => None,
-        Some(name) => Some(
-            serde_json::from_str::<String>(name.get())
-                .map_err(|_| Refusal::bad_request("`operationName` must be a string"))?,
-        ),
-        None => None,
-    };
+    let query = string(raw.query, "query")?;
+    let document_id = string(raw.document_id, "documentId")?;
+    // An empty name is no name (some clients send `operationName=`).
+    let operation_name = string(raw.operation_name, "operationName")?.filter(|n| !n.is_empty());
     let variables = match raw.variables.map(RawValue::get) {
         None => RequestVariables::default(),
         Some(text) if text == "null" || text.starts_with('{') => {
@@ -89,6 +93,7 @@ fn checked(raw: RawParams) -> Result<GraphqlRequest, Refusal> {
     };
     Ok(GraphqlRequest {
         query,
+        document_id,
         operation_name,
         variables,
         extensions,
@@ -116,7 +121,7 @@ mod tests {
             br#"{"query": "{ a }", "operationName": null, "variables": {"x": [1]}, "extensions": {"e": 1}, "other": 2}"#,
         )
         .unwrap();
-        assert_eq!(request.query, "{ a }");
+        assert_eq!(request.query.as_deref(), Some("{ a }"));
         assert_eq!(request.operation_name, None);
         assert_eq!(request.variables.text("x").unwrap().get(), "[1]");
         assert!(request.extensions.contains_key("e"));
@@ -137,8 +142,11 @@ mod tests {
             refused(r#"{"query": "a", "query": "b"}"#),
             "the request parameters must be an object without repeated members"
         );
-        assert_eq!(refused("{}"), "the `query` parameter is required");
         assert_eq!(refused(r#"{"query": 1}"#), "`query` must be a string");
+        assert_eq!(
+            refused(r#"{"documentId": 1}"#),
+            "`documentId` must be a string"
+        );
         assert_eq!(
             refused(r#"{"query": "q", "operationName": 1}"#),
             "`operationName` must be a string"

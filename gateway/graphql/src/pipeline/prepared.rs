@@ -42,6 +42,7 @@ pub struct Prepared {
     pub(super) kind: Option<OperationType>,
     pub(super) operation_name: Option<String>,
     pub(super) caller: Caller,
+    pub(super) cacheability: super::Cacheability,
 }
 
 /// The answer to a query or mutation that ran.
@@ -62,6 +63,20 @@ impl Prepared {
     /// document has.
     pub fn operation_name(&self) -> Option<&str> {
         self.operation_name.as_deref()
+    }
+
+    /// How an HTTP cache may keep the answer (`caching.rs`).
+    pub fn cacheability(&self) -> super::Cacheability {
+        self.cacheability
+    }
+
+    /// A tag of the request itself (document, operation, variables): for
+    /// an [`Immutable`](super::Cacheability::Immutable) operation whose
+    /// answer was complete, the same tag always means the same answer.
+    pub fn request_tag(&self) -> String {
+        let variables = serde_json::to_string(&self.request.variables).unwrap_or_default();
+        let operation = self.request.operation_name.as_deref().unwrap_or("");
+        crate::persisted::sha256(&format!("{}\0{operation}\0{variables}", self.request.query))
     }
 
     /// Whether the operation is a subscription (run it with
