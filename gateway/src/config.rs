@@ -548,8 +548,8 @@ pub struct HttpConfig {
     pub allowed_hosts: Vec<String>,
 }
 
-/// Persisted documents (requests that name a document by its SHA-256) and
-/// the trusted-documents mode.
+/// Persisted documents (requests that name a document by its SHA-256),
+/// the trusted-documents mode, and the schema as a federation subgraph.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct GraphqlConfig {
@@ -576,6 +576,14 @@ pub struct GraphqlConfig {
     /// apq_cache_bytes: 8388608
     /// ```
     pub apq_cache_bytes: u64,
+    /// Serve the schema as an Apollo Federation 2 subgraph: each
+    /// datastore's row type an entity keyed by `rowKey`, `_service` and
+    /// `_entities` (see the guide, "Use cellgate in a supergraph").
+    ///
+    /// ```yaml
+    /// federation: false
+    /// ```
+    pub federation: bool,
 }
 
 impl Default for GraphqlConfig {
@@ -584,6 +592,7 @@ impl Default for GraphqlConfig {
             persisted_documents: None,
             documents: cellgate_graphql::DocumentsMode::Any,
             apq_cache_bytes: 8 * 1024 * 1024,
+            federation: false,
         }
     }
 }

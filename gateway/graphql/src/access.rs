@@ -183,6 +183,12 @@ impl<'d> Check<'d> {
                         }
                         // Lists only the datastores the caller may read.
                         "datastores" if ty == OperationType::Query => {}
+                        // A subgraph's: scopes are checked per entity's
+                        // datastore; the SDL shows every datastore.
+                        "_entities" if ty == OperationType::Query => {}
+                        "_service" if ty == OperationType::Query => {
+                            self.need(ANY_DATASTORE, Access::Read)?
+                        }
                         crate::definitions::QUERY_FIELD if ty == OperationType::Query => {
                             self.need(ANY_DATASTORE, Access::Admin)?
                         }

@@ -56,7 +56,7 @@ pub use pipeline::{
     Prepared, Refusal, RefusalKind, Served, Subscription, Transport,
 };
 pub use schema::diff::{diff_sdl, Criticality, SchemaChange};
-pub use schema::{build_schema, sdl};
+pub use schema::{build_schema, sdl, subgraph_sdl};
 pub use variables::RequestVariables;
 
 use cellgate_store::Store;

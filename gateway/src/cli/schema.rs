@@ -2,7 +2,10 @@
 //! generate code against.
 //!
 //! `schema/schema.graphql` is generated from `./datastores` and committed;
-//! `--check` fails when it is stale, and CI runs the check.
+//! with `--federation`, so is the Federation 2 subgraph SDL beside it
+//! (`schema.federation.graphql`, what `_service { sdl }` answers with
+//! `graphql.federation` on). `--check` fails when one is stale, and CI runs
+//! the check.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -43,16 +46,35 @@ pub struct SchemaArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub check: bool,
+
+    /// Also the SDL of the schema as a Federation 2 subgraph, written to
+    /// `schema.federation.graphql` in the directory of `--out`.
+    #[arg(
+        long,
+        env = "CELLGATE_SCHEMA_FEDERATION",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub federation: bool,
 }
+
+/// The name of the subgraph SDL file.
+const FEDERATION_FILE: &str = "schema.federation.graphql";
 
 pub fn run(args: SchemaArgs) -> anyhow::Result<ExitCode> {
     let Some(defs) = load_definitions(&args.datastores, "--datastores")? else {
         return Ok(ExitCode::FAILURE);
     };
     let sdl = cellgate_graphql::sdl(&defs)?;
-    let files = vec![(args.out.clone(), sdl)];
+    let mut files = vec![(args.out.clone(), sdl)];
+    if args.federation {
+        let subgraph = cellgate_graphql::subgraph_sdl(&defs)?;
+        files.push((args.out.with_file_name(FEDERATION_FILE), subgraph));
+    }
     if args.check {
         let mut fix = "cellgate schema".to_string();
+        if args.federation {
+            fix.push_str(" --federation");
+        }
         if args.datastores != Path::new(DEFAULT_DATASTORES) {
             fix.push_str(&format!(" --datastores {}", args.datastores.display()));
         }

@@ -63,6 +63,8 @@ pub struct Gateway {
     reloads: reload::Reloads,
     /// Depth, cost and alias limits, for the schemas a reload builds.
     graphql_limits: cellgate_graphql::GraphqlLimits,
+    /// Whether the schemas are Federation 2 subgraphs.
+    federation: bool,
     admission: Admission,
     metrics: Metrics,
     /// The `Host` names requests may carry (`hosts.rs`).
@@ -179,7 +181,12 @@ impl Gateway {
         let pipeline = cellgate_graphql::Pipeline::new(
             store.clone(),
             auth,
-            cellgate_graphql::Served::build(&store, config.limits.graphql(), documents.clone())?,
+            cellgate_graphql::Served::build(
+                &store,
+                config.limits.graphql(),
+                documents.clone(),
+                config.graphql.federation,
+            )?,
             reloads.status().clone(),
             cellgate_graphql::PipelineOptions {
                 limits: config.limits.graphql(),
@@ -204,6 +211,7 @@ impl Gateway {
             cors: config.cors.clone(),
             store,
             graphql_limits: config.limits.graphql(),
+            federation: config.graphql.federation,
             admission: Admission::new(&config.limits),
             max_body_bytes: config.limits.max_body_bytes,
             body_timeout: Duration::from_millis(config.limits.body_timeout_ms.max(1)),

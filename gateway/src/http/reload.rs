@@ -237,7 +237,12 @@ impl Gateway {
         };
         let previous = self.pipeline.served();
         let documents = Arc::new(previous.documents().renewed());
-        match cellgate_graphql::Served::build(&self.store, self.graphql_limits, documents) {
+        match cellgate_graphql::Served::build(
+            &self.store,
+            self.graphql_limits,
+            documents,
+            self.federation,
+        ) {
             Ok(served) => self.pipeline.serve(served),
             Err(error) => {
                 // `sdl` built the same schema above, so this does not happen.

@@ -31,6 +31,8 @@ pub struct Served {
     /// whether they passed this schema's validation and their direct form.
     pub(crate) documents: Arc<Documents>,
     pub(crate) access: AccessMap,
+    /// Whether the schemas are Federation 2 subgraphs.
+    federation: bool,
 }
 
 impl Served {
@@ -49,20 +51,25 @@ impl Served {
             schema,
             visible_schemas: moka::sync::Cache::new(VISIBLE_SCHEMAS),
             documents,
+            federation: false,
         }
     }
 
     /// The schema of the definitions `store` serves now, with the
-    /// document cache `documents`. Fails on definitions whose names clash
-    /// in GraphQL.
+    /// document cache `documents`; with `federation`, a Federation 2
+    /// subgraph. Fails on definitions whose names clash in GraphQL.
     pub fn build(
         store: &cellgate_store::Store,
         limits: GraphqlLimits,
         documents: Arc<Documents>,
+        federation: bool,
     ) -> cellgate_store::Result<Served> {
         let snapshot = store.snapshot();
-        let schema = crate::schema::schema_for(&snapshot.definitions(), limits)?;
-        Ok(Served::new(snapshot, schema, documents))
+        let schema = crate::schema::schema_for(&snapshot.definitions(), limits, federation)?;
+        Ok(Served {
+            federation,
+            ..Served::new(snapshot, schema, documents)
+        })
     }
 
     /// The document cache of this schema.
@@ -84,7 +91,8 @@ impl Served {
         if let Some(schema) = self.visible_schemas.get(&visible) {
             return Ok(schema);
         }
-        let schema = crate::schema::build_visible_schema(&self.defs, limits, &visible)?;
+        let schema =
+            crate::schema::build_visible_schema(&self.defs, limits, &visible, self.federation)?;
         self.visible_schemas.insert(visible, schema.clone());
         Ok(schema)
     }

@@ -34,6 +34,7 @@ mod arguments;
 mod cell;
 mod datastore;
 pub mod diff;
+mod entities;
 mod index;
 mod metadata;
 mod put;
@@ -59,7 +60,7 @@ pub(crate) use self::put::PutOutcome;
 pub(super) struct DatastoreRoot;
 /// The schema for the store's definitions.
 pub fn build_schema(store: &Store, limits: GraphqlLimits) -> cellgate_store::Result<Schema> {
-    schema_for(&store.definitions(), limits)
+    schema_for(&store.definitions(), limits, false)
 }
 
 /// The schema of only the `visible` datastores of `defs`: what
@@ -68,21 +69,36 @@ pub(crate) fn build_visible_schema(
     defs: &index_dsl::Definitions,
     limits: GraphqlLimits,
     visible: &[String],
+    federation: bool,
 ) -> cellgate_store::Result<Schema> {
     let mut defs = defs.clone();
     defs.datastores.retain(|d| visible.contains(&d.name));
-    schema_for(&defs, limits)
+    schema_for(&defs, limits, federation)
 }
 
 /// The SDL of the schema for `defs`, as exported to `schema/schema.graphql`.
 pub fn sdl(defs: &index_dsl::Definitions) -> cellgate_store::Result<String> {
-    let schema = schema_for(defs, GraphqlLimits::default())?;
+    let schema = schema_for(defs, GraphqlLimits::default(), false)?;
     Ok(schema.sdl())
 }
 
+/// The SDL of the schema for `defs` as a Federation 2 subgraph, as
+/// `_service { sdl }` answers it (`schema/schema.federation.graphql`).
+pub fn subgraph_sdl(defs: &index_dsl::Definitions) -> cellgate_store::Result<String> {
+    let schema = schema_for(defs, GraphqlLimits::default(), true)?;
+    Ok(schema.sdl_with_options(
+        async_graphql::SDLExportOptions::new()
+            .federation()
+            .compose_directive(),
+    ))
+}
+
+/// The schema for `defs`; with `federation`, a Federation 2 subgraph
+/// whose row types are entities (`entities.rs`).
 pub(crate) fn schema_for(
     defs: &index_dsl::Definitions,
     limits: GraphqlLimits,
+    federation: bool,
 ) -> cellgate_store::Result<Schema> {
     let defs = defs.clone();
     let subscribed = !defs.datastores.is_empty();
@@ -97,7 +113,12 @@ pub(crate) fn schema_for(
     builder = builder
         .register(cell_type())
         .register(log_page_type())
-        .register(page_info_type())
+        .register(if federation {
+            // Subgraphs commonly define their own `PageInfo`.
+            page_info_type().shareable()
+        } else {
+            page_info_type()
+        })
         .register(put_result_type())
         .register(put_error_type())
         .register(crate::consistency::consistency_enum())
@@ -174,7 +195,11 @@ pub(crate) fn schema_for(
         let types = DatastoreTypes::new(datastore);
         builder = builder
             .register(types.column_enum(datastore))
-            .register(types.row_type(datastore, &ds)?)
+            .register(if federation {
+                types.row_type(datastore, &ds)?.key("rowKey")
+            } else {
+                types.row_type(datastore, &ds)?
+            })
             .register(types.cell_input(datastore))
             .register(types.query_type(datastore, &ds)?);
         for index in &datastore.indexes {
@@ -207,6 +232,12 @@ pub(crate) fn schema_for(
     }
     builder = builder.register(query);
     builder = builder.register(mutation);
+    if federation {
+        let entities = self::entities::Entities::new(&defs);
+        builder = builder
+            .enable_federation()
+            .entity_resolver(move |ctx| entities.resolve(ctx));
+    }
     builder
         .data(limits)
         .finish()
