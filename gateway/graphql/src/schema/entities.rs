@@ -117,9 +117,14 @@ impl Entities {
         let row_key = match fields.get("rowKey") {
             Some(Value::String(text)) => Uuid::parse_str(text)
                 .map_err(|_| bad(format!("`rowKey` of a `{type_name}` must be a UUID")))?,
-            _ => {
+            Some(Value::Null) | None => {
                 return Err(bad(format!(
                     "a `{type_name}` representation needs its `rowKey`"
+                )))
+            }
+            Some(_) => {
+                return Err(bad(format!(
+                    "`rowKey` of a `{type_name}` must be a UUID (a string)"
                 )))
             }
         };
