@@ -9,6 +9,7 @@ mod cli;
 mod config;
 mod demo;
 mod http;
+mod telemetry;
 mod triggers;
 
 use std::process::ExitCode;

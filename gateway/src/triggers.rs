@@ -167,20 +167,37 @@ impl Webhook {
             return Ok(());
         }
         let body = payload(&self.name, &self.datastore, &cells);
+        // The delivery's span: its request carries the `traceparent`, and
+        // the cells' locations link it to the writes that stored them.
+        let span = tracing::debug_span!(
+            "webhook",
+            otel.name = "webhook POST",
+            otel.kind = "client",
+            http.request.method = "POST",
+            server.address = reqwest::Url::parse(&self.url)
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_string)),
+            http.response.status_code = tracing::field::Empty,
+            cellgate.trigger = self.name.as_str(),
+            cellgate.datastore = self.datastore.as_str(),
+            cellgate.cells = cells.len(),
+            cellgate.cell_locations = locations(&cells),
+        );
+        let mut headers = self.headers.clone();
+        crate::telemetry::inject(&span, &mut headers);
         let mut request = self
             .client
             .post(&self.url)
-            .headers(self.headers.clone())
+            .headers(headers)
             .timeout(self.timeout);
         if let Some(secret) = &self.secret {
             request = request.header(SIGNATURE_HEADER, signature(secret, &body));
         }
-        let response = request
-            .body(body)
-            .send()
+        let response = tracing::Instrument::instrument(request.body(body).send(), span.clone())
             .await
             .map_err(|e| format!("POST {}: {}", self.url, error_chain(&e)))?;
         let status = response.status();
+        span.record("http.response.status_code", status.as_u16());
         if status.is_success() {
             return Ok(());
         }
@@ -205,6 +222,20 @@ impl Webhook {
     fn matches(&self, body: &Value) -> bool {
         self.filter.as_ref().is_none_or(|f| f.matches_json(body))
     }
+}
+
+/// The locations of the first 64 cells (`shard:added_id`, comma
+/// separated), which name the writes that stored them.
+fn locations(cells: &[&Cell]) -> String {
+    let mut text: Vec<String> = cells
+        .iter()
+        .take(64)
+        .map(|c| format!("{}:{}", c.shard, c.added_id))
+        .collect();
+    if cells.len() > 64 {
+        text.push(format!("… {} more", cells.len() - 64));
+    }
+    text.join(",")
 }
 
 /// The client webhooks are posted with: TLS by rustls with the system's

@@ -161,7 +161,12 @@ pub enum Command {
 
 /// Runs a parsed command line; errors are for `main` to print.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    init_logging(cli.log.as_deref())?;
+    if let Command::Serve(args) = cli.command {
+        // `serve` sets up logging itself, with the traces its
+        // configuration asks for.
+        return serve::run(args, cli.log.as_deref()).await;
+    }
+    init_logging(cli.log.as_deref(), None)?;
     match cli.command {
         Command::Check(args) => check::run(args),
         Command::Ddl(args) => ddl::run(args),
@@ -173,7 +178,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cells(args) => cells::run(args).await,
         Command::Ids(args) => ids::run(args).await,
         Command::Reload(args) => reload::run(args).await,
-        Command::Serve(args) => serve::run(args).await,
+        Command::Serve(_) => unreachable!("served above"),
         Command::Token(args) => token::run(args).await,
         Command::Trigger(args) => trigger::run(args).await,
         Command::Shard(args) => shard::run(args).await,
@@ -181,9 +186,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 /// Sends `tracing` output to stderr, filtered by `filter`, else `RUST_LOG`,
-/// else [`DEFAULT_LOG`].
-fn init_logging(filter: Option<&str>) -> anyhow::Result<()> {
-    use tracing_subscriber::EnvFilter;
+/// else [`DEFAULT_LOG`]; and, with a `tracer`, the spans of cellgate's own
+/// crates (not its log events) to OpenTelemetry (`telemetry.rs`).
+fn init_logging(
+    filter: Option<&str>,
+    tracer: Option<opentelemetry_sdk::trace::Tracer>,
+) -> anyhow::Result<()> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::{EnvFilter, Layer as _};
 
     let from_env = std::env::var("RUST_LOG").ok().filter(|s| !s.is_empty());
     let (directives, origin) = match (filter, from_env) {
@@ -193,12 +204,22 @@ fn init_logging(filter: Option<&str>) -> anyhow::Result<()> {
     };
     let filter = EnvFilter::try_new(&directives)
         .with_context(|| format!("invalid log filter `{directives}` (from {origin})"))?;
-    // Fails only if a subscriber is already installed (when `run` is called
-    // twice in one process); the first one keeps working.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
+        .with_filter(filter);
+    let traces = tracer.map(|tracer| {
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+                meta.is_span() && meta.target().starts_with("cellgate")
+            }))
+    });
+    // Fails only if a subscriber is already installed (when `run` is called
+    // twice in one process); the first one keeps working.
+    let _ = tracing_subscriber::registry()
+        .with(log)
+        .with(traces)
         .try_init();
     Ok(())
 }

@@ -172,8 +172,17 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     Ok(config)
 }
 
-pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(args: ServeArgs, log: Option<&str>) -> anyhow::Result<ExitCode> {
     let config = resolve(&args)?;
+    let telemetry = crate::telemetry::Telemetry::start(&config.telemetry)?;
+    let (telemetry, tracer) = telemetry.unzip();
+    super::init_logging(log, tracer)?;
+    if let Some(endpoint) = telemetry
+        .as_ref()
+        .and(config.telemetry.otlp_endpoint.as_deref())
+    {
+        tracing::info!(endpoint, "exporting traces over OTLP/HTTP");
+    }
     let Some(defs) = load_definitions(&config.datastores, "--datastores")? else {
         return Ok(ExitCode::FAILURE);
     };
@@ -270,6 +279,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let served = crate::http::serve(listener, gateway, shutdown, options).await;
     // Leases released now let other gateways take the shards over at once.
     store.shutdown(std::time::Duration::from_secs(5)).await;
+    if let Some(telemetry) = telemetry {
+        // It waits for the export thread, which needs the runtime.
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    }
     served.context("the HTTP server failed")?;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)

@@ -41,6 +41,7 @@ use poem::http::{header, HeaderValue, StatusCode};
 use poem::web::Data;
 use poem::{handler, Body, Request, Response};
 use serde_json::{json, Map, Value};
+use tracing::Instrument as _;
 
 use super::admission::Rejection;
 use super::caching::Caching;
@@ -120,10 +121,48 @@ pub(super) async fn graphql_post(
 /// Answers one request and records it in the metrics. `body` is `None`
 /// for a GET.
 async fn handle(gateway: &Gateway, request: &Request, body: Option<Body>) -> Response {
+    let method = if body.is_some() { "POST" } else { "GET" };
+    // The request's span (`telemetry.rs`), continuing the caller's trace.
+    let span = tracing::debug_span!(
+        "http",
+        otel.name = format!("{method} /graphql"),
+        otel.kind = "server",
+        http.request.method = method,
+        http.route = "/graphql",
+        url.path = "/graphql",
+        http.response.status_code = tracing::field::Empty,
+        graphql.operation.name = tracing::field::Empty,
+    );
+    crate::telemetry::continue_trace(&span, request.headers());
     let start = Instant::now();
     let mut operation = None;
+    let (response, outcome) = answer(gateway, request, body, &mut operation)
+        .instrument(span.clone())
+        .await;
+    let mut response = response;
+    if !response.headers().contains_key(header::CACHE_CONTROL) {
+        // Refusals, failures and everything but a GET query's answer.
+        Caching::no_store().apply(&mut response);
+    }
+    span.record("http.response.status_code", response.status().as_u16());
+    if let Some(name) = &operation {
+        span.record("graphql.operation.name", name.as_str());
+    }
+    gateway
+        .metrics
+        .record(operation.as_deref(), outcome, start.elapsed());
+    response
+}
+
+/// The answer to a request, and how it ended.
+async fn answer(
+    gateway: &Gateway,
+    request: &Request,
+    body: Option<Body>,
+    operation: &mut Option<String>,
+) -> (Response, Outcome) {
     let media = negotiate(request.header(header::ACCEPT));
-    let (response, outcome) = match media {
+    match media {
         None => {
             let failure = Failure::new(
                 StatusCode::NOT_ACCEPTABLE,
@@ -132,21 +171,12 @@ async fn handle(gateway: &Gateway, request: &Request, body: Option<Body>) -> Res
             );
             failure_response(MediaType::Json, failure)
         }
-        Some(media) => match respond(gateway, request, body, media, &mut operation).await {
+        Some(media) => match respond(gateway, request, body, media, operation).await {
             Ok(answer) => answer,
             Err(Answered::Failure(failure)) => failure_response(media, failure),
             Err(Answered::Refusal(refusal)) => refusal_response(media, refusal),
         },
-    };
-    let mut response = response;
-    if !response.headers().contains_key(header::CACHE_CONTROL) {
-        // Refusals, failures and everything but a GET query's answer.
-        Caching::no_store().apply(&mut response);
     }
-    gateway
-        .metrics
-        .record(operation.as_deref(), outcome, start.elapsed());
-    response
 }
 
 /// How a request ended before an answer with data: a failure of HTTP

@@ -131,6 +131,7 @@ impl Metrics {
         registry.register_collector(Box::new(StoreCollector(store)));
         registry.register_collector(Box::new(DocumentCollector(documents)));
         registry.register_collector(Box::new(PersistedCollector(persisted)));
+        registry.register_collector(Box::new(TelemetryCollector));
         registry.register_collector(Box::new(DefinitionsCollector(definitions)));
         Metrics {
             registry,
@@ -216,6 +217,23 @@ struct DocumentCollector(Arc<cellgate_graphql::Documents>);
 impl std::fmt::Debug for DocumentCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("DocumentCollector")
+    }
+}
+
+/// Spans of failed trace exports.
+#[derive(Debug)]
+struct TelemetryCollector;
+
+impl Collector for TelemetryCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let family = encoder.encode_descriptor(
+            "cellgate_telemetry_spans_dropped",
+            "Trace spans lost because their export to the OTLP collector failed",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        ConstCounter::new(crate::telemetry::dropped_spans()).encode(family)?;
+        Ok(())
     }
 }
 

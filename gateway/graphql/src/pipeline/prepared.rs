@@ -89,6 +89,34 @@ impl Prepared {
     /// async-graphql reports before execution (validation, variable
     /// coercion) are a refusal, like the pipeline's own.
     pub async fn execute(self) -> Result<Executed, Refusal> {
+        let kind = match self.kind {
+            Some(OperationType::Query) => "query",
+            Some(OperationType::Mutation) => "mutation",
+            Some(OperationType::Subscription) => "subscription",
+            None => "unknown",
+        };
+        // The operation's span (never its variables or the document's
+        // text: its hash).
+        let span = tracing::debug_span!(
+            "graphql",
+            otel.name = match &self.operation_name {
+                Some(name) => format!("{kind} {name}"),
+                None => kind.to_string(),
+            },
+            graphql.operation.type = kind,
+            graphql.operation.name = self.operation_name.as_deref(),
+            graphql.document = tracing::field::Empty,
+        );
+        if !span.is_disabled() {
+            span.record(
+                "graphql.document",
+                format!("sha256:{}", crate::persisted::sha256(&self.request.query)),
+            );
+        }
+        tracing::Instrument::instrument(self.run(), span).await
+    }
+
+    async fn run(self) -> Result<Executed, Refusal> {
         let timeout = self.pipeline.inner.options.request_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
         let store = &self.pipeline.inner.store;

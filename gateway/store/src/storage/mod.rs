@@ -201,6 +201,31 @@ pub(crate) fn no_answer(limit: Duration) -> sqlx::Error {
     ))
 }
 
+/// The span of one statement, for traces: the database system, the
+/// cluster and the statement's verb, never its text or its values.
+/// Disabled, as it is unless traces are exported, it costs nothing.
+pub(crate) fn statement_span(dialect: Dialect, cluster: &str, sql: &Sql) -> tracing::Span {
+    let verb = || {
+        sql.text()
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_ascii_uppercase()
+    };
+    tracing::debug_span!(
+        "db",
+        otel.name = verb(),
+        otel.kind = "client",
+        db.system.name = match dialect {
+            Dialect::Sqlite => "sqlite",
+            Dialect::MySql => "mysql",
+            Dialect::Postgres => "postgresql",
+        },
+        db.operation.name = verb(),
+        cellgate.cluster = cluster,
+    )
+}
+
 /// Opens the database at `url` (`sqlite:`, `mysql:`/`mariadb:`, `postgres:`).
 /// Server pools connect lazily, so a database that is down at start-up is
 /// reported by the requests that need it, not by refusing to start.
@@ -361,8 +386,11 @@ macro_rules! sqlx_backend {
                 let rows = loop {
                     let mut conn = self.acquire(&self.reader).await?;
                     count(&self.statements);
-                    let outcome =
-                        $crate::storage::answered(limit, build(sql).fetch_all(conn.start())).await;
+                    let outcome = tracing::Instrument::instrument(
+                        $crate::storage::answered(limit, build(sql).fetch_all(conn.start())),
+                        $crate::storage::statement_span($dialect, &self.cluster, sql),
+                    )
+                    .await;
                     match $crate::storage::settle(&mut conn, outcome, limit) {
                         // `settle` closes the lost connection.
                         Err(e) if attempts > 1 && $crate::error::is_lost_connection(&e) => {
@@ -378,8 +406,11 @@ macro_rules! sqlx_backend {
                 let limit = self.statement_timeout;
                 let mut conn = self.acquire_writer().await?;
                 count(&self.statements);
-                let outcome =
-                    $crate::storage::answered(limit, build(sql).execute(conn.start())).await;
+                let outcome = tracing::Instrument::instrument(
+                    $crate::storage::answered(limit, build(sql).execute(conn.start())),
+                    $crate::storage::statement_span($dialect, &self.cluster, sql),
+                )
+                .await;
                 let result = $crate::storage::settle(&mut conn, outcome, limit)
                     .map_err(|e| self.error(e))?;
                 Ok(result.rows_affected())
@@ -461,8 +492,11 @@ macro_rules! sqlx_backend {
             ) -> $crate::Result<Vec<$crate::storage::Row>> {
                 let limit = self.statement_timeout;
                 count(&self.statements);
-                let outcome =
-                    $crate::storage::answered(limit, build(sql).fetch_all(self.conn.start())).await;
+                let outcome = tracing::Instrument::instrument(
+                    $crate::storage::answered(limit, build(sql).fetch_all(self.conn.start())),
+                    $crate::storage::statement_span($dialect, &self.cluster, sql),
+                )
+                .await;
                 let rows = $crate::storage::settle(&mut self.conn, outcome, limit)
                     .map_err(|e| self.error(e))?;
                 decode_rows(rows, cols).map_err(|e| self.error(e))
@@ -471,8 +505,11 @@ macro_rules! sqlx_backend {
             async fn execute(&mut self, sql: &$crate::storage::Sql) -> $crate::Result<u64> {
                 let limit = self.statement_timeout;
                 count(&self.statements);
-                let outcome =
-                    $crate::storage::answered(limit, build(sql).execute(self.conn.start())).await;
+                let outcome = tracing::Instrument::instrument(
+                    $crate::storage::answered(limit, build(sql).execute(self.conn.start())),
+                    $crate::storage::statement_span($dialect, &self.cluster, sql),
+                )
+                .await;
                 let result = $crate::storage::settle(&mut self.conn, outcome, limit)
                     .map_err(|e| self.error(e))?;
                 Ok(result.rows_affected())
