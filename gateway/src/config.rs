@@ -45,6 +45,12 @@ use cellgate_graphql::GraphqlLimits;
 use cellgate_store::ids::IdsOptions;
 pub use cellgate_store::StorageConfig;
 
+mod graphql;
+mod telemetry;
+
+pub use self::graphql::GraphqlConfig;
+pub use self::telemetry::TelemetryConfig;
+
 /// The whole `cellgate.yaml`.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -553,104 +559,6 @@ pub struct HttpConfig {
     /// allowed_hosts: [cellgate.internal, .example.com]
     /// ```
     pub allowed_hosts: Vec<String>,
-}
-
-/// Persisted documents (requests that name a document by its SHA-256),
-/// the trusted-documents mode, and the schema as a federation subgraph.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct GraphqlConfig {
-    /// A manifest of persisted documents in the format graphql-codegen's
-    /// client preset writes (`{"<sha256 hex>": "<document>"}`), read at
-    /// start-up and again with the definitions.
-    ///
-    /// ```yaml
-    /// persisted_documents: ./persisted-documents.json
-    /// ```
-    pub persisted_documents: Option<PathBuf>,
-    /// `any` document runs, or `only_persisted`: only the manifest's,
-    /// except for tokens with the `*:admin` scope.
-    ///
-    /// ```yaml
-    /// documents: any
-    /// ```
-    pub documents: cellgate_graphql::DocumentsMode,
-    /// Bytes of document text kept for automatic persisted queries
-    /// (Apollo's `extensions.persistedQuery`); 0 turns their registration
-    /// off.
-    ///
-    /// ```yaml
-    /// apq_cache_bytes: 8388608
-    /// ```
-    pub apq_cache_bytes: u64,
-    /// Serve the schema as an Apollo Federation 2 subgraph: each
-    /// datastore's row type an entity keyed by `rowKey`, `_service` and
-    /// `_entities` (see the guide, "Use cellgate in a supergraph").
-    ///
-    /// ```yaml
-    /// federation: false
-    /// ```
-    pub federation: bool,
-}
-
-impl Default for GraphqlConfig {
-    fn default() -> Self {
-        GraphqlConfig {
-            persisted_documents: None,
-            documents: cellgate_graphql::DocumentsMode::Any,
-            apq_cache_bytes: 8 * 1024 * 1024,
-            federation: false,
-        }
-    }
-}
-
-impl GraphqlConfig {
-    /// The options of the gateway's persisted documents.
-    pub fn persisted(&self) -> cellgate_graphql::PersistedOptions {
-        cellgate_graphql::PersistedOptions {
-            manifest: self.persisted_documents.clone(),
-            mode: self.documents,
-            apq_bytes: self.apq_cache_bytes,
-        }
-    }
-}
-
-/// OpenTelemetry traces, exported over OTLP/HTTP (protobuf). Off unless an
-/// endpoint is given here or by `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` /
-/// `OTEL_EXPORTER_OTLP_ENDPOINT`; `OTEL_SERVICE_NAME` and
-/// `OTEL_TRACES_SAMPLER_ARG` override the name and the ratio.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct TelemetryConfig {
-    /// The collector's base URL; `/v1/traces` is appended.
-    ///
-    /// ```yaml
-    /// otlp_endpoint: http://127.0.0.1:4318
-    /// ```
-    pub otlp_endpoint: Option<String>,
-    /// `service.name` of the spans.
-    ///
-    /// ```yaml
-    /// service_name: cellgate
-    /// ```
-    pub service_name: String,
-    /// The share of traces started here that are recorded, 0 to 1; a
-    /// request with a `traceparent` follows its caller's decision.
-    ///
-    /// ```yaml
-    /// sampling_ratio: 1.0
-    /// ```
-    pub sampling_ratio: f64,
-}
-
-impl Default for TelemetryConfig {
-    fn default() -> Self {
-        TelemetryConfig {
-            otlp_endpoint: None,
-            service_name: "cellgate".to_string(),
-            sampling_ratio: 1.0,
-        }
-    }
 }
 
 /// Index maintenance: several gateways on one store share the work through

@@ -35,7 +35,6 @@ mod limits;
 mod loaders;
 mod maintenance;
 mod names;
-mod persisted;
 mod pipeline;
 mod scalars;
 mod schema;
@@ -50,10 +49,10 @@ pub use definitions::{DefinitionsState, DefinitionsStatus, LastReload, ReloadRes
 pub use documents::Documents;
 pub use limits::GraphqlLimits;
 pub use names::{camel, pascal};
-pub use persisted::{DocumentsMode, Manifest, Persisted, PersistedCounts, PersistedOptions};
 pub use pipeline::{
-    complete_answer, Cacheability, Caller, Executed, GraphqlRequest, Pipeline, PipelineOptions,
-    Prepared, Refusal, RefusalKind, Served, Subscription, Transport,
+    complete_answer, Cacheability, Caller, DocumentsMode, Executed, GraphqlRequest, Manifest,
+    Persisted, PersistedCounts, PersistedOptions, Pipeline, PipelineOptions, Prepared, Refusal,
+    RefusalKind, Served, Subscription, Transport,
 };
 pub use schema::diff::{diff_sdl, Criticality, SchemaChange};
 pub use schema::{build_schema, sdl, subgraph_sdl};

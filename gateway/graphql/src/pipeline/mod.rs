@@ -36,6 +36,7 @@
 
 mod caching;
 mod params;
+mod persisted;
 mod prepared;
 mod refusal;
 mod served;
@@ -51,6 +52,7 @@ use serde_json::json;
 
 pub use caching::{complete as complete_answer, Cacheability};
 pub use params::GraphqlRequest;
+pub use persisted::{DocumentsMode, Manifest, Persisted, PersistedCounts, PersistedOptions};
 pub use prepared::{Executed, Prepared, Subscription};
 pub use refusal::{Refusal, RefusalKind};
 pub use served::Served;
@@ -60,7 +62,6 @@ use crate::auth::{AuthError, Authenticator, Principal};
 use crate::definitions::DefinitionsStatus;
 use crate::direct::Direct;
 use crate::limits::{check_limits, GraphqlLimits};
-use crate::persisted::Persisted;
 use cellgate_store::Store;
 
 /// How a request arrived, where that changes what may run.

@@ -76,7 +76,7 @@ impl Prepared {
     pub fn request_tag(&self) -> String {
         let variables = serde_json::to_string(&self.request.variables).unwrap_or_default();
         let operation = self.request.operation_name.as_deref().unwrap_or("");
-        crate::persisted::sha256(&format!("{}\0{operation}\0{variables}", self.request.query))
+        super::persisted::sha256(&format!("{}\0{operation}\0{variables}", self.request.query))
     }
 
     /// Whether the operation is a subscription (run it with
@@ -110,7 +110,7 @@ impl Prepared {
         if !span.is_disabled() {
             span.record(
                 "graphql.document",
-                format!("sha256:{}", crate::persisted::sha256(&self.request.query)),
+                format!("sha256:{}", super::persisted::sha256(&self.request.query)),
             );
         }
         tracing::Instrument::instrument(self.run(), span).await

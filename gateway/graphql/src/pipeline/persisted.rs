@@ -28,7 +28,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 
-use crate::pipeline::{Refusal, RefusalKind};
+use super::{Refusal, RefusalKind};
 
 /// Which documents run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
