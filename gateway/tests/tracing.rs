@@ -151,6 +151,20 @@ async fn one_request_is_one_trace_from_http_to_the_statements_and_out_to_the_web
         answer["data"]["itemsPutCells"][0]["status"], "WRITTEN",
         "{answer}"
     );
+    // A read of the cell, through the cell cache.
+    let answer: Value = client()
+        .post(server.graphql())
+        .json(&json!({
+            "query": "query($r: UUID!) { items { cell(rowKey: $r, column: DATA, refKey: 1) { refKey } } }",
+            "variables": {"r": row},
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["data"]["items"]["cell"]["refKey"], "1", "{answer}");
 
     // The batch processor exports within seconds; the webhook is delivered.
     let mut found = None;
@@ -229,9 +243,27 @@ async fn one_request_is_one_trace_from_http_to_the_statements_and_out_to_the_web
         });
     assert_eq!(hex(&webhook.trace_id), parts[1]);
     assert_eq!(webhook.name, "webhook POST");
+    // Under the trigger's batch.
+    let batch = by_id
+        .get(&hex(&webhook.parent_span_id))
+        .unwrap_or_else(|| panic!("the webhook POST has no exported parent: {webhook:#?}"));
+    assert_eq!(batch.name, "trigger batch hooks");
+    assert_eq!(attributes(batch)["cellgate.attempts"], "1");
     let a = attributes(webhook);
     assert_eq!(a["cellgate.trigger"], "hooks");
     assert!(a["cellgate.cell_locations"].contains(':'), "{a:?}");
+
+    // The cell cache says what it held.
+    let (spans, _) = self::spans(&received);
+    let cache = spans
+        .iter()
+        .find(|s| s.name == "cell cache")
+        .unwrap_or_else(|| panic!("no cell cache span"));
+    let a = attributes(cache);
+    assert!(
+        a.contains_key("cellgate.cache.hits") && a.contains_key("cellgate.cache.misses"),
+        "{a:?}"
+    );
 
     // Nothing on the wire holds a body, a variable's value or a token.
     let (_, wire) = self::spans(&received);

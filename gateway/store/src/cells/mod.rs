@@ -36,9 +36,9 @@ pub use replay::{Backlog, Conflict, UndecodableCopy};
 pub(crate) use log::{cells_for_shard, heads, log_cells, log_keys, positions_condition};
 pub(crate) use prune::prune;
 pub(crate) use read::{
-    cell_from_row, decoded_cell, get_cell, get_cells, get_cells_latest, get_cells_latest_json,
-    get_named_cells_json, has_cells, history, latest_cells_with, select_cells, with_latest_cells,
-    CellRow, CELL_TYPES,
+    cache_span, cell_from_row, decoded_cell, get_cell, get_cells, get_cells_latest,
+    get_cells_latest_json, get_named_cells_json, has_cells, history, latest_cells_with,
+    select_cells, with_latest_cells, CellRow, CELL_TYPES,
 };
 
 /// The full address of a cell.

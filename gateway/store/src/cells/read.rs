@@ -211,6 +211,11 @@ pub(crate) async fn get_cells_json(
     }
     let mut found: Vec<Option<Cell<Vec<u8>>>> =
         keys.iter().map(|k| cache.get_key(ds.name(), k)).collect();
+    cache_span(
+        ds.name(),
+        found.iter().filter(|c| c.is_some()).count(),
+        keys.len(),
+    );
     // How many of the keys not found ask for each cell.
     let mut wanted: HashMap<&CellKey, usize> = HashMap::new();
     for (key, cell) in keys.iter().zip(&found) {
@@ -739,4 +744,15 @@ pub(crate) fn text_list<'a>(texts: impl Iterator<Item = &'a str>) -> Vec<Value> 
 /// `IN (…)` values of the distinct integers.
 pub(crate) fn int_list(ints: impl Iterator<Item = i64>) -> Vec<Value> {
     unique(ints).into_iter().map(Value::Int).collect()
+}
+
+/// A span, for traces, of `looked_up` cells asked of the cell cache and
+/// the `hits` it held.
+pub(crate) fn cache_span(datastore: &str, hits: usize, looked_up: usize) {
+    let _ = tracing::debug_span!(
+        "cell cache",
+        cellgate.datastore = datastore,
+        cellgate.cache.hits = hits,
+        cellgate.cache.misses = looked_up - hits,
+    );
 }

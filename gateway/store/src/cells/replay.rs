@@ -251,7 +251,16 @@ async fn tend(
         .saturating_sub(Duration::from_secs(1));
     let deadline = Instant::now() + left.min(replayer.lease_time / 2);
     held.insert(slot, lease);
-    let pass = replay(topology, ds, cluster, backend.as_ref(), deadline, stopped).await?;
+    let span = tracing::debug_span!(
+        "buffer replay",
+        cellgate.datastore = ds.name(),
+        cellgate.cluster = topology.clusters[cluster].name.as_str(),
+        cellgate.buffered_cells = cells,
+        cellgate.copies_deleted = tracing::field::Empty,
+    );
+    let replayed = replay(topology, ds, cluster, backend.as_ref(), deadline, stopped);
+    let pass = tracing::Instrument::instrument(replayed, span.clone()).await?;
+    span.record("cellgate.copies_deleted", pass.deleted);
     replayer.set_backlog(ds.name(), cluster, backlog(pass.awaiting_replicas as i64));
     Ok(cells - pass.deleted as i64)
 }

@@ -425,6 +425,7 @@ pub(crate) async fn run_plan_with_cells(
             }
         }
     }
+    crate::cells::cache_span(ds.name(), cells.len(), cells.len() + missing.len());
     if !missing.is_empty() {
         let read_now = get_named_cells_json(topology, cache, ds.name(), &missing, read).await?;
         cells.extend(read_now.into_iter().flatten());

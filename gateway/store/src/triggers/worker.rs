@@ -740,9 +740,31 @@ impl Worker {
         cells: &[Arc<Cell>],
         stop: &mut watch::Receiver<bool>,
     ) -> Outcome {
+        // A batch's span (the webhook POST of a trigger is its child).
+        let span = tracing::debug_span!(
+            "trigger batch",
+            otel.name = format!("trigger batch {}", self.state.options.name),
+            cellgate.consumer = self.state.options.name.as_str(),
+            cellgate.datastore = self.datastore.as_str(),
+            cellgate.cells = cells.len(),
+            cellgate.attempts = tracing::field::Empty,
+        );
+        let delivered = self.attempts(backend, cells, stop, span.clone());
+        tracing::Instrument::instrument(delivered, span).await
+    }
+
+    /// [`Worker::deliver`]'s attempts, counted in `span`.
+    async fn attempts(
+        &mut self,
+        backend: &dyn Backend,
+        cells: &[Arc<Cell>],
+        stop: &mut watch::Receiver<bool>,
+        span: tracing::Span,
+    ) -> Outcome {
         let options = self.state.options.clone();
         let mut last = String::new();
         for attempt in 1..=options.max_attempts {
+            span.record("cellgate.attempts", attempt);
             let delivery = Delivery {
                 consumer: options.name.clone(),
                 datastore: self.datastore.clone(),

@@ -374,7 +374,13 @@ async fn buffer_copy(
     let dialect = backend.dialect();
     let batch = Uuid::new_v4();
     let table = ddl::buffer_table(ds.name());
-    with_retry("buffering a batch", || async {
+    let span = tracing::debug_span!(
+        "buffer copy",
+        cellgate.datastore = ds.name(),
+        cellgate.cluster = topology.clusters[cluster].name.as_str(),
+        cellgate.cells = group.len(),
+    );
+    let copied = with_retry("buffering a batch", || async {
         let mut tx = backend.begin().await?;
         for chunk in insert_chunks(group, CELL_ROWS, |c| c.encoded.len()) {
             let mut sql = Sql::new(dialect);
@@ -406,8 +412,8 @@ async fn buffer_copy(
             tx.execute(&sql).await?;
         }
         tx.commit().await
-    })
-    .await?;
+    });
+    tracing::Instrument::instrument(copied, span).await?;
     Ok(batch)
 }
 
