@@ -122,8 +122,9 @@ impl Gateway {
     /// was made from and its directory holds those it was made for.
     pub async fn reload_planned(&self, cause: &str, plan: Option<&PlannedDigests>) -> Reloaded {
         let _one = self.reloads.running.lock().await;
+        let manifest = self.pipeline.persisted().reload();
         let mut reloaded = self.reload_once(plan).await;
-        match self.pipeline.persisted().reload() {
+        match manifest {
             Ok(None) => {}
             Ok(Some(count)) => reloaded
                 .details
@@ -155,6 +156,14 @@ impl Gateway {
         self.reloads
             .status
             .record(reloaded.result, reloaded.details.clone());
+        // After the outcome is recorded: a client that sees the new schema
+        // sees the reload's state too.
+        if matches!(
+            reloaded.result,
+            ReloadResult::Applied | ReloadResult::Unchanged
+        ) {
+            self.record_deployed().await;
+        }
         reloaded
     }
 
@@ -170,9 +179,10 @@ impl Gateway {
     }
 
     /// Serves `files` from now on, as the catalog records.
-    async fn served(&self, files: Files) {
+    /// Serves `files` from now on; the catalog records them once the
+    /// reload's outcome is (see [`Gateway::reload_planned`]).
+    fn served(&self, files: Files) {
         *self.reloads.served.lock().expect("served files") = Some(files);
-        self.record_deployed().await;
     }
 
     async fn reload_once(&self, plan: Option<&PlannedDigests>) -> Reloaded {
@@ -206,7 +216,7 @@ impl Gateway {
                     );
                 }
                 if *self.store.definitions() == defs {
-                    self.served(files).await;
+                    self.served(files);
                     return Reloaded {
                         result: ReloadResult::Unchanged,
                         details: Vec::new(),
@@ -250,7 +260,7 @@ impl Gateway {
                 return failed(ReloadResult::Refused, vec![error.client_message()]);
             }
         }
-        self.served(files).await;
+        self.served(files);
         let mut details = report.changes;
         if triggers_changed {
             details.push(
