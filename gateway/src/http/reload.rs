@@ -178,7 +178,6 @@ impl Gateway {
         }
     }
 
-    /// Serves `files` from now on, as the catalog records.
     /// Serves `files` from now on; the catalog records them once the
     /// reload's outcome is (see [`Gateway::reload_planned`]).
     fn served(&self, files: Files) {
