@@ -11,6 +11,7 @@ mod harness;
 mod ids;
 mod indexes;
 mod meta;
+mod online;
 mod reload;
 
 e2e_suite!(
@@ -36,4 +37,5 @@ e2e_suite!(
     reload::reload_swaps_definitions_while_serving,
     reload::watch_reloads_changed_definitions,
     reload::a_planned_reload_applies_what_was_planned_only,
+    online::a_changed_index_keeps_answering_on_two_gateways,
 );

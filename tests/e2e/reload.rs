@@ -10,11 +10,11 @@ use serde_json::{json, Value};
 
 use crate::harness::{Defs, Env, Server, Wait};
 
-const BY_N: &str = "items/indexes/items_by_n.yaml";
+pub(crate) const BY_N: &str = "items/indexes/items_by_n.yaml";
 
-const BY_N_V1: &str = "table: items_by_n\ndatastore: items\nshard_field: owner\ncolumn_defs:\n  - column_key: DATA\n    fields:\n      - { field: owner, type: string }\n      - { field: n, type: int }\n";
+pub(crate) const BY_N_V1: &str = "table: items_by_n\ndatastore: items\nshard_field: owner\ncolumn_defs:\n  - column_key: DATA\n    fields:\n      - { field: owner, type: string }\n      - { field: n, type: int }\n";
 
-const BY_N_V2: &str = "table: items_by_n\ndatastore: items\nshard_field: owner\ncolumn_defs:\n  - column_key: DATA\n    fields:\n      - { field: owner, type: string }\n      - { field: n, type: int }\n      - { field: x, type: float }\n";
+pub(crate) const BY_N_V2: &str = "table: items_by_n\ndatastore: items\nshard_field: owner\ncolumn_defs:\n  - column_key: DATA\n    fields:\n      - { field: owner, type: string }\n      - { field: n, type: int }\n      - { field: x, type: float }\n";
 
 /// An index on a column `items` does not have: line 5, column 21.
 const BROKEN: (&str, &str) = (
@@ -22,7 +22,7 @@ const BROKEN: (&str, &str) = (
     "table: broken\ndatastore: items\ncolumn_defs:\n  - column_key: DATA\n    fields: [{ field: a, type: nope }]\n",
 );
 
-fn write(server: &Server, path: &str, text: &str) {
+pub(crate) fn write(server: &Server, path: &str, text: &str) {
     std::fs::write(server.datastores.join(path), text).expect("write a definition");
 }
 
@@ -31,7 +31,7 @@ fn remove(server: &Server, path: &str) {
 }
 
 /// Writes `count` items of `owner` with `n` = 0..count and `x` = n / 2.
-async fn put_items(server: &Server, owner: &str, count: i64) {
+pub(crate) async fn put_items(server: &Server, owner: &str, count: i64) {
     let cells: Vec<Value> = (0..count)
         .map(|n| {
             json!({"rowKey": uuid::Uuid::new_v4().to_string(), "column": "DATA", "refKey": 1,
@@ -52,7 +52,11 @@ async fn put_items(server: &Server, owner: &str, count: i64) {
 
 /// The `n` of every entry of `owner` in `itemsByN`, selecting `fields`;
 /// `Err` with the error codes while the field is unknown or being built.
-async fn by_n(server: &Server, owner: &str, fields: &str) -> Result<Vec<Value>, Vec<String>> {
+pub(crate) async fn by_n(
+    server: &Server,
+    owner: &str,
+    fields: &str,
+) -> Result<Vec<Value>, Vec<String>> {
     let response = server
         .request(
             &format!(
@@ -83,7 +87,12 @@ async fn by_n(server: &Server, owner: &str, fields: &str) -> Result<Vec<Value>, 
 /// Waits until `itemsByN` answers `count` entries with `fields`; only
 /// "unknown field" (the schema not swapped yet) and `INDEX_BUILDING` may
 /// come before.
-async fn until_answered(server: &Server, owner: &str, fields: &str, count: usize) -> Vec<Value> {
+pub(crate) async fn until_answered(
+    server: &Server,
+    owner: &str,
+    fields: &str,
+    count: usize,
+) -> Vec<Value> {
     let wait = Wait::new(format!("itemsByN {{ {fields} }} to answer {count} entries"));
     loop {
         match by_n(server, owner, fields).await {

@@ -43,7 +43,8 @@ export function sample(samples, name, labels = {}) {
  * The indexes being built from the cell log: per datastore and index, the
  * cells pending, the total the build reads (null before it is measured),
  * the cells done, the rate (cells/s over the last 10 s) and the ETA in
- * seconds (null while unknown).
+ * seconds (null while unknown), the version built and the previous version
+ * answering queries meanwhile (null when there is none).
  */
 export function indexBuilds(samples) {
   return (samples.get('cellgate_index_building_pending_cells') || []).map(({ labels, value }) => {
@@ -51,6 +52,8 @@ export function indexBuilds(samples) {
     const total = sample(samples, 'cellgate_index_building_total_cells', key);
     return {
       ...key,
+      version: sample(samples, 'cellgate_index_version', { ...key, state: 'building' }),
+      previous: sample(samples, 'cellgate_index_version', { ...key, state: 'previous' }),
       pending: value,
       total,
       done: total === null ? null : Math.max(0, total - value),

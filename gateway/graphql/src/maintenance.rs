@@ -46,6 +46,12 @@ pub(super) fn types() -> Vec<Object> {
                 .description("false while it is being built from the cell log (queries answer INDEX_BUILDING)"),
             )
             .field(
+                from_parent::<IndexStatus, _>("servesUntil", TypeRef::named(TypeRef::INT), |i| {
+                    i.serves_until.map_or(Value::Null, Value::from)
+                })
+                .description("for the previous version of an index whose new version is being built: that version; until it is ready this one answers the queries it can answer (null for the current version)"),
+            )
+            .field(
                 from_parent::<IndexStatus, _>("pendingCells", TypeRef::named_nn(INT64), |i| {
                     int64_value(i.pending_cells)
                 })

@@ -156,6 +156,12 @@ pub struct DropArgs {
     /// Drop only this version of the index's table.
     #[arg(long, value_name = "N", env = "CELLGATE_INDEX_VERSION")]
     pub index_version: Option<u32>,
+    /// Drop a version replaced less than a minute ago too: by default that
+    /// is refused, since gateways that have not switched to the new version
+    /// yet may still answer from it. Use when every gateway has restarted
+    /// or reloaded since the switch.
+    #[arg(long, env = "CELLGATE_INDEX_DROP_NOW")]
+    pub now: bool,
     #[command(flatten)]
     pub store: StoreArgs,
 }
@@ -295,6 +301,11 @@ fn status_line(datastore: &str, index: &IndexStatus) -> String {
         "{datastore}.{} v{} ({})",
         index.name, index.version, index.table
     );
+    if let Some(building) = index.serves_until {
+        return format!(
+            "{head}: previous version, answers the queries it can answer until v{building} is ready"
+        );
+    }
     if index.ready {
         return format!("{head}: ready");
     }
@@ -363,7 +374,7 @@ async fn drop(args: DropArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     };
     let dropped = store
-        .drop_index(&args.datastore, &args.index, args.index_version)
+        .drop_index_with(&args.datastore, &args.index, args.index_version, !args.now)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     if dropped.is_empty() {

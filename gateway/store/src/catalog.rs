@@ -9,7 +9,7 @@
 //! | `layout` (datastore `""`) | the table layout version, `2` |
 //! | `shards` | the datastore's logical shard count, fixed at creation |
 //! | `ranges` | the shard ranges this cluster holds, e.g. `0-2047` |
-//! | `index:<name>:<version>` | JSON: the definition's signature, `building` / `ready` / `superseded`, its fields, and once ready the cells and seconds its build took |
+//! | `index:<name>:<version>` | JSON: the definition's signature, `building` / `ready` / `superseded`, its fields, the definition it was built from (`indexes/stored.rs`), once ready the cells and seconds its build took, and once superseded when |
 //! | `definitions` (datastore `""`, first cluster) | JSON: the definition files a gateway last served, with their digest (`deployed.rs`) |
 //!
 //! At start-up the definitions and topology are checked against every
@@ -17,9 +17,14 @@
 //! refused: a new shard count (every cell would hash elsewhere), or shard
 //! ranges that moved between clusters (moving shards means copying their
 //! rows first). An index whose fields, shard field or `where:` predicate
-//! changed gets a new table version, filled online from the cell log while
-//! queries on it answer `INDEX_BUILDING`; the superseded table stays until `cellgate index
-//! drop` removes it, as does the table of an index whose file was removed.
+//! changed gets a new table version, filled online from the cell log; the
+//! previous version (still `ready`) stays maintained and answers the
+//! queries it can answer meanwhile, recorded here with its definition so a
+//! store started with the new definitions serves it too. Once the new
+//! version is ready the previous one is `superseded`: no longer maintained,
+//! its table stays until `cellgate index drop` removes it (refused for
+//! [`DROP_GRACE`] after the switch), as does the table of an index whose
+//! file was removed.
 //!
 //! Preparing a cluster creates its tables in one transaction (where the
 //! backend has transactional DDL) and is idempotent, so concurrent
@@ -36,6 +41,7 @@ use index_dsl::{Definitions, Index};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::indexes::stored::StoredIndex;
 use crate::retry::with_retry;
 use crate::shards::format_ranges;
 use crate::storage::{ddl, Backend, Dialect, Sql, Value, MAX_PARAMS};
@@ -57,7 +63,35 @@ struct IndexRecord {
     /// `cellgate plan` estimates rebuilds from).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     built: Option<Built>,
+    /// The definition the table was built from, so that a store started
+    /// with changed definitions can serve this version while it builds
+    /// the new one. Absent in records of earlier versions until a store
+    /// that serves them records it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    definition: Option<StoredIndex>,
+    /// When a newer version replaced this one (Unix seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    superseded_at: Option<i64>,
 }
+
+impl IndexRecord {
+    fn of(index: &crate::topology::IndexRuntime, state: IndexState) -> IndexRecord {
+        IndexRecord {
+            signature: index.signature.clone(),
+            state,
+            fields: fields_text(&index.def),
+            built: None,
+            definition: Some(StoredIndex::of(&index.def)),
+            superseded_at: None,
+        }
+    }
+}
+
+/// How long after a switch to a new index version `cellgate index drop`
+/// refuses to drop the previous one: gateways switch within a sweep of
+/// noticing the new version ready, and requests that started before finish
+/// with the version they started with.
+pub(crate) const DROP_GRACE: Duration = Duration::from_secs(60);
 
 /// The measured part of an index build: cells applied, in seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -77,12 +111,14 @@ enum IndexState {
     Superseded,
 }
 
-/// The version of each index's table the store will use, and whether it is
-/// known to be complete.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The version of each index's table the store will use, whether it is
+/// known to be complete, and while it is not, the previous version that
+/// serves meanwhile (with the definition it was built from).
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct IndexPlan {
     pub(crate) version: u32,
     pub(crate) ready: bool,
+    pub(crate) previous: Option<(u32, Index)>,
 }
 
 /// The build figures of a catalog value, if it is an index record that
@@ -175,6 +211,8 @@ pub(crate) fn plan_indexes(
             let signature = index_signature(index);
             let mut highest = 0;
             let mut matching: Option<IndexPlan> = None;
+            // Ready versions that could serve while another is built.
+            let mut ready_versions: Vec<(u32, IndexRecord)> = Vec::new();
             for catalog in catalogs {
                 for ((name, item), value) in catalog.iter() {
                     if name != &ds.name {
@@ -192,29 +230,52 @@ pub(crate) fn plan_indexes(
                     };
                     if record.signature == signature && record.state != IndexState::Superseded {
                         let ready = record.state == IndexState::Ready
-                            || matching.is_some_and(|m: IndexPlan| m.ready);
-                        matching = Some(IndexPlan { version, ready });
+                            || matching.as_ref().is_some_and(|m: &IndexPlan| m.ready);
+                        matching = Some(IndexPlan {
+                            version,
+                            ready,
+                            previous: None,
+                        });
+                    }
+                    if record.state == IndexState::Ready {
+                        ready_versions.push((version, record));
                     }
                 }
             }
-            let plan = matching.unwrap_or_else(|| {
-                if highest > 0 {
+            let mut plan = matching.unwrap_or(IndexPlan {
+                version: highest + 1,
+                ready: false,
+                previous: None,
+            });
+            if !plan.ready {
+                plan.previous = serving_previous(ds, index, plan.version, &mut ready_versions);
+            }
+            if plan.version > highest || plan.previous.is_some() {
+                if let Some((previous, _)) = &plan.previous {
+                    warnings.push(format!(
+                        "index `{}` of `{}` changed: building version {} from the cell log; \
+                         version {previous} answers the queries it can answer until then, and \
+                         its table stays until `cellgate index drop {} {} --index-version {previous}`",
+                        index.name,
+                        ds.name,
+                        plan.version,
+                        ds.name,
+                        index.name
+                    ));
+                } else if highest > 0 {
                     warnings.push(format!(
                         "index `{}` of `{}` changed: building version {} from the cell log \
-                         (queries answer INDEX_BUILDING until it is complete); the table of \
+                         (queries answer INDEX_BUILDING until it is complete: no ready version \
+                         of it records the definition it was built from); the table of \
                          version {highest} stays until `cellgate index drop {} {} --index-version {highest}`",
                         index.name,
                         ds.name,
-                        highest + 1,
+                        plan.version,
                         ds.name,
                         index.name
                     ));
                 }
-                IndexPlan {
-                    version: highest + 1,
-                    ready: false,
-                }
-            });
+            }
             plans.insert((ds.name.clone(), index.name.clone()), plan);
         }
     }
@@ -237,6 +298,29 @@ pub(crate) fn plan_indexes(
         }
     }
     plans
+}
+
+/// The ready version of `index` other than `building` that serves while
+/// `building` is built: the highest one whose recorded definition can be
+/// served by the datastore as defined now.
+fn serving_previous(
+    ds: &index_dsl::Datastore,
+    index: &Index,
+    building: u32,
+    ready: &mut [(u32, IndexRecord)],
+) -> Option<(u32, Index)> {
+    ready.sort_by_key(|(version, _)| std::cmp::Reverse(*version));
+    ready
+        .iter()
+        .filter(|(version, _)| *version != building)
+        .find_map(|(version, record)| {
+            let restored =
+                record
+                    .definition
+                    .as_ref()?
+                    .restore(ds, &index.name, &record.signature)?;
+            Some((*version, restored))
+        })
 }
 
 /// Checks a cluster's catalog against the definitions and topology; fails
@@ -441,26 +525,40 @@ async fn prepare_once(
             let known = catalog
                 .get(&(ds.name().to_string(), item.clone()))
                 .and_then(|v| serde_json::from_str::<IndexRecord>(v).ok());
-            if known.as_ref().is_none_or(|k| k.state != state) {
-                let record = IndexRecord {
-                    signature: index.signature.clone(),
-                    state,
-                    fields: fields_text(&index.def),
-                    built: None,
-                };
-                let value = serde_json::to_string(&record).expect("record serializes");
-                records.push((ds.name().to_string(), item, value));
+            match known {
+                Some(k) if k.state == state && k.definition.is_some() => {}
+                Some(mut k) if k.state == state => {
+                    // A record of an earlier version: the definition is
+                    // what a later start needs to serve this version while
+                    // it builds another.
+                    k.definition = Some(StoredIndex::of(&index.def));
+                    let value = serde_json::to_string(&k).expect("record serializes");
+                    records.push((ds.name().to_string(), item, value));
+                }
+                _ => {
+                    let record = IndexRecord::of(index, state);
+                    let value = serde_json::to_string(&record).expect("record serializes");
+                    records.push((ds.name().to_string(), item, value));
+                }
+            }
+            if index.serves_until().is_some() {
+                continue;
             }
             for ((name, other), value) in catalog.iter() {
                 let Some((index_name, version)) = parse_index_item(other) else {
                     continue;
                 };
-                if name != ds.name() || index_name != index.def.name || version == index.version {
+                let served = ds
+                    .indexes
+                    .iter()
+                    .any(|i| i.def.name == index_name && i.version == version);
+                if name != ds.name() || index_name != index.def.name || served {
                     continue;
                 }
                 if let Ok(mut record) = serde_json::from_str::<IndexRecord>(value) {
                     if record.state != IndexState::Superseded {
                         record.state = IndexState::Superseded;
+                        record.superseded_at = Some(Utc::now().timestamp());
                         let value = serde_json::to_string(&record).expect("record serializes");
                         superseded.push((name.clone(), other.clone(), value));
                     }
@@ -493,16 +591,12 @@ pub(crate) async fn prepare_tables(backend: &dyn Backend, ds: &DatastoreRuntime)
     .await?;
     let mut records = vec![("shards".to_string(), ds.def.shards.to_string())];
     for index in &ds.indexes {
-        let record = IndexRecord {
-            signature: index.signature.clone(),
-            state: if index.is_ready() {
-                IndexState::Ready
-            } else {
-                IndexState::Building
-            },
-            fields: fields_text(&index.def),
-            built: None,
+        let state = if index.is_ready() {
+            IndexState::Ready
+        } else {
+            IndexState::Building
         };
+        let record = IndexRecord::of(index, state);
         records.push((
             index_item(&index.def.name, index.version),
             serde_json::to_string(&record).expect("record serializes"),
@@ -603,26 +697,44 @@ pub(crate) async fn mark_ready(
     index: &crate::topology::IndexRuntime,
 ) -> Result<()> {
     let record = IndexRecord {
-        signature: index.signature.clone(),
-        state: IndexState::Ready,
-        fields: fields_text(&index.def),
         built: index
             .build_progress()
             .whole()
             .map(|(cells, seconds)| Built { cells, seconds }),
+        ..IndexRecord::of(index, IndexState::Ready)
     };
     let value = serde_json::to_string(&record).expect("record serializes");
+    // The previous version that served meanwhile is superseded in the
+    // same transaction: a store that starts from now on serves the new
+    // version only.
+    let superseded: Vec<(String, String, String)> = ds
+        .indexes
+        .iter()
+        .filter(|i| i.def.name == index.def.name && i.serves_until() == Some(index.version))
+        .map(|previous| {
+            let record = IndexRecord {
+                superseded_at: Some(Utc::now().timestamp()),
+                ..IndexRecord::of(previous, IndexState::Superseded)
+            };
+            (
+                ds.name().to_string(),
+                index_item(&previous.def.name, previous.version),
+                serde_json::to_string(&record).expect("record serializes"),
+            )
+        })
+        .collect();
     let now = Value::DateTime(crate::storage::value::truncate_to_micros(Utc::now()));
     for cluster in ds.map().clusters() {
         let Ok(backend) = topology.clusters[cluster].master() else {
             continue;
         };
         let dialect = backend.dialect();
-        let records = [(
+        let mut records = vec![(
             ds.name().to_string(),
             index_item(&index.def.name, index.version),
             value.clone(),
         )];
+        records.extend(superseded.iter().cloned());
         with_retry("recording a ready index", || async {
             let mut tx = backend.begin().await?;
             write_records(tx.as_mut(), dialect, &records, now.clone()).await?;
@@ -635,12 +747,15 @@ pub(crate) async fn mark_ready(
 
 /// Removes an index's table (one version, or every version) and its
 /// progress from every cluster of the datastore; returns the tables
-/// dropped. Refuses to drop the version the definitions use.
+/// dropped. Refuses to drop the version the definitions use, a previous
+/// version that still serves while a new one is built, and one replaced
+/// less than [`DROP_GRACE`] ago.
 pub(crate) async fn drop_index(
     topology: &Topology,
     datastore: &str,
     index: &str,
     version: Option<u32>,
+    grace: bool,
 ) -> Result<Vec<String>> {
     let ds = topology.datastore(datastore)?;
     if let Ok(current) = ds.index(index) {
@@ -650,6 +765,45 @@ pub(crate) async fn drop_index(
                  or name an older version with --index-version",
                 current.version
             )));
+        }
+    }
+    let building = ds.index(index).is_ok_and(|c| !c.is_ready());
+    if let Some(previous) = ds
+        .serving_previous(index)
+        .filter(|p| building && version.is_none_or(|v| v == p.version))
+    {
+        return Err(Error::BadInput(format!(
+            "version {} of index `{index}` of `{datastore}` answers queries until version {} \
+             is built; drop it once `cellgate index status` shows that version ready",
+            previous.version,
+            previous.serves_until().unwrap_or_default()
+        )));
+    }
+    let now = Utc::now().timestamp();
+    for cluster in ds.map().clusters().into_iter().filter(|_| grace) {
+        let catalog = read(topology.clusters[cluster].master()?.as_ref()).await?;
+        for ((name, item), value) in &catalog {
+            let Some((found, v)) = parse_index_item(item) else {
+                continue;
+            };
+            if name != datastore || found != index || version.is_some_and(|wanted| wanted != v) {
+                continue;
+            }
+            let Some(at) = serde_json::from_str::<IndexRecord>(value)
+                .ok()
+                .and_then(|r| r.superseded_at)
+            else {
+                continue;
+            };
+            let left = DROP_GRACE.as_secs() as i64 - (now - at);
+            if left > 0 {
+                return Err(Error::BadInput(format!(
+                    "version {v} of index `{index}` of `{datastore}` was replaced {}s ago; \
+                     gateways that have not switched yet may still answer from it: retry in \
+                     {left}s (or pass --now once every gateway has restarted or reloaded)",
+                    now - at
+                )));
+            }
         }
     }
     let mut dropped = Vec::new();

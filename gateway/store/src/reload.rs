@@ -5,7 +5,7 @@
 //! | change | applied as |
 //! |---|---|
 //! | an index added | its table is created on every ready cluster of the datastore, its version recorded as building; it is filled from the cell log while queries on it answer `INDEX_BUILDING` (as at start-up) |
-//! | an index changed (fields, types, paths, shard field) | a new table version, built like an added index; the previous version's table stays until `cellgate index drop` |
+//! | an index changed (fields, types, paths, shard field, `where:`) | a new table version, built like an added index; the previous version stays maintained and answers the queries it can answer until the new one is ready, then is retired ([`retire`]); its table stays until `cellgate index drop` |
 //! | an index removed | no longer served nor maintained; its table and progress stay until `cellgate index drop` |
 //! | a column added, descriptions | served at once |
 //! | a datastore added | its tables and shard rows are created, as at start-up |
@@ -98,20 +98,43 @@ pub(crate) async fn reload(
         }
         let first_change = changes.len();
         let mut indexes = Vec::new();
+        let mut serving = Vec::new();
         for index in &def.indexes {
-            let plan = plans[&(def.name.clone(), index.name.clone())];
-            let kept = previous
-                .and_then(|p| p.index(&index.name).ok())
-                .filter(|i| i.version == plan.version && i.def == *index);
-            match kept {
-                Some(kept) => indexes.push(kept.clone()),
+            let plan = &plans[&(def.name.clone(), index.name.clone())];
+            // The versions of this index served until now: the current one
+            // and a previous one serving while it is built.
+            let served: Vec<&Arc<IndexRuntime>> = previous
+                .map(|p| {
+                    p.indexes
+                        .iter()
+                        .filter(|i| i.def.name == index.name)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let before = previous.and_then(|p| p.index(&index.name).ok());
+            let kept = before.filter(|i| i.version == plan.version && i.def == *index);
+            let current = match kept {
+                Some(kept) => kept.clone(),
                 None => {
-                    let before = previous.and_then(|p| p.index(&index.name).ok());
+                    let serves = (!served
+                        .iter()
+                        .any(|i| i.version == plan.version && i.is_ready()))
+                    .then(|| previous_version(&served, plan))
+                    .flatten();
                     changes.push(match before {
                         Some(before) if before.version != plan.version => format!(
                             "index `{}` of `{}` changed: version {} replaces version {} \
-                             (filled from the cell log; INDEX_BUILDING until it has caught up)",
-                            index.name, def.name, plan.version, before.version
+                             (filled from the cell log; {})",
+                            index.name,
+                            def.name,
+                            plan.version,
+                            before.version,
+                            match &serves {
+                                Some((v, _)) => format!(
+                                    "version {v} answers the queries it can answer until then"
+                                ),
+                                None => "INDEX_BUILDING until it has caught up".to_string(),
+                            }
                         ),
                         Some(_) => format!(
                             "index `{}` of `{}`: description updated",
@@ -125,16 +148,32 @@ pub(crate) async fn reload(
                     });
                     // Served again from now on: whatever the catalog says,
                     // it is ready only once it is caught up with the log
-                    // (a removed index was not maintained meanwhile).
-                    let ready = before.is_some_and(|b| b.version == plan.version && b.is_ready());
-                    indexes.push(Arc::new(IndexRuntime::new(
-                        index.clone(),
-                        plan.version,
-                        ready,
-                    )));
+                    // (a removed index was not maintained meanwhile); a
+                    // version served until now, also as the previous one,
+                    // was.
+                    let ready = served
+                        .iter()
+                        .any(|b| b.version == plan.version && b.is_ready());
+                    if let Some((version, def)) = serves {
+                        let runtime = IndexRuntime::new(def, version, true);
+                        runtime.set_serves_until(plan.version);
+                        serving.push(Arc::new(runtime));
+                    }
+                    Arc::new(IndexRuntime::new(index.clone(), plan.version, ready))
                 }
+            };
+            if kept.is_some() && !current.is_ready() {
+                // Still building: the previous version keeps serving.
+                serving.extend(
+                    served
+                        .iter()
+                        .filter(|i| i.serves_until() == Some(current.version))
+                        .map(|i| (*i).clone()),
+                );
             }
+            indexes.push(current);
         }
+        indexes.extend(serving);
         let runtime = match previous {
             Some(previous) => {
                 for index in &previous.def.indexes {
@@ -200,6 +239,100 @@ pub(crate) async fn reload(
         tracing::debug!("definitions reloaded: {change}");
     }
     Ok(ReloadReport { changes, warnings })
+}
+
+/// Retires the previous index versions whose new version has been ready
+/// for `grace`: each datastore that has one is served by a runtime
+/// without it, its workers stopped and started again as for a reload, so
+/// the previous version's consumers stop. `ready_since` remembers when
+/// each new version was first seen ready. Called by one task of the store
+/// under its reload lock.
+///
+/// The switch itself is the new version's readiness: from then on queries
+/// are answered from it (`indexes/query.rs`). The grace keeps the previous
+/// version maintained while other gateways, which notice the new version
+/// ready at their own next sweep, may still answer from it.
+pub(crate) async fn retire(
+    topology: &Arc<Topology>,
+    maintainer: &Arc<Maintainer>,
+    grace: std::time::Duration,
+    ready_since: &mut HashMap<(String, String, u32), std::time::Instant>,
+) {
+    let defined = topology.defined();
+    let mut datastores = defined.datastores.clone();
+    let mut changed = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (name, ds) in &defined.datastores {
+        let mut retired = Vec::new();
+        for (position, runtime) in ds.indexes.iter().enumerate() {
+            let Some(building) = runtime.serves_until() else {
+                continue;
+            };
+            let current = ds.index(&runtime.def.name).ok();
+            if current.is_some_and(|c| c.version == building && !c.is_ready()) {
+                continue;
+            }
+            let key = (name.clone(), runtime.def.name.clone(), building);
+            let since = *ready_since
+                .entry(key.clone())
+                .or_insert_with(std::time::Instant::now);
+            seen.insert(key);
+            if since.elapsed() >= grace {
+                retired.push(position);
+            }
+        }
+        if retired.is_empty() {
+            continue;
+        }
+        for &position in &retired {
+            let runtime = &ds.indexes[position];
+            tracing::info!(
+                datastore = %name,
+                index = %runtime.def.name,
+                version = runtime.version,
+                "previous index version retired: no longer maintained (its table stays until `cellgate index drop`)"
+            );
+        }
+        let indexes = ds
+            .indexes
+            .iter()
+            .enumerate()
+            .filter(|(position, _)| !retired.contains(position))
+            .map(|(_, i)| i.clone())
+            .collect();
+        let runtime = Arc::new(ds.redefined(ds.def.clone(), indexes));
+        changed.push(runtime.clone());
+        datastores.insert(name.clone(), runtime);
+    }
+    ready_since.retain(|key, _| seen.contains(key));
+    if changed.is_empty() {
+        return;
+    }
+    for ds in &changed {
+        maintainer::pause(maintainer, ds.name()).await;
+    }
+    topology.replace(Defined {
+        defs: defined.defs.clone(),
+        datastores,
+    });
+    for ds in &changed {
+        maintainer::resume(topology, maintainer, ds).await;
+    }
+}
+
+/// The version that serves while `plan`'s is built: the ready version
+/// served until now (the current one, or the previous one it served for),
+/// else the one the catalog records with its definition.
+fn previous_version(
+    served: &[&Arc<IndexRuntime>],
+    plan: &catalog::IndexPlan,
+) -> Option<(u32, index_dsl::Index)> {
+    served
+        .iter()
+        .filter(|i| i.version != plan.version && i.is_ready())
+        .max_by_key(|i| (i.serves_until().is_none(), i.version))
+        .map(|i| (i.version, i.def.clone()))
+        .or_else(|| plan.previous.clone())
 }
 
 /// Whether two definitions of a datastore agree on all but triggers.

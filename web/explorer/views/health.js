@@ -112,7 +112,7 @@ export async function healthPage(main, _match, ctx) {
       'section',
       { 'aria-labelledby': buildsId },
       h('h2', { id: buildsId }, 'Index builds'),
-      h('p', { class: 'hint' }, 'A new index, or a new version of a changed one, is filled from the cell log beside live maintenance; queries on it answer INDEX_BUILDING until it is complete.'),
+      h('p', { class: 'hint' }, 'A new index, or a new version of a changed one, is filled from the cell log beside live maintenance; a changed index’s previous version keeps answering the queries it can answer until the new one is complete, then the new one answers.'),
       builds,
     ),
     h(
@@ -280,11 +280,14 @@ function buildsList(samples) {
       return h(
         'li',
         {},
-        h('span', { id }, `${b.datastore}.${b.index}: `),
+        h('span', { id }, `${b.datastore}.${b.index}${b.version === null ? '' : ` v${b.version}`}: `),
         b.total === null
           ? h('progress', { 'aria-labelledby': id })
           : h('progress', { 'aria-labelledby': id, max: String(Math.max(b.total, 1)), value: String(b.done) }),
         ` ${figures}; ${speed}.`,
+        b.previous === null
+          ? ' Queries on it answer INDEX_BUILDING until it is complete.'
+          : ` Version ${b.previous} answers the queries it can answer until then.`,
       );
     }),
   );

@@ -71,6 +71,85 @@ pub struct Change {
     /// what the build reads and how long it may take.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub estimate: Option<Estimate>,
+    /// For an index rebuilt as a new table version: what the previous
+    /// version answers while the new one is built.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serving: Option<Serving>,
+}
+
+/// While a changed index's new version is built, its previous version
+/// keeps answering every query that reads only what it has as the new
+/// version has it; the others wait for the new version (`INDEX_BUILDING`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Serving {
+    /// The previous version keeps serving (always true: said for readers
+    /// of the JSON).
+    pub previous_serves: bool,
+    /// Queries that select, filter or order by these fields (new, or
+    /// changed in type, path or column) wait for the new version.
+    pub waiting_fields: Vec<String>,
+    /// When the shard field changed: queries by the new one wait for the
+    /// new version; queries by this one (the previous version's) are
+    /// answered by the previous version meanwhile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_shard_field: Option<String>,
+    /// The `where:` predicate changed: until the switch, answers hold the
+    /// rows the previous predicate selects.
+    pub predicate_changed: bool,
+}
+
+impl Serving {
+    fn of(before: &Index, after: &Index) -> Serving {
+        let shard_changed = before.shard_field() != after.shard_field();
+        Serving {
+            previous_serves: true,
+            waiting_fields: after
+                .fields
+                .iter()
+                .filter(|f| !before.fields.contains(f))
+                .map(|f| f.name.clone())
+                .collect(),
+            previous_shard_field: shard_changed.then(|| before.shard_field().name.clone()),
+            predicate_changed: before.predicate.as_ref().map(|p| p.qualified())
+                != after.predicate.as_ref().map(|p| p.qualified()),
+        }
+    }
+
+    /// The sentence of the plan's text.
+    fn text(&self, after: &Index) -> String {
+        let mut text =
+            "until it has caught up, the previous version answers every query it can answer"
+                .to_string();
+        if let Some(previous) = &self.previous_shard_field {
+            text.push_str(&format!(
+                " (those by its shard field `{previous}`); queries by `{}`",
+                after.shard_field().name
+            ));
+            if !self.waiting_fields.is_empty() {
+                text.push_str(" or");
+            }
+        } else if !self.waiting_fields.is_empty() {
+            text.push_str("; queries");
+        }
+        if !self.waiting_fields.is_empty() {
+            let names: Vec<String> = self
+                .waiting_fields
+                .iter()
+                .map(|f| format!("`{f}`"))
+                .collect();
+            text.push_str(&format!(
+                " that select, filter or order by {}",
+                names.join(", ")
+            ));
+        }
+        if self.previous_shard_field.is_some() || !self.waiting_fields.is_empty() {
+            text.push_str(" answer INDEX_BUILDING until then");
+        }
+        if self.predicate_changed {
+            text.push_str("; its answers hold the rows of the previous `where:` until the switch");
+        }
+        text
+    }
 }
 
 /// What building an index reads, from a store's log heads.
@@ -110,6 +189,7 @@ pub fn graphql(changes: Vec<SchemaChange>, base: &Side, head: &Side) -> Vec<Chan
                 file: found,
                 line: None,
                 estimate: None,
+                serving: None,
             }
         })
         .collect()
@@ -202,6 +282,7 @@ fn datastore_change(
         file: side.datastore_file(&ds.name).map(|f| side.path(&f)),
         line: None,
         estimate: None,
+        serving: None,
     }
 }
 
@@ -226,6 +307,7 @@ fn compare_datastore(
             line: file.as_ref().and_then(|f| head.line_of(f, "shards")).or(Some(1)),
             file: file.map(|f| head.path(&f)),
             estimate: None,
+            serving: None,
         });
     }
     for column in &after.columns {
@@ -259,21 +341,24 @@ fn compare_datastore(
             Some(was) => {
                 let reasons = rebuild_reasons(was, index);
                 if !reasons.is_empty() {
+                    let serving = Serving::of(was, index);
                     out.push(Change {
                         section: Section::Storage,
                         level: Level::Dangerous,
                         kind: "INDEX_REBUILT",
                         path: format!("{}/{}", after.name, index.name),
                         message: format!(
-                            "index `{}` is built as a new table version from the cell log ({}); queries on it answer INDEX_BUILDING until it has caught up; the previous version's table stays until `cellgate index drop {} {} --index-version N`",
+                            "index `{}` is built as a new table version from the cell log ({}); {}; then the new version answers, and the previous version's table stays until `cellgate index drop {} {} --index-version N`",
                             index.name,
                             reasons.join("; "),
+                            serving.text(index),
                             after.name,
                             index.name
                         ),
                         file: head.index_file(&after.name, &index.name).map(|f| head.path(&f)),
                         line: None,
                         estimate: None,
+                        serving: Some(serving),
                     });
                 }
             }
@@ -293,6 +378,7 @@ fn compare_datastore(
                 file: base.index_file(&after.name, &index.name).map(|f| base.path(&f)),
                 line: None,
                 estimate: None,
+                serving: None,
             });
         }
     }
@@ -317,6 +403,7 @@ fn compare_datastore(
                 file: base.trigger_file(&trigger.datastore, &trigger.name).map(|f| base.path(&f)),
                 line: None,
                 estimate: None,
+                serving: None,
             });
         }
     }
@@ -336,6 +423,7 @@ fn index_added(side: &Side, ds: &Datastore, index: &Index) -> Change {
         file: side.index_file(&ds.name, &index.name).map(|f| side.path(&f)),
         line: None,
         estimate: None,
+        serving: None,
     }
 }
 
@@ -414,6 +502,7 @@ fn trigger_added(side: &Side, trigger: &Trigger) -> Change {
         file: side.trigger_file(&trigger.datastore, &trigger.name).map(|f| side.path(&f)),
         line: None,
         estimate: None,
+        serving: None,
     }
 }
 
@@ -431,6 +520,7 @@ fn compare_trigger(out: &mut Vec<Change>, head: &Side, before: &Trigger, after: 
             file: head.trigger_file(&after.datastore, &after.name).map(|f| head.path(&f)),
             line: None,
             estimate: None,
+            serving: None,
         })
     };
     if host(&before.webhook.url) != host(&after.webhook.url) {

@@ -32,9 +32,18 @@ pub struct Position {
     pub row_key: Uuid,
 }
 
-/// Signature of an index and an order: cursors only work where they came from.
-pub fn signature(index: &str, order: &[(usize, bool)]) -> u64 {
-    let text = format!("{index}:{order:?}");
+/// Signature of an index and an order (field positions in `index`):
+/// cursors only work where they came from. It names the fields, not their
+/// positions, so a cursor stays good across versions of the index that
+/// order by the same fields (a previous version serving while a new one is
+/// built, and the new one after the switch).
+pub fn signature(index: &index_dsl::Index, order: &[(usize, bool)]) -> u64 {
+    let mut text = index.name.clone();
+    for &(p, descending) in order {
+        text.push(':');
+        text.push_str(&index.fields[p].name);
+        text.push_str(if descending { "-" } else { "+" });
+    }
     xxhash_rust::xxh3::xxh3_64(text.as_bytes())
 }
 

@@ -86,6 +86,16 @@ impl QueryPlan {
                 datastore: datastore.name.clone(),
                 index: query.index.clone(),
             })?;
+        Self::build_on(datastore, index, query)
+    }
+
+    /// [`build`](Self::build) on the definition `index` of the queried
+    /// index: a previous version's, which serves while a new one is built.
+    pub(crate) fn build_on(
+        datastore: &Datastore,
+        index: &Index,
+        query: &IndexQuery,
+    ) -> Result<QueryPlan> {
         let mut conditions = query.conditions.clone();
         if let Some(filter) = query.filter.as_deref().filter(|f| !f.trim().is_empty()) {
             let parsed = super::filters::parse_filter(filter)
@@ -174,7 +184,7 @@ impl QueryPlan {
         let after = match &query.after {
             None => None,
             Some(text) => {
-                let position = cursor::decode(text, cursor::signature(&index.name, &order))?;
+                let position = cursor::decode(text, cursor::signature(index, &order))?;
                 let typed = position.keys.len() == order.len()
                     && position.keys.iter().zip(&order).all(|(value, (field, _))| {
                         value.col_type() == col_type(index.fields[*field].ty)
@@ -201,7 +211,52 @@ impl QueryPlan {
 
     /// The cursor signature of this plan's index and order.
     pub fn signature(&self) -> u64 {
-        cursor::signature(&self.index.name, &self.order)
+        cursor::signature(&self.index, &self.order)
+    }
+
+    /// Whether this plan reads `index` as it is: the same fields at the
+    /// same positions, the same shard field. (A `where:` predicate only
+    /// decides which rows a table has entries for.)
+    pub(crate) fn reads(&self, index: &Index) -> bool {
+        self.index.shard_field == index.shard_field && self.index.fields == index.fields
+    }
+
+    /// This plan on another version of its index, `index`: `None` unless
+    /// that version has the plan's shard field and every field the plan
+    /// filters on, orders by or returns, each with the same column, path
+    /// and type. Positions are mapped by field; the cursor and the shards
+    /// stay (they depend on field names and values only).
+    pub(crate) fn rebased(&self, index: &Index) -> Option<QueryPlan> {
+        if self.index.shard_field() != index.shard_field() {
+            return None;
+        }
+        let map = |p: usize| {
+            let field = &self.index.fields[p];
+            index.fields.iter().position(|f| f == field)
+        };
+        let mut predicates = Vec::with_capacity(self.predicates.len());
+        for predicate in &self.predicates {
+            predicates.push(Predicate {
+                field: map(predicate.field)?,
+                ..predicate.clone()
+            });
+        }
+        let mut order = Vec::with_capacity(self.order.len());
+        for &(p, descending) in &self.order {
+            order.push((map(p)?, descending));
+        }
+        let mut projection = Vec::with_capacity(self.projection.len());
+        for &p in &self.projection {
+            projection.push(map(p)?);
+        }
+        projection.sort_unstable();
+        Some(QueryPlan {
+            index: index.clone(),
+            predicates,
+            order,
+            projection,
+            ..self.clone()
+        })
     }
 }
 

@@ -9,8 +9,10 @@
 //! index range scan per value; their rows are merged in the same order in
 //! Rust.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
 
 use index_dsl::CompareOp;
 use uuid::Uuid;
@@ -23,10 +25,10 @@ use crate::cells::{
     codec, decoded_cell, get_named_cells_json, with_latest_cells, with_latest_ref_keys, CellCache,
     CellKey, CELL_TYPES,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::replicas::{read_on, ReadOptions};
 use crate::storage::{ddl, ColType, Dialect, Sql, Value};
-use crate::topology::Topology;
+use crate::topology::{DatastoreRuntime, IndexRuntime, Topology};
 
 /// One index entry of a result.
 #[derive(Debug, Clone, PartialEq)]
@@ -278,8 +280,54 @@ pub(crate) async fn query_index(
     read: &ReadOptions,
 ) -> Result<IndexPage> {
     let ds = topology.datastore(datastore)?;
-    let plan = QueryPlan::build(&ds.def, query)?;
+    let plan = plan(&ds, query)?;
     run_plan(topology, &plan, read).await
+}
+
+/// Plans `query` on the index as defined now; while a new version of an
+/// index whose shard field changed is built, a query by the previous
+/// version's shard field is planned on that version, which answers it.
+pub(crate) fn plan(ds: &DatastoreRuntime, query: &IndexQuery) -> Result<QueryPlan> {
+    match QueryPlan::build(&ds.def, query) {
+        Err(err @ Error::ShardFieldRequired { .. }) => {
+            let building = ds.index(&query.index).is_ok_and(|c| !c.is_ready());
+            match ds.serving_previous(&query.index).filter(|_| building) {
+                Some(previous) => QueryPlan::build_on(&ds.def, &previous.def, query).or(Err(err)),
+                None => Err(err),
+            }
+        }
+        planned => planned,
+    }
+}
+
+/// The index version that answers `plan`, with the plan for that version:
+/// the current version once it is ready; while it is being built, the
+/// previous version that serves meanwhile, when the plan reads only what
+/// that version has as the current one has it ([`QueryPlan::rebased`]);
+/// else `INDEX_BUILDING`. A version is chosen per query, so a query is
+/// answered from one version; the switch to a new version is its
+/// readiness flag.
+fn serving<'p>(
+    ds: &DatastoreRuntime,
+    plan: &'p QueryPlan,
+) -> Result<(Arc<IndexRuntime>, Cow<'p, QueryPlan>)> {
+    let current = ds.index(&plan.index.name)?;
+    let candidates = std::iter::once(current).chain(ds.serving_previous(&plan.index.name));
+    for runtime in candidates.filter(|r| r.is_ready()) {
+        if plan.reads(&runtime.def) {
+            return Ok((runtime.clone(), Cow::Borrowed(plan)));
+        }
+        if let Some(rebased) = plan.rebased(&runtime.def) {
+            return Ok((runtime.clone(), Cow::Owned(rebased)));
+        }
+    }
+    current.check_ready()?;
+    // Planned on a previous version that has just been replaced, by a
+    // field the current one does not shard by.
+    Err(Error::ShardFieldRequired {
+        index: current.def.name.clone(),
+        field: current.def.shard_field().name.clone(),
+    })
 }
 
 /// Runs a plan built by [`QueryPlan::build`], on the nodes `read` allows
@@ -290,8 +338,8 @@ pub(crate) async fn run_plan(
     read: &ReadOptions,
 ) -> Result<IndexPage> {
     let ds = topology.datastore(&plan.datastore)?;
-    let runtime = ds.index(&plan.index.name)?;
-    runtime.check_ready()?;
+    let (runtime, plan) = serving(&ds, plan)?;
+    let plan = plan.as_ref();
     if plan.limit == 0 {
         return Ok(empty_page());
     }
@@ -347,8 +395,8 @@ pub(crate) async fn run_plan_with_cells(
     let (Some(cluster), false) = (ds.map().sole_cluster(), columns.is_empty()) else {
         return Ok(None);
     };
-    let runtime = ds.index(&plan.index.name)?;
-    runtime.check_ready()?;
+    let (runtime, plan) = serving(&ds, plan)?;
+    let plan = plan.as_ref();
     if plan.limit == 0 {
         return Ok(Some((empty_page(), Vec::new())));
     }

@@ -13,6 +13,10 @@ pub struct IndexStatus {
     pub table: String,
     /// Complete and queryable (otherwise still being built).
     pub ready: bool,
+    /// For the previous version of an index whose new version is being
+    /// built: that version. It answers the queries it can answer until
+    /// then. `None` for the current version.
+    pub serves_until: Option<u32>,
     /// Cells still to apply while building.
     pub pending_cells: i64,
     /// While building: the log cells the build reads in all, done and
@@ -41,6 +45,7 @@ impl IndexStatus {
             version: i.version,
             table: i.table.clone(),
             ready,
+            serves_until: i.serves_until(),
             pending_cells,
             build_total_cells: building.then(|| progress.total()),
             build_rate: progress.rate().filter(|_| building),

@@ -53,7 +53,7 @@ impl Store {
         read: &ReadOptions,
     ) -> Result<Option<(IndexPage, Vec<Cell<Vec<u8>>>)>> {
         let topology = self.topology_ref();
-        let plan = QueryPlan::build(&topology.datastore(datastore)?.def, query)?;
+        let plan = query::plan(&*topology.datastore(datastore)?, query)?;
         query::run_plan_with_cells(topology, &self.inner.cell_cache, &plan, columns, read).await
     }
 
@@ -228,14 +228,58 @@ impl Store {
 
     /// Drops the table of an index that is no longer defined (or of an
     /// older `version` of a defined one) on every cluster, with its
-    /// progress; returns what was dropped as `cluster: table`.
+    /// progress; returns what was dropped as `cluster: table`. Refused for
+    /// the current version, for a previous version that serves while a new
+    /// one is built, and for one replaced less than a minute ago
+    /// (the grace a gateway needs to switch).
     pub async fn drop_index(
         &self,
         datastore: &str,
         index: &str,
         version: Option<u32>,
     ) -> Result<Vec<String>> {
-        catalog::drop_index(self.topology_ref(), datastore, index, version).await
+        self.drop_index_with(datastore, index, version, true).await
+    }
+
+    /// [`Store::drop_index`]; with `grace` false, a version replaced less
+    /// than a minute ago is dropped too (when every gateway
+    /// is known to have switched).
+    pub async fn drop_index_with(
+        &self,
+        datastore: &str,
+        index: &str,
+        version: Option<u32>,
+        grace: bool,
+    ) -> Result<Vec<String>> {
+        catalog::drop_index(self.topology_ref(), datastore, index, version, grace).await
+    }
+}
+
+/// Retires previous index versions once their new version is ready
+/// (`reload::retire`), checking twice a second; ends with the store.
+pub(super) async fn retire_previous_versions(inner: std::sync::Weak<Inner>, grace: Duration) {
+    let mut ready_since = std::collections::HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if *inner.shutdown.borrow() {
+            return;
+        }
+        let serving = inner
+            .topology
+            .datastores_sorted()
+            .iter()
+            .any(|ds| ds.indexes.iter().any(|i| i.serves_until().is_some()));
+        if !serving {
+            ready_since.clear();
+            continue;
+        }
+        let _one = inner.reloading.lock().await;
+        crate::reload::retire(&inner.topology, &inner.maintainer, grace, &mut ready_since).await;
     }
 }
 
@@ -305,14 +349,19 @@ pub(super) async fn scheduled_verifies(
             return;
         }
         for ds in inner.topology.datastores_sorted() {
-            if ds.indexes.iter().all(|i| !i.is_ready()) {
+            // Current versions only: a previous one serving meanwhile
+            // shares its index's name.
+            let ready = |i: &&Arc<crate::topology::IndexRuntime>| {
+                i.is_ready() && i.serves_until().is_none()
+            };
+            if !ds.indexes.iter().any(|i| ready(&i)) {
                 continue;
             }
             let options = crate::indexes::VerifyOptions {
                 indexes: ds
                     .indexes
                     .iter()
-                    .filter(|i| i.is_ready())
+                    .filter(ready)
                     .map(|i| i.def.name.clone())
                     .collect(),
                 sample: Some(sample.max(1)),

@@ -57,6 +57,16 @@ impl Store {
         if options.maintain_indexes {
             tokio::spawn(super::masters::watch_masters(Arc::downgrade(&store.inner)));
         }
+        if !options.converting_v1 {
+            // Other gateways switch to a new index version at their next
+            // sweep after it is caught up: the previous version stays
+            // maintained for five sweeps (at least 5 s) after the switch.
+            let grace = (options.maintenance.sweep_every * 5).max(Duration::from_secs(5));
+            tokio::spawn(super::indexes_api::retire_previous_versions(
+                Arc::downgrade(&store.inner),
+                grace,
+            ));
+        }
         if let (true, Some(every)) = (options.maintain_indexes, options.maintenance.verify_every) {
             tokio::spawn(super::indexes_api::scheduled_verifies(
                 Arc::downgrade(&store.inner),
@@ -181,14 +191,22 @@ async fn build_topology(
     let plans = catalog::plan_indexes(&defs, &reachable, warnings);
     let mut datastores = HashMap::new();
     for def in &defs.datastores {
-        let indexes = def
-            .indexes
-            .iter()
-            .map(|index| {
-                let plan = plans[&(def.name.clone(), index.name.clone())];
-                Arc::new(IndexRuntime::new(index.clone(), plan.version, plan.ready))
-            })
-            .collect();
+        let mut indexes: Vec<Arc<IndexRuntime>> = Vec::new();
+        let mut previous = Vec::new();
+        for index in &def.indexes {
+            let plan = &plans[&(def.name.clone(), index.name.clone())];
+            indexes.push(Arc::new(IndexRuntime::new(
+                index.clone(),
+                plan.version,
+                plan.ready,
+            )));
+            if let Some((version, def)) = &plan.previous {
+                let runtime = IndexRuntime::new(def.clone(), *version, true);
+                runtime.set_serves_until(plan.version);
+                previous.push(Arc::new(runtime));
+            }
+        }
+        indexes.extend(previous);
         let runtime = DatastoreRuntime::new(def.clone(), maps[&def.name].clone(), indexes);
         if let Some(served) = stored.get(&def.name) {
             runtime.routes.set_moving(served.moving.clone());

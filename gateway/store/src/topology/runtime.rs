@@ -3,7 +3,7 @@
 //! version, readiness and build progress; and the names the log consumers
 //! keep their offsets under.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use index_dsl::{Datastore, Index};
@@ -24,6 +24,11 @@ pub(crate) struct IndexRuntime {
     /// A digest of the definition parts that shape the table.
     pub(crate) signature: String,
     ready: AtomicBool,
+    /// For the previous version of an index whose new version is being
+    /// built: that new version (0 for a current version). It stays
+    /// maintained and answers the queries it can answer until the new one
+    /// is ready (`indexes/query.rs`), then is retired (`reload::retire`).
+    serves_until: AtomicU32,
     /// Cells still to apply while building, for the error message.
     pending: AtomicI64,
     /// How far a build has come, from the measurements so far.
@@ -101,6 +106,7 @@ impl IndexRuntime {
             def,
             version,
             ready: AtomicBool::new(ready),
+            serves_until: AtomicU32::new(0),
             pending: AtomicI64::new(0),
             progress: Default::default(),
         }
@@ -109,6 +115,21 @@ impl IndexRuntime {
     /// The log consumer name of this index version writing to `cluster`.
     pub(crate) fn consumer(&self, cluster: &str) -> String {
         format!("ix:{}:{}:{}", self.def.name, self.version, cluster)
+    }
+
+    /// The version being built that this (previous, ready) version
+    /// serves for; `None` for a current version.
+    pub(crate) fn serves_until(&self) -> Option<u32> {
+        match self.serves_until.load(Ordering::Acquire) {
+            0 => None,
+            v => Some(v),
+        }
+    }
+
+    /// Makes this version the previous one of an index whose version
+    /// `building` is being built.
+    pub(crate) fn set_serves_until(&self, building: u32) {
+        self.serves_until.store(building, Ordering::Release);
     }
 
     pub(crate) fn is_ready(&self) -> bool {
@@ -187,8 +208,11 @@ pub(crate) struct DatastoreRuntime {
     /// (`moves/follow.rs`), so a request pinned to older definitions
     /// still routes by the newest map.
     pub(crate) routes: Arc<Routes>,
-    /// In the order of `def.indexes`; shared with the runtime that
-    /// replaces this one on a reload where the index keeps its version.
+    /// The current version of each index, in the order of `def.indexes`,
+    /// then the previous versions that serve while a new one is built
+    /// ([`IndexRuntime::serves_until`]): all of them maintained from the
+    /// log. Shared with the runtime that replaces this one on a reload
+    /// where the index keeps its version.
     pub(crate) indexes: Vec<Arc<IndexRuntime>>,
     /// Cells stored by this process, for metrics. The counters are shared
     /// with the runtimes that replace this one on a reload, so they never
@@ -264,7 +288,7 @@ impl DatastoreRuntime {
         })
     }
 
-    /// The index called `name`.
+    /// The current version of the index called `name`.
     pub(crate) fn index(&self, name: &str) -> Result<&Arc<IndexRuntime>> {
         self.indexes
             .iter()
@@ -275,12 +299,21 @@ impl DatastoreRuntime {
             })
     }
 
+    /// The previous version of the index called `name` that serves while
+    /// its new version is built, if there is one.
+    pub(crate) fn serving_previous(&self, name: &str) -> Option<&Arc<IndexRuntime>> {
+        self.indexes
+            .iter()
+            .find(|i| i.def.name == name && i.serves_until().is_some())
+    }
+
     /// Whether the datastore has any index reading `column`.
     pub(crate) fn indexes_column(&self, column: &str) -> bool {
-        self.def
-            .indexes
+        // The runtimes, not `def.indexes`: a previous version may read a
+        // column the current one does not.
+        self.indexes
             .iter()
-            .any(|i| i.columns.iter().any(|c| c == column))
+            .any(|i| i.def.columns.iter().any(|c| c == column))
     }
 }
 

@@ -264,6 +264,7 @@ pub async fn a_changed_index_gets_a_new_version(env: Arc<Env>) {
         "{:?}",
         store.warnings()
     );
+    // A query of every field (`city` too) waits for version 2.
     assert_eq!(
         store
             .query_index("trips", &by("by_driver", driver.to_string()))
@@ -282,7 +283,8 @@ pub async fn a_changed_index_gets_a_new_version(env: Arc<Env>) {
         .fields
         .iter()
         .any(|(name, value)| name == "city" && value.as_text() == Some("Oslo")));
-    // The current version cannot be dropped; the old one can.
+    // The current version cannot be dropped; the old one can, once the
+    // gateways had time to switch (or at once, when told so).
     assert_eq!(
         store
             .drop_index("trips", "by_driver", None)
@@ -291,8 +293,13 @@ pub async fn a_changed_index_gets_a_new_version(env: Arc<Env>) {
             .code(),
         "BAD_USER_INPUT"
     );
-    let dropped = store
+    let err = store
         .drop_index("trips", "by_driver", Some(1))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("was replaced"), "{err}");
+    let dropped = store
+        .drop_index_with("trips", "by_driver", Some(1), false)
         .await
         .unwrap();
     assert_eq!(dropped, vec!["main: trips_ix_by_driver".to_string()]);
@@ -754,7 +761,7 @@ pub async fn a_reload_builds_new_indexes_and_keeps_removed_tables(env: Arc<Env>)
     let report = store.reload(definitions(&changed)).await.unwrap();
     assert_eq!(
         report.changes,
-        ["index `by_driver` of `trips` changed: version 2 replaces version 1 (filled from the cell log; INDEX_BUILDING until it has caught up)"]
+        ["index `by_driver` of `trips` changed: version 2 replaces version 1 (filled from the cell log; version 1 answers the queries it can answer until then)"]
     );
     let page = until_built(&store, "by_driver", &driver, 40).await;
     assert!(page.entries[0]
@@ -833,6 +840,153 @@ pub async fn a_reload_builds_new_indexes_and_keeps_removed_tables(env: Arc<Env>)
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     panic!("the index of the new datastore was not built");
+}
+
+/// `by_driver` queries returning and ordering by the fields of its first
+/// version only.
+fn by_driver_v1_fields(driver: &str, after: Option<String>) -> IndexQuery {
+    IndexQuery {
+        fields: vec!["driver".into(), "at".into()],
+        order_by: vec![cellgate_store::indexes::OrderBy {
+            field: "at".into(),
+            descending: true,
+        }],
+        first: Some(7),
+        after,
+        ..by("by_driver", driver.to_string())
+    }
+}
+
+pub async fn a_changed_index_answers_from_its_previous_version_until_built(env: Arc<Env>) {
+    let one = files(&[("trips/indexes/by_driver.yaml", BY_DRIVER)], TRIPS);
+    // Maintenance off: nothing applies the log until `sync_indexes`.
+    let store = env.open_custom(&one, env.storage(), false).await.unwrap();
+    let driver = write_trips(&store, 30, "Kyiv").await.to_string();
+    store.sync_indexes().await.unwrap();
+    let first = store
+        .query_index("trips", &by_driver_v1_fields(&driver, None))
+        .await
+        .unwrap();
+    let cursor = first.end_cursor.clone();
+    let second = store
+        .query_index("trips", &by_driver_v1_fields(&driver, cursor.clone()))
+        .await
+        .unwrap();
+
+    // A field added: version 2 is built from the log, version 1 answers
+    // every query that reads only what it has.
+    let two = files(
+        &[("trips/indexes/by_driver.yaml", BY_DRIVER_WITH_CITY)],
+        TRIPS,
+    );
+    let report = store.reload(definitions(&two)).await.unwrap();
+    assert_eq!(
+        report.changes,
+        ["index `by_driver` of `trips` changed: version 2 replaces version 1 (filled from the cell log; version 1 answers the queries it can answer until then)"]
+    );
+    let check_v1_answers = |store: cellgate_store::Store| {
+        let (driver, first, second, cursor) = (
+            driver.clone(),
+            first.clone(),
+            second.clone(),
+            cursor.clone(),
+        );
+        async move {
+            let again = store
+                .query_index("trips", &by_driver_v1_fields(&driver, None))
+                .await
+                .unwrap();
+            assert_eq!(again, first);
+            // A cursor of the first version's pages keeps paging.
+            let next = store
+                .query_index("trips", &by_driver_v1_fields(&driver, cursor))
+                .await
+                .unwrap();
+            assert_eq!(next, second);
+            // Those that need `city` wait for version 2.
+            let needs_city = [
+                by("by_driver", driver.clone()),
+                IndexQuery {
+                    fields: vec!["city".into()],
+                    ..by("by_driver", driver.clone())
+                },
+                IndexQuery {
+                    fields: vec!["driver".into()],
+                    filter: Some("city = \"Kyiv\"".into()),
+                    ..by("by_driver", driver.clone())
+                },
+                IndexQuery {
+                    fields: vec!["driver".into()],
+                    order_by: vec![cellgate_store::indexes::OrderBy {
+                        field: "city".into(),
+                        descending: false,
+                    }],
+                    ..by("by_driver", driver.clone())
+                },
+            ];
+            for query in needs_city {
+                let err = store.query_index("trips", &query).await.unwrap_err();
+                assert_eq!(err.code(), "INDEX_BUILDING", "{query:?}: {err}");
+            }
+        }
+    };
+    check_v1_answers(store.clone()).await;
+    let status: Vec<_> = store
+        .indexes("trips")
+        .unwrap()
+        .into_iter()
+        .map(|i| (i.version, i.ready, i.serves_until))
+        .collect();
+    assert_eq!(status, [(2, false, None), (1, true, Some(2))]);
+    let err = store
+        .drop_index_with("trips", "by_driver", Some(1), false)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("answers queries until version 2"),
+        "{err}"
+    );
+    drop(store);
+
+    // Started with the new definitions, a store serves version 1 as well:
+    // the catalog records the definition it was built from.
+    let store = env.open_custom(&two, env.storage(), false).await.unwrap();
+    assert!(
+        store
+            .warnings()
+            .iter()
+            .any(|w| w.contains("version 1 answers the queries it can answer")),
+        "{:?}",
+        store.warnings()
+    );
+    check_v1_answers(store.clone()).await;
+
+    // Once built, version 2 answers everything, `city` included.
+    store.sync_indexes().await.unwrap();
+    let page = store
+        .query_index("trips", &by("by_driver", driver.clone()))
+        .await
+        .unwrap();
+    assert_eq!(page.entries.len(), 30);
+    assert!(page.entries.iter().all(|e| e
+        .fields
+        .iter()
+        .any(|(name, value)| name == "city" && value.as_text() == Some("Kyiv"))));
+    let on_v2 = store
+        .query_index("trips", &by_driver_v1_fields(&driver, None))
+        .await
+        .unwrap();
+    assert_eq!(on_v2, first, "the same answer and cursors from version 2");
+    drop(store);
+    // Superseded: a store started now serves version 2 alone.
+    let store = env.open_custom(&two, env.storage(), false).await.unwrap();
+    let status: Vec<_> = store
+        .indexes("trips")
+        .unwrap()
+        .into_iter()
+        .map(|i| (i.version, i.ready, i.serves_until))
+        .collect();
+    assert_eq!(status, [(2, true, None)]);
 }
 
 pub async fn a_reloaded_index_answers_index_building_until_it_is_built(env: Arc<Env>) {

@@ -150,6 +150,9 @@ pub struct MaintenanceMetrics {
     pub buckets_held: usize,
     /// Indexes still being built, with their cells to go and progress.
     pub building: Vec<crate::IndexStatus>,
+    /// Every index version served and maintained: the current ones, and
+    /// the previous ones that answer queries while a new one is built.
+    pub versions: Vec<crate::IndexStatus>,
 }
 
 fn histogram() -> hdrhistogram::Histogram<u64> {
@@ -242,11 +245,16 @@ impl Maintainer {
             .filter(|((name, _), _)| name == ds.name())
             .map(|(_, n)| n)
             .sum();
-        metrics.building = ds
+        metrics.versions = ds
             .indexes
             .iter()
-            .filter(|i| !i.is_ready())
             .map(|i| crate::IndexStatus::of(i))
+            .collect();
+        metrics.building = metrics
+            .versions
+            .iter()
+            .filter(|i| !i.ready)
+            .cloned()
             .collect();
         metrics
     }

@@ -1,6 +1,7 @@
 //! Readiness of indexes being built: an index becomes queryable the first
-//! time every cluster of its datastore reports it caught up, from a sweep
-//! or, at start-up, from a measurement.
+//! time every cluster of its datastore reports it caught up (no further
+//! behind than the ready indexes), from a sweep or, at start-up, from a
+//! measurement.
 
 use crate::error::Result;
 use crate::indexes::apply::{self};
@@ -29,6 +30,12 @@ pub(super) async fn mark_ready_indexes(
                 // cluster's log once per consumer (target cluster).
                 let mut total = Some(0);
                 let mut complete = true;
+                // Caught up: on every cluster, no more cells to apply than
+                // the ready indexes have in the same measurement (none,
+                // without ready indexes). Under steady writes a build is
+                // never at 0; once as fresh as the live indexes, it is
+                // maintained as one of them.
+                let mut caught_up = true;
                 for cluster in ds.work_map().clusters() {
                     match lag.get(&(ds.name().to_string(), cluster)) {
                         None => {
@@ -36,16 +43,25 @@ pub(super) async fn mark_ready_indexes(
                             total = None;
                         }
                         Some(l) => {
+                            let at = |c: usize| l.pending_by_consumer.get(c).copied().unwrap_or(0);
+                            let live = consumers
+                                .iter()
+                                .enumerate()
+                                .filter(|(_, consumer)| ds.indexes[consumer.index].is_ready())
+                                .map(|(c, _)| at(c))
+                                .max()
+                                .unwrap_or(0);
                             for (c, consumer) in consumers.iter().enumerate() {
                                 if consumer.index == position {
-                                    pending += l.pending_by_consumer.get(c).copied().unwrap_or(0);
+                                    pending += at(c);
+                                    caught_up &= at(c) <= live;
                                     total = total.zip(l.log_cells).map(|(t, n)| t + n);
                                 }
                             }
                         }
                     }
                 }
-                (position, pending, total, complete && pending == 0)
+                (position, pending, total, complete && caught_up)
             })
             .collect()
     };
