@@ -9,7 +9,7 @@
 //! | `layout` (datastore `""`) | the table layout version, `2` |
 //! | `shards` | the datastore's logical shard count, fixed at creation |
 //! | `ranges` | the shard ranges this cluster holds, e.g. `0-2047` |
-//! | `index:<name>:<version>` | JSON: the definition's signature, `building` / `ready` / `superseded`, its fields, the definition it was built from (`indexes/stored.rs`), once ready the cells and seconds its build took, and once superseded when |
+//! | `index:<name>:<version>` | JSON: the definition's signature, `building` / `ready` / `superseded`, its fields, the definition it was built from (`catalog/stored.rs`), once ready the cells and seconds its build took, and once superseded when |
 //! | `definitions` (datastore `""`, first cluster) | JSON: the definition files a gateway last served, with their digest (`deployed.rs`) |
 //!
 //! At start-up the definitions and topology are checked against every
@@ -32,6 +32,8 @@
 //! are prepared by a background task once they answer; until then their
 //! shards fail with `STORAGE_UNAVAILABLE`. Requests never run DDL.
 
+mod stored;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,13 +43,13 @@ use index_dsl::{Definitions, Index};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::indexes::stored::StoredIndex;
 use crate::retry::with_retry;
 use crate::shards::format_ranges;
 use crate::storage::{ddl, Backend, Dialect, Sql, Value, MAX_PARAMS};
 use crate::topology::{
     index_signature, Cluster, ClusterState, DatastoreRuntime, Defined, Topology,
 };
+use stored::StoredIndex;
 
 /// A cluster's catalog rows: `(datastore, item) → value`.
 pub(crate) type Catalog = BTreeMap<(String, String), String>;

@@ -8,8 +8,7 @@
 //! strings by their text), `query.rs` runs it with one statement
 //! per cluster, `cursor.rs` encodes keyset positions. `verify.rs` compares indexes
 //! with their cells and repairs the drift. `entry.rs` extracts
-//! typed field values from cell bodies. `stored.rs` is the definition a
-//! catalog records with each table version.
+//! typed field values from cell bodies.
 
 pub(crate) mod apply;
 pub mod cursor;
@@ -22,7 +21,6 @@ pub mod plan;
 pub(crate) mod quarantine;
 pub(crate) mod query;
 mod status;
-pub(crate) mod stored;
 pub(crate) mod verify;
 
 #[doc(hidden)]

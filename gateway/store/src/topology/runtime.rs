@@ -47,6 +47,8 @@ pub(crate) struct BuildProgress {
     samples: std::collections::VecDeque<(std::time::Instant, i64)>,
     /// The first measurement of the build.
     first: Option<(std::time::Instant, i64)>,
+    /// The log cells to read at the first measurement.
+    first_total: Option<i64>,
 }
 
 impl BuildProgress {
@@ -59,6 +61,7 @@ impl BuildProgress {
         }
         self.total = total;
         self.first.get_or_insert((at, done));
+        self.first_total.get_or_insert(total);
         self.samples.push_back((at, done));
         while self.samples.len() > 2
             && self
@@ -89,6 +92,15 @@ impl BuildProgress {
         let (first, last) = (self.first?, self.samples.back()?);
         let secs = last.0.duration_since(first.0).as_secs_f64();
         (secs > 0.0).then(|| ((last.1 - first.1).max(0), secs))
+    }
+
+    /// Whether the build has applied as many cells as the log held at its
+    /// first measurement, measured later.
+    pub(crate) fn passed_its_start(&self) -> bool {
+        match (self.first_total, self.samples.back()) {
+            (Some(start), Some((_, done))) => self.samples.len() > 1 && *done >= start,
+            _ => false,
+        }
     }
 
     /// Seconds until `pending` cells are applied at the current rate.
@@ -361,5 +373,17 @@ mod tests {
         // records when it is ready.
         assert_eq!(p.whole(), Some((5_000, 80.0)));
         assert_eq!(BuildProgress::default().whole(), None);
+        // A build under writes: done once the cells of the log at its first
+        // measurement are applied, whatever was written since.
+        let mut writes = BuildProgress::default();
+        writes.record(at(0), 0, 300);
+        assert!(!writes.passed_its_start());
+        writes.record(at(1), 200, 350);
+        assert!(!writes.passed_its_start());
+        writes.record(at(2), 300, 400);
+        assert!(writes.passed_its_start());
+        let mut idle = BuildProgress::default();
+        idle.record(at(0), 300, 300);
+        assert!(!idle.passed_its_start(), "one measurement is not a build");
     }
 }

@@ -621,7 +621,7 @@ pub async fn a_building_index_version_does_not_hold_back_live_indexes(env: Arc<E
             .indexes("trips")
             .unwrap()
             .iter()
-            .any(|s| s.name == name && s.ready)
+            .any(|s| s.name == name && s.ready && s.serves_until.is_none())
     };
     assert!(!ready(&store, "driver_partner_index"));
     // Released, the new version is built and becomes ready.

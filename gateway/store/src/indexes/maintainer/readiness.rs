@@ -18,7 +18,7 @@ pub(super) async fn mark_ready_indexes(
     ds: &DatastoreRuntime,
 ) {
     let consumers = apply::consumers(topology, ds);
-    let caught_up: Vec<(usize, i64, Option<i64>, bool)> = {
+    let caught_up: Vec<(usize, i64, Option<i64>, bool, bool)> = {
         let lag = shared.lag.lock().expect("lag");
         ds.indexes
             .iter()
@@ -30,12 +30,10 @@ pub(super) async fn mark_ready_indexes(
                 // cluster's log once per consumer (target cluster).
                 let mut total = Some(0);
                 let mut complete = true;
-                // Caught up: on every cluster, no more cells to apply than
-                // the ready indexes have in the same measurement (none,
-                // without ready indexes). Under steady writes a build is
-                // never at 0; once as fresh as the live indexes, it is
-                // maintained as one of them.
-                let mut caught_up = true;
+                // As fresh as the live indexes: on every cluster, no more
+                // cells to apply than the ready indexes have in the same
+                // measurement (none, without ready indexes).
+                let mut as_fresh = true;
                 for cluster in ds.work_map().clusters() {
                     match lag.get(&(ds.name().to_string(), cluster)) {
                         None => {
@@ -54,18 +52,18 @@ pub(super) async fn mark_ready_indexes(
                             for (c, consumer) in consumers.iter().enumerate() {
                                 if consumer.index == position {
                                     pending += at(c);
-                                    caught_up &= at(c) <= live;
+                                    as_fresh &= at(c) <= live;
                                     total = total.zip(l.log_cells).map(|(t, n)| t + n);
                                 }
                             }
                         }
                     }
                 }
-                (position, pending, total, complete && caught_up)
+                (position, pending, total, complete, as_fresh)
             })
             .collect()
     };
-    for (position, pending, total, ready) in caught_up {
+    for (position, pending, total, complete, as_fresh) in caught_up {
         let index = &ds.indexes[position];
         if index.is_ready() {
             // Marked ready meanwhile, from a newer measurement (a sweep
@@ -77,6 +75,12 @@ pub(super) async fn mark_ready_indexes(
             Some(total) => index.set_build_progress(pending, total),
             None => index.set_pending(pending),
         }
+        // Caught up: nothing left to apply; or, since under steady writes
+        // a build is never at 0, every cell the log held when the build
+        // was first measured applied and as fresh as the live indexes
+        // (from then on it is maintained as one of them).
+        let ready =
+            complete && (pending == 0 || (as_fresh && index.build_progress().passed_its_start()));
         if ready {
             match crate::catalog::mark_ready(topology, ds, index).await {
                 Ok(()) => {
