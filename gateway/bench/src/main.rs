@@ -36,6 +36,7 @@ mod moves;
 mod phase;
 mod probe;
 mod raw;
+mod rebuild;
 mod replicas;
 mod report;
 mod server;
@@ -130,6 +131,10 @@ enum Command {
     /// and the p50/p99 of index queries alone and beside a throttled
     /// verify.
     Verify(verify::VerifyBenchArgs),
+    /// Measure a changed index's rebuild at scale: index queries and
+    /// writes before, during and after the build of its new version, whose
+    /// previous version answers meanwhile (Rust API, one cluster).
+    Rebuild(rebuild::RebuildBenchArgs),
     /// Measure what idle GraphQL subscriptions cost a gateway and how fast
     /// a commit reaches them.
     ///
@@ -237,6 +242,7 @@ fn main() -> ExitCode {
             Some(Command::Subscriptions(args)) => subscriptions::run(args).await,
             Some(Command::Replicas(args)) => replicas::run(args).await,
             Some(Command::Verify(args)) => verify::run(args).await,
+            Some(Command::Rebuild(args)) => rebuild::run(args).await,
             Some(Command::Lag(args)) => lag::run(args).await,
             Some(Command::Move(args)) => moves::run(args).await,
             None => gateway::run(cli.gateway).await,
