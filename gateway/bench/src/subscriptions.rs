@@ -22,6 +22,9 @@
 //!    `createdAt` (taken just before its commit) to its arrival; checks that
 //!    every subscriber got every cell.
 //!
+//! With `--two-gateways` the writes go through a second gateway on the
+//! same store, so the delay is that of the wake-up across gateways.
+//!
 //! Prints a table; exits 1 if a subscriber missed a cell or got an error.
 
 use std::path::PathBuf;
@@ -83,6 +86,12 @@ pub struct SubscriptionsBenchArgs {
     /// Select the resume `cursor` in every event too.
     #[arg(long)]
     pub cursor: bool,
+    /// Write through a second gateway on the same store, so that every
+    /// cell reaches the subscribers from another gateway (the wake-up
+    /// across gateways: `LISTEN/NOTIFY` on PostgreSQL, the sweep
+    /// elsewhere).
+    #[arg(long)]
+    pub two_gateways: bool,
 }
 
 /// What one idle window cost the server.
@@ -144,7 +153,33 @@ pub async fn run(args: SubscriptionsBenchArgs) -> anyhow::Result<ExitCode> {
         Duration::from_secs(30),
     )
     .await?;
-    let result = measure(&args, &server, connections).await;
+    let writer = if args.two_gateways {
+        let second = dir.path().join("writer");
+        std::fs::create_dir_all(&second)?;
+        Some(
+            Server::start_with_limits(
+                &database,
+                &limits,
+                &args.datastores,
+                &second,
+                16,
+                Duration::from_secs(30),
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
+    let result = measure(
+        &args,
+        &server,
+        writer.as_ref().unwrap_or(&server),
+        connections,
+    )
+    .await;
+    if let Some(writer) = writer {
+        writer.stop().await?;
+    }
     server.stop().await?;
     result
 }
@@ -152,6 +187,7 @@ pub async fn run(args: SubscriptionsBenchArgs) -> anyhow::Result<ExitCode> {
 async fn measure(
     args: &SubscriptionsBenchArgs,
     server: &Server,
+    writer: &Server,
     connections: usize,
 ) -> anyhow::Result<ExitCode> {
     let pid = server.pid().context("the server has no process id")?;
@@ -230,7 +266,7 @@ async fn measure(
             .map(cell_input)
             .collect();
         sent += cells.len() as u64;
-        let gateway = server.gateway.clone();
+        let gateway = writer.gateway.clone();
         pending.push(tokio::spawn(async move {
             gateway.graphql(WRITE, json!({ "cells": cells })).await
         }));
@@ -276,11 +312,16 @@ async fn measure(
     }
     println!();
     println!(
-        "opened {} subscriptions in {open_seconds:.1} s; {sent} cells written at {} cells/s: \
+        "opened {} subscriptions in {open_seconds:.1} s; {sent} cells written at {} cells/s{}: \
          {} of {} subscribers got every cell ({extra} got some twice); commit to subscriber \
          ({} sampled) p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         args.subscriptions,
         args.rate,
+        if args.two_gateways {
+            " through another gateway"
+        } else {
+            ""
+        },
         args.subscriptions - short,
         args.subscriptions,
         histogram.len(),

@@ -277,6 +277,17 @@ async fn start_maintenance(
         return maintainer;
     }
     maintainer::check_ready(topology, &maintainer).await;
+    // Other gateways' writes on PostgreSQL clusters wake this one's
+    // followers and maintenance at once (`topology/wake.rs`).
+    for (index, cluster) in options.storage.clusters.iter().enumerate() {
+        if topology.clusters[index].master.dialect() == crate::storage::Dialect::Postgres {
+            tokio::spawn(crate::topology::wake::listen(
+                Arc::downgrade(topology),
+                index,
+                cluster.master.clone(),
+            ));
+        }
+    }
     maintainer::start(
         topology,
         &maintainer,

@@ -30,6 +30,9 @@ pub(crate) struct Written {
 pub(crate) struct Events {
     sender: mpsc::UnboundedSender<Written>,
     broadcast: tokio::sync::broadcast::Sender<Arc<Written>>,
+    /// Names this store in the notifications its writes send other
+    /// gateways (`wake.rs`), so that it skips its own.
+    origin: String,
 }
 
 /// Write events a broadcast holds for slow receivers.
@@ -39,7 +42,15 @@ impl Events {
     pub(crate) fn new() -> (Events, mpsc::UnboundedReceiver<Written>) {
         let (sender, receiver) = mpsc::unbounded_channel();
         let (broadcast, _) = tokio::sync::broadcast::channel(BROADCAST_EVENTS);
-        (Events { sender, broadcast }, receiver)
+        let origin = format!("{:016x}", rand::random::<u64>());
+        (
+            Events {
+                sender,
+                broadcast,
+                origin,
+            },
+            receiver,
+        )
     }
 
     pub(crate) fn written(&self, event: Written) {
@@ -48,6 +59,11 @@ impl Events {
         }
         // The receiver is gone only when maintenance is off or stopping.
         let _ = self.sender.send(event);
+    }
+
+    /// What this store's write notifications name it.
+    pub(crate) fn origin(&self) -> &str {
+        &self.origin
     }
 
     /// The write events from now on.

@@ -17,6 +17,7 @@ pub(crate) mod fence;
 mod lag;
 mod routes;
 mod runtime;
+pub(crate) mod wake;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

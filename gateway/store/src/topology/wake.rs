@@ -1,0 +1,135 @@
+//! Wake-ups across gateways on PostgreSQL: a write's statement notifies
+//! the channel of its datastore (`cellgate_<datastore>`) with the shards'
+//! new log heads, and every gateway listening on that cluster turns the
+//! notification into the write event a local write makes (`events.rs`), so
+//! its followers (subscriptions, triggers) and index maintenance go on at
+//! once instead of at their next sweep. One connection per cluster and
+//! gateway listens, whatever the number of followers; the sweeps stay the
+//! safety net (a notification lost with a dropped connection, a write of
+//! more than [`MAX_SHARDS`] shards, a master that changed).
+//!
+//! Payload: `<origin>;<shard>:<head>,<shard>:<head>…`, where `origin`
+//! names the writing store, which skips its own.
+
+use std::collections::HashSet;
+use std::sync::Weak;
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+
+use super::{Topology, Written};
+
+/// Most shards a notification names (PostgreSQL's payload is at most 8,000
+/// bytes; a shard and its head take at most 21); a write of more wakes
+/// the other gateways at their next sweep.
+pub(crate) const MAX_SHARDS: usize = 360;
+
+/// The channel of `datastore`'s writes.
+pub(crate) fn channel(datastore: &str) -> String {
+    format!("cellgate_{datastore}")
+}
+
+/// Listens on cluster `cluster`'s master (`url`) for the writes of other
+/// gateways, until the topology is dropped.
+pub(crate) async fn listen(topology: Weak<Topology>, cluster: usize, url: String) {
+    let origin = match topology.upgrade() {
+        Some(t) => t.events.origin().to_string(),
+        None => return,
+    };
+    let mut listener = loop {
+        match PgListener::connect(&url).await {
+            Ok(listener) => break listener,
+            Err(err) => {
+                tracing::debug!(cluster, error = %err, "cannot listen for other gateways' writes yet");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                if topology.strong_count() == 0 {
+                    return;
+                }
+            }
+        }
+    };
+    let mut listening: HashSet<String> = HashSet::new();
+    loop {
+        let Some(current) = topology.upgrade() else {
+            return;
+        };
+        let wanted: Vec<String> = current
+            .datastores_sorted()
+            .iter()
+            .map(|ds| channel(ds.name()))
+            .filter(|c| !listening.contains(c))
+            .collect();
+        drop(current);
+        if !wanted.is_empty() {
+            match listener.listen_all(wanted.iter().map(String::as_str)).await {
+                Ok(()) => listening.extend(wanted),
+                Err(err) => {
+                    tracing::debug!(cluster, error = %err, "cannot listen for other gateways' writes");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            }
+        }
+        // Wakes at least once a second to see a dropped store or new
+        // datastores.
+        let received = tokio::time::timeout(Duration::from_secs(1), listener.try_recv()).await;
+        let notification = match received {
+            Err(_) => continue,
+            // The connection was lost and is being made again (with the
+            // channels listened to again): what was sent meanwhile is
+            // lost, and found by the sweeps.
+            Ok(Ok(None)) => continue,
+            Ok(Err(err)) => {
+                tracing::debug!(cluster, error = %err, "listening for other gateways' writes failed");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            Ok(Ok(Some(notification))) => notification,
+        };
+        let Some(datastore) = notification.channel().strip_prefix("cellgate_") else {
+            continue;
+        };
+        let Some((from, heads)) = parse(notification.payload()) else {
+            continue;
+        };
+        if from == origin || heads.is_empty() {
+            continue;
+        }
+        let Some(current) = topology.upgrade() else {
+            return;
+        };
+        current.events.written(Written {
+            datastore: datastore.to_string(),
+            cluster,
+            heads,
+            went_back: false,
+        });
+    }
+}
+
+/// `origin;shard:head,…` → `(origin, heads)`.
+fn parse(payload: &str) -> Option<(&str, Vec<(u32, i64)>)> {
+    let (origin, list) = payload.split_once(';')?;
+    let mut heads = Vec::new();
+    for pair in list.split(',').filter(|p| !p.is_empty()) {
+        let (shard, head) = pair.split_once(':')?;
+        heads.push((shard.parse().ok()?, head.parse().ok()?));
+    }
+    Some((origin, heads))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn payloads_parse_or_are_ignored() {
+        assert_eq!(
+            parse("a1b2;12:40,4095:7"),
+            Some(("a1b2", vec![(12, 40), (4095, 7)]))
+        );
+        assert_eq!(parse("a1b2;"), Some(("a1b2", vec![])));
+        assert_eq!(parse("no separator"), None);
+        assert_eq!(parse("a;12:x"), None);
+    }
+}

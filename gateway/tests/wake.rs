@@ -1,0 +1,189 @@
+//! Wake-ups across gateways on PostgreSQL: two `cellgate serve` processes
+//! on one database, their sweeps (subscriptions', index maintenance's)
+//! set to a minute, so that only the `LISTEN/NOTIFY` wake-up can bring a
+//! cell written through one gateway to a subscriber of the other, and to
+//! the index entries the other maintains, within the test's wait.
+
+#[path = "support/followers.rs"]
+mod followers;
+#[path = "support/server.rs"]
+mod server;
+#[path = "support/servers.rs"]
+mod servers;
+#[path = "support/socket.rs"]
+mod socket;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use server::{client, Server};
+use sqlx::Connection as _;
+
+const TRIPS: (&str, &str) = (
+    "trips/datastore.yaml",
+    "name: trips\nshards: 64\ncolumns:\n  - name: BASE\n",
+);
+
+const BY_DRIVER: (&str, &str) = (
+    "trips/indexes/by_driver.yaml",
+    "table: by_driver\ndatastore: trips\ncolumn_defs:\n  - column_key: BASE\n    fields:\n      - { field: driver, type: string }\n",
+);
+
+/// Sweeps a minute apart: what reaches the other gateway sooner was woken.
+const SLOW_SWEEPS: &str =
+    "limits:\n  subscription_sweep_ms: 60000\nindexes:\n  sweep_interval_ms: 60000\n";
+
+async fn admin(base: &str, sql: &str) {
+    let mut conn = sqlx::PgConnection::connect(base)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {base}: {e}"));
+    sqlx::raw_sql(sql)
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+fn with_database(base: &str, name: &str) -> String {
+    let (server, _) = base.rsplit_once('/').expect("a database URL");
+    format!("{server}/{name}")
+}
+
+async fn gql(server: &Server, query: &str, variables: Value) -> Value {
+    let answer: Value = client()
+        .post(server.graphql())
+        .json(&json!({ "query": query, "variables": variables }))
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("JSON");
+    assert!(answer.get("errors").is_none(), "{answer}");
+    answer
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_through_one_gateway_wake_the_other_on_postgres() {
+    let Ok(base) = std::env::var("CELLGATE_TEST_POSTGRES_URL") else {
+        servers::skip(
+            "the wake-up across gateways",
+            "CELLGATE_TEST_POSTGRES_URL is not set",
+        );
+        return;
+    };
+    let name = format!(
+        "cg_wake_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    admin(&base, &format!("CREATE DATABASE {name}")).await;
+    let url = with_database(&base, &name);
+    let outcome = tokio::spawn(check(url)).await;
+    admin(
+        &base,
+        &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+    )
+    .await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic.into_panic());
+    }
+}
+
+async fn check(url: String) {
+    let files = [TRIPS, BY_DRIVER];
+    let writer = Server::start_with(&files, SLOW_SWEEPS, &["--database", &url]);
+    let follower = Server::start_with(&files, SLOW_SWEEPS, &["--database", &url]);
+    for server in [&writer, &follower] {
+        server
+            .wait_ready(reqwest::StatusCode::OK, Duration::from_secs(60))
+            .await;
+    }
+    // A subscriber of the follower, caught up with the (empty) log.
+    let ws = follower.url("/graphql/ws").replacen("http", "ws", 1);
+    let got = followers::subscribe(ws, "tripsCells", "BASE");
+    let wait_until = |what: &'static str, within: Duration| {
+        let deadline = Instant::now() + within;
+        move || {
+            assert!(
+                Instant::now() < deadline,
+                "{what} within {within:?}: only a sweep (a minute apart) would have found it"
+            );
+        }
+    };
+    let started = wait_until("the subscription to start", Duration::from_secs(30));
+    loop {
+        let text = client()
+            .get(follower.url("/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        if text
+            .lines()
+            .any(|l| l.starts_with("cellgate_subscription_followers") && !l.ends_with(" 0"))
+        {
+            break;
+        }
+        started();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Let the first sweeps of both pass (each gateway sweeps once soon
+    // after it starts), so that what follows is left to the wake-up.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // Cells of many shards, written through the other gateway.
+    let driver = uuid::Uuid::new_v4().to_string();
+    let cells: Vec<Value> = (0..40)
+        .map(|_| {
+            json!({"rowKey": uuid::Uuid::new_v4().to_string(), "column": "BASE", "refKey": 1,
+                   "body": {"driver": driver}})
+        })
+        .collect();
+    let keys: Vec<followers::CellKey> = cells
+        .iter()
+        .map(|c| {
+            (
+                c["rowKey"].as_str().unwrap().parse().unwrap(),
+                "BASE".to_string(),
+                1,
+            )
+        })
+        .collect();
+    gql(
+        &writer,
+        "mutation($cells: [TripsCellInput!]!) { tripsPutCells(cells: $cells) { status } }",
+        json!({ "cells": cells }),
+    )
+    .await;
+    let delivered = wait_until(
+        "the follower's subscriber to get every cell",
+        Duration::from_secs(20),
+    );
+    while !got.missing(&keys).is_empty() {
+        delivered();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Index entries of the shards whose leases the follower holds are
+    // applied by it, woken the same way: every entry is found through
+    // either gateway.
+    let indexed = wait_until("every index entry", Duration::from_secs(20));
+    for server in [&writer, &follower] {
+        loop {
+            let answer = gql(
+                server,
+                "query($d: String!) { trips { byDriver(driver: $d, first: 100) { edges { node { rowKey } } } } }",
+                json!({ "d": driver }),
+            )
+            .await;
+            let found = answer["data"]["trips"]["byDriver"]["edges"]
+                .as_array()
+                .map_or(0, Vec::len);
+            if found == keys.len() {
+                break;
+            }
+            indexed();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
