@@ -231,11 +231,14 @@ test('the metrics parser reads the gateway’s /metrics', async () => {
       'cellgate_index_building_pending_cells{datastore="trips",index="fresh"} 50\n' +
       'cellgate_index_building_total_cells{datastore="trips",index="by_city"} 1000\n' +
       'cellgate_index_building_rate_cells_per_second{datastore="trips",index="by_city"} 70\n' +
-      'cellgate_index_building_eta_seconds{datastore="trips",index="by_city"} 4.5\n',
+      'cellgate_index_building_eta_seconds{datastore="trips",index="by_city"} 4.5\n' +
+      'cellgate_index_version{datastore="trips",index="by_city",state="building"} 2\n' +
+      'cellgate_index_version{datastore="trips",index="by_city",state="previous"} 1\n' +
+      'cellgate_index_version{datastore="trips",index="fresh",state="building"} 1\n',
   );
   assert.deepEqual(indexBuilds(building), [
-    { datastore: 'trips', index: 'by_city', pending: 300, total: 1000, done: 700, rate: 70, etaSeconds: 4.5 },
-    { datastore: 'trips', index: 'fresh', pending: 50, total: null, done: null, rate: null, etaSeconds: null },
+    { datastore: 'trips', index: 'by_city', version: 2, previous: 1, pending: 300, total: 1000, done: 700, rate: 70, etaSeconds: 4.5 },
+    { datastore: 'trips', index: 'fresh', version: 1, previous: null, pending: 50, total: null, done: null, rate: null, etaSeconds: null },
   ]);
   const escaped = parseMetrics('# TYPE x gauge\nx{a="q\\"uote",b="back\\\\slash"} 2.5\nx{a="other"} 1\n# EOF\n');
   assert.equal(sample(escaped, 'x', { a: 'q"uote' }), 2.5);

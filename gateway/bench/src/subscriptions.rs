@@ -92,6 +92,11 @@ pub struct SubscriptionsBenchArgs {
     /// elsewhere).
     #[arg(long)]
     pub two_gateways: bool,
+    /// Start the gateways with `storage.notify: false`: on PostgreSQL,
+    /// other gateways' writes are then found by the sweep alone (the
+    /// baseline of the wake-up).
+    #[arg(long)]
+    pub no_notify: bool,
 }
 
 /// What one idle window cost the server.
@@ -140,10 +145,13 @@ pub async fn run(args: SubscriptionsBenchArgs) -> anyhow::Result<ExitCode> {
         args.duration,
         if args.cursor { "selected" } else { "not selected" },
     );
-    let limits = format!(
+    let mut limits = format!(
         "  max_subscriptions_per_connection: {}\n  max_subscriptions_per_client: {}\n",
         args.per_connection, args.subscriptions
     );
+    if args.no_notify {
+        limits.push_str("storage:\n  notify: false\n");
+    }
     let server = Server::start_with_limits(
         &database,
         &limits,

@@ -134,6 +134,19 @@ pub struct StorageConfig {
     /// cell_cache_bytes: 268435456
     /// ```
     pub cell_cache_bytes: u64,
+    /// On PostgreSQL, each write notifies the other gateways at its commit
+    /// (`LISTEN/NOTIFY` on a channel per datastore, one listening
+    /// connection per cluster and gateway), so their subscriptions,
+    /// triggers and index maintenance go on at once rather than at their
+    /// next sweep. Turn it off where the connections go through a pooler
+    /// in transaction mode (PgBouncer), which cannot hold a `LISTEN`: the
+    /// sweeps then find other gateways' writes. No effect on MariaDB/MySQL
+    /// and SQLite.
+    ///
+    /// ```yaml
+    /// notify: true
+    /// ```
+    pub notify: bool,
 }
 
 /// See [`StorageConfig::breaker`].
@@ -225,6 +238,7 @@ impl Default for StorageConfig {
             buffer_shortfall: BufferShortfall::Fail,
             max_replica_lag_ms: 30_000,
             cell_cache_bytes: 256 << 20,
+            notify: true,
             clusters: Vec::new(),
             shards: BTreeMap::new(),
             max_connections: 16,

@@ -547,12 +547,7 @@ async fn deliver(
     for mut round in rounds {
         round.sort_by_key(|p| (p.shard, p.index));
         let (statuses, round_heads) = with_retry("replaying buffered cells", || {
-            commit_primary(
-                master.as_ref(),
-                ds.name(),
-                &round,
-                Some(topology.events.origin()),
-            )
+            commit_primary(master.as_ref(), ds.name(), &round, topology.events.origin())
         })
         .await?;
         if statuses.iter().any(|s| matches!(s, Ok(PutStatus::Written))) {

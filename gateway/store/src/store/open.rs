@@ -216,7 +216,7 @@ async fn build_topology(
         }
         datastores.insert(def.name.clone(), Arc::new(runtime));
     }
-    let (events, written) = Events::new();
+    let (events, written) = Events::new(options.storage.notify);
     let topology = Arc::new(Topology::new(
         Defined {
             defs: Arc::new(defs),
@@ -280,7 +280,9 @@ async fn start_maintenance(
     // Other gateways' writes on PostgreSQL clusters wake this one's
     // followers and maintenance at once (`topology/wake.rs`).
     for (index, cluster) in options.storage.clusters.iter().enumerate() {
-        if topology.clusters[index].master.dialect() == crate::storage::Dialect::Postgres {
+        if options.storage.notify
+            && topology.clusters[index].master.dialect() == crate::storage::Dialect::Postgres
+        {
             tokio::spawn(crate::topology::wake::listen(
                 Arc::downgrade(topology),
                 index,

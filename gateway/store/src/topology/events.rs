@@ -31,18 +31,21 @@ pub(crate) struct Events {
     sender: mpsc::UnboundedSender<Written>,
     broadcast: tokio::sync::broadcast::Sender<Arc<Written>>,
     /// Names this store in the notifications its writes send other
-    /// gateways (`wake.rs`), so that it skips its own.
-    origin: String,
+    /// gateways (`wake.rs`), so that it skips its own; `None` when it
+    /// sends none (`storage.notify: false`).
+    origin: Option<String>,
 }
 
 /// Write events a broadcast holds for slow receivers.
 const BROADCAST_EVENTS: usize = 4096;
 
 impl Events {
-    pub(crate) fn new() -> (Events, mpsc::UnboundedReceiver<Written>) {
+    /// Events of a store; `notify`: whether its writes notify other
+    /// gateways.
+    pub(crate) fn new(notify: bool) -> (Events, mpsc::UnboundedReceiver<Written>) {
         let (sender, receiver) = mpsc::unbounded_channel();
         let (broadcast, _) = tokio::sync::broadcast::channel(BROADCAST_EVENTS);
-        let origin = format!("{:016x}", rand::random::<u64>());
+        let origin = notify.then(|| format!("{:016x}", rand::random::<u64>()));
         (
             Events {
                 sender,
@@ -62,8 +65,8 @@ impl Events {
     }
 
     /// What this store's write notifications name it.
-    pub(crate) fn origin(&self) -> &str {
-        &self.origin
+    pub(crate) fn origin(&self) -> Option<&str> {
+        self.origin.as_deref()
     }
 
     /// The write events from now on.

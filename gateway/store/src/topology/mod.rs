@@ -150,7 +150,7 @@ impl Topology {
             max_replica_lag: self.max_replica_lag,
             lags: LagBoard::default(),
             max_batch: self.max_batch,
-            events: Events::new().0,
+            events: Events::new(false).0,
             moves: MoveSignals::default(),
         }
     }

@@ -32,8 +32,11 @@ pub(crate) fn channel(datastore: &str) -> String {
 /// Listens on cluster `cluster`'s master (`url`) for the writes of other
 /// gateways, until the topology is dropped.
 pub(crate) async fn listen(topology: Weak<Topology>, cluster: usize, url: String) {
-    let origin = match topology.upgrade() {
-        Some(t) => t.events.origin().to_string(),
+    let origin = match topology
+        .upgrade()
+        .and_then(|t| t.events.origin().map(str::to_string))
+    {
+        Some(origin) => origin,
         None => return,
     };
     let mut listener = loop {

@@ -257,12 +257,7 @@ async fn write_group(
     let primary = async {
         let master = topology.clusters[cluster].master()?;
         with_retry("committing a batch", || {
-            commit_primary(
-                master.as_ref(),
-                ds.name(),
-                group,
-                Some(topology.events.origin()),
-            )
+            commit_primary(master.as_ref(), ds.name(), group, topology.events.origin())
         })
         .await
     }
