@@ -529,6 +529,11 @@ async fn prepare_once(
                 .and_then(|v| serde_json::from_str::<IndexRecord>(v).ok());
             match known {
                 Some(k) if k.state == state && k.definition.is_some() => {}
+                // Never backwards: another gateway may have recorded the
+                // switch (this one's runtime follows at its next sweep).
+                Some(k)
+                    if k.state == IndexState::Superseded
+                        || (k.state == IndexState::Ready && state == IndexState::Building) => {}
                 Some(mut k) if k.state == state => {
                     // A record of an earlier version: the definition is
                     // what a later start needs to serve this version while
@@ -564,6 +569,27 @@ async fn prepare_once(
                         let value = serde_json::to_string(&record).expect("record serializes");
                         superseded.push((name.clone(), other.clone(), value));
                     }
+                }
+            }
+        }
+    }
+    // Indexes no longer defined are no longer maintained: their versions
+    // cannot serve a later change of the same index.
+    for ds in datastores {
+        for ((name, item), value) in catalog.iter() {
+            let Some((index_name, _)) = parse_index_item(item) else {
+                continue;
+            };
+            if name != ds.name() || ds.indexes.iter().any(|i| i.def.name == index_name) {
+                continue;
+            }
+            // No `superseded_at`: no switch to wait for (gateways that
+            // still serve it do until they reload, whatever the wait).
+            if let Ok(mut record) = serde_json::from_str::<IndexRecord>(value) {
+                if record.state != IndexState::Superseded {
+                    record.state = IndexState::Superseded;
+                    let value = serde_json::to_string(&record).expect("record serializes");
+                    superseded.push((name.clone(), item.clone(), value));
                 }
             }
         }
@@ -769,14 +795,17 @@ pub(crate) async fn drop_index(
             )));
         }
     }
+    // While the new version builds the previous one answers queries;
+    // after the switch it is still maintained until retired (the grace,
+    // which `--now` skips).
     let building = ds.index(index).is_ok_and(|c| !c.is_ready());
     if let Some(previous) = ds
         .serving_previous(index)
-        .filter(|p| building && version.is_none_or(|v| v == p.version))
+        .filter(|p| (building || grace) && version.is_none_or(|v| v == p.version))
     {
         return Err(Error::BadInput(format!(
             "version {} of index `{index}` of `{datastore}` answers queries until version {} \
-             is built; drop it once `cellgate index status` shows that version ready",
+             is built and it is retired; drop it once `cellgate index status` no longer lists it",
             previous.version,
             previous.serves_until().unwrap_or_default()
         )));

@@ -162,8 +162,9 @@ pub(crate) async fn reload(
                     Arc::new(IndexRuntime::new(index.clone(), plan.version, ready))
                 }
             };
-            if kept.is_some() && !current.is_ready() {
-                // Still building: the previous version keeps serving.
+            if kept.is_some() {
+                // Still building, or switched within the grace: the
+                // previous version goes on until `retire` takes it out.
                 serving.extend(
                     served
                         .iter()
@@ -321,8 +322,9 @@ pub(crate) async fn retire(
 }
 
 /// The version that serves while `plan`'s is built: the ready version
-/// served until now (the current one, or the previous one it served for),
-/// else the one the catalog records with its definition.
+/// served (and so maintained) until now, the current one or the previous
+/// one it served for. Not one the catalog alone records: a removed
+/// index's table was not maintained since.
 fn previous_version(
     served: &[&Arc<IndexRuntime>],
     plan: &catalog::IndexPlan,
@@ -332,7 +334,6 @@ fn previous_version(
         .filter(|i| i.version != plan.version && i.is_ready())
         .max_by_key(|i| (i.serves_until().is_none(), i.version))
         .map(|i| (i.version, i.def.clone()))
-        .or_else(|| plan.previous.clone())
 }
 
 /// Whether two definitions of a datastore agree on all but triggers.

@@ -289,7 +289,9 @@ pub(crate) async fn query_index(
 /// version's shard field is planned on that version, which answers it.
 pub(crate) fn plan(ds: &DatastoreRuntime, query: &IndexQuery) -> Result<QueryPlan> {
     match QueryPlan::build(&ds.def, query) {
-        Err(err @ Error::ShardFieldRequired { .. }) => {
+        // A field the current definition no longer has may be the previous
+        // version's shard field.
+        Err(err @ (Error::ShardFieldRequired { .. } | Error::BadInput(_))) => {
             let building = ds.index(&query.index).is_ok_and(|c| !c.is_ready());
             match ds.serving_previous(&query.index).filter(|_| building) {
                 Some(previous) => QueryPlan::build_on(&ds.def, &previous.def, query).or(Err(err)),

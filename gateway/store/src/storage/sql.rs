@@ -212,6 +212,12 @@ impl Dialect {
         self == Dialect::Postgres
     }
 
+    /// Whether a commit can notify other connections (`LISTEN/NOTIFY`,
+    /// PostgreSQL): how gateways wake each other (`topology/wake.rs`).
+    pub fn has_notify(self) -> bool {
+        self == Dialect::Postgres
+    }
+
     /// Whether the backend has `SELECT DISTINCT ON` and `LATERAL` joins
     /// (PostgreSQL), which read the latest cells with one backward index
     /// step per pair instead of a correlated `MAX`.

@@ -60,8 +60,10 @@ impl Store {
         if !options.converting_v1 {
             // Other gateways switch to a new index version at their next
             // sweep after it is caught up: the previous version stays
-            // maintained for five sweeps (at least 5 s) after the switch.
-            let grace = (options.maintenance.sweep_every * 5).max(Duration::from_secs(5));
+            // maintained for five sweeps (at least 5 s, at most the minute
+            // `cellgate index drop` waits after the last switch) after it.
+            let grace = (options.maintenance.sweep_every * 5)
+                .clamp(Duration::from_secs(5), crate::catalog::DROP_GRACE);
             tokio::spawn(super::indexes_api::retire_previous_versions(
                 Arc::downgrade(&store.inner),
                 grace,
@@ -280,9 +282,7 @@ async fn start_maintenance(
     // Other gateways' writes on PostgreSQL clusters wake this one's
     // followers and maintenance at once (`topology/wake.rs`).
     for (index, cluster) in options.storage.clusters.iter().enumerate() {
-        if options.storage.notify
-            && topology.clusters[index].master.dialect() == crate::storage::Dialect::Postgres
-        {
+        if options.storage.notify && topology.clusters[index].master.dialect().has_notify() {
             tokio::spawn(crate::topology::wake::listen(
                 Arc::downgrade(topology),
                 index,

@@ -531,7 +531,7 @@ pub(super) async fn commit_primary(
     notify_as: Option<&str>,
 ) -> Result<(Vec<PutResult>, Vec<(u32, i64)>)> {
     // On PostgreSQL the commit notifies the other gateways (`wake.rs`).
-    let notify_as = notify_as.filter(|_| master.dialect() == Dialect::Postgres);
+    let notify_as = notify_as.filter(|_| master.dialect().has_notify());
     let dialect = master.dialect();
     let cells_table = ddl::cells_table(datastore);
     let existing = existing_bodies(master, &cells_table, group, |c| &c.key).await?;

@@ -30,8 +30,9 @@ pub(super) async fn mark_ready_indexes(
                 // cluster's log once per consumer (target cluster).
                 let mut total = Some(0);
                 let mut complete = true;
-                // As fresh as the live indexes: on every cluster, no more
-                // cells to apply than the ready indexes have in the same
+                // As fresh as the live indexes: on every cluster and for
+                // every target, no more cells to apply than the ready
+                // indexes writing to that target have in the same
                 // measurement (none, without ready indexes).
                 let mut as_fresh = true;
                 for cluster in ds.work_map().clusters() {
@@ -42,17 +43,21 @@ pub(super) async fn mark_ready_indexes(
                         }
                         Some(l) => {
                             let at = |c: usize| l.pending_by_consumer.get(c).copied().unwrap_or(0);
-                            let live = consumers
-                                .iter()
-                                .enumerate()
-                                .filter(|(_, consumer)| ds.indexes[consumer.index].is_ready())
-                                .map(|(c, _)| at(c))
-                                .max()
-                                .unwrap_or(0);
+                            let live = |target: usize| {
+                                consumers
+                                    .iter()
+                                    .enumerate()
+                                    .filter(|(_, other)| {
+                                        other.target == target && ds.indexes[other.index].is_ready()
+                                    })
+                                    .map(|(c, _)| at(c))
+                                    .max()
+                                    .unwrap_or(0)
+                            };
                             for (c, consumer) in consumers.iter().enumerate() {
                                 if consumer.index == position {
                                     pending += at(c);
-                                    as_fresh &= at(c) <= live;
+                                    as_fresh &= at(c) <= live(consumer.target);
                                     total = total.zip(l.log_cells).map(|(t, n)| t + n);
                                 }
                             }
