@@ -342,6 +342,65 @@ pub async fn a_removed_index_keeps_its_table_until_dropped(env: Arc<Env>) {
     assert!(store.warnings().is_empty(), "{:?}", store.warnings());
 }
 
+pub async fn a_removed_index_added_again_changed_has_no_previous_version(env: Arc<Env>) {
+    let both = files(
+        &[
+            ("trips/indexes/by_driver.yaml", BY_DRIVER),
+            ("trips/indexes/by_city.yaml", BY_CITY),
+        ],
+        TRIPS,
+    );
+    let store = env.open_custom(&both, env.storage(), false).await.unwrap();
+    write_trips(&store, 10, "Rome").await;
+    store.sync_indexes().await.unwrap();
+    drop(store);
+    // Removed: nothing maintains `by_city` from now on.
+    let one = files(&[("trips/indexes/by_driver.yaml", BY_DRIVER)], TRIPS);
+    let store = env.open_custom(&one, env.storage(), false).await.unwrap();
+    write_trips(&store, 5, "Rome").await;
+    drop(store);
+    // Added again with another field: version 1 missed the writes since,
+    // so it does not answer for version 2.
+    let by_city_changed = BY_CITY.replace(
+        "      - { field: city, type: string }\n",
+        "      - { field: city, type: string }\n      - { field: at, type: datetime }\n",
+    );
+    assert_ne!(by_city_changed, BY_CITY);
+    let again = files(
+        &[
+            ("trips/indexes/by_driver.yaml", BY_DRIVER),
+            ("trips/indexes/by_city.yaml", &by_city_changed),
+        ],
+        TRIPS,
+    );
+    let store = env.open_custom(&again, env.storage(), false).await.unwrap();
+    let status: Vec<_> = store
+        .indexes("trips")
+        .unwrap()
+        .into_iter()
+        .filter(|i| i.name == "by_city")
+        .map(|i| (i.version, i.ready, i.serves_until))
+        .collect();
+    assert_eq!(status, [(2, false, None)]);
+    let err = store
+        .query_index(
+            "trips",
+            &IndexQuery {
+                fields: vec!["city".into()],
+                ..by("by_city", "Rome".into())
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "INDEX_BUILDING", "{err}");
+    store.sync_indexes().await.unwrap();
+    let page = store
+        .query_index("trips", &by("by_city", "Rome".into()))
+        .await
+        .unwrap();
+    assert_eq!(page.entries.len(), 15);
+}
+
 async fn table_names(env: &Env) -> Vec<String> {
     let backend = connect(&env.url, &ConnectOptions::default()).await.unwrap();
     let rows = backend

@@ -113,6 +113,7 @@ contract_suite!(
     a_reload_builds_new_indexes_and_keeps_removed_tables,
     a_reloaded_index_answers_index_building_until_it_is_built,
     a_changed_index_answers_from_its_previous_version_until_built,
+    a_removed_index_added_again_changed_has_no_previous_version,
     an_index_build_reports_its_progress,
     reads_and_writes_create_no_tables,
     concurrent_batches_on_overlapping_shards,
