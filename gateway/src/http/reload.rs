@@ -123,7 +123,7 @@ impl Gateway {
     pub async fn reload_planned(&self, cause: &str, plan: Option<&PlannedDigests>) -> Reloaded {
         let _one = self.reloads.running.lock().await;
         let manifest = self.pipeline.persisted().reload();
-        let mut reloaded = self.reload_once(plan).await;
+        let (mut reloaded, schema) = self.reload_once(plan).await;
         match manifest {
             Ok(None) => {}
             Ok(Some(count)) => reloaded
@@ -158,6 +158,9 @@ impl Gateway {
             .record(reloaded.result, reloaded.details.clone());
         // After the outcome is recorded: a client that sees the new schema
         // sees the reload's state too.
+        if let Some(schema) = schema {
+            self.pipeline.serve(schema);
+        }
         if matches!(
             reloaded.result,
             ReloadResult::Applied | ReloadResult::Unchanged
@@ -184,8 +187,13 @@ impl Gateway {
         *self.reloads.served.lock().expect("served files") = Some(files);
     }
 
-    async fn reload_once(&self, plan: Option<&PlannedDigests>) -> Reloaded {
-        let failed = |result, details| Reloaded { result, details };
+    /// Applies the definitions to the store; returns the outcome and, when
+    /// applied, the schema to serve (once the outcome is recorded).
+    async fn reload_once(
+        &self,
+        plan: Option<&PlannedDigests>,
+    ) -> (Reloaded, Option<cellgate_graphql::Served>) {
+        let failed = |result, details| (Reloaded { result, details }, None);
         if let Some(plan) = plan {
             let served = self.reloads.served().map(|f| f.digest);
             if served.as_deref() != Some(plan.base.as_str()) {
@@ -216,10 +224,11 @@ impl Gateway {
                 }
                 if *self.store.definitions() == defs {
                     self.served(files);
-                    return Reloaded {
+                    let unchanged = Reloaded {
                         result: ReloadResult::Unchanged,
                         details: Vec::new(),
                     };
+                    return (unchanged, None);
                 }
                 (defs, files)
             }
@@ -246,19 +255,19 @@ impl Gateway {
         };
         let previous = self.pipeline.served();
         let documents = Arc::new(previous.documents().renewed());
-        match cellgate_graphql::Served::build(
+        let schema = match cellgate_graphql::Served::build(
             &self.store,
             self.graphql_limits,
             documents,
             self.federation,
         ) {
-            Ok(served) => self.pipeline.serve(served),
+            Ok(served) => served,
             Err(error) => {
                 // `sdl` built the same schema above, so this does not happen.
                 tracing::error!(%error, "cannot build the schema of the reloaded definitions");
                 return failed(ReloadResult::Refused, vec![error.client_message()]);
             }
-        }
+        };
         self.served(files);
         let mut details = report.changes;
         if triggers_changed {
@@ -272,10 +281,11 @@ impl Gateway {
         if details.is_empty() {
             details.push("descriptions updated".to_string());
         }
-        Reloaded {
+        let applied = Reloaded {
             result: ReloadResult::Applied,
             details,
-        }
+        };
+        (applied, Some(schema))
     }
 }
 
