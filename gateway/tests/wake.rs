@@ -1,8 +1,9 @@
-//! Wake-ups across gateways on PostgreSQL: two `cellgate serve` processes
-//! on one database, their sweeps (subscriptions', index maintenance's)
-//! set to a minute, so that only the `LISTEN/NOTIFY` wake-up can bring a
-//! cell written through one gateway to a subscriber of the other, and to
-//! the index entries the other maintains, within the test's wait.
+//! Wake-ups across gateways: two `cellgate serve` processes on one
+//! database, their sweeps (subscriptions', index maintenance's) set to a
+//! minute, so that only the wake-up (`LISTEN/NOTIFY` on PostgreSQL, the
+//! poll of the shard counters on MariaDB and SQLite) can bring a cell
+//! written through one gateway to a subscriber of the other, and to the
+//! index entries the other maintains, within the test's wait.
 
 #[path = "support/followers.rs"]
 mod followers;
@@ -86,6 +87,45 @@ async fn writes_through_one_gateway_wake_the_other_on_postgres() {
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic.into_panic());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_through_one_gateway_wake_the_other_on_mariadb() {
+    let Ok(base) = std::env::var("CELLGATE_TEST_MYSQL_URL") else {
+        servers::skip(
+            "the wake-up across gateways",
+            "CELLGATE_TEST_MYSQL_URL is not set",
+        );
+        return;
+    };
+    let name = format!(
+        "cg_wake_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    mysql_admin(&base, &format!("CREATE DATABASE {name}")).await;
+    let url = with_database(&base, &name);
+    let outcome = tokio::spawn(check(url)).await;
+    mysql_admin(&base, &format!("DROP DATABASE IF EXISTS {name}")).await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic.into_panic());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_through_one_gateway_wake_the_other_on_sqlite() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("cells.db").display());
+    check(url).await;
+}
+
+async fn mysql_admin(base: &str, sql: &str) {
+    let mut conn = sqlx::MySqlConnection::connect(base)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {base}: {e}"));
+    sqlx::raw_sql(sql)
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
 async fn check(url: String) {

@@ -37,6 +37,7 @@ mod phase;
 mod probe;
 mod raw;
 mod rebuild;
+mod receiver;
 mod replicas;
 mod report;
 mod server;
@@ -146,6 +147,13 @@ enum Command {
     /// commit to a sample of subscribers and whether every subscriber got
     /// every cell. Exits 1 if one did not.
     Subscriptions(subscriptions::SubscriptionsBenchArgs),
+    /// Measure pushes across gateways: two `cellgate serve` on one store
+    /// (a temporary SQLite file or `--database`), `--rate` cells per second
+    /// written through one, `--subscriptions` subscriptions on the other,
+    /// and a webhook trigger on both; reports the delay from commit to
+    /// subscriber and to webhook POST (p50, p99, max, per delivering
+    /// gateway). Exits 1 if a cell did not arrive.
+    Push(subscriptions::PushBenchArgs),
     /// Measure index queries and pages of rows read with `consistency:
     /// MASTER` against the same with `consistency: REPLICA`, over HTTP.
     ///
@@ -240,6 +248,7 @@ fn main() -> ExitCode {
             Some(Command::Buffer(args)) => buffer::run(args).await,
             Some(Command::Triggers(args)) => triggers::run(args).await,
             Some(Command::Subscriptions(args)) => subscriptions::run(args).await,
+            Some(Command::Push(args)) => subscriptions::run(args.into()).await,
             Some(Command::Replicas(args)) => replicas::run(args).await,
             Some(Command::Verify(args)) => verify::run(args).await,
             Some(Command::Rebuild(args)) => rebuild::run(args).await,

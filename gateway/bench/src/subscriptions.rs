@@ -23,7 +23,10 @@
 //!    every subscriber got every cell.
 //!
 //! With `--two-gateways` the writes go through a second gateway on the
-//! same store, so the delay is that of the wake-up across gateways.
+//! same store, so the delay is that of the wake-up across gateways. With
+//! `--webhook` a webhook trigger of BASE, declared on every gateway, posts
+//! to a receiver in this process, which records the delay per delivering
+//! gateway. `cellgate-bench push` is both at once, at 400 cells/s.
 //!
 //! Prints a table; exits 1 if a subscriber missed a cell or got an error.
 
@@ -88,15 +91,67 @@ pub struct SubscriptionsBenchArgs {
     pub cursor: bool,
     /// Write through a second gateway on the same store, so that every
     /// cell reaches the subscribers from another gateway (the wake-up
-    /// across gateways: `LISTEN/NOTIFY` on PostgreSQL, the sweep
-    /// elsewhere).
+    /// across gateways: `LISTEN/NOTIFY` on PostgreSQL, the poll of the
+    /// shard counters elsewhere).
     #[arg(long)]
     pub two_gateways: bool,
     /// Start the gateways with `storage.notify: false`: on PostgreSQL,
-    /// other gateways' writes are then found by the sweep alone (the
-    /// baseline of the wake-up).
+    /// other gateways' writes are then found by the poll of the shard
+    /// counters, as on the other backends.
     #[arg(long)]
     pub no_notify: bool,
+    /// Also declare a webhook trigger of the BASE column on every gateway,
+    /// delivering to a receiver in this process, and report the delay from
+    /// commit to POST per delivering gateway (with `--two-gateways`, the
+    /// writer delivers the shards whose leases it holds, the other gateway
+    /// the rest, woken across gateways).
+    #[arg(long)]
+    pub webhook: bool,
+}
+
+/// `cellgate-bench push`: how fast a write through one gateway reaches the
+/// subscriptions and the webhook of another.
+#[derive(Debug, Args)]
+pub struct PushBenchArgs {
+    /// An empty database. [default: an SQLite store in a temporary
+    /// directory]
+    #[arg(long, value_name = "URL", env = "CELLGATE_BENCH_DATABASE")]
+    pub database: Option<String>,
+    /// Directory of the datastore and index definitions.
+    #[arg(long, env = "CELLGATE_DATASTORES", default_value = DEFAULT_DATASTORES)]
+    pub datastores: PathBuf,
+    /// Subscriptions on the follower gateway.
+    #[arg(long, default_value_t = 100)]
+    pub subscriptions: usize,
+    /// Cells written per second through the writer gateway.
+    #[arg(long, default_value_t = 400)]
+    pub rate: u64,
+    /// Seconds of writing.
+    #[arg(long, default_value_t = 20)]
+    pub duration: u64,
+    /// Start the gateways with `storage.notify: false`: on PostgreSQL they
+    /// then poll the shard counters as on the other backends.
+    #[arg(long)]
+    pub no_notify: bool,
+}
+
+impl From<PushBenchArgs> for SubscriptionsBenchArgs {
+    fn from(args: PushBenchArgs) -> SubscriptionsBenchArgs {
+        SubscriptionsBenchArgs {
+            database: args.database,
+            datastores: args.datastores,
+            subscriptions: args.subscriptions,
+            per_connection: 100,
+            idle: 2,
+            rate: args.rate,
+            duration: args.duration,
+            sample: args.subscriptions,
+            cursor: false,
+            two_gateways: true,
+            no_notify: args.no_notify,
+            webhook: true,
+        }
+    }
 }
 
 /// What one idle window cost the server.
@@ -152,10 +207,26 @@ pub async fn run(args: SubscriptionsBenchArgs) -> anyhow::Result<ExitCode> {
     if args.no_notify {
         limits.push_str("storage:\n  notify: false\n");
     }
+    let receiver = if args.webhook {
+        Some(crate::receiver::start().await?)
+    } else {
+        None
+    };
+    // Each gateway's definitions, with the webhook to its own path.
+    let definitions = |gateway: &str| -> anyhow::Result<PathBuf> {
+        match &receiver {
+            Some((url, _)) => with_webhook(
+                &args.datastores,
+                &dir.path().join(format!("definitions-{gateway}")),
+                &format!("{url}/{gateway}"),
+            ),
+            None => Ok(args.datastores.clone()),
+        }
+    };
     let server = Server::start_with_limits(
         &database,
         &limits,
-        &args.datastores,
+        &definitions("follower")?,
         dir.path(),
         16,
         Duration::from_secs(30),
@@ -168,7 +239,7 @@ pub async fn run(args: SubscriptionsBenchArgs) -> anyhow::Result<ExitCode> {
             Server::start_with_limits(
                 &database,
                 &limits,
-                &args.datastores,
+                &definitions("writer")?,
                 &second,
                 16,
                 Duration::from_secs(30),
@@ -183,6 +254,7 @@ pub async fn run(args: SubscriptionsBenchArgs) -> anyhow::Result<ExitCode> {
         &server,
         writer.as_ref().unwrap_or(&server),
         connections,
+        receiver.as_ref().map(|(_, received)| received.as_ref()),
     )
     .await;
     if let Some(writer) = writer {
@@ -197,6 +269,7 @@ async fn measure(
     server: &Server,
     writer: &Server,
     connections: usize,
+    received: Option<&crate::receiver::Received>,
 ) -> anyhow::Result<ExitCode> {
     let pid = server.pid().context("the server has no process id")?;
     let idle_window = Duration::from_secs(args.idle);
@@ -293,6 +366,15 @@ async fn measure(
     while !complete(&seen) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let webhook_short = match received {
+        Some(received) => {
+            while received.distinct() < sent as usize && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            sent as usize - received.distinct().min(sent as usize)
+        }
+        None => 0,
+    };
     let short = seen
         .events
         .iter()
@@ -337,15 +419,71 @@ async fn measure(
         ms(0.99),
         histogram.max() as f64 / 1000.0
     );
+    if let Some(received) = received {
+        println!(
+            "webhook: {} of {sent} cells received ({} again); commit to POST:",
+            sent as usize - webhook_short,
+            received.repeated()
+        );
+        println!();
+        println!("| delivered by | cells | p50 | p99 | max |");
+        println!("|---|---:|---:|---:|---:|");
+        for (gateway, lag) in received.lags() {
+            let ms = |q: f64| lag.value_at_quantile(q) as f64 / 1000.0;
+            println!(
+                "| {gateway} | {} | {:.1} ms | {:.1} ms | {:.1} ms |",
+                lag.len(),
+                ms(0.5),
+                ms(0.99),
+                lag.max() as f64 / 1000.0
+            );
+        }
+    }
     let errors = seen.errors.lock().expect("errors");
     for error in errors.iter().take(5) {
         eprintln!("subscription error: {error}");
     }
-    Ok(if short > 0 || !errors.is_empty() {
+    Ok(if short > 0 || webhook_short > 0 || !errors.is_empty() {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// A copy of the definitions in `from`, at `to`, with a webhook trigger
+/// of every BASE cell posting to `url`.
+fn with_webhook(
+    from: &std::path::Path,
+    to: &std::path::Path,
+    url: &str,
+) -> anyhow::Result<PathBuf> {
+    copy_dir(from, to)?;
+    let triggers = to.join(crate::dataset::DATASTORE).join("triggers");
+    std::fs::create_dir_all(&triggers)?;
+    std::fs::write(
+        triggers.join("bench_push.yaml"),
+        format!(
+            "name: bench_push\ndatastore: {}\ncolumns: [BASE]\nwebhook:\n  url: {url}\n",
+            crate::dataset::DATASTORE
+        ),
+    )?;
+    Ok(to.to_path_buf())
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in
+        std::fs::read_dir(from).with_context(|| format!("cannot read `{}`", from.display()))?
+    {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
 }
 
 /// The server's CPU, RSS, statements and tail reads over `window`.

@@ -104,7 +104,7 @@ async fn inspect_cluster(
     let mut log_cells = BTreeMap::new();
     for (datastore, item) in catalog.keys() {
         if item == "shards" && backend.has_table(&ddl::shards_table(datastore)).await? {
-            let cells = crate::indexes::lag::log_cells_of(backend, datastore).await?;
+            let cells = crate::cells::log_length(backend, datastore).await?;
             log_cells.insert(datastore.clone(), cells);
         }
     }

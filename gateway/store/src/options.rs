@@ -140,13 +140,27 @@ pub struct StorageConfig {
     /// triggers and index maintenance go on at once rather than at their
     /// next sweep. Turn it off where the connections go through a pooler
     /// in transaction mode (PgBouncer), which cannot hold a `LISTEN`: the
-    /// sweeps then find other gateways' writes. No effect on MariaDB/MySQL
-    /// and SQLite.
+    /// gateways then poll for other gateways' writes (`wake_poll_ms`). No
+    /// effect on MariaDB/MySQL and SQLite, which always poll.
     ///
     /// ```yaml
     /// notify: true
     /// ```
     pub notify: bool,
+    /// Where no notification carries other gateways' writes (MariaDB/MySQL,
+    /// SQLite, PostgreSQL with `notify: false`), each gateway reads the sum
+    /// of every datastore's shard counters on each cluster's master this
+    /// often, in milliseconds, on one connection of its own: one small
+    /// statement per datastore and cluster, whatever the number of
+    /// subscriptions and triggers. When the sum moved beyond what this
+    /// gateway wrote itself, it reads the counters and wakes its followers
+    /// and index maintenance for the shards that advanced. 0 turns it off
+    /// (the sweeps then find other gateways' writes).
+    ///
+    /// ```yaml
+    /// wake_poll_ms: 50
+    /// ```
+    pub wake_poll_ms: u64,
 }
 
 /// See [`StorageConfig::breaker`].
@@ -239,6 +253,7 @@ impl Default for StorageConfig {
             max_replica_lag_ms: 30_000,
             cell_cache_bytes: 256 << 20,
             notify: true,
+            wake_poll_ms: 50,
             clusters: Vec::new(),
             shards: BTreeMap::new(),
             max_connections: 16,

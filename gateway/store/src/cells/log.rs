@@ -323,6 +323,23 @@ pub(crate) async fn heads(backend: &dyn Backend, ds: &DatastoreRuntime) -> Resul
         .collect())
 }
 
+/// The cells in the logs of the datastore called `datastore` on the
+/// cluster of `backend` (the sum of its shard counters), in one statement.
+pub(crate) async fn log_length(backend: &dyn Backend, datastore: &str) -> Result<i64> {
+    let dialect = backend.dialect();
+    let integer = dialect.integer_cast();
+    let mut sql = Sql::new(dialect);
+    // SUM of a BIGINT is a NUMERIC (DECIMAL) on PostgreSQL and MySQL.
+    sql.push("SELECT CAST(COALESCE(SUM(ABS(")
+        .ident("next_added_id")
+        .push(&format!(") - 1), 0) AS {integer}) FROM "))
+        .ident(&ddl::shards_table(datastore));
+    Ok(backend
+        .first_row::<(i64,)>(&sql)
+        .await?
+        .map_or(0, |(sum,)| sum))
+}
+
 /// How far one shard's log consumer (its indexes, a trigger) is behind the
 /// log.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -33,7 +33,9 @@ pub use replay::{Backlog, Conflict, UndecodableCopy};
 // What the rest of the store uses of reading cells: `Store` delegates its
 // reads here, and index maintenance and index queries build on the log and
 // latest-cell reads. `read.rs` and `log.rs` stay private to `cells`.
-pub(crate) use log::{cells_for_shard, heads, log_cells, log_keys, positions_condition};
+pub(crate) use log::{
+    cells_for_shard, heads, log_cells, log_keys, log_length, positions_condition,
+};
 pub(crate) use prune::prune;
 pub(crate) use read::{
     cache_span, cell_from_row, decoded_cell, get_cell, get_cells, get_cells_latest,

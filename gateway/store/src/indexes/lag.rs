@@ -131,23 +131,7 @@ pub(crate) struct ClusterLag {
 /// The cells in the log of the shards of `ds` on the cluster of `backend`
 /// (the sum of their heads), in one statement.
 pub(crate) async fn log_cells(backend: &dyn Backend, ds: &DatastoreRuntime) -> Result<i64> {
-    log_cells_of(backend, ds.name()).await
-}
-
-/// [`log_cells`] of the datastore called `datastore`.
-pub(crate) async fn log_cells_of(backend: &dyn Backend, datastore: &str) -> Result<i64> {
-    let dialect = backend.dialect();
-    let integer = dialect.integer_cast();
-    let mut sql = Sql::new(dialect);
-    // SUM of a BIGINT is a NUMERIC (DECIMAL) on PostgreSQL and MySQL.
-    sql.push("SELECT CAST(COALESCE(SUM(ABS(")
-        .ident("next_added_id")
-        .push(&format!(") - 1), 0) AS {integer}) FROM "))
-        .ident(&ddl::shards_table(datastore));
-    Ok(backend
-        .first_row::<(i64,)>(&sql)
-        .await?
-        .map_or(0, |(sum,)| sum))
+    crate::cells::log_length(backend, ds.name()).await
 }
 
 /// Measures the lag of `ds` on one cluster: which shards are behind, by

@@ -19,6 +19,7 @@ mod metrics;
 mod moves_api;
 mod open;
 mod triggers_api;
+mod wake_poll;
 
 pub use metrics::{ClusterMetrics, DatastoreMetrics, StoreMetrics};
 

@@ -279,14 +279,28 @@ async fn start_maintenance(
         return maintainer;
     }
     maintainer::check_ready(topology, &maintainer).await;
-    // Other gateways' writes on PostgreSQL clusters wake this one's
-    // followers and maintenance at once (`topology/wake.rs`).
+    // Other gateways' writes wake this one's followers and maintenance at
+    // once: notified on PostgreSQL (`topology/wake.rs`), polled elsewhere
+    // (`wake_poll.rs`).
     for (index, cluster) in options.storage.clusters.iter().enumerate() {
         if options.storage.notify && topology.clusters[index].master.dialect().has_notify() {
             tokio::spawn(crate::topology::wake::listen(
                 Arc::downgrade(topology),
                 index,
                 cluster.master.clone(),
+            ));
+        } else if options.storage.wake_poll_ms > 0 {
+            let connect = ConnectOptions {
+                max_connections: 1,
+                background: true,
+                ..options.storage.connect_options(&cluster.name)
+            };
+            tokio::spawn(super::wake_poll::poll(
+                Arc::downgrade(topology),
+                index,
+                cluster.master.clone(),
+                connect,
+                Duration::from_millis(options.storage.wake_poll_ms),
             ));
         }
     }
