@@ -71,4 +71,20 @@ pub struct IndexField {
     pub ty: FieldType,
     /// The datastore column whose latest cell the value is read from.
     pub column: String,
+    /// Whether the index keeps a b-tree on the field (after the shard field), so that pages
+    /// can be ordered by it and ranges on it read only their entries; `sort: false` stores it
+    /// only, for returning and for conditions checked on the entries the query reads anyway.
+    /// Always true for the shard field.
+    pub sorted: bool,
+}
+
+impl IndexField {
+    /// Whether `other` holds the same values: the same name, column, path and type (whether
+    /// either has a b-tree aside).
+    pub fn same_values(&self, other: &IndexField) -> bool {
+        self.name == other.name
+            && self.column == other.column
+            && self.path == other.path
+            && self.ty == other.ty
+    }
 }

@@ -159,6 +159,10 @@ pub(crate) struct RawField {
     /// One of `UUID`, `string`, `int`, `float`, `bool`, `datetime` (case-insensitive).
     #[serde(rename = "type")]
     pub ty: Spanned<String>,
+    /// `false`: no b-tree on the field; it is stored, returned and filtered on, but pages
+    /// cannot be ordered by it. Default `true`.
+    #[serde(default)]
+    pub sort: Option<Spanned<bool>>,
 }
 
 /// `datastores/<datastore>/triggers/<name>.yaml`: a webhook trigger.

@@ -125,6 +125,8 @@ struct Declared<'a> {
     /// Whether the field passed its own checks.
     ok: bool,
     type_value: &'a Spanned<String>,
+    /// `sort:` as written.
+    sort: Option<&'a Spanned<bool>>,
 }
 
 /// Checks a parsed index file. Returns the index when the file has no problems.
@@ -281,6 +283,7 @@ pub(crate) fn index(
                     ty,
                     ok,
                     type_value: &field.ty,
+                    sort: field.sort.as_ref(),
                 },
                 &key.value,
             ));
@@ -305,6 +308,7 @@ pub(crate) fn index(
                 ty: d.ty?,
                 name: d.name,
                 column: column.to_owned(),
+                sorted: d.sort.is_none_or(|s| s.value),
             })
         })
         .collect::<Vec<_>>();
@@ -360,6 +364,15 @@ fn shard_field(
         None => 0,
     };
     let (field, _) = &declared[position];
+    if let Some(sort) = field.sort.filter(|s| !s.value) {
+        out.push(file.at(
+            sort,
+            format!(
+                "`sort: false` does not apply to the shard field `{}`: every b-tree of the index begins with it (remove `sort:`, or make another field the shard field)",
+                field.name
+            ),
+        ));
+    }
     if field.ok && field.ty == Some(FieldType::Bool) {
         let message = format!(
             "bool field `{}` cannot be the shard field: its two values would put every entry in one of two shards (pick a UUID, string or int field{})",

@@ -267,10 +267,7 @@ CREATE TABLE IF NOT EXISTS `trips_ix_city_trips_index` (
   `_updated_at` DATETIME(6) NOT NULL,
   PRIMARY KEY (`row_key`),
   KEY `k0` (`city_uuid`, `row_key`),
-  KEY `k2` (`city_uuid`, `trip_created_at`, `row_key`),
-  KEY `k3` (`city_uuid`, `fare_total`, `row_key`),
-  KEY `k4` (`city_uuid`, `status`, `row_key`),
-  KEY `k5` (`city_uuid`, `is_completed`, `row_key`)
+  KEY `k2` (`city_uuid`, `trip_created_at`, `row_key`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS `trips_ix_driver_partner_index` (

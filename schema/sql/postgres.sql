@@ -292,12 +292,6 @@ CREATE INDEX IF NOT EXISTS "trips_ix_city_trips_index_k0" ON "trips_ix_city_trip
 
 CREATE INDEX IF NOT EXISTS "trips_ix_city_trips_index_k2" ON "trips_ix_city_trips_index" ("city_uuid", "trip_created_at" NULLS FIRST, "row_key");
 
-CREATE INDEX IF NOT EXISTS "trips_ix_city_trips_index_k3" ON "trips_ix_city_trips_index" ("city_uuid", "fare_total" NULLS FIRST, "row_key");
-
-CREATE INDEX IF NOT EXISTS "trips_ix_city_trips_index_k4" ON "trips_ix_city_trips_index" ("city_uuid", "status" NULLS FIRST, "row_key");
-
-CREATE INDEX IF NOT EXISTS "trips_ix_city_trips_index_k5" ON "trips_ix_city_trips_index" ("city_uuid", "is_completed" NULLS FIRST, "row_key");
-
 CREATE TABLE IF NOT EXISTS "trips_ix_driver_partner_index" (
   "row_key" UUID NOT NULL,
   "_shard" BIGINT,

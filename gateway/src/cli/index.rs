@@ -11,7 +11,8 @@
 //! with the entries their rows' latest cells give and reports every
 //! mismatching key (exit status 3 on drift; 1 is an error, 2 a usage
 //! error); `repair` (or `verify
-//! --repair`) also fixes them, safely while gateways run.
+//! --repair`) also fixes them, safely while gateways run. `explain` shows
+//! how a query is answered (`explain.rs`).
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal as _, Write as _};
@@ -47,6 +48,11 @@ pub enum IndexCommand {
     Verify(VerifyArgs),
     /// Verify, and fix exactly the drift found (as `verify --repair`).
     Repair(VerifyArgs),
+    /// Show how an index query is answered: the version and shards read,
+    /// the b-tree range, the conditions checked on each entry read
+    /// (residual), the order, and each cluster's statement with the
+    /// database's plan of it.
+    Explain(super::explain::ExplainArgs),
 }
 
 #[derive(Debug, Args)]
@@ -170,6 +176,7 @@ pub async fn run(args: IndexArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         IndexCommand::Status(args) => status(args).await,
         IndexCommand::Drop(args) => drop(args).await,
+        IndexCommand::Explain(args) => super::explain::explain(args).await,
         IndexCommand::Verify(args) => verify(args).await,
         IndexCommand::Repair(mut args) => {
             args.repair = true;

@@ -16,6 +16,7 @@ mod buffer;
 mod cells;
 mod check;
 mod ddl;
+mod explain;
 mod generated;
 mod ids;
 mod index;

@@ -29,11 +29,12 @@ pub fn summary(defs: &Definitions) -> String {
             for f in &index.fields {
                 writeln!(
                     out,
-                    "    {}: {} <- {}.{}",
+                    "    {}: {} <- {}.{}{}",
                     f.name,
                     f.ty.name(),
                     f.column,
-                    f.path
+                    f.path,
+                    if f.sorted { "" } else { " (sort: false)" }
                 )
                 .unwrap();
             }

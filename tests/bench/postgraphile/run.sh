@@ -30,7 +30,8 @@
 # log at $PG_LOG and its data directory readable (the postmaster's pid);
 # installs Node 22 and PostGraphile from npm into node_modules here, and wrk
 # from Debian if missing. cellgate is $CELLGATE_BIN (default
-# <repo>/target/release/cellgate, built with cargo if missing). Exits
+# <repo>/target/release/cellgate, built with cargo if missing) serving
+# $BENCH_DATASTORES (default <repo>/datastores). Exits
 # non-zero on any failed request, mismatch or timeout.
 set -euo pipefail
 
@@ -55,6 +56,8 @@ PG_LOG="${PG_LOG:-/var/log/postgresql/postgresql-15-main.log}"
 POOL=16
 PGL_ROLE=postgraphile_bench
 CELLGATE_BIN="${CELLGATE_BIN:-$REPO/target/release/cellgate}"
+# The definitions cellgate serves (another checkout's, to compare releases).
+DATASTORES="${BENCH_DATASTORES:-$REPO/datastores}"
 # The command as run, for the report: arguments with spaces (a workload
 # list) quoted so it can be pasted back.
 COMMAND="$0"
@@ -243,7 +246,7 @@ SQL
 # --- cellgate ----------------------------------------------------------------
 log "cellgate serve"
 "$CELLGATE_BIN" serve --log warn --config "$HERE/cellgate.yaml" --listen 127.0.0.1:0 \
-  --database "$PG_URL" --datastores "$REPO/datastores" --data "$WORK/cellgate-data" \
+  --database "$PG_URL" --datastores "$DATASTORES" --data "$WORK/cellgate-data" \
   >"$WORK/cellgate.log" 2>&1 &
 CG_PID=$!
 CG_URL="$(wait_for_url "$WORK/cellgate.log" 120 'listening on http://' "$CG_PID")"

@@ -245,7 +245,11 @@ pub(super) fn index_types(
             camel(&field.name),
             TypeRef::named(filter_name(field.ty)),
         ));
-        field_enum = field_enum.item(EnumItem::new(screaming(&field.name)));
+        // Pages are ordered by fields with a b-tree only (`sort: false`
+        // leaves one out).
+        if field.sorted {
+            field_enum = field_enum.item(EnumItem::new(screaming(&field.name)));
+        }
     }
     let order = InputObject::new(&names.order_input)
         .field(InputValue::new(

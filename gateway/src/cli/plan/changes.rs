@@ -100,13 +100,13 @@ pub struct Serving {
 
 impl Serving {
     fn of(before: &Index, after: &Index) -> Serving {
-        let shard_changed = before.shard_field() != after.shard_field();
+        let shard_changed = !before.shard_field().same_values(after.shard_field());
         Serving {
             previous_serves: true,
             waiting_fields: after
                 .fields
                 .iter()
-                .filter(|f| !before.fields.contains(f))
+                .filter(|f| !before.fields.iter().any(|b| b.same_values(f)))
                 .map(|f| f.name.clone())
                 .collect(),
             previous_shard_field: shard_changed.then(|| before.shard_field().name.clone()),
@@ -416,9 +416,10 @@ fn index_added(side: &Side, ds: &Datastore, index: &Index) -> Change {
         kind: "INDEX_ADDED",
         path: format!("{}/{}", ds.name, index.name),
         message: format!(
-            "index `{}` is created and built from the cell log (every cell of {}); queries on it answer INDEX_BUILDING until it has caught up",
+            "index `{}` is created and built from the cell log (every cell of {}); queries on it answer INDEX_BUILDING until it has caught up{}",
             index.name,
-            index.columns.join(", ")
+            index.columns.join(", "),
+            stored_only(index)
         ),
         file: side.index_file(&ds.name, &index.name).map(|f| side.path(&f)),
         line: None,
@@ -427,9 +428,29 @@ fn index_added(side: &Side, ds: &Datastore, index: &Index) -> Change {
     }
 }
 
+/// `; fields stored without a b-tree: …` when the index has such fields
+/// (`sort: false`), else nothing.
+fn stored_only(index: &Index) -> String {
+    let names: Vec<String> = index
+        .fields
+        .iter()
+        .filter(|f| !f.sorted)
+        .map(|f| format!("`{}`", f.name))
+        .collect();
+    if names.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; stored without a b-tree (`sort: false`, filtered on the entries read, never ordered by): {}",
+            names.join(", ")
+        )
+    }
+}
+
 /// Why an index gets a new table version: what its signature
 /// (`index_signature` in the store) depends on — the shard field, each
-/// field's column, path and type, the `where:` predicate — changed.
+/// field's column, path, type and b-tree, the `where:` predicate —
+/// changed.
 fn rebuild_reasons(before: &Index, after: &Index) -> Vec<String> {
     let mut reasons = Vec::new();
     if before.shard_field().name != after.shard_field().name {
@@ -462,6 +483,13 @@ fn rebuild_reasons(before: &Index, after: &Index) -> Vec<String> {
                         "field `{}`: column {} -> {}",
                         field.name, was.column, field.column
                     ));
+                }
+                if was.sorted != field.sorted {
+                    reasons.push(if field.sorted {
+                        format!("field `{}`: gets a b-tree (`sort:` true), pages can be ordered by it", field.name)
+                    } else {
+                        format!("field `{}`: stored only (`sort: false`), its b-tree is left out and pages can no longer be ordered by it", field.name)
+                    });
                 }
             }
         }

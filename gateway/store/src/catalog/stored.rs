@@ -3,7 +3,7 @@
 //! version it replaces while the new one is built (`catalog.rs`).
 //!
 //! What is recorded is what shapes the table and its entries: the fields
-//! (name, column, path, type), the shard field, the columns read and the
+//! (name, column, path, type, `sort: false`), the shard field, the columns read and the
 //! `where:` predicate in its qualified form. Descriptions are not: a
 //! previous version answers queries, it is not documented.
 
@@ -31,6 +31,17 @@ struct StoredField {
     path: String,
     #[serde(rename = "type")]
     ty: String,
+    /// `sort:` (recorded only when false).
+    #[serde(default = "sorted", skip_serializing_if = "is_sorted")]
+    sort: bool,
+}
+
+fn sorted() -> bool {
+    true
+}
+
+fn is_sorted(sort: &bool) -> bool {
+    *sort
 }
 
 impl StoredIndex {
@@ -44,6 +55,7 @@ impl StoredIndex {
                     column: f.column.clone(),
                     path: f.path.to_string(),
                     ty: f.ty.name().to_string(),
+                    sort: f.sorted,
                 })
                 .collect(),
             shard_field: index.shard_field,
@@ -74,6 +86,7 @@ impl StoredIndex {
                 path: parse_path(&f.path).ok()?,
                 ty: parse_type(&f.ty).ok()?,
                 column: f.column.clone(),
+                sorted: f.sort,
             });
         }
         let predicate = match &self.predicate {

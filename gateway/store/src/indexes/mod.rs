@@ -13,6 +13,7 @@
 pub(crate) mod apply;
 pub mod cursor;
 pub mod entry;
+mod explain;
 pub mod filters;
 mod hook;
 pub(crate) mod lag;
@@ -23,6 +24,8 @@ pub(crate) mod query;
 mod status;
 pub(crate) mod verify;
 
+pub(crate) use explain::explain;
+pub use explain::{ExplainedStatement, IndexExplain};
 #[doc(hidden)]
 pub use hook::{PassHook, PassPoint, PassStage};
 pub use maintainer::{MaintainerOptions, MaintenanceMetrics};

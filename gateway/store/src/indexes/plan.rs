@@ -153,7 +153,21 @@ impl QueryPlan {
         predicates.dedup();
         let mut order = Vec::new();
         for key in &query.order_by {
-            let (position, _) = find_field(index, &key.field)?;
+            let (position, field) = find_field(index, &key.field)?;
+            if !field.sorted {
+                let sorted: Vec<&str> = index
+                    .fields
+                    .iter()
+                    .filter(|f| f.sorted)
+                    .map(|f| f.name.as_str())
+                    .collect();
+                return Err(Error::BadInput(format!(
+                    "index `{}` stores field `{}` without a b-tree (`sort: false`): conditions on it are checked on the entries read, but pages cannot be ordered by it (order by one of {})",
+                    index.name,
+                    field.name,
+                    sorted.join(", ")
+                )));
+            }
             if order.iter().any(|(p, _)| *p == position) {
                 return Err(Error::BadInput(format!(
                     "field `{}` appears twice in the order",
@@ -224,15 +238,17 @@ impl QueryPlan {
     /// This plan on another version of its index, `index`: `None` unless
     /// that version has the plan's shard field and every field the plan
     /// filters on, orders by or returns, each with the same column, path
-    /// and type. Positions are mapped by field; the cursor and the shards
-    /// stay (they depend on field names and values only).
+    /// and type (with or without a b-tree: ordering by a field without one
+    /// costs that version a sort, not a wrong answer). Positions are mapped
+    /// by field; the cursor and the shards stay (they depend on field names
+    /// and values only).
     pub(crate) fn rebased(&self, index: &Index) -> Option<QueryPlan> {
-        if self.index.shard_field() != index.shard_field() {
+        if !self.index.shard_field().same_values(index.shard_field()) {
             return None;
         }
         let map = |p: usize| {
             let field = &self.index.fields[p];
-            index.fields.iter().position(|f| f == field)
+            index.fields.iter().position(|f| f.same_values(field))
         };
         let mut predicates = Vec::with_capacity(self.predicates.len());
         for predicate in &self.predicates {

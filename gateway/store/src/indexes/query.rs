@@ -14,7 +14,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
-use index_dsl::CompareOp;
+use index_dsl::{CompareOp, Index};
 use uuid::Uuid;
 
 use super::cursor::{self, Position};
@@ -293,7 +293,17 @@ pub(crate) fn plan(ds: &DatastoreRuntime, query: &IndexQuery) -> Result<QueryPla
         // version's shard field.
         Err(err @ (Error::ShardFieldRequired { .. } | Error::BadInput(_))) => {
             let building = ds.index(&query.index).is_ok_and(|c| !c.is_ready());
-            match ds.serving_previous(&query.index).filter(|_| building) {
+            // Only then: a query the current definition refuses for
+            // another reason (an order by a field without a b-tree) is
+            // refused while the previous version serves too.
+            let shard_field = |index: &Index| index.shard_field().name.clone();
+            let sharded_anew = |previous: &Arc<IndexRuntime>| {
+                ds.def.index(&query.index).map(shard_field) != Some(shard_field(&previous.def))
+            };
+            match ds
+                .serving_previous(&query.index)
+                .filter(|previous| building && sharded_anew(previous))
+            {
                 Some(previous) => QueryPlan::build_on(&ds.def, &previous.def, query).or(Err(err)),
                 None => Err(err),
             }
@@ -309,7 +319,7 @@ pub(crate) fn plan(ds: &DatastoreRuntime, query: &IndexQuery) -> Result<QueryPla
 /// else `INDEX_BUILDING`. A version is chosen per query, so a query is
 /// answered from one version; the switch to a new version is its
 /// readiness flag.
-fn serving<'p>(
+pub(crate) fn serving<'p>(
     ds: &DatastoreRuntime,
     plan: &'p QueryPlan,
 ) -> Result<(Arc<IndexRuntime>, Cow<'p, QueryPlan>)> {

@@ -528,7 +528,9 @@ pub fn index_ddl(dialect: Dialect, index: &Index, version: u32) -> Vec<String> {
         vec![KeyCol::plain(&shard_field), KeyCol::plain("row_key")],
     );
     for (i, field) in index.fields.iter().enumerate() {
-        if i != index.shard_field {
+        // A field with `sort: false` is only stored: filtered on the
+        // entries of the shard field's range, never ordered by.
+        if i != index.shard_field && field.sorted {
             def = def.index(
                 &format!("k{}", i + 1),
                 vec![
@@ -587,4 +589,41 @@ fn tables_of(dialect: Dialect, datastore: &Datastore) -> Vec<String> {
         out.extend(index_ddl(dialect, index, 1));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index(fields: &str) -> Index {
+        let defs = index_dsl::load_files(
+            std::path::Path::new("defs"),
+            [
+                ("trips/datastore.yaml", "name: trips\ncolumns:\n  - name: BASE\n".to_string()),
+                (
+                    "trips/indexes/by_city.yaml",
+                    format!("table: by_city\ndatastore: trips\ncolumn_defs:\n  - column_key: BASE\n    fields:\n{fields}"),
+                ),
+            ],
+        )
+        .expect("definitions");
+        defs.datastores[0].indexes[0].clone()
+    }
+
+    #[test]
+    fn a_field_with_sort_false_gets_no_b_tree_and_a_new_signature() {
+        let plain = index("      - { field: city, type: string }\n      - { field: at, type: datetime }\n      - { field: fare, type: float }\n");
+        let sorted = index("      - { field: city, type: string }\n      - { field: at, type: datetime, sort: true }\n      - { field: fare, type: float }\n");
+        let stored = index("      - { field: city, type: string }\n      - { field: at, type: datetime }\n      - { field: fare, type: float, sort: false }\n");
+        let text = |index: &Index| index_ddl(Dialect::Postgres, index, 1).join(";\n");
+        let ddl = text(&plain);
+        assert!(ddl.contains("_k2") && ddl.contains("_k3"), "{ddl}");
+        let ddl = text(&stored);
+        assert!(ddl.contains("_k2") && !ddl.contains("_k3"), "{ddl}");
+        assert!(ddl.contains("\"fare\""), "the field is still stored: {ddl}");
+        // `sort: true` spells out the default: the same table.
+        let signature = crate::topology::index_signature;
+        assert_eq!(signature(&plain), signature(&sorted));
+        assert_ne!(signature(&plain), signature(&stored));
+    }
 }

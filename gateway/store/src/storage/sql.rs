@@ -218,6 +218,20 @@ impl Dialect {
         self == Dialect::Postgres
     }
 
+    /// What turns a query into the database's plan of it: the prefix, the
+    /// column types of the plan's rows, and the column of its text.
+    pub fn explain(self) -> (&'static str, Vec<ColType>, usize) {
+        match self {
+            Dialect::Postgres => ("EXPLAIN ", vec![ColType::Text], 0),
+            Dialect::MySql => ("EXPLAIN FORMAT=JSON ", vec![ColType::Text], 0),
+            Dialect::Sqlite => (
+                "EXPLAIN QUERY PLAN ",
+                vec![ColType::Int, ColType::Int, ColType::Int, ColType::Text],
+                3,
+            ),
+        }
+    }
+
     /// Whether the backend has `SELECT DISTINCT ON` and `LATERAL` joins
     /// (PostgreSQL), which read the latest cells with one backward index
     /// step per pair instead of a correlated `MAX`.

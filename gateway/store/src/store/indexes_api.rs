@@ -27,6 +27,19 @@ impl Store {
             .await
     }
 
+    /// How [`Store::query_index`] answers `query` now: the index version
+    /// and shards it reads, the b-tree whose range it reads, the conditions
+    /// that bound it and those checked on each entry (residual), how the
+    /// order comes about, and each cluster's statement with the database's
+    /// plan of it (`EXPLAIN`).
+    pub async fn explain_index_query(
+        &self,
+        datastore: &str,
+        query: &IndexQuery,
+    ) -> Result<crate::indexes::IndexExplain> {
+        crate::indexes::explain(self.topology_ref(), datastore, query).await
+    }
+
     /// [`Store::query_index`], served as `read` allows: a replica with
     /// [`Consistency::Replica`](crate::replicas::Consistency::Replica);
     /// a read token alone does not send index reads to a replica, since

@@ -191,8 +191,9 @@ impl IndexRuntime {
 }
 
 /// A digest of what shapes an index table and its entries: fields (name,
-/// path, type, column), the shard field and the `where:` predicate of a
-/// partial index. Descriptions do not count.
+/// path, type, column, and `sort: false`, which leaves out a b-tree), the
+/// shard field and the `where:` predicate of a partial index. Descriptions
+/// do not count.
 pub fn index_signature(index: &Index) -> String {
     let mut text = format!("shard={};", index.shard_field().name);
     for field in &index.fields {
@@ -203,6 +204,11 @@ pub fn index_signature(index: &Index) -> String {
             field.path,
             field.ty.name().to_ascii_lowercase()
         ));
+        // Only when false: definitions without `sort:` keep their
+        // signatures (and their tables).
+        if !field.sorted {
+            text.push_str("nosort;");
+        }
     }
     // The predicate in its qualified form: rewording or respacing it keeps
     // the version, selecting other rows makes a new one.

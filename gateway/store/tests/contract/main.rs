@@ -3,6 +3,7 @@
 
 #[path = "../support/bodies.rs"]
 mod bodies;
+mod btrees;
 mod catalog;
 mod concurrency;
 mod harness;
@@ -16,6 +17,7 @@ mod subscriptions;
 mod triggers;
 mod verify;
 
+use btrees::*;
 use catalog::*;
 use concurrency::*;
 use ids::*;
@@ -114,6 +116,7 @@ contract_suite!(
     a_reloaded_index_answers_index_building_until_it_is_built,
     a_changed_index_answers_from_its_previous_version_until_built,
     a_removed_index_added_again_changed_has_no_previous_version,
+    a_field_without_a_b_tree_filters_but_cannot_order,
     an_index_build_reports_its_progress,
     reads_and_writes_create_no_tables,
     concurrent_batches_on_overlapping_shards,
