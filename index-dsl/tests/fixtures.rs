@@ -88,9 +88,9 @@ fn repository_datastores_load() {
           index city_trips_index columns=[BASE, STATUS] shard_field=city_uuid
             city_uuid: UUID <- BASE.city_uuid
             trip_created_at: datetime <- BASE.trip_created_at
-            fare_total: float <- BASE.fare.total
-            status: string <- STATUS.status
-            is_completed: bool <- STATUS.is_completed
+            fare_total: float <- BASE.fare.total (sort: false)
+            status: string <- STATUS.status (sort: false)
+            is_completed: bool <- STATUS.is_completed (sort: false)
           index driver_partner_index columns=[BASE] shard_field=driver_partner_uuid
             driver_partner_uuid: UUID <- BASE.driver_partner_uuid
             city_uuid: UUID <- BASE.city_uuid
