@@ -62,17 +62,20 @@ fn take(Path(gateway): Path<String>, Json(batch): Json<Value>, received: Data<&A
             *received.repeated.lock().expect("repeated") += 1;
             continue;
         }
-        let created = cell["createdAt"]
-            .as_str()
-            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
-        if let Some(created) = created {
-            let us = (arrived - created.with_timezone(&chrono::Utc))
-                .num_microseconds()
-                .unwrap_or(0)
-                .max(0);
-            let _ = histogram.record(us as u64);
+        if let Some(us) = delay_us(&cell["createdAt"], arrived) {
+            let _ = histogram.record(us);
         }
     }
+}
+
+/// Microseconds from `created` (an RFC 3339 `createdAt`) to `arrived`;
+/// `None` when it is not one.
+pub fn delay_us(created: &Value, arrived: chrono::DateTime<chrono::Utc>) -> Option<u64> {
+    let created = chrono::DateTime::parse_from_rfc3339(created.as_str()?).ok()?;
+    let us = (arrived - created.with_timezone(&chrono::Utc))
+        .num_microseconds()
+        .unwrap_or(0);
+    Some(us.max(0) as u64)
 }
 
 /// Starts a receiver on a loopback port; returns its base URL and what it

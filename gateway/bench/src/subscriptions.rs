@@ -631,15 +631,9 @@ async fn follow(mut socket: Socket, query: &str, first: usize, count: usize, see
                 }
                 seen.events[id].fetch_add(1, Ordering::Relaxed);
                 if id % seen.every == 0 {
-                    let created = message["payload"]["data"]["tripsCells"]["cell"]["createdAt"]
-                        .as_str()
-                        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
-                    if let Some(created) = created {
-                        let us = (arrived - created.with_timezone(&chrono::Utc))
-                            .num_microseconds()
-                            .unwrap_or(0)
-                            .max(0);
-                        let _ = seen.lag_us.lock().expect("lag").record(us as u64);
+                    let created = &message["payload"]["data"]["tripsCells"]["cell"]["createdAt"];
+                    if let Some(us) = crate::receiver::delay_us(created, arrived) {
+                        let _ = seen.lag_us.lock().expect("lag").record(us);
                     }
                 }
             }

@@ -97,6 +97,10 @@ pub(super) async fn poll(
             }
         }
         for ds in current.datastores_sorted() {
+            // A cluster without shards of a datastore has no tables of it.
+            if ds.map().ranges_of(cluster).is_empty() {
+                continue;
+            }
             let entry = known.entry(ds.name().to_string()).or_default();
             if let Err(err) = poll_datastore(backend.as_ref(), &current, cluster, &ds, entry).await
             {
