@@ -79,7 +79,8 @@ test('every operator of every field of every index builds a query the gateway ac
           const state = {
             shard: SAMPLE[index.shard.type],
             conditions: { [field.graphqlName]: { op: operator.op, value } },
-            order: field.graphqlName,
+            // Fields stored without a b-tree (`sort: false`) filter but do not order.
+            order: index.api.orderValues.has(field.graphqlName) ? field.graphqlName : '',
             direction: 'DESC',
             first: '5',
             show: null,
@@ -93,6 +94,13 @@ test('every operator of every field of every index builds a query the gateway ac
     }
   }
   assert.ok(built > 50, `${built} queries`);
+  // The order choices follow the b-trees: `city_trips_index` orders by
+  // trip_created_at, not by its `sort: false` fields.
+  const city = findIndex(findDatastore(catalog, 'trips'), 'city_trips_index');
+  assert.ok(city.api.orderValues.has('tripCreatedAt'));
+  for (const stored of ['fareTotal', 'status', 'isCompleted']) {
+    assert.ok(!city.api.orderValues.has(stored), `${stored} is offered as an order`);
+  }
 });
 
 test('an index query with a range filter and an order matches the hand-written query, page by page', async () => {
