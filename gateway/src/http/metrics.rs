@@ -472,7 +472,7 @@ impl Collector for StoreCollector {
 
         use prometheus_client::metrics::MetricType::{Counter as CounterType, Gauge as GaugeType};
         type Figure = fn(&cellgate_store::DatastoreMetrics) -> i64;
-        let per_datastore: [(&str, &str, _, Figure); 12] = [
+        let per_datastore: [(&str, &str, _, Figure); 14] = [
             (
                 "cellgate_index_lag_max_ms",
                 "Age of the oldest cell not yet applied to every index (0: caught up), from the log heads and stored offsets",
@@ -496,6 +496,18 @@ impl Collector for StoreCollector {
                 "Log cells applied to the indexes by this process",
                 CounterType,
                 |d| d.maintenance.applied_cells as i64,
+            ),
+            (
+                "cellgate_index_bodies_decoded",
+                "Latest cells whose bodies index maintenance decoded from storage",
+                CounterType,
+                |d| d.maintenance.bodies_decoded as i64,
+            ),
+            (
+                "cellgate_index_bodies_reused",
+                "Latest cells whose bodies index maintenance took from this process's own writes instead of decoding them",
+                CounterType,
+                |d| d.maintenance.bodies_reused as i64,
             ),
             (
                 "cellgate_index_unstorable_values",

@@ -523,13 +523,15 @@ async fn latest_ref_keys(
 /// The latest cells of `columns` for `rows`, all on the cluster of
 /// `backend`, in one statement, with the bodies decoded by `decode` (index
 /// maintenance reads only the top-level members it indexes). Bodies are
-/// decoded one by one, so a corrupt cell is reported alone.
+/// decoded one by one, so a corrupt cell is reported alone. A cell whose
+/// body `known` has (by its full key) is not decoded.
 pub(crate) async fn latest_cells_with<B>(
     backend: &dyn Backend,
     ds: &DatastoreRuntime,
     rows: &[Uuid],
     columns: &[String],
     decode: Decode<'_, B>,
+    known: &(dyn Fn(Uuid, &str, i64) -> Option<B> + Sync),
 ) -> Result<Vec<Result<Cell<B>>>> {
     if rows.is_empty() || columns.is_empty() {
         return Ok(Vec::new());
@@ -546,7 +548,28 @@ pub(crate) async fn latest_cells_with<B>(
         .flat_map(|r| columns.iter().map(move |c| (*r, *c)))
         .collect();
     let fetched = backend.rows::<CellRow>(&sql).await?;
-    Ok(latest_cells_from(fetched, &pairs, decode))
+    Ok(fetched
+        .into_iter()
+        .filter(|row| pairs.contains(&(row.2, row.3.as_str())))
+        .map(|row| {
+            let (shard, added_id, row_key, column, ref_key, body, created_at) = row;
+            match known(row_key, &column, ref_key) {
+                Some(body) => Ok(Cell {
+                    row_key,
+                    column,
+                    ref_key,
+                    body,
+                    created_at,
+                    shard: shard as u32,
+                    added_id,
+                }),
+                None => cell_of(
+                    (shard, added_id, row_key, column, ref_key, body, created_at),
+                    decode,
+                ),
+            }
+        })
+        .collect())
 }
 
 /// The statement of the latest cells of `columns` for `rows` in `table`.

@@ -536,7 +536,7 @@ async fn deliver(
             index,
             shard: cell.shard,
             key: cell.key,
-            body,
+            body: Arc::new(body),
             encoded: cell.encoded,
         });
         *round += 1;
@@ -556,6 +556,7 @@ async fn deliver(
                 cluster: primary,
                 heads: round_heads.clone(),
                 went_back: false,
+                ..Written::default()
             });
         }
         for (shard, added_id) in round_heads {

@@ -42,6 +42,8 @@ mod statements;
 pub(crate) use self::statements::read_offsets;
 use self::statements::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::Utc;
@@ -49,6 +51,7 @@ use uuid::Uuid;
 
 use super::entry::{col_type, extract_checked, Extracted};
 use super::hook::{PassHook, PassPoint, PassStage};
+use super::recent::Recent;
 use crate::cells::{codec, latest_cells_with, log_keys, Cell};
 use crate::error::{Error, Result};
 use crate::leases::{self, Lease};
@@ -124,6 +127,10 @@ pub(crate) struct PassResult {
     pub(crate) unstorable: u64,
     /// Entries moved to the quarantine by this pass.
     pub(crate) quarantined: u64,
+    /// Latest cells read whose bodies were decoded, and those whose bodies
+    /// came from this process's writes (`recent.rs`).
+    pub(crate) bodies_decoded: u64,
+    pub(crate) bodies_reused: u64,
     /// Target clusters that could not be written; their consumers did not
     /// advance.
     pub(crate) failed_targets: Vec<(usize, Error)>,
@@ -156,6 +163,8 @@ pub(crate) struct Pass<'a> {
     pub(crate) quarantine_after: u32,
     /// The test hook of the maintainer's passes.
     pub(crate) hook: Option<&'a PassHook>,
+    /// Bodies this process wrote, by full key (`recent.rs`).
+    pub(crate) recent: Option<&'a Recent>,
 }
 
 impl Pass<'_> {
@@ -532,13 +541,19 @@ impl Pass<'_> {
             .flat_map(|(i, _)| self.ds.indexes[*i].def.members())
             .map(str::to_owned)
             .collect();
-        let decode_members = |body: &[u8]| codec::decode_members(body, &members);
-        let mut latest: HashMap<(Uuid, String), Cell> = HashMap::new();
+        let decode_members = |body: &[u8]| codec::decode_members(body, &members).map(Arc::new);
+        let reused = AtomicU64::new(0);
+        let kept = |row_key: Uuid, column: &str, ref_key: i64| {
+            let body = self.recent?.take(row_key, column, ref_key)?;
+            reused.fetch_add(1, Relaxed);
+            Some(body)
+        };
+        let mut latest: HashMap<(Uuid, String), Cell<Arc<serde_json::Value>>> = HashMap::new();
         // Row key → (column, why its latest cell cannot be read).
         let mut corrupt: HashMap<Uuid, Vec<(String, String)>> = HashMap::new();
         for chunk in rows.chunks(MAX_PARAMS / 2) {
             for cell in
-                latest_cells_with(backend, self.ds, chunk, &columns, &decode_members).await?
+                latest_cells_with(backend, self.ds, chunk, &columns, &decode_members, &kept).await?
             {
                 match cell {
                     Ok(cell) => {
@@ -558,6 +573,9 @@ impl Pass<'_> {
                 }
             }
         }
+        let reused = reused.into_inner();
+        result.bodies_reused += reused;
+        result.bodies_decoded += (latest.len() as u64).saturating_sub(reused);
         for (&(index, row_key), &(shard, added_id)) in touched {
             let runtime = &self.ds.indexes[index];
             let bad = corrupt
@@ -753,7 +771,7 @@ pub(crate) fn compute_entry(
     runtime: &IndexRuntime,
     shards: u32,
     row_key: Uuid,
-    latest: &HashMap<(Uuid, String), Cell>,
+    latest: &HashMap<(Uuid, String), Cell<Arc<serde_json::Value>>>,
     result: &mut PassResult,
 ) -> Entry {
     entry_from(
@@ -762,7 +780,7 @@ pub(crate) fn compute_entry(
         |column| {
             latest
                 .get(&(row_key, column.to_owned()))
-                .map(|cell| (cell.ref_key, &cell.body))
+                .map(|cell| (cell.ref_key, &*cell.body))
         },
         result,
     )

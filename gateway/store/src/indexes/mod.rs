@@ -21,6 +21,7 @@ pub(crate) mod maintainer;
 pub mod plan;
 pub(crate) mod quarantine;
 pub(crate) mod query;
+pub(crate) mod recent;
 mod status;
 pub(crate) mod verify;
 

@@ -131,6 +131,7 @@ pub(crate) async fn retry(
             attempts: &mut attempts,
             quarantine_after: 1,
             hook: None,
+            recent: None,
         };
         applied += pass.reapply(&touched, &forget).await?;
     }

@@ -179,6 +179,7 @@ async fn went_back(
             cluster: cluster.index,
             heads: floors,
             went_back: true,
+            ..Written::default()
         });
     }
 }

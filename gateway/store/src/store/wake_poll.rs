@@ -142,6 +142,7 @@ async fn poll_datastore(
             cluster,
             heads: advanced,
             went_back: false,
+            ..Written::default()
         });
     }
     Ok(())

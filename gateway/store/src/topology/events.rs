@@ -5,9 +5,10 @@
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
+use uuid::Uuid;
 
 /// Cells committed on one cluster: what the maintainer needs to know.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Written {
     pub(crate) datastore: String,
     pub(crate) cluster: usize,
@@ -21,6 +22,21 @@ pub(crate) struct Written {
     /// floor and the old position come again (followers deliver at least
     /// once).
     pub(crate) went_back: bool,
+    /// The cells this process wrote, with the bodies it wrote them from;
+    /// empty for cells learnt of otherwise (other gateways, replays). Index
+    /// maintenance computes their entries from these instead of decoding
+    /// what it reads back (`indexes/recent.rs`).
+    pub(crate) cells: Arc<[WrittenCell]>,
+}
+
+/// A cell a write of this process committed, with its body.
+#[derive(Debug, Clone)]
+pub(crate) struct WrittenCell {
+    pub(crate) shard: u32,
+    pub(crate) row_key: Uuid,
+    pub(crate) column: String,
+    pub(crate) ref_key: i64,
+    pub(crate) body: Arc<serde_json::Value>,
 }
 
 /// The write notifications of a store: to index maintenance through a

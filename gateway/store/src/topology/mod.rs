@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::storage::Backend;
 
 pub(crate) use cluster::{Cluster, ClusterState};
-pub(crate) use events::{Events, Written};
+pub(crate) use events::{Events, Written, WrittenCell};
 pub(crate) use lag::LagBoard;
 pub use lag::ReplicaLag;
 pub use routes::{MoveRecord, Phase};

@@ -106,6 +106,7 @@ pub(crate) async fn listen(topology: Weak<Topology>, cluster: usize, url: String
             cluster,
             heads,
             went_back: false,
+            ..Written::default()
         });
     }
 }

@@ -56,14 +56,14 @@ use crate::shards::row_shard;
 use crate::storage::MAX_PARAMS;
 use crate::storage::{ddl, value::truncate_to_micros, Backend, Dialect, Sql, Tx, Value};
 use crate::topology::wake;
-use crate::topology::{DatastoreRuntime, Topology, Written};
+use crate::topology::{DatastoreRuntime, Topology, Written, WrittenCell};
 
 /// A validated, encoded cell ready for storage.
 pub(super) struct Prepared {
     pub(super) index: usize,
     pub(super) shard: u32,
     pub(super) key: CellKey,
-    pub(super) body: serde_json::Value,
+    pub(super) body: Arc<serde_json::Value>,
     pub(super) encoded: Vec<u8>,
 }
 
@@ -214,7 +214,7 @@ fn prepare(ds: &DatastoreRuntime, index: usize, cell: NewCell) -> Result<Prepare
             column: cell.column,
             ref_key: cell.ref_key,
         },
-        body: cell.body,
+        body: Arc::new(cell.body),
         encoded,
     })
 }
@@ -277,11 +277,26 @@ async fn write_group(
                 .fetch_add(count(PutStatus::Duplicate), Relaxed);
             // Duplicates' heads are in the read token, but wake nobody.
             if written > 0 {
+                let cells = group
+                    .iter()
+                    .zip(&statuses)
+                    .filter(|(p, status)| {
+                        matches!(status, Ok(PutStatus::Written)) && ds.indexes_column(&p.key.column)
+                    })
+                    .map(|(p, _)| WrittenCell {
+                        shard: p.shard,
+                        row_key: p.key.row_key,
+                        column: p.key.column.clone(),
+                        ref_key: p.key.ref_key,
+                        body: p.body.clone(),
+                    })
+                    .collect();
                 topology.events.written(Written {
                     datastore: ds.name().to_string(),
                     cluster,
                     heads: heads.clone(),
                     went_back: false,
+                    cells,
                 });
             }
             if topology.clusters[cluster].replicas.is_empty() {
@@ -550,7 +565,7 @@ pub(super) async fn commit_primary(
         statuses.push(match existing.get(&cell.key).map(|s| &s.body) {
             Some(stored) if *stored == cell.encoded => Some(Ok(PutStatus::Duplicate)),
             Some(stored) => Some(match codec::decode(stored) {
-                Ok(body) if body == cell.body => Ok(PutStatus::Duplicate),
+                Ok(body) if body == *cell.body => Ok(PutStatus::Duplicate),
                 _ => Err(Arc::new(Error::CellConflict {
                     row_key: cell.key.row_key,
                     column: cell.key.column.clone(),
@@ -739,7 +754,7 @@ mod tests {
                 column: "BASE".into(),
                 ref_key: n,
             },
-            body: serde_json::json!({ "n": n }),
+            body: Arc::new(serde_json::json!({ "n": n })),
             encoded: vec![1, 2, 3],
         }
     }

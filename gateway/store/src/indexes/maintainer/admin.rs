@@ -44,6 +44,7 @@ pub(crate) async fn apply_all(
                 attempts: &mut attempts,
                 quarantine_after,
                 hook: None,
+                recent: None,
             };
             let result = pass.run(&offsets).await?;
             if let Some((target, err)) = result.failed_targets.into_iter().next() {

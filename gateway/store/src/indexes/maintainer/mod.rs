@@ -41,7 +41,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::apply::{self};
 use super::hook::PassHook;
 use super::lag::ClusterLag;
-use crate::topology::{DatastoreRuntime, Topology, Written};
+use crate::topology::{DatastoreRuntime, Topology, Written, WrittenCell};
 
 use self::readiness::*;
 use self::worker::*;
@@ -94,7 +94,7 @@ impl Default for MaintainerOptions {
 
 /// A message to a worker.
 enum Msg {
-    Written(Vec<(u32, i64)>),
+    Written(Vec<(u32, i64)>, Arc<[WrittenCell]>),
     /// Sweep now, then answer.
     Sweep(oneshot::Sender<()>),
 }
@@ -105,6 +105,8 @@ struct Counters {
     unstorable: AtomicU64,
     quarantined: AtomicU64,
     applied: AtomicU64,
+    bodies_decoded: AtomicU64,
+    bodies_reused: AtomicU64,
 }
 
 /// Maintenance state shared by the workers and read by metrics.
@@ -146,6 +148,10 @@ pub struct MaintenanceMetrics {
     pub quarantine_size: i64,
     /// Log cells this process applied.
     pub applied_cells: u64,
+    /// Latest cells whose bodies index maintenance decoded, and those
+    /// whose bodies it took from this process's own writes instead.
+    pub bodies_decoded: u64,
+    pub bodies_reused: u64,
     /// Lease buckets this process holds.
     pub buckets_held: usize,
     /// Indexes still being built, with their cells to go and progress.
@@ -237,6 +243,8 @@ impl Maintainer {
         metrics.unstorable_values = counters.unstorable.load(Ordering::Relaxed);
         metrics.quarantined = counters.quarantined.load(Ordering::Relaxed);
         metrics.applied_cells = counters.applied.load(Ordering::Relaxed);
+        metrics.bodies_decoded = counters.bodies_decoded.load(Ordering::Relaxed);
+        metrics.bodies_reused = counters.bodies_reused.load(Ordering::Relaxed);
         metrics.buckets_held = self
             .held
             .lock()
@@ -291,6 +299,12 @@ impl Maintainer {
         counters
             .applied
             .fetch_add(result.cells as u64, Ordering::Relaxed);
+        counters
+            .bodies_decoded
+            .fetch_add(result.bodies_decoded, Ordering::Relaxed);
+        counters
+            .bodies_reused
+            .fetch_add(result.bodies_reused, Ordering::Relaxed);
         let mut recent = self.delays_us.lock().expect("histogram");
         let mut total = self.delays_total_us.lock().expect("histogram");
         for delay in &result.delays_us {
@@ -405,7 +419,7 @@ pub(crate) fn start(
             // A log that went back is found by the workers' sweeps, which
             // compare the stored offsets with their own.
             if let Some(sender) = sender.filter(|_| !event.went_back) {
-                let _ = sender.send(Msg::Written(event.heads));
+                let _ = sender.send(Msg::Written(event.heads, event.cells));
             }
         }
     });

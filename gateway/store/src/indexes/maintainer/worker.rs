@@ -34,6 +34,7 @@ use uuid::Uuid;
 use crate::error::{Error, Result};
 use crate::indexes::apply::{self, Consumer, Fence, Pass};
 use crate::indexes::lag::{self};
+use crate::indexes::recent::Recent;
 use crate::leases::Lease;
 use crate::shard_leases::{Held, ShardLeases};
 use crate::topology::{DatastoreRuntime, Topology};
@@ -109,6 +110,9 @@ pub(super) struct Worker {
     /// Buckets taken whose offsets could not be read yet: adopted at the
     /// next lease round, so no held shard goes unmaintained.
     pub(super) unadopted: BTreeSet<usize>,
+    /// Bodies this process wrote to the shards it maintains, for its
+    /// passes (`indexes/recent.rs`).
+    pub(super) recent: Arc<Recent>,
 }
 
 impl Worker {
@@ -139,6 +143,7 @@ impl Worker {
             heads: HashMap::new(),
             dirty: BTreeSet::new(),
             unadopted: BTreeSet::new(),
+            recent: Arc::default(),
             cursor: 0,
             claimed: BTreeMap::new(),
             stalled: false,
@@ -181,9 +186,10 @@ impl Worker {
                 _ = stopped.changed() => break,
                 message = messages.recv() => match message {
                     None => break,
-                    Some(Msg::Written(heads)) => {
+                    Some(Msg::Written(heads, cells)) => {
                         self.stalled = false;
                         self.written(heads);
+                        self.recent.keep(&cells, |shard| self.offsets.contains_key(&shard));
                     }
                     Some(Msg::Sweep(reply)) => {
                         if self.topology.strong_count() == 0 {
@@ -371,6 +377,7 @@ impl Worker {
         let quarantine_after = self.shared.options.quarantine_after;
         let cluster = self.cluster;
         let down = down.clone();
+        let recent = self.recent.clone();
         tokio::spawn(async move {
             let mut pass = Pass {
                 topology: &topology,
@@ -385,6 +392,7 @@ impl Worker {
                 attempts: &mut work.attempts,
                 quarantine_after,
                 hook: hook.as_ref(),
+                recent: Some(&recent),
             };
             let result = pass.run(&work.offsets).await;
             Built {

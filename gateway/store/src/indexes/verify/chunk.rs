@@ -533,6 +533,7 @@ impl Chunk<'_> {
                 attempts: &mut attempts,
                 quarantine_after: 1,
                 hook: None,
+                recent: None,
             };
             pass.reapply(&touched, &[]).await?;
             written.extend(touched.keys().copied());
