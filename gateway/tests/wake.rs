@@ -3,7 +3,9 @@
 //! minute, so that only the wake-up (`LISTEN/NOTIFY` on PostgreSQL, the
 //! poll of the shard counters on MariaDB and SQLite) can bring a cell
 //! written through one gateway to a subscriber of the other, and to the
-//! index entries the other maintains, within the test's wait.
+//! index entries the other maintains, within the test's wait. Each
+//! backend runs it on one cluster and on two, whose wake-ups are each
+//! cluster's own.
 
 #[path = "support/followers.rs"]
 mod followers;
@@ -78,7 +80,11 @@ async fn writes_through_one_gateway_wake_the_other_on_postgres() {
     );
     admin(&base, &format!("CREATE DATABASE {name}")).await;
     let url = with_database(&base, &name);
-    let outcome = tokio::spawn(check(url)).await;
+    let outcome = tokio::spawn(check(
+        SLOW_SWEEPS.to_string(),
+        vec!["--database".into(), url],
+    ))
+    .await;
     admin(
         &base,
         &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
@@ -104,7 +110,11 @@ async fn writes_through_one_gateway_wake_the_other_on_mariadb() {
     );
     mysql_admin(&base, &format!("CREATE DATABASE {name}")).await;
     let url = with_database(&base, &name);
-    let outcome = tokio::spawn(check(url)).await;
+    let outcome = tokio::spawn(check(
+        SLOW_SWEEPS.to_string(),
+        vec!["--database".into(), url],
+    ))
+    .await;
     mysql_admin(&base, &format!("DROP DATABASE IF EXISTS {name}")).await;
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic.into_panic());
@@ -115,7 +125,86 @@ async fn writes_through_one_gateway_wake_the_other_on_mariadb() {
 async fn writes_through_one_gateway_wake_the_other_on_sqlite() {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}", dir.path().join("cells.db").display());
-    check(url).await;
+    check(SLOW_SWEEPS.to_string(), vec!["--database".into(), url]).await;
+}
+
+/// [`SLOW_SWEEPS`] on the clusters `a` and `b` (the datastore's shards
+/// split evenly between them).
+fn two_clusters(a: &str, b: &str) -> String {
+    format!(
+        "{SLOW_SWEEPS}storage:\n  clusters:\n    - name: a\n      master: {a}\n    - name: b\n      master: {b}\n"
+    )
+}
+
+/// Two fresh databases on the server of `base`, the check on them as two
+/// clusters, the databases dropped.
+async fn on_two_databases(base: &str, create: &str, drop: &str, mysql: bool) {
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let names = [format!("cg_wake_a_{suffix}"), format!("cg_wake_b_{suffix}")];
+    let run = move |sql: String| async move {
+        if mysql {
+            mysql_admin(base, &sql).await
+        } else {
+            admin(base, &sql).await
+        }
+    };
+    for name in &names {
+        run(create.replace("{}", name)).await;
+    }
+    let config = two_clusters(
+        &with_database(base, &names[0]),
+        &with_database(base, &names[1]),
+    );
+    let outcome = tokio::spawn(check(config, Vec::new())).await;
+    for name in &names {
+        run(drop.replace("{}", name)).await;
+    }
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic.into_panic());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_through_one_gateway_wake_the_other_on_two_sqlite_clusters() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = |name: &str| format!("sqlite://{}", dir.path().join(name).display());
+    check(two_clusters(&url("a.db"), &url("b.db")), Vec::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_through_one_gateway_wake_the_other_on_two_postgres_clusters() {
+    let Ok(base) = std::env::var("CELLGATE_TEST_POSTGRES_URL") else {
+        servers::skip(
+            "the wake-up across gateways on two clusters",
+            "CELLGATE_TEST_POSTGRES_URL is not set",
+        );
+        return;
+    };
+    on_two_databases(
+        &base,
+        "CREATE DATABASE {}",
+        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+        false,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_through_one_gateway_wake_the_other_on_two_mariadb_clusters() {
+    let Ok(base) = std::env::var("CELLGATE_TEST_MYSQL_URL") else {
+        servers::skip(
+            "the wake-up across gateways on two clusters",
+            "CELLGATE_TEST_MYSQL_URL is not set",
+        );
+        return;
+    };
+    on_two_databases(
+        &base,
+        "CREATE DATABASE {}",
+        "DROP DATABASE IF EXISTS {}",
+        true,
+    )
+    .await;
 }
 
 async fn mysql_admin(base: &str, sql: &str) {
@@ -128,10 +217,12 @@ async fn mysql_admin(base: &str, sql: &str) {
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
-async fn check(url: String) {
+/// The check on gateways started with `config` and the arguments `args`.
+async fn check(config: String, args: Vec<String>) {
     let files = [TRIPS, BY_DRIVER];
-    let writer = Server::start_with(&files, SLOW_SWEEPS, &["--database", &url]);
-    let follower = Server::start_with(&files, SLOW_SWEEPS, &["--database", &url]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let writer = Server::start_with(&files, &config, &args);
+    let follower = Server::start_with(&files, &config, &args);
     for server in [&writer, &follower] {
         server
             .wait_ready(reqwest::StatusCode::OK, Duration::from_secs(60))
