@@ -5,10 +5,18 @@
 //! written through one gateway to a subscriber of the other, and to the
 //! index entries the other maintains, within the test's wait. Each
 //! backend runs it on one cluster and on two, whose wake-ups are each
-//! cluster's own.
+//! cluster's own. On private PostgreSQL and MariaDB servers it runs again
+//! after the master was killed (`kill -9`) and started again: the
+//! listener and the poll connect again by themselves.
 
 #[path = "support/followers.rs"]
 mod followers;
+#[path = "support/mariadb.rs"]
+mod mariadb;
+#[path = "support/postgres.rs"]
+mod postgres;
+#[path = "support/private.rs"]
+mod private;
 #[path = "support/server.rs"]
 mod server;
 #[path = "support/servers.rs"]
@@ -18,6 +26,7 @@ mod socket;
 
 use std::time::{Duration, Instant};
 
+use private::PrivateServer;
 use serde_json::{json, Value};
 use server::{client, Server};
 use sqlx::Connection as _;
@@ -219,102 +228,214 @@ async fn mysql_admin(base: &str, sql: &str) {
 
 /// The check on gateways started with `config` and the arguments `args`.
 async fn check(config: String, args: Vec<String>) {
-    let files = [TRIPS, BY_DRIVER];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let writer = Server::start_with(&files, &config, &args);
-    let follower = Server::start_with(&files, &config, &args);
-    for server in [&writer, &follower] {
-        server
-            .wait_ready(reqwest::StatusCode::OK, Duration::from_secs(60))
-            .await;
-    }
-    // A subscriber of the follower, caught up with the (empty) log.
-    let ws = follower.url("/graphql/ws").replacen("http", "ws", 1);
-    let got = followers::subscribe(ws, "tripsCells", "BASE");
-    let wait_until = |what: &'static str, within: Duration| {
-        let deadline = Instant::now() + within;
-        move || {
-            assert!(
-                Instant::now() < deadline,
-                "{what} within {within:?}: only a sweep (a minute apart) would have found it"
-            );
-        }
-    };
-    let started = wait_until("the subscription to start", Duration::from_secs(30));
-    loop {
-        let text = client()
-            .get(follower.url("/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
-        if text
-            .lines()
-            .any(|l| l.starts_with("cellgate_subscription_followers") && !l.ends_with(" 0"))
-        {
-            break;
-        }
-        started();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // Let the first sweeps of both pass (each gateway sweeps once soon
-    // after it starts), so that what follows is left to the wake-up.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pair = Pair::start(&config, &args).await;
+    pair.round().await;
+}
 
-    // Cells of many shards, written through the other gateway.
-    let driver = uuid::Uuid::new_v4().to_string();
-    let cells: Vec<Value> = (0..40)
-        .map(|_| {
-            json!({"rowKey": uuid::Uuid::new_v4().to_string(), "column": "BASE", "refKey": 1,
-                   "body": {"driver": driver}})
-        })
-        .collect();
-    let keys: Vec<followers::CellKey> = cells
-        .iter()
-        .map(|c| {
-            (
-                c["rowKey"].as_str().unwrap().parse().unwrap(),
-                "BASE".to_string(),
-                1,
-            )
-        })
-        .collect();
-    gql(
-        &writer,
-        "mutation($cells: [TripsCellInput!]!) { tripsPutCells(cells: $cells) { status } }",
-        json!({ "cells": cells }),
-    )
-    .await;
-    let delivered = wait_until(
-        "the follower's subscriber to get every cell",
-        Duration::from_secs(20),
-    );
-    while !got.missing(&keys).is_empty() {
-        delivered();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+/// Two gateways on the same clusters, and a subscriber of the follower's
+/// `/graphql/ws`.
+struct Pair {
+    writer: Server,
+    follower: Server,
+    got: followers::Got,
+}
+
+/// A deadline for `what`: the returned check fails once `within` is over.
+fn wait_until(what: &'static str, within: Duration) -> impl Fn() {
+    let deadline = Instant::now() + within;
+    move || {
+        assert!(
+            Instant::now() < deadline,
+            "{what} within {within:?}: only a sweep (a minute apart) would have found it"
+        );
     }
-    // Index entries of the shards whose leases the follower holds are
-    // applied by it, woken the same way: every entry is found through
-    // either gateway.
-    let indexed = wait_until("every index entry", Duration::from_secs(20));
-    for server in [&writer, &follower] {
+}
+
+impl Pair {
+    async fn start(config: &str, args: &[String]) -> Pair {
+        let files = [TRIPS, BY_DRIVER];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let writer = Server::start_with(&files, config, &args);
+        let follower = Server::start_with(&files, config, &args);
+        for server in [&writer, &follower] {
+            server
+                .wait_ready(reqwest::StatusCode::OK, Duration::from_secs(60))
+                .await;
+        }
+        // A subscriber of the follower, caught up with the (empty) log.
+        let ws = follower.url("/graphql/ws").replacen("http", "ws", 1);
+        let got = followers::subscribe(ws, "tripsCells", "BASE");
+        let pair = Pair {
+            writer,
+            follower,
+            got,
+        };
+        pair.settle().await;
+        pair
+    }
+
+    /// Waits until the follower has its subscriber, then for the sweeps
+    /// and retries under way to pass, so that what follows is left to the
+    /// wake-up.
+    async fn settle(&self) {
+        let started = wait_until("the subscription to start", Duration::from_secs(30));
         loop {
-            let answer = gql(
-                server,
-                "query($d: String!) { trips { byDriver(driver: $d, first: 100) { edges { node { rowKey } } } } }",
-                json!({ "d": driver }),
-            )
-            .await;
-            let found = answer["data"]["trips"]["byDriver"]["edges"]
-                .as_array()
-                .map_or(0, Vec::len);
-            if found == keys.len() {
+            let text = client()
+                .get(self.follower.url("/metrics"))
+                .send()
+                .await
+                .expect("metrics")
+                .text()
+                .await
+                .expect("text");
+            if text
+                .lines()
+                .any(|l| l.starts_with("cellgate_subscription_followers") && !l.ends_with(" 0"))
+            {
                 break;
             }
-            indexed();
+            started();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Each gateway sweeps once soon after it starts.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+
+    /// Cells of many shards, written through the writer, reach the
+    /// follower's subscriber and every index entry is found through either
+    /// gateway, well before a sweep.
+    async fn round(&self) {
+        let driver = uuid::Uuid::new_v4().to_string();
+        let cells: Vec<Value> = (0..40)
+            .map(|_| {
+                json!({"rowKey": uuid::Uuid::new_v4().to_string(), "column": "BASE", "refKey": 1,
+                       "body": {"driver": driver}})
+            })
+            .collect();
+        let keys: Vec<followers::CellKey> = cells
+            .iter()
+            .map(|c| {
+                (
+                    c["rowKey"].as_str().unwrap().parse().unwrap(),
+                    "BASE".to_string(),
+                    1,
+                )
+            })
+            .collect();
+        gql(
+            &self.writer,
+            "mutation($cells: [TripsCellInput!]!) { tripsPutCells(cells: $cells) { status } }",
+            json!({ "cells": cells }),
+        )
+        .await;
+        let delivered = wait_until(
+            "the follower's subscriber to get every cell",
+            Duration::from_secs(20),
+        );
+        while !self.got.missing(&keys).is_empty() {
+            delivered();
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // Index entries of the shards whose leases the follower holds are
+        // applied by it, woken the same way: every entry is found through
+        // either gateway.
+        let indexed = wait_until("every index entry", Duration::from_secs(20));
+        for server in [&self.writer, &self.follower] {
+            loop {
+                let answer = gql(
+                    server,
+                    "query($d: String!) { trips { byDriver(driver: $d, first: 100) { edges { node { rowKey } } } } }",
+                    json!({ "d": driver }),
+                )
+                .await;
+                let found = answer["data"]["trips"]["byDriver"]["edges"]
+                    .as_array()
+                    .map_or(0, Vec::len);
+                if found == keys.len() {
+                    break;
+                }
+                indexed();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
+
+    /// Waits until a write through the writer succeeds again (after its
+    /// master came back), trying for two minutes.
+    async fn writable(&self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let cell = json!({"rowKey": uuid::Uuid::new_v4().to_string(), "column": "BASE",
+                              "refKey": 1, "body": {"driver": "probe"}});
+            let answer: Option<Value> = match client()
+                .post(self.writer.graphql())
+                .json(&json!({
+                    "query": "mutation($cells: [TripsCellInput!]!) { tripsPutCells(cells: $cells) { status } }",
+                    "variables": { "cells": [cell] },
+                }))
+                .send()
+                .await
+            {
+                Ok(response) => response.json().await.ok(),
+                Err(_) => None,
+            };
+            if answer.as_ref().is_some_and(|a| {
+                a.pointer("/data/tripsPutCells/0/status") == Some(&json!("WRITTEN"))
+            }) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no write succeeded within 2 minutes of the restart: {answer:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// The wake-up outlives its master: two gateways on a private server of
+/// kind `D`, woken once; the server is killed (`kill -9`), started again
+/// on its data directory and port, and once writes succeed again, a
+/// second round must reach the follower as fast as the first. The
+/// listener (PostgreSQL) or the poll (MariaDB, and PostgreSQL with
+/// `notify: false`) has to connect again by itself; the sweeps, a minute
+/// apart, would be too late.
+async fn after_a_killed_master<D: PrivateServer>(test: &str, storage: &str) {
+    let mut db = match D::init() {
+        Ok(db) => db,
+        Err(why) => {
+            servers::skip(test, &why);
+            return;
+        }
+    };
+    db.start().await;
+    let config = format!("{SLOW_SWEEPS}{storage}");
+    let pair = Pair::start(&config, &["--database".into(), db.url()]).await;
+    pair.round().await;
+    db.kill();
+    // Both gateways find their connections gone while it is down.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    db.start().await;
+    pair.writable().await;
+    pair.settle().await;
+    pair.round().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_notify_wake_up_outlives_a_killed_postgres_master() {
+    after_a_killed_master::<postgres::Postgres>("the wake-up after a killed master", "").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_poll_wake_up_outlives_a_killed_postgres_master() {
+    after_a_killed_master::<postgres::Postgres>(
+        "the wake-up after a killed master",
+        "storage:\n  notify: false\n",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_poll_wake_up_outlives_a_killed_mariadb_master() {
+    after_a_killed_master::<mariadb::Mariadb>("the wake-up after a killed master", "").await;
 }

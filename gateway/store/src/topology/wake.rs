@@ -80,7 +80,10 @@ pub(crate) async fn listen(topology: Weak<Topology>, cluster: usize, url: String
             Err(_) => continue,
             // The connection was lost and is being made again (with the
             // channels listened to again): what was sent meanwhile is
-            // lost, and found by the sweeps.
+            // lost, and found by the sweeps. A connection lost while no
+            // notification was awaited is made again inside `try_recv`,
+            // which waits for the master to answer again
+            // (`tests/wake.rs` kills and restarts it).
             Ok(Ok(None)) => continue,
             Ok(Err(err)) => {
                 tracing::debug!(cluster, error = %err, "listening for other gateways' writes failed");
