@@ -70,17 +70,22 @@ pub(crate) fn decoded_cell<B>(row: Row, decode: Decode<'_, B>) -> Result<Cell<B>
 }
 
 /// The cell of a typed row, its body decoded by `decode`.
-fn cell_of<B>(
-    (shard, added_id, row_key, column, ref_key, body, created_at): CellRow,
-    decode: Decode<'_, B>,
-) -> Result<Cell<B>> {
-    let body = decode(&body).map_err(|reason| Error::CorruptBody {
-        row_key,
-        column: column.clone(),
-        ref_key,
+fn cell_of<B>(row: CellRow, decode: Decode<'_, B>) -> Result<Cell<B>> {
+    let body = decode(&row.5).map_err(|reason| Error::CorruptBody {
+        row_key: row.2,
+        column: row.3.clone(),
+        ref_key: row.4,
         reason,
     })?;
-    Ok(Cell {
+    Ok(cell_with(row, body))
+}
+
+/// The cell of a typed row with `body` in place of its stored bytes.
+fn cell_with<B>(
+    (shard, added_id, row_key, column, ref_key, _, created_at): CellRow,
+    body: B,
+) -> Cell<B> {
+    Cell {
         row_key,
         column,
         ref_key,
@@ -88,7 +93,7 @@ fn cell_of<B>(
         created_at,
         shard: shard as u32,
         added_id,
-    })
+    }
 }
 
 fn key_condition(sql: &mut Sql, row_key: Uuid, column: &str) {
@@ -551,23 +556,9 @@ pub(crate) async fn latest_cells_with<B>(
     Ok(fetched
         .into_iter()
         .filter(|row| pairs.contains(&(row.2, row.3.as_str())))
-        .map(|row| {
-            let (shard, added_id, row_key, column, ref_key, body, created_at) = row;
-            match known(row_key, &column, ref_key) {
-                Some(body) => Ok(Cell {
-                    row_key,
-                    column,
-                    ref_key,
-                    body,
-                    created_at,
-                    shard: shard as u32,
-                    added_id,
-                }),
-                None => cell_of(
-                    (shard, added_id, row_key, column, ref_key, body, created_at),
-                    decode,
-                ),
-            }
+        .map(|row| match known(row.2, &row.3, row.4) {
+            Some(body) => Ok(cell_with(row, body)),
+            None => cell_of(row, decode),
         })
         .collect())
 }
