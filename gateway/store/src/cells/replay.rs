@@ -518,15 +518,12 @@ async fn deliver(
         }
     }
     for (index, cell) in cells.into_iter().enumerate() {
-        let body = match codec::decode(&cell.encoded) {
-            Ok(body) => body,
-            Err(err) => {
-                // Bodies are checked to read back before they are
-                // buffered; one that does not stays for an operator.
-                tracing::error!(datastore = %ds.name(), row_key = %cell.key.row_key, error = %err, "a buffered cell cannot be decoded; it stays in the buffer");
-                continue;
-            }
-        };
+        if let Err(err) = codec::decode(&cell.encoded) {
+            // Bodies are checked to read back before they are buffered;
+            // one that does not stays for an operator.
+            tracing::error!(datastore = %ds.name(), row_key = %cell.key.row_key, error = %err, "a buffered cell cannot be decoded; it stays in the buffer");
+            continue;
+        }
         let round = seen.entry(cell.key.clone()).or_insert(0);
         if rounds.len() <= *round {
             rounds.push(Vec::new());
@@ -536,7 +533,8 @@ async fn deliver(
             index,
             shard: cell.shard,
             key: cell.key,
-            body: Arc::new(body),
+            // Replays wake index maintenance without bodies.
+            indexed: None,
             encoded: cell.encoded,
         });
         *round += 1;
@@ -675,7 +673,11 @@ async fn record_conflicts(
                     Value::Uuid(cell.key.row_key),
                     Value::Text(cell.key.column.clone()),
                     Value::Int(cell.key.ref_key),
-                    Value::Text(body_hash(&cell.body)),
+                    Value::Text(
+                        codec::decode(&cell.encoded)
+                            .map(|body| body_hash(&body))
+                            .unwrap_or_default(),
+                    ),
                     Value::Bytes(cell.encoded.clone()),
                     Value::Text(stored_hash),
                     Value::Text(buffered_on.to_string()),

@@ -544,7 +544,7 @@ impl Pass<'_> {
         let decode_members = |body: &[u8]| codec::decode_members(body, &members).map(Arc::new);
         let reused = AtomicU64::new(0);
         let kept = |row_key: Uuid, column: &str, ref_key: i64| {
-            let body = self.recent?.take(row_key, column, ref_key)?;
+            let body = self.recent?.take(row_key, column, ref_key, &members)?;
             reused.fetch_add(1, Relaxed);
             Some(body)
         };

@@ -22,21 +22,27 @@ pub(crate) struct Written {
     /// floor and the old position come again (followers deliver at least
     /// once).
     pub(crate) went_back: bool,
-    /// The cells this process wrote, with the bodies it wrote them from;
+    /// The cells this process wrote, with the bodies it wrote them from
+    /// (cut to the members the indexes read);
     /// empty for cells learnt of otherwise (other gateways, replays). Index
     /// maintenance computes their entries from these instead of decoding
     /// what it reads back (`indexes/recent.rs`).
     pub(crate) cells: Arc<[WrittenCell]>,
 }
 
-/// A cell a write of this process committed, with its body.
+/// A cell a write of this process committed, with the members of its body
+/// that index maintenance reads.
 #[derive(Debug, Clone)]
 pub(crate) struct WrittenCell {
     pub(crate) shard: u32,
     pub(crate) row_key: Uuid,
     pub(crate) column: String,
     pub(crate) ref_key: i64,
+    /// The body cut to `members` (those of them it has).
     pub(crate) body: Arc<serde_json::Value>,
+    /// The top-level members the body was cut to: those the datastore's
+    /// indexes read when it was written.
+    pub(crate) members: Arc<std::collections::BTreeSet<String>>,
 }
 
 /// The write notifications of a store: to index maintenance through a

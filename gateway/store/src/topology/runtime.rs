@@ -3,6 +3,7 @@
 //! version, readiness and build progress; and the names the log consumers
 //! keep their offsets under.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -232,6 +233,9 @@ pub(crate) struct DatastoreRuntime {
     /// log. Shared with the runtime that replaces this one on a reload
     /// where the index keeps its version.
     pub(crate) indexes: Vec<Arc<IndexRuntime>>,
+    /// The top-level body members any of `indexes` reads (its fields and
+    /// predicate): what a write keeps of a body for index maintenance.
+    pub(crate) indexed_members: Arc<BTreeSet<String>>,
     /// Cells stored by this process, for metrics. The counters are shared
     /// with the runtimes that replace this one on a reload, so they never
     /// go back.
@@ -252,6 +256,7 @@ impl DatastoreRuntime {
         DatastoreRuntime {
             def,
             routes: Arc::new(Routes::new(map)),
+            indexed_members: members_of(&indexes),
             indexes,
             cells_written: Arc::default(),
             cells_duplicate: Arc::default(),
@@ -267,6 +272,7 @@ impl DatastoreRuntime {
         DatastoreRuntime {
             def,
             routes: self.routes.clone(),
+            indexed_members: members_of(&indexes),
             indexes,
             cells_written: self.cells_written.clone(),
             cells_duplicate: self.cells_duplicate.clone(),
@@ -333,6 +339,17 @@ impl DatastoreRuntime {
             .iter()
             .any(|i| i.def.columns.iter().any(|c| c == column))
     }
+}
+
+/// The top-level body members that `indexes` read.
+fn members_of(indexes: &[Arc<IndexRuntime>]) -> Arc<BTreeSet<String>> {
+    Arc::new(
+        indexes
+            .iter()
+            .flat_map(|i| i.def.members())
+            .map(str::to_owned)
+            .collect(),
+    )
 }
 
 /// The offsets name of the trigger consumer `name` (index consumers are

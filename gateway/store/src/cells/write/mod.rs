@@ -63,7 +63,10 @@ pub(super) struct Prepared {
     pub(super) index: usize,
     pub(super) shard: u32,
     pub(super) key: CellKey,
-    pub(super) body: Arc<serde_json::Value>,
+    /// For a column an index reads: the body cut to the members the
+    /// indexes read, for this process's index maintenance
+    /// (`indexes/recent.rs`).
+    pub(super) indexed: Option<Arc<serde_json::Value>>,
     pub(super) encoded: Vec<u8>,
 }
 
@@ -206,6 +209,11 @@ fn prepare(ds: &DatastoreRuntime, index: usize, cell: NewCell) -> Result<Prepare
         ref_key: cell.ref_key,
         reason,
     })?;
+    // Cut here, while the body is fresh in this thread's cache; the rest
+    // of it is dropped here too.
+    let indexed = ds
+        .indexes_column(&cell.column)
+        .then(|| Arc::new(members_only(cell.body, &ds.indexed_members)));
     Ok(Prepared {
         index,
         shard: row_shard(&cell.row_key, ds.def.shards),
@@ -214,9 +222,25 @@ fn prepare(ds: &DatastoreRuntime, index: usize, cell: NewCell) -> Result<Prepare
             column: cell.column,
             ref_key: cell.ref_key,
         },
-        body: Arc::new(cell.body),
+        indexed,
         encoded,
     })
+}
+
+/// `body` (an object) with only its top-level `members`.
+fn members_only(
+    body: serde_json::Value,
+    members: &std::collections::BTreeSet<String>,
+) -> serde_json::Value {
+    match body {
+        serde_json::Value::Object(mut all) => serde_json::Value::Object(
+            members
+                .iter()
+                .filter_map(|m| Some((m.clone(), all.remove(m)?)))
+                .collect(),
+        ),
+        other => other,
+    }
 }
 
 /// Buffers and commits the group of one cluster; a result per cell, and
@@ -280,15 +304,16 @@ async fn write_group(
                 let cells = group
                     .iter()
                     .zip(&statuses)
-                    .filter(|(p, status)| {
-                        matches!(status, Ok(PutStatus::Written)) && ds.indexes_column(&p.key.column)
-                    })
-                    .map(|(p, _)| WrittenCell {
-                        shard: p.shard,
-                        row_key: p.key.row_key,
-                        column: p.key.column.clone(),
-                        ref_key: p.key.ref_key,
-                        body: p.body.clone(),
+                    .filter(|(_, status)| matches!(status, Ok(PutStatus::Written)))
+                    .filter_map(|(p, _)| {
+                        Some(WrittenCell {
+                            shard: p.shard,
+                            row_key: p.key.row_key,
+                            column: p.key.column.clone(),
+                            ref_key: p.key.ref_key,
+                            body: p.indexed.clone()?,
+                            members: ds.indexed_members.clone(),
+                        })
                     })
                     .collect();
                 topology.events.written(Written {
@@ -564,14 +589,18 @@ pub(super) async fn commit_primary(
         }
         statuses.push(match existing.get(&cell.key).map(|s| &s.body) {
             Some(stored) if *stored == cell.encoded => Some(Ok(PutStatus::Duplicate)),
-            Some(stored) => Some(match codec::decode(stored) {
-                Ok(body) if body == *cell.body => Ok(PutStatus::Duplicate),
-                _ => Err(Arc::new(Error::CellConflict {
-                    row_key: cell.key.row_key,
-                    column: cell.key.column.clone(),
-                    ref_key: cell.key.ref_key,
-                })),
-            }),
+            // The same body encoded otherwise (by an earlier encoder):
+            // compared as JSON (the encoding round-trips exactly).
+            Some(stored) => Some(
+                match (codec::decode(stored), codec::decode(&cell.encoded)) {
+                    (Ok(stored), Ok(body)) if stored == body => Ok(PutStatus::Duplicate),
+                    _ => Err(Arc::new(Error::CellConflict {
+                        row_key: cell.key.row_key,
+                        column: cell.key.column.clone(),
+                        ref_key: cell.key.ref_key,
+                    })),
+                },
+            ),
             None => {
                 new_cells.push(cell);
                 positions.push(statuses.len());
@@ -754,9 +783,22 @@ mod tests {
                 column: "BASE".into(),
                 ref_key: n,
             },
-            body: Arc::new(serde_json::json!({ "n": n })),
+            indexed: None,
             encoded: vec![1, 2, 3],
         }
+    }
+
+    #[test]
+    fn a_body_is_cut_to_the_members_the_indexes_read() {
+        let members = ["city_uuid", "fare", "status"]
+            .map(String::from)
+            .into_iter()
+            .collect();
+        let body = serde_json::json!({"city_uuid": "c", "fare": {"total": 1.5}, "notes": "x"});
+        assert_eq!(
+            members_only(body, &members),
+            serde_json::json!({"city_uuid": "c", "fare": {"total": 1.5}})
+        );
     }
 
     // PostgreSQL parses and plans a statement once per connection and text:
