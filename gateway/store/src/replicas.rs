@@ -17,9 +17,8 @@
 //! with a token goes to a replica only if it has applied the token, even
 //! then. Index entries are judged by lag only (`ReadOptions::for_index`).
 //!
-//! **Lag** (`monitor`): every half second, per datastore, the length of the
-//! log on the master and on each replica (`cells::log_length`, from the
-//! shard counters in one statement): the difference is the
+//! **Lag** (`monitor`): every half second, per datastore, the sum of the
+//! shard counters on the master and on each replica: the difference is the
 //! cells a replica is behind, and the time since the master last had no
 //! more than the replica has now is its lag in time.
 
@@ -30,7 +29,6 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use rand::seq::SliceRandom;
 
-use crate::cells::log_length;
 use crate::error::{Error, Result};
 use crate::storage::breaker::BreakerState;
 use crate::storage::{ddl, Backend, Sql, Value, MAX_PARAMS};
@@ -355,6 +353,24 @@ async fn shard_counters(
         .collect())
 }
 
+/// The sum of `datastore`'s shard counters on one node. (`cells::log_length`
+/// reads the same sum less one per shard; `cells` uses this module, so this
+/// one keeps its own statement.)
+async fn counters(backend: &dyn Backend, datastore: &str) -> Result<i64> {
+    let dialect = backend.dialect();
+    let integer = dialect.integer_cast();
+    let mut sql = Sql::new(dialect);
+    // SUM of a BIGINT is a NUMERIC (DECIMAL) on PostgreSQL and MySQL.
+    sql.push("SELECT CAST(COALESCE(SUM(ABS(")
+        .ident("next_added_id")
+        .push(&format!(")), 0) AS {integer}) FROM "))
+        .ident(&ddl::shards_table(datastore));
+    Ok(backend
+        .first_row::<(i64,)>(&sql)
+        .await?
+        .map_or(0, |(sum,)| sum))
+}
+
 /// Measures replica lag until `stopped` (see the module doc).
 pub(crate) async fn monitor(
     topology: Arc<Topology>,
@@ -372,7 +388,7 @@ pub(crate) async fn monitor(
             };
             let mut behind = vec![(0i64, 0u64, true); cluster.replicas.len()];
             for ds in topology.defined().datastores.values() {
-                let head = match log_length(master.as_ref(), ds.name()).await {
+                let head = match counters(master.as_ref(), ds.name()).await {
                     Ok(head) => head,
                     Err(err) => {
                         tracing::debug!(cluster = %cluster.name, error = %err, "cannot read the master's shard counters");
@@ -380,7 +396,7 @@ pub(crate) async fn monitor(
                         // breakers, so a replica that is back is found
                         // while the master is down.
                         for replica in &cluster.replicas {
-                            let _ = log_length(replica.as_ref(), ds.name()).await;
+                            let _ = counters(replica.as_ref(), ds.name()).await;
                         }
                         behind.iter_mut().for_each(|b| b.2 = false);
                         continue;
@@ -393,7 +409,7 @@ pub(crate) async fn monitor(
                     past.pop_front();
                 }
                 for (r, replica) in cluster.replicas.iter().enumerate() {
-                    let applied = match log_length(replica.as_ref(), ds.name()).await {
+                    let applied = match counters(replica.as_ref(), ds.name()).await {
                         Ok(applied) => applied,
                         Err(err) => {
                             tracing::debug!(cluster = %cluster.name, replica = r, error = %err, "cannot measure a replica's lag");
