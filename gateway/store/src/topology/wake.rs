@@ -80,10 +80,11 @@ pub(crate) async fn listen(topology: Weak<Topology>, cluster: usize, url: String
             Err(_) => continue,
             // The connection was lost and is being made again (with the
             // channels listened to again): what was sent meanwhile is
-            // lost, and found by the sweeps. A connection lost while no
-            // notification was awaited is made again inside `try_recv`,
-            // which waits for the master to answer again
-            // (`tests/wake.rs` kills and restarts it).
+            // lost, and found by the sweeps. While the master is down,
+            // `try_recv` waits in its pool to connect again and the
+            // timeout above cancels the wait; a later call connects,
+            // listens again and goes on without returning `None`
+            // (`tests/wake.rs` kills and restarts the master).
             Ok(Ok(None)) => continue,
             Ok(Err(err)) => {
                 tracing::debug!(cluster, error = %err, "listening for other gateways' writes failed");

@@ -233,12 +233,9 @@ fn members_only(
     members: &std::collections::BTreeSet<String>,
 ) -> serde_json::Value {
     match body {
-        serde_json::Value::Object(mut all) => serde_json::Value::Object(
-            members
-                .iter()
-                .filter_map(|m| Some((m.clone(), all.remove(m)?)))
-                .collect(),
-        ),
+        serde_json::Value::Object(mut all) => {
+            serde_json::Value::Object(members.iter().filter_map(|m| all.remove_entry(m)).collect())
+        }
         other => other,
     }
 }
