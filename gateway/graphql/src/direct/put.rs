@@ -8,9 +8,11 @@
 //! `ValueAccessor`s. Here the cells are read once, straight from the
 //! variable's JSON text (`variables.rs`): no async-graphql value tree is
 //! built and converted to JSON, which took about a quarter of the
-//! gateway's CPU on a 50-cell write. The store writes them
-//! (`Store::put_cells_with_token`, as the resolver does) and the response
-//! is built from the results.
+//! gateway's CPU on a 50-cell write. Nor is a JSON value built for each
+//! body: it is read straight into the MessagePack the store keeps
+//! (`codec::PackBody`), and the store writes the cells
+//! (`Store::put_packed_cells_with_token`, which stores them as the
+//! resolver's write would). The response is built from the results.
 //!
 //! Only this shape is taken: the operation declares exactly one variable,
 //! `[<Ds>CellInput!]!` without a default, passed as the field's only
@@ -25,7 +27,7 @@
 //! error coming from the resolver's own `PutOutcome` (`schema/put.rs`):
 //! writing is not repeated.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use async_graphql::indexmap::IndexMap;
@@ -42,6 +44,7 @@ use crate::names::{camel, pascal};
 use crate::scalars::int64_of;
 use crate::schema::PutOutcome;
 use crate::variables::RequestVariables;
+use cellgate_store::cells::codec::{PackBody, Packed};
 use cellgate_store::cells::NewCell;
 use cellgate_store::Store;
 
@@ -138,12 +141,16 @@ impl PutCells {
 
     /// The answer for `variables`, `None` for async-graphql to answer.
     pub(super) async fn run(&self, store: &Store, variables: &RequestVariables) -> Option<Answer> {
-        let cells = self.cells(variables.text(&self.variable)?)?;
+        let keep = store.index_members(&self.datastore).ok();
+        let cells = self.cells(variables.text(&self.variable)?, keep.as_ref())?;
         let keys: Vec<(Uuid, String, i64)> = cells
             .iter()
             .map(|c| (c.row_key, c.column.clone(), c.ref_key))
             .collect();
-        let (results, token) = match store.put_cells_with_token(&self.datastore, cells).await {
+        let (results, token) = match store
+            .put_packed_cells_with_token(&self.datastore, cells)
+            .await
+        {
             Ok(put) => put,
             Err(error) => return Some(Answer::Failed(self.failed(&error))),
         };
@@ -166,13 +173,23 @@ impl PutCells {
     }
 
     /// The cells of the variable's JSON text, or `None` unless it is a
-    /// list of complete, well-typed cell inputs. Each body goes from the
-    /// text straight into the JSON value the store encodes; the other
-    /// members are read as async-graphql reads them, so a value is taken
-    /// here exactly when the executor would take it.
-    fn cells(&self, text: &RawValue) -> Option<Vec<NewCell>> {
+    /// list of complete, well-typed cell inputs. Each body is read into
+    /// its MessagePack by the same JSON reader, so a body this reader
+    /// refuses (nested past its recursion limit, a number out of range)
+    /// declines the list, as it did when bodies were read into values; the
+    /// other members are read as async-graphql reads them, so a value is
+    /// taken here exactly when the executor would take it.
+    fn cells(
+        &self,
+        text: &RawValue,
+        keep: Option<&Arc<BTreeSet<String>>>,
+    ) -> Option<Vec<NewCell<Packed>>> {
         let mut json = serde_json::Deserializer::from_str(text.get());
-        let cells = CellList(&self.columns).deserialize(&mut json).ok()?;
+        let list = CellList {
+            columns: &self.columns,
+            keep,
+        };
+        let cells = list.deserialize(&mut json).ok()?;
         json.end().ok()?;
         Some(cells)
     }
@@ -278,17 +295,22 @@ fn plain_fields(items: &[Positioned<Selection>]) -> Option<Vec<&Field>> {
     (!fields.is_empty()).then_some(fields)
 }
 
-/// A list of cell input objects, read from JSON.
-struct CellList<'c>(&'c HashSet<String>);
+/// A list of cell input objects, read from JSON: the datastore's columns,
+/// and the body members its indexes read.
+#[derive(Clone, Copy)]
+struct CellList<'c> {
+    columns: &'c HashSet<String>,
+    keep: Option<&'c Arc<BTreeSet<String>>>,
+}
 
 /// One cell input object, read from JSON.
-struct CellObject<'c>(&'c HashSet<String>);
+struct CellObject<'c>(CellList<'c>);
 
 /// Why a cell list is left to async-graphql; its text is never shown.
 const DECLINED: &str = "not a list of complete cell inputs";
 
 impl<'de> DeserializeSeed<'de> for CellList<'_> {
-    type Value = Vec<NewCell>;
+    type Value = Vec<NewCell<Packed>>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_seq(self)
@@ -296,7 +318,7 @@ impl<'de> DeserializeSeed<'de> for CellList<'_> {
 }
 
 impl<'de> Visitor<'de> for CellList<'_> {
-    type Value = Vec<NewCell>;
+    type Value = Vec<NewCell<Packed>>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a list of cell inputs")
@@ -304,7 +326,7 @@ impl<'de> Visitor<'de> for CellList<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Self::Value, A::Error> {
         let mut cells = Vec::with_capacity(items.size_hint().unwrap_or(0));
-        while let Some(cell) = items.next_element_seed(CellObject(self.0))? {
+        while let Some(cell) = items.next_element_seed(CellObject(self))? {
             cells.push(cell);
         }
         Ok(cells)
@@ -312,7 +334,7 @@ impl<'de> Visitor<'de> for CellList<'_> {
 }
 
 impl<'de> DeserializeSeed<'de> for CellObject<'_> {
-    type Value = NewCell;
+    type Value = NewCell<Packed>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_map(self)
@@ -320,7 +342,7 @@ impl<'de> DeserializeSeed<'de> for CellObject<'_> {
 }
 
 impl<'de> Visitor<'de> for CellObject<'_> {
-    type Value = NewCell;
+    type Value = NewCell<Packed>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a cell input object")
@@ -341,7 +363,7 @@ impl<'de> Visitor<'de> for CellObject<'_> {
                 }
                 Member::Column => {
                     column = match members.next_value::<Value>()? {
-                        Value::String(name) if self.0.contains(&name) => Some(name),
+                        Value::String(name) if self.0.columns.contains(&name) => Some(name),
                         _ => return Err(declined()),
                     }
                 }
@@ -349,10 +371,11 @@ impl<'de> Visitor<'de> for CellObject<'_> {
                     ref_key = Some(int64_of(&members.next_value::<Value>()?).ok_or_else(declined)?)
                 }
                 Member::Body => {
-                    body = match members.next_value::<serde_json::Value>()? {
-                        serde_json::Value::Null => return Err(declined()),
-                        json => Some(json),
+                    let packed = members.next_value_seed(PackBody { keep: self.0.keep })?;
+                    if packed.is_null() {
+                        return Err(declined());
                     }
+                    body = Some(packed);
                 }
                 Member::Other => return Err(declined()),
             }

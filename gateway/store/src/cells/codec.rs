@@ -10,6 +10,10 @@
 //! cell-sized body, so allocating it per call would double the codec cost.
 
 use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use serde::de::DeserializeSeed;
 
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
 
@@ -34,11 +38,15 @@ pub fn encode(body: &serde_json::Value) -> Result<Vec<u8>, String> {
         return Err("a cell body must be a JSON object".to_string());
     }
     if depth_exceeds(body, MAX_BODY_DEPTH) {
-        return Err(format!(
-            "body nests objects and arrays more than {MAX_BODY_DEPTH} levels deep"
-        ));
+        return Err(too_deep());
     }
     let packed = rmp_serde::to_vec(body).map_err(|e| format!("cannot encode body: {e}"))?;
+    pack(packed)
+}
+
+/// Compresses a body's MessagePack into the stored bytes, refusing one
+/// too large or one that would not read back.
+fn pack(packed: Vec<u8>) -> Result<Vec<u8>, String> {
     if packed.len() > MAX_BODY_BYTES {
         return Err(format!(
             "body is {} bytes encoded, more than the limit of {MAX_BODY_BYTES}",
@@ -73,6 +81,255 @@ pub fn encode(body: &serde_json::Value) -> Result<Vec<u8>, String> {
         Ok(inflated) if inflated == packed => Ok(out),
         Ok(_) => Err("body does not survive encoding unchanged".to_string()),
         Err(reason) => Err(format!("body cannot be stored readably: {reason}")),
+    }
+}
+
+/// A body read from JSON text into its MessagePack, not yet compressed
+/// ([`PackBody`]); a write stores it (`Store::put_packed_cells_with_token`)
+/// exactly as [`encode`] stores the value the text parses to.
+#[derive(Debug, Clone)]
+pub struct Packed {
+    pub(crate) msgpack: Vec<u8>,
+    pub(crate) kept: Option<Cut>,
+}
+
+/// The top-level members of a body that were asked for, and the names
+/// asked for.
+pub(crate) type Cut = (serde_json::Value, Arc<BTreeSet<String>>);
+
+impl Packed {
+    /// Whether the text was `null`.
+    pub fn is_null(&self) -> bool {
+        self.msgpack == [0xc0]
+    }
+
+    /// The stored bytes, refused as [`encode`] refuses the value.
+    pub(crate) fn encode(self) -> Result<(Vec<u8>, Option<Cut>), String> {
+        // A map's marker: fixmap, map 16, map 32.
+        if !matches!(self.msgpack.first(), Some(0x80..=0x8f | 0xde | 0xdf)) {
+            return Err("a cell body must be a JSON object".to_string());
+        }
+        Ok((pack(self.msgpack)?, self.kept))
+    }
+}
+
+/// Reads one JSON value of any kind into a [`Packed`] body, without
+/// building that value: its MessagePack is written as it is read, objects'
+/// members sorted by key and a key given twice keeping its last value, as
+/// in the value's map. With `keep`, the top-level members named there are
+/// also kept as an object, the only part built as a value (what index
+/// maintenance reads of a body this process wrote).
+///
+/// Building a trip body's value from its text and dropping it again took
+/// nearly as long as packing and compressing it (`cargo bench -p
+/// cellgate-store --bench store -- codec`: `encode_text/*`).
+pub struct PackBody<'k> {
+    pub keep: Option<&'k Arc<BTreeSet<String>>>,
+}
+
+impl<'de> DeserializeSeed<'de> for PackBody<'_> {
+    type Value = Packed;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Packed, D::Error> {
+        let mut msgpack = Vec::with_capacity(512);
+        let mut kept = self.keep.map(|_| serde_json::Map::new());
+        Pack {
+            out: &mut msgpack,
+            depth: 1,
+            keep: self.keep.map(|k| &**k).zip(kept.as_mut()),
+        }
+        .deserialize(d)?;
+        Ok(Packed {
+            msgpack,
+            kept: kept
+                .zip(self.keep)
+                .map(|(kept, names)| (serde_json::Value::Object(kept), names.clone())),
+        })
+    }
+}
+
+/// [`encode`] of the value `text` parses to, from the text ([`PackBody`]),
+/// with the top-level members named in `keep` when asked.
+pub fn encode_text(
+    text: &str,
+    keep: Option<&Arc<BTreeSet<String>>>,
+) -> Result<(Vec<u8>, Option<serde_json::Value>), String> {
+    let mut json = serde_json::Deserializer::from_str(text);
+    let packed = PackBody { keep }
+        .deserialize(&mut json)
+        .and_then(|packed| json.end().map(|()| packed))
+        .map_err(|e| {
+            let reason = e.to_string();
+            // serde_json's own recursion limit (128 open containers) is
+            // met one level before ours.
+            if reason.starts_with(TOO_DEEP) || reason.starts_with("recursion limit exceeded") {
+                too_deep()
+            } else {
+                format!("body is not valid JSON: {reason}")
+            }
+        })?;
+    let (bytes, kept) = packed.encode()?;
+    Ok((bytes, kept.map(|(kept, _)| kept)))
+}
+
+const TOO_DEEP: &str = "body nests objects and arrays more than";
+
+fn too_deep() -> String {
+    format!("{TOO_DEEP} {MAX_BODY_DEPTH} levels deep")
+}
+
+/// Writes the MessagePack of the JSON value it reads to `out`.
+struct Pack<'o, 'k> {
+    out: &'o mut Vec<u8>,
+    /// Of the value read: 1 for the body itself.
+    depth: usize,
+    /// At the top level only: the members to keep, and where.
+    keep: Option<(
+        &'k BTreeSet<String>,
+        &'k mut serde_json::Map<String, serde_json::Value>,
+    )>,
+}
+
+impl Pack<'_, '_> {
+    fn nested(&mut self) -> Pack<'_, '_> {
+        Pack {
+            out: self.out,
+            depth: self.depth + 1,
+            keep: None,
+        }
+    }
+}
+
+/// A member name, borrowed from the text when it has no escapes.
+struct Key;
+
+impl<'de> DeserializeSeed<'de> for Key {
+    type Value = std::borrow::Cow<'de, str>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Key {
+    type Value = std::borrow::Cow<'de, str>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a member name")
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(std::borrow::Cow::Borrowed(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(std::borrow::Cow::Owned(v.to_owned()))
+    }
+}
+
+/// `rmp`'s writers cannot fail on a `Vec`.
+fn written<T, E: std::fmt::Debug>(result: Result<T, E>) -> T {
+    result.expect("writing MessagePack to a Vec cannot fail")
+}
+
+impl<'de> DeserializeSeed<'de> for Pack<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Pack<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        written(rmp::encode::write_nil(self.out));
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<(), E> {
+        written(rmp::encode::write_bool(self.out, v));
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<(), E> {
+        written(rmp::encode::write_uint(self.out, v));
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<(), E> {
+        written(rmp::encode::write_sint(self.out, v));
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<(), E> {
+        written(rmp::encode::write_f64(self.out, v));
+        Ok(())
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        written(rmp::encode::write_str(self.out, v));
+        Ok(())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(mut self, mut items: A) -> Result<(), A::Error> {
+        if self.depth > MAX_BODY_DEPTH {
+            return Err(serde::de::Error::custom(too_deep()));
+        }
+        let start = self.out.len();
+        let mut count: u32 = 0;
+        while items.next_element_seed(self.nested())?.is_some() {
+            count += 1;
+        }
+        // The length comes first; the items are moved behind it.
+        let mut header = Vec::with_capacity(5);
+        written(rmp::encode::write_array_len(&mut header, count));
+        self.out.splice(start..start, header);
+        Ok(())
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(mut self, mut members: A) -> Result<(), A::Error> {
+        if self.depth > MAX_BODY_DEPTH {
+            return Err(serde::de::Error::custom(too_deep()));
+        }
+        let start = self.out.len();
+        // Each member's value is packed in turn; then the members are
+        // written again in key order, a repeated key's last value winning.
+        let mut entries: Vec<(std::borrow::Cow<'de, str>, std::ops::Range<usize>)> = Vec::new();
+        while let Some(key) = members.next_key_seed(Key)? {
+            let from = self.out.len();
+            match self.keep.as_mut() {
+                Some((names, kept)) if names.contains(key.as_ref()) => {
+                    let value: serde_json::Value = members.next_value()?;
+                    written(rmp_serde::encode::write(self.out, &value));
+                    kept.insert(key.to_string(), value);
+                }
+                _ => members.next_value_seed(self.nested())?,
+            }
+            entries.push((key, from..self.out.len()));
+        }
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        let last_of_each = |i: &usize| {
+            entries
+                .get(i + 1)
+                .is_none_or(|next| next.0 != entries[*i].0)
+        };
+        let kept: Vec<usize> = (0..entries.len()).filter(last_of_each).collect();
+        let mut map = Vec::with_capacity(self.out.len() - start + 8 * entries.len() + 5);
+        written(rmp::encode::write_map_len(&mut map, kept.len() as u32));
+        for i in kept {
+            let (key, range) = &entries[i];
+            written(rmp::encode::write_str(&mut map, key));
+            map.extend_from_slice(&self.out[range.clone()]);
+        }
+        self.out.truncate(start);
+        self.out.extend_from_slice(&map);
+        Ok(())
     }
 }
 
@@ -257,6 +514,155 @@ mod tests {
         });
         prop::collection::btree_map("[a-z_]{1,12}", value, 0..10)
             .prop_map(|m| serde_json::Value::Object(m.into_iter().collect()))
+    }
+
+    /// `value` as JSON text that parses back to it but reads differently:
+    /// members in reverse key order, each object's last member given first
+    /// with a decoy value that the real one must replace, and, in every
+    /// other object, names written as `\u` escapes.
+    fn scrambled(value: &serde_json::Value, depth: usize) -> String {
+        use serde_json::Value;
+        let escaped = |s: &str| {
+            s.encode_utf16()
+                .map(|unit| format!("\\u{unit:04x}"))
+                .collect::<String>()
+        };
+        match value {
+            Value::Array(items) => format!(
+                "[ {} ]",
+                items
+                    .iter()
+                    .map(|item| scrambled(item, depth + 1))
+                    .collect::<Vec<_>>()
+                    .join(" ,")
+            ),
+            Value::Object(members) => {
+                let name = |key: &str| match depth % 2 {
+                    0 => serde_json::to_string(key).unwrap(),
+                    _ => format!("\"{}\"", escaped(key)),
+                };
+                let mut parts: Vec<String> = Vec::new();
+                if let Some((last, _)) = members.iter().next_back() {
+                    parts.push(format!("{}: {{\"decoy\": [1, 2]}}", name(last)));
+                }
+                parts.extend(
+                    members
+                        .iter()
+                        .rev()
+                        .map(|(k, v)| format!("{} :{}", name(k), scrambled(v, depth + 1))),
+                );
+                format!("{{\n{}}}", parts.join(",\n  "))
+            }
+            scalar => serde_json::to_string(scalar).unwrap(),
+        }
+    }
+
+    /// What the write path did before `encode_text`: parse, encode, cut.
+    fn through_a_value(
+        text: &str,
+        keep: &BTreeSet<String>,
+    ) -> Result<(Vec<u8>, serde_json::Value), String> {
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let encoded = encode(&value)?;
+        let kept = match value {
+            serde_json::Value::Object(mut all) => {
+                keep.iter().filter_map(|m| all.remove_entry(m)).collect()
+            }
+            _ => unreachable!("encode refuses non-objects"),
+        };
+        Ok((encoded, serde_json::Value::Object(kept)))
+    }
+
+    fn assert_same_as_through_a_value(text: &str, keep: &Arc<BTreeSet<String>>) {
+        let (expected, expected_kept) = through_a_value(text, keep).unwrap();
+        let (bytes, kept) = encode_text(text, Some(keep)).unwrap();
+        assert_eq!(bytes, expected, "{text}");
+        assert_eq!(kept.unwrap(), expected_kept, "{text}");
+        assert_eq!(encode_text(text, None).unwrap(), (expected, None));
+    }
+
+    #[test]
+    fn text_encodes_as_its_value_whatever_its_numbers_and_repeats() {
+        let keep: Arc<BTreeSet<String>> = Arc::new(["a", "n", "z"].map(String::from).into());
+        for text in [
+            r#"{"b": 1, "a": 2}"#,
+            r#"{"a": 1, "a": {"x": 1}, "b": [], "a": "last"}"#,
+            r#"{"n": [0, -0, 1.0, -1.5e3, 1E2, 18446744073709551615, 18446744073709551616,
+                -9223372036854775808, -9223372036854775809, 0.1, 1e-320, 123456789012345678901234567890]}"#,
+            r#"{"\u007a": "\ud83d\ude00", "z\u0000": null, "": {"": {"": []}}}"#,
+            r#" { "s" : "tab\tnew\nline \"q\" \\ €" , "t": true, "f": false } "#,
+            r#"{"nested": {"b": {"d": 1, "c": 2, "d": 3}, "a": [{"y": 1, "x": 2}]}}"#,
+            &format!(
+                r#"{{"long": "{}", "a": "{}"}}"#,
+                "x".repeat(70_000),
+                "y".repeat(300)
+            ),
+            &format!(r#"{{"many": [{}]}}"#, vec!["1"; 70_000].join(",")),
+        ] {
+            assert_same_as_through_a_value(text, &keep);
+        }
+    }
+
+    #[test]
+    fn text_is_refused_as_its_value_is() {
+        for (text, reason) in [
+            ("[1, 2]", "a cell body must be a JSON object"),
+            ("\"a\"", "a cell body must be a JSON object"),
+            ("{\"a\": 1} x", "body is not valid JSON"),
+            ("{\"a\": }", "body is not valid JSON"),
+        ] {
+            let err = encode_text(text, None).unwrap_err();
+            assert!(err.starts_with(reason), "{text}: {err}");
+        }
+        let nested = |levels: usize| {
+            format!(
+                "{{\"a\": {}1{}}}",
+                "[".repeat(levels - 1),
+                "]".repeat(levels - 1)
+            )
+        };
+        assert!(encode_text(&nested(100), None).is_ok());
+        let err = encode_text(&nested(1000), None).unwrap_err();
+        assert_eq!(err, format!("{TOO_DEEP} {MAX_BODY_DEPTH} levels deep"));
+        let over = format!(r#"{{"s": "{}"}}"#, "x".repeat(MAX_BODY_BYTES - 7));
+        assert!(encode_text(&over, None)
+            .unwrap_err()
+            .contains("more than the limit"));
+        let at_limit = format!(r#"{{"s": "{}"}}"#, "x".repeat(MAX_BODY_BYTES - 8));
+        assert!(encode_text(&at_limit, None).is_ok());
+    }
+
+    proptest! {
+        // The direct write path encodes bodies from their text: the bytes
+        // stored, and so duplicate detection, must be what the value gives.
+        #[test]
+        fn text_encodes_as_its_value(body in json(), keep_every in 1usize..4) {
+            let keep: Arc<BTreeSet<String>> =
+                Arc::new(body.as_object().unwrap().keys().step_by(keep_every).cloned().collect());
+            for text in [serde_json::to_string(&body).unwrap(), scrambled(&body, 0)] {
+                let (expected, expected_kept) = through_a_value(&text, &keep).unwrap();
+                let (bytes, kept) = encode_text(&text, Some(&keep)).unwrap();
+                prop_assert_eq!(&bytes, &expected);
+                prop_assert_eq!(kept.unwrap(), expected_kept);
+            }
+        }
+
+        #[test]
+        fn adversarial_text_encodes_as_its_value(
+            body in crate::cells::testing::adversarial_body()
+        ) {
+            let keep = BTreeSet::new();
+            for text in [serde_json::to_string(&body).unwrap(), scrambled(&body, 1)] {
+                let (expected, _) = through_a_value(&text, &keep).unwrap();
+                prop_assert_eq!(encode_text(&text, None).unwrap().0, expected);
+            }
+        }
+
+        #[test]
+        fn garbage_text_never_panics(text in ".{0,200}") {
+            let _ = encode_text(&text, None);
+            let _ = encode_text(&format!("{{{text}"), None);
+        }
     }
 
     #[test]

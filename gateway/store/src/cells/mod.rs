@@ -51,17 +51,21 @@ pub struct CellKey {
     pub ref_key: i64,
 }
 
-/// A cell to write.
+/// A cell to write. Its body is a JSON value, or the JSON text of one
+/// (`B = Box<RawValue>`, see [`Store::put_text_cells_with_token`]), which
+/// is stored exactly as the value it parses to.
+///
+/// [`Store::put_text_cells_with_token`]: crate::Store::put_text_cells_with_token
 #[derive(Debug, Clone, PartialEq)]
-pub struct NewCell {
+pub struct NewCell<B = serde_json::Value> {
     pub row_key: Uuid,
     pub column: String,
     pub ref_key: i64,
     /// Any JSON object.
-    pub body: serde_json::Value,
+    pub body: B,
 }
 
-impl NewCell {
+impl<B> NewCell<B> {
     pub fn key(&self) -> CellKey {
         CellKey {
             row_key: self.row_key,

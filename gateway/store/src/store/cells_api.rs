@@ -10,6 +10,20 @@ impl Store {
         cells::has_cells(self.topology_ref(), &ds).await
     }
 
+    /// The top-level body members the indexes of `datastore` read: what
+    /// [`codec::PackBody`] should keep of a body for this process's index
+    /// maintenance.
+    pub fn index_members(
+        &self,
+        datastore: &str,
+    ) -> Result<Arc<std::collections::BTreeSet<String>>> {
+        Ok(self
+            .topology_ref()
+            .datastore(datastore)?
+            .indexed_members
+            .clone())
+    }
+
     /// Writes one cell.
     pub async fn put_cell(&self, datastore: &str, cell: NewCell) -> Result<PutStatus> {
         let mut results = self.put_cells(datastore, vec![cell]).await?;
@@ -34,6 +48,19 @@ impl Store {
         &self,
         datastore: &str,
         cells: Vec<NewCell>,
+    ) -> Result<(Vec<PutResult>, ReadToken)> {
+        cells::write::put_cells(self.topology_ref(), datastore, cells).await
+    }
+
+    /// [`Store::put_cells_with_token`] for bodies already read from JSON
+    /// text into MessagePack ([`codec::PackBody`]): each is stored as the
+    /// value the text parses to would be, byte for byte, without that
+    /// value being built. A body that is not a JSON object is the cell's
+    /// `InvalidBody`.
+    pub async fn put_packed_cells_with_token(
+        &self,
+        datastore: &str,
+        cells: Vec<NewCell<codec::Packed>>,
     ) -> Result<(Vec<PutResult>, ReadToken)> {
         cells::write::put_cells(self.topology_ref(), datastore, cells).await
     }

@@ -361,6 +361,98 @@ fn maintenance_of(store: &Store, datastore: &str) -> cellgate_store::indexes::Ma
         .clone()
 }
 
+// Bodies read from JSON text into MessagePack (`codec::PackBody`, the
+// compiled GraphQL write) are stored as their values would be, and index
+// maintenance takes the members it reads from the write as well.
+pub async fn bodies_written_as_text_read_back_and_are_indexed_without_decoding(env: Arc<Env>) {
+    use serde::de::DeserializeSeed;
+    let store = env.open_tuned(fast).await;
+    let owner = format!("owner-\u{e9}-{}", Uuid::new_v4());
+    let keep = store.index_members("items").unwrap();
+    let text_of = |n: i64| {
+        // Members out of order, one given twice (the last counts), an
+        // escaped name, and members no index reads.
+        format!(
+            r#"{{"z": [1, {{"b": 2, "a": 1}}], "n": -1, "\u006fwner": {}, "x": 1.5, "n": {n}, "note": "\u00e9"}}"#,
+            serde_json::to_string(&owner).unwrap()
+        )
+    };
+    let put = |rows: &[Uuid], n: i64| {
+        let cells = rows
+            .iter()
+            .map(|row| {
+                let text = text_of(n);
+                let mut json = serde_json::Deserializer::from_str(&text);
+                let body = cellgate_store::cells::codec::PackBody { keep: Some(&keep) }
+                    .deserialize(&mut json)
+                    .unwrap();
+                NewCell {
+                    row_key: *row,
+                    column: "DATA".into(),
+                    ref_key: 1,
+                    body,
+                }
+            })
+            .collect::<Vec<_>>();
+        let store = &store;
+        async move {
+            let (results, _) = store
+                .put_packed_cells_with_token("items", cells)
+                .await
+                .unwrap();
+            for result in results {
+                result.unwrap();
+            }
+            store.sync_indexes().await.unwrap();
+        }
+    };
+    // The first write's passes also take this process's leases.
+    let warm: Vec<Uuid> = (0..20).map(|_| Uuid::new_v4()).collect();
+    put(&warm, 0).await;
+    let before = maintenance_of(&store, "items");
+    let rows: Vec<Uuid> = (0..50).map(|_| Uuid::new_v4()).collect();
+    put(&rows, 2).await;
+    let after = maintenance_of(&store, "items");
+    assert!(
+        after.bodies_reused >= before.bodies_reused + 50,
+        "the bodies written as text were decoded again: {before:?} → {after:?}"
+    );
+    assert_eq!(after.bodies_decoded, before.bodies_decoded, "{after:?}");
+    let found = entries(&store, "items", "items_index", &owner).await;
+    assert_eq!(found.len(), 70);
+    for row in &rows {
+        let fields: BTreeMap<_, _> = found[row].iter().cloned().collect();
+        assert_eq!(fields["n"], Value::Int(2), "row {row}");
+        assert_eq!(fields["x"], Value::Float(1.5), "row {row}");
+    }
+    // Read back, the body is the value the text parses to, and writing
+    // that value again is a duplicate: the bytes stored are the value's.
+    let expected: serde_json::Value = serde_json::from_str(&text_of(2)).unwrap();
+    let cell = store
+        .get_cell(
+            "items",
+            &cellgate_store::cells::CellKey {
+                row_key: rows[0],
+                column: "DATA".into(),
+                ref_key: 1,
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(cell.body, expected);
+    let again = NewCell {
+        row_key: rows[0],
+        column: "DATA".into(),
+        ref_key: 1,
+        body: expected,
+    };
+    assert_eq!(
+        store.put_cell("items", again).await.unwrap(),
+        cellgate_store::cells::PutStatus::Duplicate
+    );
+}
+
 // Index maintenance takes the bodies of the cells this process just wrote
 // from the write instead of reading them back and decoding them, but a
 // row's entry still comes from its latest cell by ref key: a late write

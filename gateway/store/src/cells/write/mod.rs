@@ -64,9 +64,8 @@ pub(super) struct Prepared {
     pub(super) shard: u32,
     pub(super) key: CellKey,
     /// For a column an index reads: the body cut to the members the
-    /// indexes read, for this process's index maintenance
-    /// (`indexes/recent.rs`).
-    pub(super) indexed: Option<Arc<serde_json::Value>>,
+    /// indexes read.
+    pub(super) indexed: Option<Kept>,
     pub(super) encoded: Vec<u8>,
 }
 
@@ -88,10 +87,10 @@ const ENCODE_OFF_RUNTIME: usize = 16;
 /// parallel. Returns one result per cell, in input order. An `Err` for the
 /// whole call means nothing was attempted (unknown datastore, batch too
 /// large).
-pub(crate) async fn put_cells(
+pub(crate) async fn put_cells<B: Body>(
     topology: &Topology,
     datastore: &str,
-    cells: Vec<NewCell>,
+    cells: Vec<NewCell<B>>,
 ) -> Result<(Vec<PutResult>, ReadToken)> {
     let ds = topology.datastore(datastore)?;
     if cells.len() > topology.max_batch {
@@ -193,7 +192,7 @@ pub(crate) async fn put_cells(
     ))
 }
 
-fn prepare_all(ds: &DatastoreRuntime, cells: Vec<NewCell>) -> Vec<Result<Prepared>> {
+fn prepare_all<B: Body>(ds: &DatastoreRuntime, cells: Vec<NewCell<B>>) -> Vec<Result<Prepared>> {
     cells
         .into_iter()
         .enumerate()
@@ -201,19 +200,73 @@ fn prepare_all(ds: &DatastoreRuntime, cells: Vec<NewCell>) -> Vec<Result<Prepare
         .collect()
 }
 
-fn prepare(ds: &DatastoreRuntime, index: usize, cell: NewCell) -> Result<Prepared> {
+/// A body a write takes: a JSON value, or one already read into
+/// MessagePack from JSON text ([`codec::Packed`]).
+pub(crate) trait Body: Send + 'static {
+    /// The stored bytes and, for a column an index reads (`indexed`), the
+    /// body cut to the top-level members the indexes read.
+    fn encode(
+        self,
+        ds: &DatastoreRuntime,
+        indexed: bool,
+    ) -> std::result::Result<(Vec<u8>, Option<Kept>), String>;
+}
+
+impl Body for serde_json::Value {
+    fn encode(
+        self,
+        ds: &DatastoreRuntime,
+        indexed: bool,
+    ) -> std::result::Result<(Vec<u8>, Option<Kept>), String> {
+        let encoded = codec::encode(&self)?;
+        // Cut here, while the body is fresh in this thread's cache; the
+        // rest of it is dropped here too.
+        let kept = indexed.then(|| Kept {
+            body: Arc::new(members_only(self, &ds.indexed_members)),
+            members: ds.indexed_members.clone(),
+        });
+        Ok((encoded, kept))
+    }
+}
+
+impl Body for codec::Packed {
+    fn encode(
+        self,
+        _: &DatastoreRuntime,
+        indexed: bool,
+    ) -> std::result::Result<(Vec<u8>, Option<Kept>), String> {
+        // Cut as it was read, to the names asked for then: a reload since
+        // may have changed them, and the pass checks what it takes against
+        // these (`Recent::take`).
+        let (encoded, kept) = codec::Packed::encode(self)?;
+        let kept = kept.filter(|_| indexed).map(|(body, members)| Kept {
+            body: Arc::new(body),
+            members,
+        });
+        Ok((encoded, kept))
+    }
+}
+
+/// A written body cut to the top-level members the indexes read, for this
+/// process's index maintenance (`indexes/recent.rs`), with the names it
+/// was cut to.
+pub(crate) struct Kept {
+    pub(crate) body: Arc<serde_json::Value>,
+    pub(crate) members: Arc<std::collections::BTreeSet<String>>,
+}
+
+fn prepare<B: Body>(ds: &DatastoreRuntime, index: usize, cell: NewCell<B>) -> Result<Prepared> {
     ds.check_column(&cell.column)?;
-    let encoded = codec::encode(&cell.body).map_err(|reason| Error::InvalidBody {
-        row_key: cell.row_key,
-        column: cell.column.clone(),
-        ref_key: cell.ref_key,
-        reason,
-    })?;
-    // Cut here, while the body is fresh in this thread's cache; the rest
-    // of it is dropped here too.
-    let indexed = ds
-        .indexes_column(&cell.column)
-        .then(|| Arc::new(members_only(cell.body, &ds.indexed_members)));
+    let indexed = ds.indexes_column(&cell.column);
+    let (encoded, indexed) =
+        cell.body
+            .encode(ds, indexed)
+            .map_err(|reason| Error::InvalidBody {
+                row_key: cell.row_key,
+                column: cell.column.clone(),
+                ref_key: cell.ref_key,
+                reason,
+            })?;
     Ok(Prepared {
         index,
         shard: row_shard(&cell.row_key, ds.def.shards),
@@ -308,8 +361,8 @@ async fn write_group(
                             row_key: p.key.row_key,
                             column: p.key.column.clone(),
                             ref_key: p.key.ref_key,
-                            body: p.indexed.clone()?,
-                            members: ds.indexed_members.clone(),
+                            body: p.indexed.as_ref()?.body.clone(),
+                            members: p.indexed.as_ref()?.members.clone(),
                         })
                     })
                     .collect();
