@@ -51,11 +51,12 @@ pub struct CellKey {
     pub ref_key: i64,
 }
 
-/// A cell to write. Its body is a JSON value, or the JSON text of one
-/// (`B = Box<RawValue>`, see [`Store::put_text_cells_with_token`]), which
-/// is stored exactly as the value it parses to.
+/// A cell to write. Its body is a JSON value, or one read from JSON text
+/// straight into MessagePack (`B = codec::Packed`, see
+/// [`Store::put_packed_cells_with_token`]), which is stored exactly as the
+/// value the text parses to.
 ///
-/// [`Store::put_text_cells_with_token`]: crate::Store::put_text_cells_with_token
+/// [`Store::put_packed_cells_with_token`]: crate::Store::put_packed_cells_with_token
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewCell<B = serde_json::Value> {
     pub row_key: Uuid,
