@@ -280,7 +280,6 @@ CREATE TABLE IF NOT EXISTS `trips_ix_driver_partner_index` (
   `_updated_at` DATETIME(6) NOT NULL,
   PRIMARY KEY (`row_key`),
   KEY `k0` (`driver_partner_uuid`, `row_key`),
-  KEY `k2` (`driver_partner_uuid`, `city_uuid`, `row_key`),
   KEY `k3` (`driver_partner_uuid`, `trip_created_at`, `row_key`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 

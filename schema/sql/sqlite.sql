@@ -305,7 +305,5 @@ CREATE TABLE IF NOT EXISTS "trips_ix_driver_partner_index" (
 
 CREATE INDEX IF NOT EXISTS "trips_ix_driver_partner_index_k0" ON "trips_ix_driver_partner_index" ("driver_partner_uuid", "row_key");
 
-CREATE INDEX IF NOT EXISTS "trips_ix_driver_partner_index_k2" ON "trips_ix_driver_partner_index" ("driver_partner_uuid", "city_uuid", "row_key");
-
 CREATE INDEX IF NOT EXISTS "trips_ix_driver_partner_index_k3" ON "trips_ix_driver_partner_index" ("driver_partner_uuid", "trip_created_at", "row_key");
 
