@@ -93,7 +93,7 @@ fn repository_datastores_load() {
             is_completed: bool <- STATUS.is_completed (sort: false)
           index driver_partner_index columns=[BASE] shard_field=driver_partner_uuid
             driver_partner_uuid: UUID <- BASE.driver_partner_uuid
-            city_uuid: UUID <- BASE.city_uuid
+            city_uuid: UUID <- BASE.city_uuid (sort: false)
             trip_created_at: datetime <- BASE.trip_created_at
     "#]]
     .assert_eq(&support::summary(&defs));
