@@ -134,11 +134,15 @@ pub struct StorageConfig {
     /// cell_cache_bytes: 268435456
     /// ```
     pub cell_cache_bytes: u64,
-    /// On PostgreSQL, each write notifies the other gateways at its commit
-    /// (`LISTEN/NOTIFY` on a channel per datastore, one listening
-    /// connection per cluster and gateway), so their subscriptions,
-    /// triggers and index maintenance go on at once rather than at their
-    /// next sweep. Turn it off where the connections go through a pooler
+    /// On PostgreSQL, the other gateways are notified of each write once it
+    /// has committed (`LISTEN/NOTIFY` on a channel per datastore, one
+    /// listening connection per cluster and gateway), so their
+    /// subscriptions, triggers and index maintenance go on at once rather
+    /// than at their next sweep. The notification is not part of the
+    /// write's transaction (a `NOTIFY` there would make every commit of the
+    /// database wait for the one before it): each gateway sends at most one
+    /// notification statement per cluster at a time, carrying every write
+    /// committed since the previous one. Turn it off where the connections go through a pooler
     /// in transaction mode (PgBouncer), which cannot hold a `LISTEN`: the
     /// gateways then poll for other gateways' writes (`wake_poll_ms`). No
     /// effect on MariaDB/MySQL and SQLite, which always poll.

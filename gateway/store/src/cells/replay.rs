@@ -545,17 +545,20 @@ async fn deliver(
     for mut round in rounds {
         round.sort_by_key(|p| (p.shard, p.index));
         let (statuses, round_heads) = with_retry("replaying buffered cells", || {
-            commit_primary(master.as_ref(), ds.name(), &round, topology.events.origin())
+            commit_primary(master.as_ref(), ds.name(), &round)
         })
         .await?;
         if statuses.iter().any(|s| matches!(s, Ok(PutStatus::Written))) {
-            topology.events.written(Written {
-                datastore: ds.name().to_string(),
-                cluster: primary,
-                heads: round_heads.clone(),
-                went_back: false,
-                ..Written::default()
-            });
+            topology.events.committed(
+                Written {
+                    datastore: ds.name().to_string(),
+                    cluster: primary,
+                    heads: round_heads.clone(),
+                    went_back: false,
+                    ..Written::default()
+                },
+                master.dialect().has_notify(),
+            );
         }
         for (shard, added_id) in round_heads {
             let head = heads.entry(shard).or_insert(added_id);

@@ -231,6 +231,21 @@ async fn build_topology(
         options.max_batch,
         events,
     ));
+    // Other gateways learn of this one's writes after each commit, where
+    // the database can tell them (`topology/wake.rs`).
+    if topology
+        .clusters
+        .iter()
+        .any(|c| c.master.dialect().has_notify())
+    {
+        if let Some((origin, outbox)) = topology.events.outbox() {
+            tokio::spawn(crate::topology::wake::send(
+                Arc::downgrade(&topology),
+                outbox.clone(),
+                origin.to_string(),
+            ));
+        }
+    }
     Ok((topology, written))
 }
 

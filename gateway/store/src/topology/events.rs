@@ -7,6 +7,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+use super::wake::Outbox;
+
 /// Cells committed on one cluster: what the maintainer needs to know.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Written {
@@ -56,6 +58,8 @@ pub(crate) struct Events {
     /// gateways (`wake.rs`), so that it skips its own; `None` when it
     /// sends none (`storage.notify: false`).
     origin: Option<String>,
+    /// What those notifications are sent from (with `origin`).
+    outbox: Option<Arc<Outbox>>,
 }
 
 /// Write events a broadcast holds for slow receivers.
@@ -72,6 +76,7 @@ impl Events {
             Events {
                 sender,
                 broadcast,
+                outbox: origin.as_ref().map(|_| Arc::default()),
                 origin,
             },
             receiver,
@@ -86,9 +91,20 @@ impl Events {
         let _ = self.sender.send(event);
     }
 
-    /// What this store's write notifications name it.
-    pub(crate) fn origin(&self) -> Option<&str> {
-        self.origin.as_deref()
+    /// Announces cells this process committed: to its own consumers, and,
+    /// when `notify` (the cluster's database can), to the other gateways,
+    /// whose notification is sent after this returns (`wake.rs`).
+    pub(crate) fn committed(&self, event: Written, notify: bool) {
+        if let Some(outbox) = self.outbox.as_ref().filter(|_| notify) {
+            outbox.post(event.cluster, &event.datastore, &event.heads);
+        }
+        self.written(event);
+    }
+
+    /// What this store's write notifications name it, and where they wait
+    /// to be sent; `None` when it sends none.
+    pub(crate) fn outbox(&self) -> Option<(&str, &Arc<Outbox>)> {
+        Some((self.origin.as_deref()?, self.outbox.as_ref()?))
     }
 
     /// The write events from now on.

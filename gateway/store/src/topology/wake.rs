@@ -1,28 +1,132 @@
-//! Wake-ups across gateways on PostgreSQL: a write's statement notifies
-//! the channel of its datastore (`cellgate_<datastore>`) with the shards'
-//! new log heads, and every gateway listening on that cluster turns the
-//! notification into the write event a local write makes (`events.rs`), so
-//! its followers (subscriptions, triggers) and index maintenance go on at
-//! once instead of at their next sweep. One connection per cluster and
-//! gateway listens, whatever the number of followers; the sweeps stay the
-//! safety net (a notification lost with a dropped connection, a write of
-//! more than [`MAX_SHARDS`] shards, a master that changed).
+//! Wake-ups across gateways on PostgreSQL: after a write commits, the
+//! writing gateway notifies the channel of its datastore
+//! (`cellgate_<datastore>`) with the shards' new log heads, and every
+//! gateway listening on that cluster turns the notification into the write
+//! event a local write makes (`events.rs`), so its followers
+//! (subscriptions, triggers) and index maintenance go on at once instead of
+//! at their next sweep. One connection per cluster and gateway listens,
+//! whatever the number of followers; the sweeps stay the safety net (a
+//! notification lost with a dropped connection or with a gateway that
+//! stopped between a commit and its notification, a master that changed).
 //!
-//! Payload: `<origin>;<shard>:<head>,<shard>:<head>…`, where `origin`
-//! names the writing store, which skips its own.
+//! **Sending.** A `NOTIFY` inside the write's own transaction would take
+//! PostgreSQL's database-wide notification lock at the commit and hold it
+//! through the commit's WAL flush: every writing transaction of the
+//! database would commit one after the other, each waiting for its own
+//! flush, with the shard counters it locked held meanwhile. So writes only
+//! post their new heads to an [`Outbox`] once committed, and one task per
+//! store ([`send`]) empties it: one statement per cluster, all the heads
+//! posted since the last one (the highest per shard), committed without
+//! waiting for its flush (`synchronous_commit` off for that statement: a
+//! notification is not data, and is delivered at once either way). While a
+//! statement runs, what writes post meanwhile waits for the next one, so a
+//! gateway sends at most one notification statement per cluster at a time,
+//! whatever its write rate.
+//!
+//! Payload: `<origin>;<shard>:<head>,<shard>:<head>…`, at most
+//! [`MAX_SHARDS`] shards (more go in further notifications of the same
+//! statement), where `origin` names the writing store, which skips its own.
 
-use std::collections::HashSet;
-use std::sync::Weak;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use sqlx::postgres::PgListener;
 
 use super::{Topology, Written};
+use crate::storage::{Sql, Value};
 
-/// Most shards a notification names (PostgreSQL's payload is at most 8,000
-/// bytes; a shard and its head take at most 21); a write of more wakes
-/// the other gateways at their next sweep.
+/// Most shards a notification names: PostgreSQL's payload is at most 8,000
+/// bytes, and a shard and its head take at most 21.
 pub(crate) const MAX_SHARDS: usize = 360;
+
+/// Heads committed by this store that other gateways have not been told
+/// of yet: per cluster and datastore, the highest head of each shard.
+#[derive(Default)]
+pub(crate) struct Outbox {
+    pending: Mutex<BTreeMap<(usize, String), BTreeMap<u32, i64>>>,
+    posted: tokio::sync::Notify,
+}
+
+impl Outbox {
+    /// Posts the new `heads` of `datastore` on `cluster`, committed.
+    pub(crate) fn post(&self, cluster: usize, datastore: &str, heads: &[(u32, i64)]) {
+        if heads.is_empty() {
+            return;
+        }
+        {
+            let mut pending = self.pending.lock().expect("outbox");
+            let shards = pending.entry((cluster, datastore.to_string())).or_default();
+            for &(shard, head) in heads {
+                let known = shards.entry(shard).or_insert(head);
+                *known = (*known).max(head);
+            }
+        }
+        // Stores a permit when the sender is busy: nothing posted is left
+        // waiting for a later post.
+        self.posted.notify_one();
+    }
+
+    fn take(&self) -> BTreeMap<(usize, String), BTreeMap<u32, i64>> {
+        std::mem::take(&mut *self.pending.lock().expect("outbox"))
+    }
+}
+
+/// Sends what the store's writes post to `outbox` (see the module doc),
+/// as `origin`, until the topology is dropped.
+pub(crate) async fn send(topology: Weak<Topology>, outbox: Arc<Outbox>, origin: String) {
+    loop {
+        // Wakes at least once a second to see a dropped store.
+        if tokio::time::timeout(Duration::from_secs(1), outbox.posted.notified())
+            .await
+            .is_err()
+        {
+            if topology.strong_count() == 0 {
+                return;
+            }
+            continue;
+        }
+        let mut by_cluster: BTreeMap<usize, Vec<(String, String)>> = BTreeMap::new();
+        for ((cluster, datastore), heads) in outbox.take() {
+            let heads: Vec<String> = heads
+                .into_iter()
+                .map(|(shard, head)| format!("{shard}:{head}"))
+                .collect();
+            let notifications = by_cluster.entry(cluster).or_default();
+            for chunk in heads.chunks(MAX_SHARDS) {
+                notifications.push((channel(&datastore), format!("{origin};{}", chunk.join(","))));
+            }
+        }
+        let Some(current) = topology.upgrade() else {
+            return;
+        };
+        let sends = by_cluster.into_iter().filter_map(|(cluster, notifications)| {
+            let master = current.clusters.get(cluster)?.master().ok()?.clone();
+            Some(async move {
+                let sql = notify_statement(&notifications);
+                if let Err(err) = master.execute(&sql).await {
+                    // The other gateways find these writes at their sweeps.
+                    tracing::debug!(cluster, error = %err, "could not notify other gateways of writes");
+                }
+            })
+        });
+        futures::future::join_all(sends).await;
+    }
+}
+
+/// One autocommitted statement sending `notifications` (channel, payload),
+/// committed without waiting for its WAL flush.
+fn notify_statement(notifications: &[(String, String)]) -> Sql {
+    let mut sql = Sql::new(crate::storage::Dialect::Postgres);
+    sql.push("SELECT set_config('synchronous_commit', 'off', true), pg_notify(n.c, n.p) FROM (")
+        .rows(
+            notifications
+                .iter()
+                .map(|(c, p)| vec![Value::Text(c.clone()), Value::Text(p.clone())]),
+        )
+        .push(") AS n (c, p)");
+    sql
+}
 
 /// The channel of `datastore`'s writes.
 pub(crate) fn channel(datastore: &str) -> String {
@@ -34,7 +138,7 @@ pub(crate) fn channel(datastore: &str) -> String {
 pub(crate) async fn listen(topology: Weak<Topology>, cluster: usize, url: String) {
     let origin = match topology
         .upgrade()
-        .and_then(|t| t.events.origin().map(str::to_string))
+        .and_then(|t| t.events.outbox().map(|(origin, _)| origin.to_string()))
     {
         Some(origin) => origin,
         None => return,
@@ -128,7 +232,41 @@ fn parse(payload: &str) -> Option<(&str, Vec<(u32, i64)>)> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::{notify_statement, parse, Outbox};
+
+    #[test]
+    fn the_outbox_keeps_the_highest_head_of_each_shard_until_taken() {
+        let outbox = Outbox::default();
+        outbox.post(0, "trips", &[(7, 10), (9, 3)]);
+        outbox.post(0, "trips", &[(7, 8), (9, 5), (11, 1)]);
+        outbox.post(1, "trips", &[(7, 2)]);
+        outbox.post(0, "items", &[]);
+        let taken = outbox.take();
+        assert_eq!(taken.len(), 2, "{taken:?}");
+        let trips: Vec<(u32, i64)> = taken[&(0, "trips".to_string())]
+            .iter()
+            .map(|(s, h)| (*s, *h))
+            .collect();
+        assert_eq!(trips, vec![(7, 10), (9, 5), (11, 1)]);
+        assert_eq!(taken[&(1, "trips".to_string())].len(), 1);
+        assert!(outbox.take().is_empty());
+    }
+
+    #[test]
+    fn notifications_are_one_statement_that_does_not_wait_for_its_flush() {
+        let sql = notify_statement(&[
+            ("cellgate_trips".into(), "a;1:2".into()),
+            ("cellgate_items".into(), "a;3:4".into()),
+        ]);
+        assert!(
+            sql.text()
+                .starts_with("SELECT set_config('synchronous_commit', 'off', true), pg_notify("),
+            "{}",
+            sql.text()
+        );
+        // One array per column, whatever the number of notifications.
+        assert_eq!(sql.params().len(), 2);
+    }
 
     #[test]
     fn payloads_parse_or_are_ignored() {

@@ -157,6 +157,7 @@ contract_suite!(
     a_follower_resuming_from_a_cursor_gets_everything_after_it,
     a_follower_that_lags_the_broadcast_catches_up_from_the_log,
     followers_see_commits_quickly_at_a_thousand_cells_per_second,
+    a_write_notifies_other_gateways_of_every_shard_after_its_commit,
     prune_keeps_every_latest_version_and_the_indexes_verify_clean,
     prune_older_than_keeps_recent_versions_and_the_latest,
     prune_keeps_cells_a_consumer_has_not_read,

@@ -341,3 +341,68 @@ async fn take_rows(what: &str, follower: &mut Follower, n: usize) -> BTreeSet<Uu
     }
     rows
 }
+
+/// On PostgreSQL a write notifies the other gateways once it has
+/// committed: every shard it advanced, in as many notifications as the
+/// payload limit needs (a write of 1,000 cells advances far more shards
+/// than one notification names), and each head is readable when its
+/// notification arrives. Other backends have no notifications (they poll).
+pub async fn a_write_notifies_other_gateways_of_every_shard_after_its_commit(env: Arc<Env>) {
+    if env.kind != crate::harness::Kind::Postgres {
+        return;
+    }
+    let store = env.open().await;
+    let mut listener = sqlx::postgres::PgListener::connect(&env.url)
+        .await
+        .expect("listen");
+    listener.listen("cellgate_trips").await.expect("listen");
+    write(&store, 500).await;
+
+    let mut reader = <sqlx::PgConnection as sqlx::Connection>::connect(&env.url)
+        .await
+        .expect("connect");
+    let written: BTreeMap<i64, i64> =
+        sqlx::query_as("SELECT shard, MAX(added_id) FROM trips_cells GROUP BY shard")
+            .fetch_all(&mut reader)
+            .await
+            .expect("shards")
+            .into_iter()
+            .collect();
+    assert!(written.len() > 360, "{} shards", written.len());
+    let mut notified: BTreeMap<i64, i64> = BTreeMap::new();
+    let mut notifications = 0;
+    while notified != written {
+        let notification = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{} notifications named {} of the {} shards written",
+                    notifications,
+                    notified.len(),
+                    written.len()
+                )
+            })
+            .expect("notification");
+        notifications += 1;
+        let (_, heads) = notification.payload().split_once(';').expect("origin");
+        for pair in heads.split(',') {
+            let (shard, head) = pair.split_once(':').expect("shard:head");
+            let (shard, head): (i64, i64) = (shard.parse().unwrap(), head.parse().unwrap());
+            let visible: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM trips_cells WHERE shard = $1 AND added_id = $2",
+            )
+            .bind(shard)
+            .bind(head)
+            .fetch_one(&mut reader)
+            .await
+            .expect("read");
+            assert_eq!(
+                visible, 1,
+                "shard {shard} head {head} notified before its commit"
+            );
+            notified.insert(shard, head);
+        }
+    }
+    assert!(notifications >= 2, "{notifications} notifications");
+    drop(store);
+}

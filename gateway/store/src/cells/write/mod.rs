@@ -55,7 +55,6 @@ use crate::retry::with_retry;
 use crate::shards::row_shard;
 use crate::storage::MAX_PARAMS;
 use crate::storage::{ddl, value::truncate_to_micros, Backend, Dialect, Sql, Tx, Value};
-use crate::topology::wake;
 use crate::topology::{DatastoreRuntime, Topology, Written, WrittenCell};
 
 /// A validated, encoded cell ready for storage.
@@ -331,7 +330,7 @@ async fn write_group(
     let primary = async {
         let master = topology.clusters[cluster].master()?;
         with_retry("committing a batch", || {
-            commit_primary(master.as_ref(), ds.name(), group, topology.events.origin())
+            commit_primary(master.as_ref(), ds.name(), group)
         })
         .await
     }
@@ -366,13 +365,17 @@ async fn write_group(
                         })
                     })
                     .collect();
-                topology.events.written(Written {
-                    datastore: ds.name().to_string(),
-                    cluster,
-                    heads: heads.clone(),
-                    went_back: false,
-                    cells,
-                });
+                let notify = topology.clusters[cluster].master.dialect().has_notify();
+                topology.events.committed(
+                    Written {
+                        datastore: ds.name().to_string(),
+                        cluster,
+                        heads: heads.clone(),
+                        went_back: false,
+                        cells,
+                    },
+                    notify,
+                );
             }
             if topology.clusters[cluster].replicas.is_empty() {
                 release_buffers(topology, ds, buffered).await;
@@ -618,10 +621,7 @@ pub(super) async fn commit_primary(
     master: &dyn Backend,
     datastore: &str,
     group: &[Prepared],
-    notify_as: Option<&str>,
 ) -> Result<(Vec<PutResult>, Vec<(u32, i64)>)> {
-    // On PostgreSQL the commit notifies the other gateways (`wake.rs`).
-    let notify_as = notify_as.filter(|_| master.dialect().has_notify());
     let dialect = master.dialect();
     let cells_table = ddl::cells_table(datastore);
     let existing = existing_bodies(master, &cells_table, group, |c| &c.key).await?;
@@ -677,7 +677,7 @@ pub(super) async fn commit_primary(
             shard,
         })));
     };
-    if let Some(sql) = one_statement(dialect, datastore, &new_cells, &created_at, notify_as) {
+    if let Some(sql) = one_statement(dialect, datastore, &new_cells, &created_at) {
         let mut heads: Vec<(u32, i64)> = master
             .rows::<(i64, i64)>(&sql)
             .await?
@@ -740,21 +740,6 @@ pub(super) async fn commit_primary(
                     .map(|(cell, added_id)| cell_row(cell, *added_id, &created_at)),
             );
         tx.execute(&sql).await?;
-    }
-    if let Some(origin) = notify_as {
-        for chunk in advanced.chunks(wake::MAX_SHARDS) {
-            let payload: Vec<String> = chunk
-                .iter()
-                .map(|(shard, next)| format!("{shard}:{}", next - 1))
-                .collect();
-            let mut sql = Sql::new(dialect);
-            sql.push("SELECT pg_notify(")
-                .bind(Value::Text(wake::channel(datastore)))
-                .push(", ")
-                .bind(Value::Text(format!("{origin};{}", payload.join(","))))
-                .push(")");
-            tx.execute(&sql).await?;
-        }
     }
     tx.commit().await?;
     Ok((written(statuses), heads))
@@ -859,7 +844,7 @@ mod tests {
         let created = Value::DateTime(Utc::now());
         let text = |cells: &[Prepared]| {
             let cells: Vec<&Prepared> = cells.iter().collect();
-            one_statement(Dialect::Postgres, "trips", &cells, &created, None)
+            one_statement(Dialect::Postgres, "trips", &cells, &created)
                 .expect("one statement")
                 .text()
                 .to_string()
@@ -869,7 +854,7 @@ mod tests {
         assert_eq!(text(&many), one);
         // Seven arrays of cells, two of counts, one of locked shards.
         let cells: Vec<&Prepared> = many.iter().collect();
-        let sql = one_statement(Dialect::Postgres, "trips", &cells, &created, None).unwrap();
+        let sql = one_statement(Dialect::Postgres, "trips", &cells, &created).unwrap();
         assert_eq!(sql.params().len(), 10);
         assert!(sql.params().iter().all(|p| matches!(p, Value::Array(..))));
 

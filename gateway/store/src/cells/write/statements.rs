@@ -43,7 +43,6 @@ pub(super) fn one_statement(
     datastore: &str,
     cells: &[&Prepared],
     created_at: &Value,
-    notify_as: Option<&str>,
 ) -> Option<Sql> {
     let chunks = insert_chunks(cells, CELL_ROWS, |c| c.encoded.len());
     if !dialect.has_data_modifying_ctes() || chunks.len() != 1 {
@@ -156,37 +155,10 @@ pub(super) fn one_statement(
         .push(" = v.")
         .ident("shard")
         .push(")");
-    if let Some(origin) = notify_as {
-        // The other gateways' wake-up (`wake.rs`), at the commit: the
-        // shards' new heads, unless too many for a payload (the sweeps
-        // find those).
-        sql.push(", ")
-            .ident("notified")
-            .push(" AS (SELECT pg_notify(")
-            .bind(Value::Text(crate::topology::wake::channel(datastore)))
-            .push(", ")
-            .bind(Value::Text(format!("{origin};")))
-            .push(" || string_agg(CAST(")
-            .ident("shard")
-            .push(" AS TEXT) || ':' || CAST(")
-            .ident("next_added_id")
-            .push(" - 1 AS TEXT), ',')) FROM ")
-            .ident("advanced")
-            .push(&format!(
-                " HAVING COUNT(*) <= {})",
-                crate::topology::wake::MAX_SHARDS
-            ));
-    }
     sql.push(" SELECT ")
         .idents(["shard", "next_added_id"])
         .push(" FROM ")
         .ident("advanced");
-    if notify_as.is_some() {
-        // Referenced, so that it runs (once).
-        sql.push(" WHERE (SELECT COUNT(*) FROM ")
-            .ident("notified")
-            .push(") >= 0");
-    }
     Some(sql)
 }
 
