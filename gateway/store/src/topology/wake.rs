@@ -15,8 +15,9 @@
 //! database would commit one after the other, each waiting for its own
 //! flush, with the shard counters it locked held meanwhile. So writes only
 //! post their new heads to an [`Outbox`] once committed, and one task per
-//! store ([`send`]) empties it: one statement per cluster, all the heads
-//! posted since the last one (the highest per shard), committed without
+//! store ([`send`]) empties it: one statement per cluster, on its
+//! maintenance connections (background work, not a request's), all the
+//! heads posted since the last one (the highest per shard), committed without
 //! waiting for its flush (`synchronous_commit` off for that statement: a
 //! notification is not data, and is delivered at once either way). While a
 //! statement runs, what writes post meanwhile waits for the next one, so a
@@ -101,7 +102,8 @@ pub(crate) async fn send(topology: Weak<Topology>, outbox: Arc<Outbox>, origin: 
             return;
         };
         let sends = by_cluster.into_iter().filter_map(|(cluster, notifications)| {
-            let master = current.clusters.get(cluster)?.master().ok()?.clone();
+            // Background work: the maintenance pool, not the requests'.
+            let master = current.clusters.get(cluster)?.maintenance().ok()?.clone();
             Some(async move {
                 let sql = notify_statement(&notifications);
                 if let Err(err) = master.execute(&sql).await {
