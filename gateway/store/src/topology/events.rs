@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::wake::Outbox;
+use super::outbox::Outbox;
 
 /// Cells committed on one cluster: what the maintainer needs to know.
 #[derive(Debug, Clone, Default)]

@@ -15,6 +15,7 @@ mod cluster;
 mod events;
 pub(crate) mod fence;
 mod lag;
+mod outbox;
 mod routes;
 mod runtime;
 pub(crate) mod wake;

@@ -29,56 +29,25 @@
 //! statement), where `origin` names the writing store, which skips its own.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use sqlx::postgres::PgListener;
 
+use super::outbox::Outbox;
 use super::{Topology, Written};
-use crate::storage::{Sql, Value};
+use crate::storage::{Dialect, Sql, Value};
 
 /// Most shards a notification names: PostgreSQL's payload is at most 8,000
 /// bytes, and a shard and its head take at most 21.
 pub(crate) const MAX_SHARDS: usize = 360;
-
-/// Heads committed by this store that other gateways have not been told
-/// of yet: per cluster and datastore, the highest head of each shard.
-#[derive(Default)]
-pub(crate) struct Outbox {
-    pending: Mutex<BTreeMap<(usize, String), BTreeMap<u32, i64>>>,
-    posted: tokio::sync::Notify,
-}
-
-impl Outbox {
-    /// Posts the new `heads` of `datastore` on `cluster`, committed.
-    pub(crate) fn post(&self, cluster: usize, datastore: &str, heads: &[(u32, i64)]) {
-        if heads.is_empty() {
-            return;
-        }
-        {
-            let mut pending = self.pending.lock().expect("outbox");
-            let shards = pending.entry((cluster, datastore.to_string())).or_default();
-            for &(shard, head) in heads {
-                let known = shards.entry(shard).or_insert(head);
-                *known = (*known).max(head);
-            }
-        }
-        // Stores a permit when the sender is busy: nothing posted is left
-        // waiting for a later post.
-        self.posted.notify_one();
-    }
-
-    fn take(&self) -> BTreeMap<(usize, String), BTreeMap<u32, i64>> {
-        std::mem::take(&mut *self.pending.lock().expect("outbox"))
-    }
-}
 
 /// Sends what the store's writes post to `outbox` (see the module doc),
 /// as `origin`, until the topology is dropped.
 pub(crate) async fn send(topology: Weak<Topology>, outbox: Arc<Outbox>, origin: String) {
     loop {
         // Wakes at least once a second to see a dropped store.
-        if tokio::time::timeout(Duration::from_secs(1), outbox.posted.notified())
+        if tokio::time::timeout(Duration::from_secs(1), outbox.posted())
             .await
             .is_err()
         {
@@ -105,7 +74,7 @@ pub(crate) async fn send(topology: Weak<Topology>, outbox: Arc<Outbox>, origin: 
             // Background work: the maintenance pool, not the requests'.
             let master = current.clusters.get(cluster)?.maintenance().ok()?.clone();
             Some(async move {
-                let sql = notify_statement(&notifications);
+                let sql = notify_statement(master.dialect(), &notifications);
                 if let Err(err) = master.execute(&sql).await {
                     // The other gateways find these writes at their sweeps.
                     tracing::debug!(cluster, error = %err, "could not notify other gateways of writes");
@@ -118,8 +87,8 @@ pub(crate) async fn send(topology: Weak<Topology>, outbox: Arc<Outbox>, origin: 
 
 /// One autocommitted statement sending `notifications` (channel, payload),
 /// committed without waiting for its WAL flush.
-fn notify_statement(notifications: &[(String, String)]) -> Sql {
-    let mut sql = Sql::new(crate::storage::Dialect::Postgres);
+fn notify_statement(dialect: Dialect, notifications: &[(String, String)]) -> Sql {
+    let mut sql = Sql::new(dialect);
     sql.push("SELECT set_config('synchronous_commit', 'off', true), pg_notify(n.c, n.p) FROM (")
         .rows(
             notifications
@@ -234,41 +203,7 @@ fn parse(payload: &str) -> Option<(&str, Vec<(u32, i64)>)> {
 
 #[cfg(test)]
 mod tests {
-    use super::{notify_statement, parse, Outbox};
-
-    #[test]
-    fn the_outbox_keeps_the_highest_head_of_each_shard_until_taken() {
-        let outbox = Outbox::default();
-        outbox.post(0, "trips", &[(7, 10), (9, 3)]);
-        outbox.post(0, "trips", &[(7, 8), (9, 5), (11, 1)]);
-        outbox.post(1, "trips", &[(7, 2)]);
-        outbox.post(0, "items", &[]);
-        let taken = outbox.take();
-        assert_eq!(taken.len(), 2, "{taken:?}");
-        let trips: Vec<(u32, i64)> = taken[&(0, "trips".to_string())]
-            .iter()
-            .map(|(s, h)| (*s, *h))
-            .collect();
-        assert_eq!(trips, vec![(7, 10), (9, 5), (11, 1)]);
-        assert_eq!(taken[&(1, "trips".to_string())].len(), 1);
-        assert!(outbox.take().is_empty());
-    }
-
-    #[test]
-    fn notifications_are_one_statement_that_does_not_wait_for_its_flush() {
-        let sql = notify_statement(&[
-            ("cellgate_trips".into(), "a;1:2".into()),
-            ("cellgate_items".into(), "a;3:4".into()),
-        ]);
-        assert!(
-            sql.text()
-                .starts_with("SELECT set_config('synchronous_commit', 'off', true), pg_notify("),
-            "{}",
-            sql.text()
-        );
-        // One array per column, whatever the number of notifications.
-        assert_eq!(sql.params().len(), 2);
-    }
+    use super::parse;
 
     #[test]
     fn payloads_parse_or_are_ignored() {
