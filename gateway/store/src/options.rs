@@ -142,10 +142,11 @@ pub struct StorageConfig {
     /// write's transaction (a `NOTIFY` there would make every commit of the
     /// database wait for the one before it): each gateway sends at most one
     /// notification statement per cluster at a time, carrying every write
-    /// committed since the previous one. Turn it off where the connections go through a pooler
-    /// in transaction mode (PgBouncer), which cannot hold a `LISTEN`: the
-    /// gateways then poll for other gateways' writes (`wake_poll_ms`). No
-    /// effect on MariaDB/MySQL and SQLite, which always poll.
+    /// committed since the previous one. Turn it off where the connections
+    /// go through a pooler in transaction mode (PgBouncer), which cannot
+    /// hold a `LISTEN`: the gateways then poll for other gateways' writes
+    /// (`wake_poll_ms`). No effect on MariaDB/MySQL and SQLite, which
+    /// always poll.
     ///
     /// ```yaml
     /// notify: true

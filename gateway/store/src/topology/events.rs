@@ -54,12 +54,11 @@ pub(crate) struct WrittenCell {
 pub(crate) struct Events {
     sender: mpsc::UnboundedSender<Written>,
     broadcast: tokio::sync::broadcast::Sender<Arc<Written>>,
-    /// Names this store in the notifications its writes send other
-    /// gateways (`wake.rs`), so that it skips its own; `None` when it
-    /// sends none (`storage.notify: false`).
-    origin: Option<String>,
-    /// What those notifications are sent from (with `origin`).
-    outbox: Option<Arc<Outbox>>,
+    /// The name this store gives itself in the notifications its writes
+    /// send other gateways (`wake.rs`), so that it skips its own, and the
+    /// outbox they are sent from; `None` when it sends none
+    /// (`storage.notify: false`).
+    notify: Option<(String, Arc<Outbox>)>,
 }
 
 /// Write events a broadcast holds for slow receivers.
@@ -71,13 +70,15 @@ impl Events {
     pub(crate) fn new(notify: bool) -> (Events, mpsc::UnboundedReceiver<Written>) {
         let (sender, receiver) = mpsc::unbounded_channel();
         let (broadcast, _) = tokio::sync::broadcast::channel(BROADCAST_EVENTS);
-        let origin = notify.then(|| format!("{:016x}", rand::random::<u64>()));
+        let notify = notify.then(|| {
+            let origin = format!("{:016x}", rand::random::<u64>());
+            (origin, Arc::default())
+        });
         (
             Events {
                 sender,
                 broadcast,
-                outbox: origin.as_ref().map(|_| Arc::default()),
-                origin,
+                notify,
             },
             receiver,
         )
@@ -95,7 +96,7 @@ impl Events {
     /// when `notify` (the cluster's database can), to the other gateways,
     /// whose notification is sent after this returns (`wake.rs`).
     pub(crate) fn committed(&self, event: Written, notify: bool) {
-        if let Some(outbox) = self.outbox.as_ref().filter(|_| notify) {
+        if let Some((_, outbox)) = self.notify.as_ref().filter(|_| notify) {
             outbox.post(event.cluster, &event.datastore, &event.heads);
         }
         self.written(event);
@@ -104,7 +105,8 @@ impl Events {
     /// What this store's write notifications name it, and where they wait
     /// to be sent; `None` when it sends none.
     pub(crate) fn outbox(&self) -> Option<(&str, &Arc<Outbox>)> {
-        Some((self.origin.as_deref()?, self.outbox.as_ref()?))
+        let (origin, outbox) = self.notify.as_ref()?;
+        Some((origin, outbox))
     }
 
     /// The write events from now on.
