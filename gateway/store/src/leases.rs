@@ -13,6 +13,15 @@
 //! Processes also hold a `member:<holder>` lease per cluster, which is how
 //! they count each other to share work fairly ([`live_members`]).
 //!
+//! **Lock order.** Every statement that changes or locks several lease rows
+//! takes them in name order, in a transaction that locks them first
+//! ([`lock_in_order`]): the [`fence`] of a pass, a renewal, a takeover of
+//! many and a release. A renewal that locked the rows in the order it came
+//! across them would wait for a pass's fence while holding a row that the
+//! fence waits for; PostgreSQL finds such a cycle only after its
+//! `deadlock_timeout` (a second by default) and then aborts one of the two,
+//! so each one stalled the pass, and the index, for a second.
+//!
 //! **Expiry is judged by the database's clock**, in the statements
 //! themselves: a takeover ([`acquire`]) matches only a row that is ours or
 //! expired (by a margin the caller chooses) *now*, a renewal ([`renew`])
@@ -226,12 +235,13 @@ fn where_held(sql: &mut Sql, holder: &str, names: impl IntoIterator<Item = Strin
 /// database's clock, with the token `wanted` gives for each, stamped with
 /// `expires_at`.
 async fn still_held(
-    backend: &dyn Backend,
+    tx: &mut dyn Tx,
+    dialect: Dialect,
     holder: &str,
     wanted: &HashMap<&str, i64>,
     expires_at: DateTime<Utc>,
 ) -> Result<Vec<Lease>> {
-    let mut check = Sql::new(backend.dialect());
+    let mut check = Sql::new(dialect);
     check
         .push("SELECT ")
         .idents(["name", "token"])
@@ -241,10 +251,8 @@ async fn still_held(
     // A renewal that matched no row (the lease had expired) leaves the row
     // ours with the old token: only an unexpired row counts as held.
     check.push(" AND ").ident("expires_at").push(" > ");
-    backend
-        .dialect()
-        .push_clock_minus(&mut check, Duration::ZERO);
-    Ok(backend
+    dialect.push_clock_minus(&mut check, Duration::ZERO);
+    Ok(tx
         .rows::<(String, i64)>(&check)
         .await?
         .into_iter()
@@ -271,14 +279,19 @@ pub async fn acquire_all(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
+    let dialect = backend.dialect();
     let expires_at = expiry(ttl);
-    let update = takeover(backend.dialect(), rows, holder, expires_at, margin);
-    backend.execute(&update).await?;
+    let mut tx = backend.begin().await?;
+    lock_in_order(tx.as_mut(), dialect, rows.iter().map(|r| r.name.clone())).await?;
+    let update = takeover(dialect, rows, holder, expires_at, margin);
+    tx.execute(&update).await?;
     let wanted: HashMap<&str, i64> = rows
         .iter()
         .map(|r| (r.name.as_str(), r.token + 1))
         .collect();
-    still_held(backend, holder, &wanted, expires_at).await
+    let taken = still_held(tx.as_mut(), dialect, holder, &wanted, expires_at).await?;
+    tx.commit().await?;
+    Ok(taken)
 }
 
 /// Extends the leases `held` by `holder` that have not expired by the
@@ -294,11 +307,14 @@ pub async fn renew(
     if held.is_empty() {
         return Ok(Vec::new());
     }
+    let dialect = backend.dialect();
     let expires_at = expiry(ttl);
     let tokens: HashMap<&str, i64> = held.iter().map(|l| (l.name.as_str(), l.token)).collect();
     let mut renewed = Vec::new();
     for chunk in held.chunks(1000) {
-        let mut sql = Sql::new(backend.dialect());
+        let mut tx = backend.begin().await?;
+        lock_in_order(tx.as_mut(), dialect, chunk.iter().map(|l| l.name.clone())).await?;
+        let mut sql = Sql::new(dialect);
         sql.push("UPDATE ")
             .ident(ddl::LEASES_TABLE)
             .push(" SET ")
@@ -307,21 +323,25 @@ pub async fn renew(
             .bind(Value::DateTime(expires_at));
         where_held(&mut sql, holder, chunk.iter().map(|l| l.name.clone()));
         sql.push(" AND ").ident("expires_at").push(" > ");
-        backend.dialect().push_clock_minus(&mut sql, Duration::ZERO);
-        backend.execute(&sql).await?;
+        dialect.push_clock_minus(&mut sql, Duration::ZERO);
+        tx.execute(&sql).await?;
         let wanted: HashMap<&str, i64> = chunk
             .iter()
             .filter_map(|l| Some((l.name.as_str(), *tokens.get(l.name.as_str())?)))
             .collect();
-        renewed.extend(still_held(backend, holder, &wanted, expires_at).await?);
+        renewed.extend(still_held(tx.as_mut(), dialect, holder, &wanted, expires_at).await?);
+        tx.commit().await?;
     }
     Ok(renewed)
 }
 
 /// Gives up leases: they expire at once, free for other processes.
 pub async fn release(backend: &dyn Backend, holder: &str, names: &[String]) -> Result<()> {
+    let dialect = backend.dialect();
     for chunk in names.chunks(1000) {
-        let mut sql = Sql::new(backend.dialect());
+        let mut tx = backend.begin().await?;
+        lock_in_order(tx.as_mut(), dialect, chunk.iter().cloned()).await?;
+        let mut sql = Sql::new(dialect);
         sql.push("UPDATE ")
             .ident(ddl::LEASES_TABLE)
             .push(" SET ")
@@ -329,7 +349,8 @@ pub async fn release(backend: &dyn Backend, holder: &str, names: &[String]) -> R
             .push(" = ")
             .bind(Value::DateTime(epoch()));
         where_held(&mut sql, holder, chunk.iter().cloned());
-        backend.execute(&sql).await?;
+        tx.execute(&sql).await?;
+        tx.commit().await?;
     }
     Ok(())
 }
@@ -392,7 +413,30 @@ pub async fn live_members(backend: &dyn Backend) -> Result<usize> {
     Ok(rows.iter().filter(|r| r.expires_at > now).count().max(1))
 }
 
-/// Inside a transaction: locks the rows of `held` and fails with
+/// Inside a transaction: locks the lease rows `names`, in name order (see
+/// the module's *Lock order*), whoever holds them.
+async fn lock_in_order(
+    tx: &mut dyn Tx,
+    dialect: Dialect,
+    names: impl IntoIterator<Item = String>,
+) -> Result<()> {
+    let mut sql = Sql::new(dialect);
+    sql.push("SELECT ")
+        .ident("name")
+        .push(" FROM ")
+        .ident(ddl::LEASES_TABLE)
+        .push(" WHERE ")
+        .ident("name")
+        .in_list(names.into_iter().map(Value::Text))
+        .push(" ORDER BY ")
+        .ident("name")
+        .push(dialect.for_update());
+    tx.rows::<(String,)>(&sql).await?;
+    Ok(())
+}
+
+/// Inside a transaction: locks the rows of `held` (in name order, as
+/// [`lock_in_order`] does) and fails with
 /// [`Error::LeaseLost`] unless each is still held by `holder` with the
 /// same token and has not expired by the database's clock. Everything the transaction does is
 /// thereby fenced: a process that lost a lease cannot commit.

@@ -805,3 +805,94 @@ pub async fn a_renewed_lease_cannot_be_taken_over_from_a_stale_read(env: Arc<Env
     .await
     .is_ok());
 }
+
+// Regression: renewals, takeovers and releases locked lease rows in the
+// order the database came across them, fences in name order. A renewal
+// then waited for a pass's fence while holding a row the fence waited for:
+// on PostgreSQL a deadlock, found after `deadlock_timeout` (a second), that
+// aborted the pass or the renewal.
+pub async fn renewals_and_fences_lock_leases_in_one_order(env: Arc<Env>) {
+    use cellgate_store::leases;
+    let (backend, _) = flaky(&env, Duration::ZERO).await;
+    // Stored in the reverse of name order, so that a statement locking the
+    // rows as it finds them takes them in the reverse of the fence's order.
+    let names: Vec<String> = (0..40).map(|i| format!("test:order:{i:02}")).collect();
+    for name in names.iter().rev() {
+        leases::ensure(backend.as_ref(), std::slice::from_ref(name))
+            .await
+            .unwrap();
+    }
+    let ttl = Duration::from_secs(60);
+    let rows = leases::list(backend.as_ref(), "test:order:").await.unwrap();
+    let mut held = leases::acquire_all(backend.as_ref(), &rows, "a", ttl, Duration::ZERO)
+        .await
+        .unwrap();
+    held.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(held.len(), names.len());
+
+    // A pass holds the middle lease's row.
+    let dialect = backend.dialect();
+    let mut middle = backend.begin().await.unwrap();
+    leases::fence(middle.as_mut(), dialect, "a", &held[20..21])
+        .await
+        .unwrap();
+    // Another pass fences all of them: it locks the first half, then waits.
+    let fence = {
+        let (backend, held) = (backend.clone(), held.clone());
+        tokio::spawn(async move {
+            let mut tx = backend.begin().await?;
+            leases::fence(tx.as_mut(), backend.dialect(), "a", &held).await?;
+            tx.commit().await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The renewal of all of them queues behind the two passes.
+    let renewal = {
+        let (backend, held) = (backend.clone(), held.clone());
+        tokio::spawn(async move { leases::renew(backend.as_ref(), "a", &held, ttl).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    middle.commit().await.unwrap();
+
+    fence
+        .await
+        .unwrap()
+        .expect("the fence of every lease commits");
+    let renewed = renewal
+        .await
+        .unwrap()
+        .expect("the renewal of every lease goes through");
+    assert_eq!(renewed.len(), names.len(), "{renewed:?}");
+
+    // A release of many and a takeover of many take the same order.
+    let mut middle = backend.begin().await.unwrap();
+    leases::fence(middle.as_mut(), dialect, "a", &renewed[20..21])
+        .await
+        .unwrap();
+    let fence = {
+        let (backend, renewed) = (backend.clone(), renewed.clone());
+        tokio::spawn(async move {
+            let mut tx = backend.begin().await?;
+            leases::fence(tx.as_mut(), backend.dialect(), "a", &renewed).await?;
+            tx.commit().await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let release = {
+        let backend = backend.clone();
+        tokio::spawn(async move { leases::release(backend.as_ref(), "a", &names).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    middle.commit().await.unwrap();
+    fence
+        .await
+        .unwrap()
+        .expect("the fence commits before the release");
+    release.await.unwrap().expect("the release goes through");
+    let rows = leases::list(backend.as_ref(), "test:order:").await.unwrap();
+    assert!(rows.iter().all(|r| r.expires_at < chrono::Utc::now()));
+    let taken = leases::acquire_all(backend.as_ref(), &rows, "b", ttl, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), rows.len());
+}

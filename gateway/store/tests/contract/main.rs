@@ -147,6 +147,7 @@ contract_suite!(
     snowflake_stops_when_its_high_water_mark_cannot_be_recorded,
     two_allocators_on_one_cache_path_lease_distinct_workers,
     a_renewed_lease_cannot_be_taken_over_from_a_stale_read,
+    renewals_and_fences_lock_leases_in_one_order,
     tagged_ids_name_the_shard_of_their_row,
     a_consumer_gets_every_cell_of_its_columns_in_shard_order,
     a_consumer_resumes_from_its_offsets_and_can_be_rewound,
