@@ -13,14 +13,13 @@
 //! Processes also hold a `member:<holder>` lease per cluster, which is how
 //! they count each other to share work fairly ([`live_members`]).
 //!
-//! **Lock order.** Every statement that changes or locks several lease rows
-//! takes them in name order, in a transaction that locks them first
-//! ([`lock_in_order`]): the [`fence`] of a pass, a renewal, a takeover of
-//! many and a release. A renewal that locked the rows in the order it came
-//! across them would wait for a pass's fence while holding a row that the
-//! fence waits for; PostgreSQL finds such a cycle only after its
-//! `deadlock_timeout` (a second by default) and then aborts one of the two,
-//! so each one stalled the pass, and the index, for a second.
+//! **Lock order.** Every statement that locks several lease rows locks
+//! them in name order: the [`fence`] of a pass, a renewal, a takeover of
+//! many and a release (`Dialect::lock_in_order`). A renewal that locked the
+//! rows in the order the database came across them could wait for a pass's
+//! fence while holding a row that the fence waited for; PostgreSQL finds
+//! such a cycle only after its `deadlock_timeout` (a second by default),
+//! then aborts one of the two, so each one stalled the index for a second.
 //!
 //! **Expiry is judged by the database's clock**, in the statements
 //! themselves: a takeover ([`acquire`]) matches only a row that is ours or
@@ -188,12 +187,21 @@ fn takeover(
         .push(" = ")
         .bind(Value::DateTime(now()))
         .push(" WHERE ");
+    dialect.lock_in_order(
+        &mut sql,
+        ddl::LEASES_TABLE,
+        "name",
+        rows.iter().map(|r| Value::Text(r.name.clone())),
+    );
+    sql.push("(");
     for (i, row) in rows.iter().enumerate() {
         if i > 0 {
             sql.push(" OR ");
         }
         takeover_condition(&mut sql, row, holder, margin);
     }
+    sql.push(")");
+    dialect.update_order(&mut sql, "name");
     sql
 }
 
@@ -222,8 +230,13 @@ fn takeover_condition(sql: &mut Sql, row: &LeaseRow, holder: &str, margin: Durat
 
 /// Appends `WHERE holder = ? AND name IN (…)`.
 fn where_held(sql: &mut Sql, holder: &str, names: impl IntoIterator<Item = String>) {
-    sql.push(" WHERE ")
-        .ident("holder")
+    sql.push(" WHERE ");
+    and_held(sql, holder, names);
+}
+
+/// Appends `holder = ? AND name IN (…)`.
+fn and_held(sql: &mut Sql, holder: &str, names: impl IntoIterator<Item = String>) {
+    sql.ident("holder")
         .push(" = ")
         .bind(Value::Text(holder.to_string()))
         .push(" AND ")
@@ -235,13 +248,12 @@ fn where_held(sql: &mut Sql, holder: &str, names: impl IntoIterator<Item = Strin
 /// database's clock, with the token `wanted` gives for each, stamped with
 /// `expires_at`.
 async fn still_held(
-    tx: &mut dyn Tx,
-    dialect: Dialect,
+    backend: &dyn Backend,
     holder: &str,
     wanted: &HashMap<&str, i64>,
     expires_at: DateTime<Utc>,
 ) -> Result<Vec<Lease>> {
-    let mut check = Sql::new(dialect);
+    let mut check = Sql::new(backend.dialect());
     check
         .push("SELECT ")
         .idents(["name", "token"])
@@ -251,8 +263,10 @@ async fn still_held(
     // A renewal that matched no row (the lease had expired) leaves the row
     // ours with the old token: only an unexpired row counts as held.
     check.push(" AND ").ident("expires_at").push(" > ");
-    dialect.push_clock_minus(&mut check, Duration::ZERO);
-    Ok(tx
+    backend
+        .dialect()
+        .push_clock_minus(&mut check, Duration::ZERO);
+    Ok(backend
         .rows::<(String, i64)>(&check)
         .await?
         .into_iter()
@@ -279,19 +293,14 @@ pub async fn acquire_all(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let dialect = backend.dialect();
     let expires_at = expiry(ttl);
-    let mut tx = backend.begin().await?;
-    lock_in_order(tx.as_mut(), dialect, rows.iter().map(|r| r.name.clone())).await?;
-    let update = takeover(dialect, rows, holder, expires_at, margin);
-    tx.execute(&update).await?;
+    let update = takeover(backend.dialect(), rows, holder, expires_at, margin);
+    backend.execute(&update).await?;
     let wanted: HashMap<&str, i64> = rows
         .iter()
         .map(|r| (r.name.as_str(), r.token + 1))
         .collect();
-    let taken = still_held(tx.as_mut(), dialect, holder, &wanted, expires_at).await?;
-    tx.commit().await?;
-    Ok(taken)
+    still_held(backend, holder, &wanted, expires_at).await
 }
 
 /// Extends the leases `held` by `holder` that have not expired by the
@@ -312,25 +321,31 @@ pub async fn renew(
     let tokens: HashMap<&str, i64> = held.iter().map(|l| (l.name.as_str(), l.token)).collect();
     let mut renewed = Vec::new();
     for chunk in held.chunks(1000) {
-        let mut tx = backend.begin().await?;
-        lock_in_order(tx.as_mut(), dialect, chunk.iter().map(|l| l.name.clone())).await?;
         let mut sql = Sql::new(dialect);
         sql.push("UPDATE ")
             .ident(ddl::LEASES_TABLE)
             .push(" SET ")
             .ident("expires_at")
             .push(" = ")
-            .bind(Value::DateTime(expires_at));
-        where_held(&mut sql, holder, chunk.iter().map(|l| l.name.clone()));
+            .bind(Value::DateTime(expires_at))
+            .push(" WHERE ");
+        let names = || chunk.iter().map(|l| l.name.clone());
+        dialect.lock_in_order(
+            &mut sql,
+            ddl::LEASES_TABLE,
+            "name",
+            names().map(Value::Text),
+        );
+        and_held(&mut sql, holder, names());
         sql.push(" AND ").ident("expires_at").push(" > ");
         dialect.push_clock_minus(&mut sql, Duration::ZERO);
-        tx.execute(&sql).await?;
+        dialect.update_order(&mut sql, "name");
+        backend.execute(&sql).await?;
         let wanted: HashMap<&str, i64> = chunk
             .iter()
             .filter_map(|l| Some((l.name.as_str(), *tokens.get(l.name.as_str())?)))
             .collect();
-        renewed.extend(still_held(tx.as_mut(), dialect, holder, &wanted, expires_at).await?);
-        tx.commit().await?;
+        renewed.extend(still_held(backend, holder, &wanted, expires_at).await?);
     }
     Ok(renewed)
 }
@@ -339,18 +354,23 @@ pub async fn renew(
 pub async fn release(backend: &dyn Backend, holder: &str, names: &[String]) -> Result<()> {
     let dialect = backend.dialect();
     for chunk in names.chunks(1000) {
-        let mut tx = backend.begin().await?;
-        lock_in_order(tx.as_mut(), dialect, chunk.iter().cloned()).await?;
         let mut sql = Sql::new(dialect);
         sql.push("UPDATE ")
             .ident(ddl::LEASES_TABLE)
             .push(" SET ")
             .ident("expires_at")
             .push(" = ")
-            .bind(Value::DateTime(epoch()));
-        where_held(&mut sql, holder, chunk.iter().cloned());
-        tx.execute(&sql).await?;
-        tx.commit().await?;
+            .bind(Value::DateTime(epoch()))
+            .push(" WHERE ");
+        dialect.lock_in_order(
+            &mut sql,
+            ddl::LEASES_TABLE,
+            "name",
+            chunk.iter().cloned().map(Value::Text),
+        );
+        and_held(&mut sql, holder, chunk.iter().cloned());
+        dialect.update_order(&mut sql, "name");
+        backend.execute(&sql).await?;
     }
     Ok(())
 }
@@ -413,30 +433,8 @@ pub async fn live_members(backend: &dyn Backend) -> Result<usize> {
     Ok(rows.iter().filter(|r| r.expires_at > now).count().max(1))
 }
 
-/// Inside a transaction: locks the lease rows `names`, in name order (see
-/// the module's *Lock order*), whoever holds them.
-async fn lock_in_order(
-    tx: &mut dyn Tx,
-    dialect: Dialect,
-    names: impl IntoIterator<Item = String>,
-) -> Result<()> {
-    let mut sql = Sql::new(dialect);
-    sql.push("SELECT ")
-        .ident("name")
-        .push(" FROM ")
-        .ident(ddl::LEASES_TABLE)
-        .push(" WHERE ")
-        .ident("name")
-        .in_list(names.into_iter().map(Value::Text))
-        .push(" ORDER BY ")
-        .ident("name")
-        .push(dialect.for_update());
-    tx.rows::<(String,)>(&sql).await?;
-    Ok(())
-}
-
-/// Inside a transaction: locks the rows of `held` (in name order, as
-/// [`lock_in_order`] does) and fails with
+/// Inside a transaction: locks the rows of `held`, in name order (see the
+/// module's *Lock order*), and fails with
 /// [`Error::LeaseLost`] unless each is still held by `holder` with the
 /// same token and has not expired by the database's clock. Everything the transaction does is
 /// thereby fenced: a process that lost a lease cannot commit.

@@ -48,6 +48,48 @@ impl Dialect {
         }
     }
 
+    /// The conditions of an `UPDATE` of several rows whose other lockers
+    /// take them in key order (`SELECT … ORDER BY key FOR UPDATE`) start
+    /// with this, and [`Dialect::update_order`] ends the statement, so that
+    /// the `UPDATE` takes their locks in that order too: two statements
+    /// that lock the same rows in different orders can each wait for the
+    /// other, a deadlock that PostgreSQL finds only after its
+    /// `deadlock_timeout` (a second by default). PostgreSQL locks the rows
+    /// of an `UPDATE` in the order its scan finds them, so they are locked
+    /// first, in order, by `key IN (SELECT key FROM table WHERE key IN
+    /// (…) ORDER BY key FOR UPDATE) AND `; nothing elsewhere.
+    pub fn lock_in_order(
+        self,
+        sql: &mut Sql,
+        table: &str,
+        key: &str,
+        keys: impl IntoIterator<Item = Value>,
+    ) {
+        if self == Dialect::Postgres {
+            sql.ident(key)
+                .push(" IN (SELECT ")
+                .ident(key)
+                .push(" FROM ")
+                .ident(table)
+                .push(" WHERE ")
+                .ident(key)
+                .in_list(keys)
+                .push(" ORDER BY ")
+                .ident(key)
+                .push(" FOR UPDATE) AND ");
+        }
+    }
+
+    /// Ends an `UPDATE` begun with [`Dialect::lock_in_order`]: ` ORDER BY
+    /// key` on MySQL, which locks an `UPDATE`'s rows in the order it
+    /// updates them; nothing elsewhere (SQLite has a single writer and no
+    /// row locks).
+    pub fn update_order(self, sql: &mut Sql, key: &str) {
+        if self == Dialect::MySql {
+            sql.push(" ORDER BY ").ident(key);
+        }
+    }
+
     /// Appends the database's clock, `before` earlier, in the form a
     /// `DateTime` column stores (microseconds since the epoch on SQLite):
     /// lease expiry is judged by the one clock every gateway shares, not by
