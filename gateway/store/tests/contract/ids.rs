@@ -814,9 +814,11 @@ pub async fn a_renewed_lease_cannot_be_taken_over_from_a_stale_read(env: Arc<Env
 pub async fn renewals_and_fences_lock_leases_in_one_order(env: Arc<Env>) {
     use cellgate_store::leases;
     let (backend, _) = flaky(&env, Duration::ZERO).await;
-    // Stored in the reverse of name order, so that a statement locking the
-    // rows as it finds them takes them in the reverse of the fence's order.
     let names: Vec<String> = (0..40).map(|i| format!("test:order:{i:02}")).collect();
+    // Inserted, and below rewritten, from the last name to the first, so
+    // that a statement locking the rows as it finds them, by a scan of the
+    // table or of the rows an index found, takes them in the reverse of
+    // the fences' order.
     for name in names.iter().rev() {
         leases::ensure(backend.as_ref(), std::slice::from_ref(name))
             .await
@@ -824,21 +826,69 @@ pub async fn renewals_and_fences_lock_leases_in_one_order(env: Arc<Env>) {
     }
     let ttl = Duration::from_secs(60);
     let rows = leases::list(backend.as_ref(), "test:order:").await.unwrap();
-    let mut held = leases::acquire_all(backend.as_ref(), &rows, "a", ttl, Duration::ZERO)
+    let held = leases::acquire_all(backend.as_ref(), &rows, "a", ttl, Duration::ZERO)
         .await
         .unwrap();
-    held.sort_by(|a, b| a.name.cmp(&b.name));
     assert_eq!(held.len(), names.len());
 
-    // A pass holds the middle lease's row.
-    let dialect = backend.dialect();
+    let (b, renewing) = (backend.clone(), held.clone());
+    let renewed = behind_two_fences(&backend, &held, async move {
+        leases::renew(b.as_ref(), "a", &renewing, ttl).await
+    })
+    .await;
+    assert_eq!(renewed.len(), names.len(), "renewed: {renewed:?}");
+
+    // A takeover of many: `a` takes its own leases again, raising the tokens.
+    let rows = leases::list(backend.as_ref(), "test:order:").await.unwrap();
+    let b = backend.clone();
+    let taken = behind_two_fences(&backend, &renewed, async move {
+        leases::acquire_all(b.as_ref(), &rows, "a", ttl, Duration::ZERO).await
+    })
+    .await;
+    assert_eq!(taken.len(), names.len(), "taken: {taken:?}");
+
+    let b = backend.clone();
+    behind_two_fences(&backend, &taken, async move {
+        leases::release(b.as_ref(), "a", &names).await
+    })
+    .await;
+    let rows = leases::list(backend.as_ref(), "test:order:").await.unwrap();
+    assert!(rows.iter().all(|r| r.expires_at < chrono::Utc::now()));
+}
+
+/// Runs `operation` on the leases `held` (by `a`) while two passes fence
+/// them: one holds the middle lease's row, the other fences all of them,
+/// so it locks those before the middle one and waits there; the operation
+/// starts behind both. Both passes must commit; returns the operation's
+/// result.
+async fn behind_two_fences<T: Send + 'static>(
+    backend: &Arc<dyn Backend>,
+    held: &[cellgate_store::leases::Lease],
+    operation: impl std::future::Future<Output = cellgate_store::Result<T>> + Send + 'static,
+) -> T {
+    use cellgate_store::leases;
+    let mut held = held.to_vec();
+    held.sort_by(|a, b| a.name.cmp(&b.name));
+    // Each row rewritten alone, from the last name to the first (see the
+    // caller).
+    for lease in held.iter().rev() {
+        let ttl = Duration::from_secs(60);
+        let renewed = leases::renew(backend.as_ref(), "a", std::slice::from_ref(lease), ttl)
+            .await
+            .unwrap();
+        assert_eq!(renewed.len(), 1);
+    }
     let mut middle = backend.begin().await.unwrap();
-    leases::fence(middle.as_mut(), dialect, "a", &held[20..21])
-        .await
-        .unwrap();
-    // Another pass fences all of them: it locks the first half, then waits.
+    leases::fence(
+        middle.as_mut(),
+        backend.dialect(),
+        "a",
+        &held[held.len() / 2..][..1],
+    )
+    .await
+    .unwrap();
     let fence = {
-        let (backend, held) = (backend.clone(), held.clone());
+        let backend = backend.clone();
         tokio::spawn(async move {
             let mut tx = backend.begin().await?;
             leases::fence(tx.as_mut(), backend.dialect(), "a", &held).await?;
@@ -846,53 +896,15 @@ pub async fn renewals_and_fences_lock_leases_in_one_order(env: Arc<Env>) {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // The renewal of all of them queues behind the two passes.
-    let renewal = {
-        let (backend, held) = (backend.clone(), held.clone());
-        tokio::spawn(async move { leases::renew(backend.as_ref(), "a", &held, ttl).await })
-    };
+    let operation = tokio::spawn(operation);
     tokio::time::sleep(Duration::from_millis(300)).await;
     middle.commit().await.unwrap();
-
     fence
         .await
         .unwrap()
         .expect("the fence of every lease commits");
-    let renewed = renewal
+    operation
         .await
         .unwrap()
-        .expect("the renewal of every lease goes through");
-    assert_eq!(renewed.len(), names.len(), "{renewed:?}");
-
-    // A release of many and a takeover of many take the same order.
-    let mut middle = backend.begin().await.unwrap();
-    leases::fence(middle.as_mut(), dialect, "a", &renewed[20..21])
-        .await
-        .unwrap();
-    let fence = {
-        let (backend, renewed) = (backend.clone(), renewed.clone());
-        tokio::spawn(async move {
-            let mut tx = backend.begin().await?;
-            leases::fence(tx.as_mut(), backend.dialect(), "a", &renewed).await?;
-            tx.commit().await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let release = {
-        let backend = backend.clone();
-        tokio::spawn(async move { leases::release(backend.as_ref(), "a", &names).await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    middle.commit().await.unwrap();
-    fence
-        .await
-        .unwrap()
-        .expect("the fence commits before the release");
-    release.await.unwrap().expect("the release goes through");
-    let rows = leases::list(backend.as_ref(), "test:order:").await.unwrap();
-    assert!(rows.iter().all(|r| r.expires_at < chrono::Utc::now()));
-    let taken = leases::acquire_all(backend.as_ref(), &rows, "b", ttl, Duration::ZERO)
-        .await
-        .unwrap();
-    assert_eq!(taken.len(), rows.len());
+        .expect("the operation on every lease goes through")
 }
