@@ -61,8 +61,7 @@ CREATE TABLE IF NOT EXISTS `payments_cells` (
   `body` LONGBLOB NOT NULL,
   `created_at` DATETIME(6) NOT NULL,
   PRIMARY KEY (`shard`, `added_id`),
-  UNIQUE KEY `key` (`row_key`, `column_name`, `ref_key`),
-  KEY `created` (`shard`, `created_at`)
+  UNIQUE KEY `key` (`row_key`, `column_name`, `ref_key`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS `payments_shards` (
@@ -183,8 +182,7 @@ CREATE TABLE IF NOT EXISTS `trips_cells` (
   `body` LONGBLOB NOT NULL,
   `created_at` DATETIME(6) NOT NULL,
   PRIMARY KEY (`shard`, `added_id`),
-  UNIQUE KEY `key` (`row_key`, `column_name`, `ref_key`),
-  KEY `created` (`shard`, `created_at`)
+  UNIQUE KEY `key` (`row_key`, `column_name`, `ref_key`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS `trips_shards` (

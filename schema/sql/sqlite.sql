@@ -66,8 +66,6 @@ CREATE TABLE IF NOT EXISTS "payments_cells" (
 
 CREATE UNIQUE INDEX IF NOT EXISTS "payments_cells_key" ON "payments_cells" ("row_key", "column_name", "ref_key");
 
-CREATE INDEX IF NOT EXISTS "payments_cells_created" ON "payments_cells" ("shard", "created_at");
-
 CREATE TABLE IF NOT EXISTS "payments_shards" (
   "shard" INTEGER NOT NULL,
   "next_added_id" INTEGER NOT NULL,
@@ -202,8 +200,6 @@ CREATE TABLE IF NOT EXISTS "trips_cells" (
 );
 
 CREATE UNIQUE INDEX IF NOT EXISTS "trips_cells_key" ON "trips_cells" ("row_key", "column_name", "ref_key");
-
-CREATE INDEX IF NOT EXISTS "trips_cells_created" ON "trips_cells" ("shard", "created_at");
 
 CREATE TABLE IF NOT EXISTS "trips_shards" (
   "shard" INTEGER NOT NULL,

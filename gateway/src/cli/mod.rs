@@ -86,7 +86,7 @@ pub enum Command {
     /// Write the reference SQL schema of every dialect.
     ///
     /// Writes `<OUT>/sqlite.sql`, `<OUT>/mysql.sql` and `<OUT>/postgres.sql`:
-    /// the cluster tables and the tables of shard 0 of every datastore, as
+    /// the cluster tables and the tables of every datastore, as
     /// `cellgate migrate` would create them. With `--check`, writes nothing
     /// and exits 1 if any file is missing or out of date.
     Ddl(DdlArgs),

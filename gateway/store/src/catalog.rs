@@ -45,7 +45,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::retry::with_retry;
 use crate::shards::format_ranges;
-use crate::storage::{ddl, Backend, Dialect, Sql, Value, MAX_PARAMS};
+use crate::storage::{ddl, Backend, Dialect, Sql, Tx, Value, MAX_PARAMS};
 use crate::topology::{
     index_signature, Cluster, ClusterState, DatastoreRuntime, Defined, Topology,
 };
@@ -495,6 +495,7 @@ async fn prepare_once(
             for stmt in ddl::datastore_ddl(dialect, ds.name()) {
                 tx.execute(&raw(dialect, &stmt)).await?;
             }
+            drop_superseded(tx.as_mut(), dialect, ds.name()).await?;
         }
         for index in &ds.indexes {
             if only_new && recorded(index_item(&index.def.name, index.version)) {
@@ -597,6 +598,19 @@ async fn prepare_once(
     records.extend(superseded);
     write_records(tx.as_mut(), dialect, &records, now).await?;
     tx.commit().await
+}
+
+/// Drops the indexes of `datastore`'s tables that earlier versions
+/// created and this one does not use ([`ddl::superseded_indexes`]).
+async fn drop_superseded(tx: &mut dyn Tx, dialect: Dialect, datastore: &str) -> Result<()> {
+    for index in ddl::superseded_indexes(datastore) {
+        let found = tx.first_row::<(i64,)>(&index.exists(dialect)).await?;
+        if found.is_some_and(|(n,)| n > 0) {
+            tx.execute(&index.drop(dialect)).await?;
+            tracing::info!(datastore, "dropped an index this version no longer uses");
+        }
+    }
+    Ok(())
 }
 
 /// Creates the tables of `ds` (and of its index versions) on a cluster

@@ -104,6 +104,12 @@ pub(crate) async fn cells_for_shard(
 
 /// The `added_id` just before the first cell of `shard` created at or
 /// after `at`; the shard's last `added_id` when there is none.
+///
+/// The cell table has no index on `created_at` (it would cost every write
+/// an insertion for this seek alone): the statement reads the shard's
+/// cells in `added_id` order from its start and stops at the first one
+/// created at or after `at`, so it reads the shard's cells older than
+/// that, once per seek; the pages after it read by `added_id`.
 async fn added_id_before(
     backend: &dyn Backend,
     ds: &DatastoreRuntime,
@@ -111,9 +117,9 @@ async fn added_id_before(
     at: DateTime<Utc>,
 ) -> Result<i64> {
     let mut sql = Sql::new(backend.dialect());
-    sql.push("SELECT MIN(")
+    sql.push("SELECT ")
         .ident("added_id")
-        .push(") FROM ")
+        .push(" FROM ")
         .ident(&ddl::cells_table(ds.name()))
         .push(" WHERE ")
         .ident("shard")
@@ -122,8 +128,11 @@ async fn added_id_before(
         .push(" AND ")
         .ident("created_at")
         .push(" >= ")
-        .bind(Value::DateTime(at));
-    if let Some((Some(id),)) = backend.first_row::<(Option<i64>,)>(&sql).await? {
+        .bind(Value::DateTime(at))
+        .push(" ORDER BY ")
+        .ident("added_id")
+        .push(" LIMIT 1");
+    if let Some((id,)) = backend.first_row::<(i64,)>(&sql).await? {
         return Ok(id - 1);
     }
     let mut sql = Sql::new(backend.dialect());

@@ -38,7 +38,8 @@
 
 use index_dsl::{Datastore, FieldType, Index};
 
-use super::sql::Dialect;
+use super::sql::{Dialect, Sql};
+use super::value::Value;
 
 /// The cluster catalog: what each datastore's tables were built from.
 pub const CATALOG_TABLE: &str = "cellgate_catalog";
@@ -417,10 +418,6 @@ pub fn datastore_ddl(dialect: Dialect, datastore: &str) -> Vec<String> {
     let mut out = table
         .primary_key(&["shard", "added_id"])
         .unique("key", &["row_key", "column_name", "ref_key"])
-        .index(
-            "created",
-            vec![KeyCol::plain("shard"), KeyCol::plain("created_at")],
-        )
         .build();
     let shards = shards_table(datastore);
     out.extend(
@@ -545,6 +542,65 @@ pub fn index_ddl(dialect: Dialect, index: &Index, version: u32) -> Vec<String> {
         }
     }
     def.build()
+}
+
+/// A secondary index of a datastore's tables that earlier versions
+/// created and this one drops at start-up: the cell table's `(shard,
+/// created_at)` b-tree. It served only seeks of a shard's log by time
+/// (`cellsForShard(since:)`), which read the shard's `(shard, added_id)`
+/// range instead, and cost every written cell an index insertion.
+pub struct Superseded {
+    table: String,
+    suffix: &'static str,
+}
+
+/// The indexes of `datastore`'s tables that earlier versions created and
+/// this one does not.
+pub fn superseded_indexes(datastore: &str) -> Vec<Superseded> {
+    vec![Superseded {
+        table: cells_table(datastore),
+        suffix: "created",
+    }]
+}
+
+impl Superseded {
+    /// A statement that counts the index's entries in the database's
+    /// catalog: more than 0 while it exists.
+    pub fn exists(&self, dialect: Dialect) -> Sql {
+        let mut sql = Sql::new(dialect);
+        match dialect {
+            Dialect::Postgres => {
+                sql.push("SELECT COUNT(*) FROM pg_indexes WHERE schemaname = current_schema() AND indexname = ")
+                    .bind(Value::Text(sql_index_name(&self.table, self.suffix)));
+            }
+            Dialect::MySql => {
+                sql.push("SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = ")
+                    .bind(Value::Text(self.table.clone()))
+                    .push(" AND index_name = ")
+                    .bind(Value::Text(self.suffix.to_string()));
+            }
+            Dialect::Sqlite => {
+                sql.push("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = ")
+                    .bind(Value::Text(sql_index_name(&self.table, self.suffix)));
+            }
+        }
+        sql
+    }
+
+    /// The statement that drops the index.
+    pub fn drop(&self, dialect: Dialect) -> Sql {
+        let mut sql = Sql::new(dialect);
+        if dialect == Dialect::MySql {
+            sql.push("ALTER TABLE ")
+                .ident(&self.table)
+                .push(" DROP INDEX ")
+                .ident(self.suffix);
+        } else {
+            sql.push("DROP INDEX ")
+                .ident(&sql_index_name(&self.table, self.suffix));
+        }
+        sql
+    }
 }
 
 /// The statements that drop one index version's table.

@@ -437,7 +437,9 @@ pub(crate) async fn rewind(
 }
 
 /// Per shard, the last `added_id` created before `at` (0 when none), in
-/// one statement on the `(shard, created_at)` index.
+/// one statement that reads the cell table (which has no index on
+/// `created_at`: a rewind to a time is rare, a write's index insertion is
+/// not).
 async fn before(
     backend: &dyn Backend,
     ds: &DatastoreRuntime,

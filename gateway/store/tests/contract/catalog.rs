@@ -486,6 +486,85 @@ pub async fn reads_and_writes_create_no_tables(env: Arc<Env>) {
     );
 }
 
+/// How many indexes called `name` the cell table of `trips` has (its name
+/// on MySQL, where index names are per table, or in the schema elsewhere).
+async fn cell_table_indexes(env: &Env, name: &str) -> i64 {
+    let sql = match env.kind {
+        Kind::Sqlite => format!(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'trips_cells_{name}'"
+        ),
+        Kind::MySql => format!(
+            "SELECT COUNT(DISTINCT index_name) FROM information_schema.statistics \
+             WHERE table_schema = DATABASE() AND table_name = 'trips_cells' AND index_name = '{name}'"
+        ),
+        Kind::Postgres => format!(
+            "SELECT COUNT(*) FROM pg_indexes WHERE schemaname = current_schema() \
+             AND indexname = 'trips_cells_{name}'"
+        ),
+    };
+    crate::harness::scalar(env.kind, &env.url, &sql)
+        .await
+        .unwrap_or(0)
+}
+
+// The cell table's `(shard, created_at)` b-tree, which earlier versions
+// created and every write paid for, is dropped when a gateway starts on
+// their tables; the cells and reads of the log by time are unchanged.
+pub async fn the_cell_tables_time_index_of_earlier_versions_is_dropped(env: Arc<Env>) {
+    let store = env.open().await;
+    assert_eq!(cell_table_indexes(&env, "created").await, 0);
+    assert_eq!(
+        cell_table_indexes(&env, "key").await,
+        1,
+        "the query names the indexes the table has"
+    );
+    let row = Uuid::new_v4();
+    let shard = cellgate_store::shards::row_shard(&row, crate::harness::TRIP_SHARDS);
+    let before = chrono::Utc::now() - chrono::Duration::seconds(1);
+    store
+        .put_cell(
+            "trips",
+            NewCell {
+                row_key: row,
+                column: "BASE".into(),
+                ref_key: 1,
+                body: json!({"a": 1}),
+            },
+        )
+        .await
+        .unwrap();
+    drop(store);
+    let create = match env.kind {
+        Kind::MySql => "ALTER TABLE trips_cells ADD KEY created (shard, created_at)",
+        _ => "CREATE INDEX trips_cells_created ON trips_cells (shard, created_at)",
+    };
+    crate::harness::execute(env.kind, &env.url, create).await;
+    assert_eq!(cell_table_indexes(&env, "created").await, 1);
+
+    let store = env.open().await;
+    assert_eq!(
+        cell_table_indexes(&env, "created").await,
+        0,
+        "dropped at start-up"
+    );
+    let log = store
+        .cells_for_shard("trips", shard, Location::Timestamp(before), 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        log.cells.iter().map(|c| c.row_key).collect::<Vec<_>>(),
+        vec![row]
+    );
+    drop(store);
+    // A start without it has nothing to drop.
+    let store = env.open().await;
+    assert!(store
+        .get_cell_latest("trips", row, "BASE")
+        .await
+        .unwrap()
+        .is_some());
+}
+
 /// Creates a table of the per-shard layout of earlier versions.
 async fn v1_table(
     backend: &dyn cellgate_store::storage::Backend,

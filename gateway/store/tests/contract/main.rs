@@ -119,6 +119,7 @@ contract_suite!(
     a_field_without_a_b_tree_filters_but_cannot_order,
     an_index_build_reports_its_progress,
     reads_and_writes_create_no_tables,
+    the_cell_tables_time_index_of_earlier_versions_is_dropped,
     concurrent_batches_on_overlapping_shards,
     writers_racing_for_the_same_keys,
     unstorable_values_do_not_stall_a_shard,
@@ -560,6 +561,25 @@ async fn log_pages_in_insertion_order(env: Arc<Env>) {
         .await
         .unwrap();
     assert!(none.cells.is_empty());
+    // From a time between writes: exactly the cells written after it, the
+    // shard's older cells skipped.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let between = chrono::Utc::now();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    for ref_key in 100..103 {
+        store
+            .put_cell("trips", cell(row, "NOTES", ref_key, json!({"r": ref_key})))
+            .await
+            .unwrap();
+    }
+    let later = store
+        .cells_for_shard("trips", shard, Location::Timestamp(between), 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        later.cells.iter().map(|c| c.ref_key).collect::<Vec<_>>(),
+        vec![100, 101, 102]
+    );
     let err = store
         .cells_for_shard("trips", harness::TRIP_SHARDS, Location::AddedId(0), 10)
         .await
