@@ -45,7 +45,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::retry::with_retry;
 use crate::shards::format_ranges;
-use crate::storage::{ddl, Backend, Dialect, Sql, Tx, Value, MAX_PARAMS};
+use crate::storage::{ddl, Backend, Dialect, Sql, Value, MAX_PARAMS};
 use crate::topology::{
     index_signature, Cluster, ClusterState, DatastoreRuntime, Defined, Topology,
 };
@@ -422,6 +422,7 @@ pub(crate) async fn prepare(
         prepare_once(&datastores, cluster, backend, catalog, false)
     })
     .await?;
+    drop_superseded(&datastores, cluster).await;
     if let Some(query) = backend.dialect().buffer_pool_size_query() {
         warn_of_a_default_buffer_pool(cluster, backend, query).await;
     }
@@ -495,7 +496,6 @@ async fn prepare_once(
             for stmt in ddl::datastore_ddl(dialect, ds.name()) {
                 tx.execute(&raw(dialect, &stmt)).await?;
             }
-            drop_superseded(tx.as_mut(), dialect, ds.name()).await?;
         }
         for index in &ds.indexes {
             if only_new && recorded(index_item(&index.def.name, index.version)) {
@@ -600,17 +600,65 @@ async fn prepare_once(
     tx.commit().await
 }
 
-/// Drops the indexes of `datastore`'s tables that earlier versions
-/// created and this one does not use ([`ddl::superseded_indexes`]).
-async fn drop_superseded(tx: &mut dyn Tx, dialect: Dialect, datastore: &str) -> Result<()> {
-    for index in ddl::superseded_indexes(datastore) {
-        let found = tx.first_row::<(i64,)>(&index.exists(dialect)).await?;
-        if found.is_some_and(|(n,)| n > 0) {
-            tx.execute(&index.drop(dialect)).await?;
-            tracing::info!(datastore, "dropped an index this version no longer uses");
+/// How long a start waits for the table lock that dropping an index of
+/// an earlier version takes, while the statements of other gateways on
+/// the table queue behind it.
+const DROP_LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// Drops the indexes of the datastores' tables on `cluster` that earlier
+/// versions created and this one does not use
+/// ([`ddl::superseded_indexes`]). One that cannot be dropped now (a
+/// transaction on the table held the lock longer than [`DROP_LOCK_WAIT`],
+/// or the database failed) stays, costing writes what it did before, and
+/// the next start tries again.
+async fn drop_superseded(datastores: &[Arc<DatastoreRuntime>], cluster: &Cluster) {
+    let backend = cluster.master.as_ref();
+    for ds in datastores {
+        if ds.map().ranges_of(cluster.index).is_empty() {
+            continue;
+        }
+        for index in ddl::superseded_indexes(ds.name()) {
+            match drop_one(backend, &index).await {
+                Ok(true) => tracing::info!(
+                    cluster = %cluster.name,
+                    datastore = %ds.name(),
+                    "dropped an index of an earlier version that this one does not use"
+                ),
+                Ok(false) => {}
+                Err(err) => tracing::warn!(
+                    cluster = %cluster.name,
+                    datastore = %ds.name(),
+                    error = %err,
+                    "an index of an earlier version could not be dropped now (a transaction on \
+                     its table held the lock); the next start tries again"
+                ),
+            }
         }
     }
-    Ok(())
+}
+
+/// Drops `index` if it exists; true when it did.
+async fn drop_one(backend: &dyn Backend, index: &ddl::Superseded) -> Result<bool> {
+    let dialect = backend.dialect();
+    let mut tx = backend.begin().await?;
+    let found = tx.first_row::<(i64,)>(&index.exists(dialect)).await?;
+    if found.is_none_or(|(n,)| n <= 0) {
+        tx.commit().await?;
+        return Ok(false);
+    }
+    let mut outcome = Ok(0);
+    for sql in index.drop(dialect, DROP_LOCK_WAIT) {
+        outcome = tx.execute(&sql).await;
+        if outcome.is_err() {
+            break;
+        }
+    }
+    if let Some(restore) = index.restore(dialect) {
+        tx.execute(&restore).await?;
+    }
+    outcome?;
+    tx.commit().await?;
+    Ok(true)
 }
 
 /// Creates the tables of `ds` (and of its index versions) on a cluster

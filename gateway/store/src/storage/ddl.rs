@@ -587,19 +587,53 @@ impl Superseded {
         sql
     }
 
-    /// The statement that drops the index.
-    pub fn drop(&self, dialect: Dialect) -> Sql {
-        let mut sql = Sql::new(dialect);
-        if dialect == Dialect::MySql {
-            sql.push("ALTER TABLE ")
-                .ident(&self.table)
-                .push(" DROP INDEX ")
-                .ident(self.suffix);
-        } else {
-            sql.push("DROP INDEX ")
-                .ident(&sql_index_name(&self.table, self.suffix));
+    /// The statements, in one transaction, that drop the index unless
+    /// that waits for a lock on the table longer than `wait`: dropping it
+    /// locks the table against every other statement, and statements
+    /// queue behind a drop that waits (for a long transaction reading the
+    /// table), so the wait is bounded and the drop fails instead.
+    /// [`Superseded::restore`] follows them, whatever their outcome.
+    pub fn drop(&self, dialect: Dialect, wait: std::time::Duration) -> Vec<Sql> {
+        let mut bound = Sql::new(dialect);
+        let mut drop = Sql::new(dialect);
+        match dialect {
+            Dialect::Postgres => {
+                bound.push(&format!(
+                    "SET LOCAL lock_timeout = {}",
+                    wait.as_millis().max(1)
+                ));
+                drop.push("DROP INDEX ")
+                    .ident(&sql_index_name(&self.table, self.suffix));
+            }
+            Dialect::MySql => {
+                bound.push(&format!(
+                    "SET SESSION lock_wait_timeout = {}",
+                    wait.as_secs().max(1)
+                ));
+                drop.push("ALTER TABLE ")
+                    .ident(&self.table)
+                    .push(" DROP INDEX ")
+                    .ident(self.suffix);
+            }
+            // One writer, which waits for the database's busy timeout;
+            // readers do not hold the drop up.
+            Dialect::Sqlite => {
+                drop.push("DROP INDEX ")
+                    .ident(&sql_index_name(&self.table, self.suffix));
+                return vec![drop];
+            }
         }
-        sql
+        vec![bound, drop]
+    }
+
+    /// The statement that undoes the bound of [`Superseded::drop`] where
+    /// it outlives the transaction (MySQL's session variable).
+    pub fn restore(&self, dialect: Dialect) -> Option<Sql> {
+        (dialect == Dialect::MySql).then(|| {
+            let mut sql = Sql::new(dialect);
+            sql.push("SET SESSION lock_wait_timeout = DEFAULT");
+            sql
+        })
     }
 }
 

@@ -541,6 +541,25 @@ pub async fn the_cell_tables_time_index_of_earlier_versions_is_dropped(env: Arc<
     crate::harness::execute(env.kind, &env.url, create).await;
     assert_eq!(cell_table_indexes(&env, "created").await, 1);
 
+    // A transaction reading the table holds the drop's lock: the start
+    // does not wait for it (statements of other gateways would queue
+    // behind the waiting drop), and leaves the index to the next start.
+    if let Some(reader) =
+        crate::harness::read_in_open_transaction(env.kind, &env.url, "trips_cells").await
+    {
+        let store = tokio::time::timeout(std::time::Duration::from_secs(60), env.open())
+            .await
+            .expect("the start waits for the reader's transaction to end");
+        assert_eq!(cell_table_indexes(&env, "created").await, 1);
+        assert!(store
+            .get_cell_latest("trips", row, "BASE")
+            .await
+            .unwrap()
+            .is_some());
+        drop(store);
+        drop(reader);
+    }
+
     let store = env.open().await;
     assert_eq!(
         cell_table_indexes(&env, "created").await,

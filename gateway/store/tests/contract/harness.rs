@@ -357,6 +357,40 @@ pub async fn lock_table(kind: Kind, url: &str, table: &str) -> Box<dyn std::any:
     }
 }
 
+/// Holds a transaction that has read `table` of the database at `url`,
+/// until the returned connection is dropped: it keeps the table's lock
+/// that reads take (PostgreSQL's `ACCESS SHARE`, MySQL's shared metadata
+/// lock), which DDL on the table waits for. `None` on SQLite, where
+/// readers do not hold DDL up.
+pub async fn read_in_open_transaction(
+    kind: Kind,
+    url: &str,
+    table: &str,
+) -> Option<Box<dyn std::any::Any + Send>> {
+    let read = format!("SELECT COUNT(*) FROM {table}");
+    match kind {
+        Kind::Sqlite => None,
+        Kind::MySql => {
+            let mut conn = sqlx::MySqlConnection::connect(url).await.expect("connect");
+            sqlx::query("START TRANSACTION")
+                .execute(&mut conn)
+                .await
+                .expect("begin");
+            sqlx::query(&read).execute(&mut conn).await.expect("read");
+            Some(Box::new(conn))
+        }
+        Kind::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+            sqlx::query("BEGIN")
+                .execute(&mut conn)
+                .await
+                .expect("begin");
+            sqlx::query(&read).execute(&mut conn).await.expect("read");
+            Some(Box::new(conn))
+        }
+    }
+}
+
 /// Instantiates every listed contract test for SQLite, MySQL and PostgreSQL.
 #[macro_export]
 macro_rules! contract_suite {
