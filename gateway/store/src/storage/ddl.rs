@@ -564,8 +564,8 @@ pub fn superseded_indexes(datastore: &str) -> Vec<Superseded> {
 }
 
 impl Superseded {
-    /// A statement that counts the index's entries in the database's
-    /// catalog: more than 0 while it exists.
+    /// A statement that counts the rows of the database's catalog that
+    /// name the index: more than 0 while it exists.
     pub fn exists(&self, dialect: Dialect) -> Sql {
         let mut sql = Sql::new(dialect);
         match dialect {
