@@ -522,15 +522,7 @@ pub async fn the_cell_tables_time_index_of_earlier_versions_is_dropped(env: Arc<
     let shard = cellgate_store::shards::row_shard(&row, crate::harness::TRIP_SHARDS);
     let before = chrono::Utc::now() - chrono::Duration::seconds(1);
     store
-        .put_cell(
-            "trips",
-            NewCell {
-                row_key: row,
-                column: "BASE".into(),
-                ref_key: 1,
-                body: json!({"a": 1}),
-            },
-        )
+        .put_cell("trips", crate::cell(row, "BASE", 1, json!({"a": 1})))
         .await
         .unwrap();
     drop(store);
