@@ -1070,3 +1070,57 @@ async fn prune_keeps_a_version_while_a_buffer_copy_of_it_waits() {
     );
     store.shutdown(std::time::Duration::from_secs(5)).await;
 }
+
+/// The executions of a prepared statement that `pg_prepared_statements`
+/// counts as (generic, custom) plans, after running `SELECT $1 + 1` eight
+/// times with different values on a one-connection pool of `url`.
+async fn plans_of_eight_executions(url: &str) -> (i64, i64) {
+    use cellgate_store::storage::{self, ColType, ConnectOptions, Dialect, Sql, Value};
+    let options = ConnectOptions {
+        cluster: "main".to_string(),
+        max_connections: 1,
+        acquire_timeout: std::time::Duration::from_secs(10),
+        statement_timeout: std::time::Duration::from_secs(10),
+        background: false,
+    };
+    let backend = storage::connect(url, &options)
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    for n in 0..8 {
+        let mut sql = Sql::new(Dialect::Postgres);
+        sql.push("SELECT ").bind(Value::Int(n)).push(" + 1");
+        let rows = backend.fetch(&sql, &[ColType::Int]).await.unwrap();
+        assert_eq!(rows[0][0], Value::Int(n + 1));
+    }
+    // The pool's only connection: the session that prepared the statement.
+    let mut sql = Sql::new(Dialect::Postgres);
+    sql.push(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
+         WHERE statement = 'SELECT $1 + 1'",
+    );
+    let rows = backend
+        .fetch(&sql, &[ColType::Int, ColType::Int])
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    match (&rows[0][0], &rows[0][1]) {
+        (Value::Int(generic), Value::Int(custom)) => (*generic, *custom),
+        other => panic!("{other:?}"),
+    }
+}
+
+// PostgreSQL planned every execution of an index page again for its values
+// (its default `plan_cache_mode`), which cost a third of its CPU per page.
+#[tokio::test]
+async fn postgres_statements_are_planned_once_per_connection_unless_the_url_says_otherwise() {
+    let Ok(url) = std::env::var("CELLGATE_TEST_POSTGRES_URL") else {
+        eprintln!("skipped: CELLGATE_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    assert_eq!(plans_of_eight_executions(&url).await, (8, 0));
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let auto = format!("{url}{separator}options=-c%20plan_cache_mode%3Dauto");
+    let (_, custom) = plans_of_eight_executions(&auto).await;
+    // `auto` plans the first five executions for their values.
+    assert!(custom >= 5, "{custom}");
+}

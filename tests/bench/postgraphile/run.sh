@@ -360,7 +360,10 @@ pgbench_run() {
   local workload="$1" c="$2" seconds="$3" stem="$4" log=("${@:5}") defines=() line
   while IFS= read -r line; do defines+=(-D "$line"); done \
     < <(bench pgbench-args "$workload")
-  timeout $((seconds + 120)) pgbench -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" -n -M prepared \
+  # The session settings cellgate's own connections start with
+  # (gateway/store/src/storage/postgres.rs).
+  PGOPTIONS="-c jit=off -c plan_cache_mode=force_generic_plan" \
+    timeout $((seconds + 120)) pgbench -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" -n -M prepared \
     -c "$c" -j 2 -T "$seconds" "${defines[@]}" "${log[@]}" \
     -f "$WORK/pgbench/$workload.sql" "$DB" >"$stem.out" 2>&1 \
     || { cat "$stem.out" >&2; fail "pgbench $workload c$c"; }

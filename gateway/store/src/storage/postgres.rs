@@ -37,6 +37,7 @@ impl PostgresBackend {
             // (triggered by the cost estimates of large `IN`/`VALUES`
             // lists) would add a hundred milliseconds or more to each.
             .options([("jit", "off")]);
+        let connect = with_generic_plans(connect);
         let connect = if options.background {
             sqlx::ConnectOptions::disable_statement_logging(connect)
         } else {
@@ -59,6 +60,29 @@ impl PostgresBackend {
             background: options.background,
         })
     }
+}
+
+/// `plan_cache_mode=force_generic_plan`, unless the URL's `options`
+/// choose a mode themselves.
+///
+/// Every statement is prepared once per connection and executed with new
+/// values. By default PostgreSQL plans each execution again for its values
+/// when the plan it would keep is estimated dearer than those, which for an
+/// index page (a range and a residual filter under a `LIMIT`) it always is,
+/// though both plans walk the same b-tree: the planning was a third of the
+/// server's CPU for such a page. cellgate's statements are index range
+/// scans whose b-tree the statement's shape decides, not its values; an
+/// index with several sorted fields and a page that ranges on one and
+/// sorts by another is where the values could matter, and
+/// `?options=-c%20plan_cache_mode%3Dauto` in the URL restores the default.
+fn with_generic_plans(connect: PgConnectOptions) -> PgConnectOptions {
+    if connect
+        .get_options()
+        .is_some_and(|options| options.contains("plan_cache_mode"))
+    {
+        return connect;
+    }
+    connect.options([("plan_cache_mode", "force_generic_plan")])
 }
 
 fn bind<'q>(
