@@ -41,9 +41,7 @@ use super::scalars;
 use crate::consistency::{ReadSpec, Served};
 use crate::limits::GraphqlLimits;
 use crate::names::camel;
-use crate::schema::{
-    entry_value, index_query, shard_arguments, Arguments, CellField, PAGE_INFO_FIELDS,
-};
+use crate::schema::{index_query, shard_arguments, Arguments, CellField, PAGE_INFO_FIELDS};
 use crate::variables::RequestVariables;
 use cellgate_store::cells::Cell;
 use cellgate_store::indexes::{IndexEntry, IndexPage, IndexQuery};
@@ -527,7 +525,7 @@ fn write_edge(out: &mut Vec<u8>, edge: &[EdgeField], entry: &IndexEntry, cells: 
                         }
                         NodeField::Index(name, field) => {
                             key(out, name);
-                            value(out, &entry_value(entry, field));
+                            index_value(out, entry, field);
                         }
                         NodeField::Row(name, row) => {
                             key(out, name);
@@ -540,6 +538,15 @@ fn write_edge(out: &mut Vec<u8>, edge: &[EdgeField], entry: &IndexEntry, cells: 
         }
     }
     out.push(b'}');
+}
+
+/// The index field `name` (as in the definitions) of an entry, as the
+/// executor answers it (`schema/index.rs`).
+fn index_value(out: &mut Vec<u8>, entry: &IndexEntry, name: &str) {
+    match entry.field(name) {
+        Some(v) => scalars::write_sql_json(out, v),
+        None => out.extend_from_slice(b"null"),
+    }
 }
 
 fn write_row(out: &mut Vec<u8>, row: &[RowField], row_key: Uuid, cells: &Cells) {

@@ -3,25 +3,20 @@
 
 /// `snake_case` or `SCREAMING_CASE` to `camelCase`.
 pub fn camel(name: &str) -> String {
-    let mut out = String::new();
+    let mut out = String::with_capacity(name.len());
     for (i, part) in name.split('_').filter(|p| !p.is_empty()).enumerate() {
-        let lower = if part.chars().any(|c| c.is_ascii_lowercase()) {
-            part.to_string()
-        } else {
-            part.to_ascii_lowercase()
-        };
-        if i == 0 {
-            let mut chars = lower.chars();
-            if let Some(first) = chars.next() {
+        // A part without a lowercase letter is read as all lowercase.
+        let keep = part.chars().any(|c| c.is_ascii_lowercase());
+        let mut chars = part
+            .chars()
+            .map(|c| if keep { c } else { c.to_ascii_lowercase() });
+        if let Some(first) = chars.next() {
+            if i == 0 {
                 out.extend(first.to_lowercase());
-                out.push_str(chars.as_str());
-            }
-        } else {
-            let mut chars = lower.chars();
-            if let Some(first) = chars.next() {
+            } else {
                 out.extend(first.to_uppercase());
-                out.push_str(chars.as_str());
             }
+            out.extend(chars);
         }
     }
     out

@@ -90,7 +90,11 @@ pub fn int64_value(v: i64) -> Value {
 }
 
 pub fn datetime_value(t: DateTime<Utc>) -> Value {
-    Value::String(t.to_rfc3339_opts(SecondsFormat::AutoSi, true))
+    Value::String(datetime_text(t))
+}
+
+fn datetime_text(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
 }
 
 /// A GraphQL input value (a cell body) as JSON, converted node by node
@@ -149,6 +153,30 @@ pub fn sql_value(value: &SqlValue) -> Value {
     }
 }
 
+/// Writes the JSON of [`sql_value`]`(value)`, byte for byte as serde_json
+/// writes that value, without building it: the compiled reads write every
+/// index field of a page this way.
+pub fn write_sql_json(out: &mut Vec<u8>, value: &SqlValue) {
+    use std::io::Write as _;
+    // Writing to a `Vec` cannot fail.
+    let _ = match value {
+        SqlValue::Null(_) => out.write_all(b"null"),
+        SqlValue::Bool(b) => out.write_all(if *b { b"true" } else { b"false" }),
+        // Int64 is a string; its digits need no escape.
+        SqlValue::Int(i) => write!(out, "\"{i}\""),
+        // serde_json writes a non-finite float as null, as `sql_value`
+        // makes it.
+        SqlValue::Float(f) => serde_json::to_writer(&mut *out, f).map_err(Into::into),
+        SqlValue::Text(s) => serde_json::to_writer(&mut *out, s).map_err(Into::into),
+        SqlValue::Uuid(u) => write!(out, "\"{}\"", u.hyphenated()),
+        // RFC 3339 needs no escape either.
+        SqlValue::DateTime(t) => write!(out, "\"{}\"", datetime_text(*t)),
+        SqlValue::Bytes(_) | SqlValue::Array(..) => {
+            serde_json::to_writer(&mut *out, &sql_value(value)).map_err(Into::into)
+        }
+    };
+}
+
 fn base64_encode(bytes: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -178,5 +206,42 @@ mod conversion_tests {
             Value::Binary(vec![1u8, 2].into()),
         ]);
         assert_eq!(json_from_value(&other), other.clone().into_json().unwrap());
+    }
+
+    #[test]
+    fn sql_values_are_written_as_their_graphql_values_serialize() {
+        use cellgate_store::storage::ColType;
+        let t = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc);
+        let values = [
+            SqlValue::Null(ColType::Float),
+            SqlValue::Bool(true),
+            SqlValue::Bool(false),
+            SqlValue::Int(0),
+            SqlValue::Int(i64::MIN),
+            SqlValue::Int(i64::MAX),
+            SqlValue::Float(-0.0),
+            SqlValue::Float(1e300),
+            SqlValue::Float(10.0 + 1.0 / 3.0),
+            SqlValue::Float(f64::NAN),
+            SqlValue::Float(f64::NEG_INFINITY),
+            SqlValue::Text(String::new()),
+            SqlValue::Text("quote \" backslash \\ nul \u{0} \u{1f} ünïcode \u{1F697}".into()),
+            SqlValue::Uuid(Uuid::new_v4()),
+            SqlValue::DateTime(t("2024-05-01T08:00:00+02:00")),
+            SqlValue::DateTime(t("2024-05-01T08:00:00.007+00:00")),
+            SqlValue::DateTime(t("1970-01-01T00:00:00.123456Z")),
+            SqlValue::Bytes(vec![0, 1, 254, 255]),
+            SqlValue::Array(ColType::Int, vec![SqlValue::Int(1), SqlValue::Int(-2)]),
+        ];
+        for value in values {
+            let mut written = Vec::new();
+            write_sql_json(&mut written, &value);
+            let serialized = serde_json::to_vec(&sql_value(&value)).unwrap();
+            assert_eq!(
+                String::from_utf8(written).unwrap(),
+                String::from_utf8(serialized).unwrap(),
+                "{value:?}"
+            );
+        }
     }
 }

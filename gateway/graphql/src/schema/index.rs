@@ -271,12 +271,8 @@ pub(super) fn index_types(
 }
 
 /// The value of the index field `name` (as in the definitions) of an entry.
-pub(crate) fn entry_value(entry: &IndexEntry, name: &str) -> Value {
-    entry
-        .fields
-        .iter()
-        .find(|(n, _)| n == name)
-        .map_or(Value::Null, |(_, v)| sql_value(v))
+fn entry_value(entry: &IndexEntry, name: &str) -> Value {
+    entry.field(name).map_or(Value::Null, sql_value)
 }
 
 /// The arguments of an index field naming its shard field's value, and a

@@ -53,7 +53,7 @@ use crate::names::*;
 
 pub(crate) use self::arguments::{index_query, Arguments};
 pub(crate) use self::cell::CellField;
-pub(crate) use self::index::{entry_value, shard_arguments, PAGE_INFO_FIELDS};
+pub(crate) use self::index::{shard_arguments, PAGE_INFO_FIELDS};
 pub(crate) use self::put::PutOutcome;
 
 /// Marker parent value of `Query.<datastore>`.

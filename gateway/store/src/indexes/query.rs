@@ -43,6 +43,11 @@ pub struct IndexEntry {
 }
 
 impl IndexEntry {
+    /// The value of the projected field `name` (as in the definitions).
+    pub fn field(&self, name: &str) -> Option<&Value> {
+        self.fields.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
     /// The opaque cursor of this entry, for `after`.
     pub fn cursor(&self) -> String {
         cursor::encode(self.signature, &self.position)

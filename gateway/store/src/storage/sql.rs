@@ -30,13 +30,23 @@ impl Dialect {
     /// Quotes an identifier that has already been validated against
     /// `[A-Za-z_][A-Za-z0-9_]*`; quoting guards against reserved words.
     pub fn quote(self, ident: &str) -> String {
+        let mut quoted = String::with_capacity(ident.len() + 2);
+        self.quote_into(&mut quoted, ident);
+        quoted
+    }
+
+    /// Appends `ident`, quoted as [`Dialect::quote`] quotes it, to `out`.
+    fn quote_into(self, out: &mut String, ident: &str) {
         debug_assert!(ident
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_'));
-        match self {
-            Dialect::MySql => format!("`{ident}`"),
-            Dialect::Sqlite | Dialect::Postgres => format!("\"{ident}\""),
-        }
+        let quote = match self {
+            Dialect::MySql => '`',
+            Dialect::Sqlite | Dialect::Postgres => '"',
+        };
+        out.push(quote);
+        out.push_str(ident);
+        out.push(quote);
     }
 
     /// `FOR UPDATE` where the database has row locks; SQLite has a single
@@ -506,8 +516,7 @@ impl Sql {
 
     /// Appends a quoted identifier.
     pub fn ident(&mut self, ident: &str) -> &mut Self {
-        let quoted = self.dialect.quote(ident);
-        self.text.push_str(&quoted);
+        self.dialect.quote_into(&mut self.text, ident);
         self
     }
 
