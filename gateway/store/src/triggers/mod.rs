@@ -249,7 +249,8 @@ impl ConsumerState {
 }
 
 /// A running consumer. Dropping it leaves it running until the store
-/// shuts down; [`Consumer::stop`] stops it.
+/// shuts down or is dropped, when it ends after the batch in flight;
+/// [`Consumer::stop`] stops it.
 pub struct Consumer {
     state: Arc<ConsumerState>,
 }
@@ -315,6 +316,20 @@ pub(crate) fn start(
         tasks.push(tokio::spawn(worker.run(shutdown.clone())));
     }
     *state.tasks.lock().expect("tasks") = tasks;
+    // The store's shutdown, or the store dropped without one (a gateway
+    // that dies), stops the consumer as [`Consumer::stop`] does: its
+    // workers look at `stop` between batches, where a round with more
+    // cells to deliver would not look at the store.
+    let (mut store_stopped, mut consumer_stopped) = (shutdown, state.stop.subscribe());
+    let stopping = state.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = store_stopped.changed() => {
+                let _ = stopping.stop.send(true);
+            }
+            _ = consumer_stopped.changed() => {}
+        }
+    });
     Ok((
         Consumer {
             state: state.clone(),

@@ -155,6 +155,7 @@ contract_suite!(
     a_refused_cell_is_quarantined_and_its_shard_moves_on,
     a_consumer_stops_past_its_quarantine_limit,
     two_gateways_share_a_consumer_and_one_takes_over_when_the_other_goes,
+    a_dropped_store_delivers_nothing_after_the_batch_in_flight,
     many_followers_cost_one_log_read_per_commit,
     a_follower_resuming_from_a_cursor_gets_everything_after_it,
     a_follower_that_lags_the_broadcast_catches_up_from_the_log,

@@ -1,8 +1,9 @@
 //! Trigger consumers (`triggers/`): every cell of the followed columns
 //! delivered in per-shard order, progress kept across restarts, rewinds,
 //! the quarantine of a cell the handler keeps refusing (and its retry), a
-//! consumer that stops past its quarantine limit, and two gateways sharing
-//! one consumer's shards, one taking over when the other goes.
+//! consumer that stops past its quarantine limit, two gateways sharing
+//! one consumer's shards, one taking over when the other goes, and a
+//! dropped store that stops delivering.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -365,4 +366,53 @@ pub async fn two_gateways_share_a_consumer_and_one_takes_over_when_the_other_goe
     assert_shard_order(&seen_b.lock().unwrap());
     consumer_b.stop().await;
     b.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A store dropped without a shutdown (a gateway that dies) stops its
+/// consumer's workers once the batch in flight is handled, though cells
+/// are still waiting: the gateway that takes the shards over delivers
+/// them, not the one that went.
+pub async fn a_dropped_store_delivers_nothing_after_the_batch_in_flight(env: Arc<Env>) {
+    let a = env.open().await;
+    write(&a, 200, json!({"n": 1})).await;
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (entered, mut first_call) = tokio::sync::mpsc::channel::<()>(1);
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let handler: Handler = {
+        let (calls, release) = (calls.clone(), release.clone());
+        Arc::new(move |_delivery: Delivery| {
+            let (calls, release, entered) = (calls.clone(), release.clone(), entered.clone());
+            Box::pin(async move {
+                if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                    let _ = entered.send(()).await;
+                    let _ = release.acquire().await.map(|p| p.forget());
+                }
+                Ok(())
+            })
+        })
+    };
+    let consumer = a
+        .start_consumer(
+            ConsumerOptions {
+                batch_size: 10,
+                ..options("dropped")
+            },
+            handler,
+        )
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), first_call.recv())
+        .await
+        .expect("the first batch is delivered");
+    // The gateway dies while its handler holds a batch of 10 with 190 cells
+    // still to deliver.
+    drop(consumer);
+    drop(a);
+    release.add_permits(1);
+    // Long enough for several more batches if the workers went on.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "a dropped store's consumer handed its handler more batches"
+    );
 }
