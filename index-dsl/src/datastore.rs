@@ -3,6 +3,8 @@
 //! A datastore comes from `datastores/<name>/datastore.yaml` plus its index and trigger files. The shard count
 //! is part of the definition because it is fixed at creation: changing it would move every cell.
 
+use std::sync::Arc;
+
 use crate::index::Index;
 use crate::trigger::Trigger;
 
@@ -17,8 +19,9 @@ pub struct Datastore {
     pub description: Option<String>,
     /// The declared columns, in declaration order.
     pub columns: Vec<Column>,
-    /// The secondary indexes, sorted by name.
-    pub indexes: Vec<Index>,
+    /// The secondary indexes, sorted by name; shared, so a query plan
+    /// holds its index without copying it.
+    pub indexes: Vec<Arc<Index>>,
     /// The webhook triggers, sorted by name.
     pub triggers: Vec<Trigger>,
 }
@@ -30,7 +33,7 @@ impl Datastore {
     }
 
     /// The index called `name` (its `table`), if any.
-    pub fn index(&self, name: &str) -> Option<&Index> {
+    pub fn index(&self, name: &str) -> Option<&Arc<Index>> {
         self.indexes.iter().find(|i| i.name == name)
     }
 

@@ -347,7 +347,7 @@ fn check_datastore(
         }
         seen.insert(folded, &file.path);
         if let Some(index) = validate::index(file, &ctx, &raw, out) {
-            indexes.push(index);
+            indexes.push(std::sync::Arc::new(index));
         }
     }
 

@@ -80,7 +80,7 @@ enum Form {
 struct IndexRead {
     variables: Vec<Variable>,
     datastore: Arc<str>,
-    index: Index,
+    index: Arc<Index>,
     /// Response keys of the datastore field and of the index field.
     datastore_key: String,
     index_key: String,

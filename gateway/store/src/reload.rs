@@ -328,7 +328,7 @@ pub(crate) async fn retire(
 fn previous_version(
     served: &[&Arc<IndexRuntime>],
     plan: &catalog::IndexPlan,
-) -> Option<(u32, index_dsl::Index)> {
+) -> Option<(u32, Arc<index_dsl::Index>)> {
     served
         .iter()
         .filter(|i| i.version != plan.version && i.is_ready())

@@ -912,7 +912,7 @@ proptest! {
                 let city = Uuid::from_u128(0xc000 + d as u128);
                 let query = IndexQuery { index: "city_trips_index".into(), shard_values: vec![Literal::String(city.to_string())], first: Some(100), ..Default::default() };
                 let page = store.query_index("trips", &query).await.unwrap();
-                let got: BTreeMap<Uuid, cellgate_store::storage::Value> = page.entries.iter().map(|e| (e.row_key, e.fields.iter().find(|f| f.0 == "status").unwrap().1.clone())).collect();
+                let got: BTreeMap<Uuid, cellgate_store::storage::Value> = page.entries.iter().map(|e| (e.row_key, e.fields.iter().find(|f| &*f.0 == "status").unwrap().1.clone())).collect();
                 let want: BTreeMap<Uuid, cellgate_store::storage::Value> = expected.iter().map(|row| {
                     let r = rows.iter().position(|x| x == row).unwrap();
                     let status = latest(r, false).map_or(cellgate_store::storage::Value::Null(cellgate_store::storage::ColType::Text), |s| cellgate_store::storage::Value::Text(status_body(s)["status"].as_str().unwrap().into()));

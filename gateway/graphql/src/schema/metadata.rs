@@ -265,7 +265,7 @@ pub(super) fn datastores_field(defs: &index_dsl::Definitions) -> Field {
                     ),
                     (
                         "indexes",
-                        Value::List(d.indexes.iter().map(index_info).collect()),
+                        Value::List(d.indexes.iter().map(|i| index_info(i)).collect()),
                     ),
                 ])
             })

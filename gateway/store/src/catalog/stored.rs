@@ -174,7 +174,7 @@ where: 'status = "completed" and fare.total > 2.5 and STATUS.reason != "test"'
         let text = serde_json::to_string(&stored).unwrap();
         let read: StoredIndex = serde_json::from_str(&text).unwrap();
         let restored = read.restore(ds, "by_city", &signature).expect("restores");
-        let mut expected = index.clone();
+        let mut expected = (**index).clone();
         expected.description = None;
         assert_eq!(restored.fields, expected.fields);
         assert_eq!(restored.shard_field, expected.shard_field);

@@ -8,6 +8,7 @@
 //! other condition becomes a predicate of the per-shard SQL.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use index_dsl::{CompareOp, Condition, Datastore, Index, Literal};
 
@@ -65,7 +66,7 @@ pub struct Predicate {
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueryPlan {
     pub datastore: String,
-    pub index: Index,
+    pub index: Arc<Index>,
     /// Index shard → the shard-field values that hash to it.
     pub shards: BTreeMap<u32, Vec<Value>>,
     pub predicates: Vec<Predicate>,
@@ -93,7 +94,7 @@ impl QueryPlan {
     /// index: a previous version's, which serves while a new one is built.
     pub(crate) fn build_on(
         datastore: &Datastore,
-        index: &Index,
+        index: &Arc<Index>,
         query: &IndexQuery,
     ) -> Result<QueryPlan> {
         let mut conditions = query.conditions.clone();
@@ -242,7 +243,7 @@ impl QueryPlan {
     /// costs that version a sort, not a wrong answer). Positions are mapped
     /// by field; the cursor and the shards stay (they depend on field names
     /// and values only).
-    pub(crate) fn rebased(&self, index: &Index) -> Option<QueryPlan> {
+    pub(crate) fn rebased(&self, index: &Arc<Index>) -> Option<QueryPlan> {
         if !self.index.shard_field().same_values(index.shard_field()) {
             return None;
         }

@@ -34,8 +34,9 @@ use crate::topology::{DatastoreRuntime, IndexRuntime, Topology};
 #[derive(Debug, Clone, PartialEq)]
 pub struct IndexEntry {
     pub row_key: Uuid,
-    /// The projected fields, by name, in index order.
-    pub fields: Vec<(String, Value)>,
+    /// The projected fields, by name, in index order. A page's entries
+    /// share their names.
+    pub fields: Vec<(Arc<str>, Value)>,
     /// Position of this entry in the query's order; encoded into a cursor
     /// only when asked for, since most entries' cursors are never read.
     position: Position,
@@ -45,7 +46,10 @@ pub struct IndexEntry {
 impl IndexEntry {
     /// The value of the projected field `name` (as in the definitions).
     pub fn field(&self, name: &str) -> Option<&Value> {
-        self.fields.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+        self.fields
+            .iter()
+            .find(|(n, _)| &**n == name)
+            .map(|(_, v)| v)
     }
 
     /// The opaque cursor of this entry, for `after`.
@@ -301,7 +305,7 @@ pub(crate) fn plan(ds: &DatastoreRuntime, query: &IndexQuery) -> Result<QueryPla
             // Only then: a query the current definition refuses for
             // another reason (an order by a field without a b-tree) is
             // refused while the previous version serves too.
-            let shard_field = |index: &Index| index.shard_field().name.clone();
+            let shard_field = |index: &Arc<Index>| index.shard_field().name.clone();
             let sharded_anew = |previous: &Arc<IndexRuntime>| {
                 ds.def.index(&query.index).map(shard_field) != Some(shard_field(&previous.def))
             };
@@ -525,17 +529,17 @@ impl QueryPlan {
         let has_next_page = rows.len() > self.limit as usize;
         rows.truncate(self.limit as usize);
         let signature = self.signature();
+        let names: Vec<Arc<str>> = self
+            .projection
+            .iter()
+            .map(|&p| Arc::from(self.index.fields[p].name.as_str()))
+            .collect();
         let entries: Vec<IndexEntry> = rows
             .into_iter()
             .map(|row| {
                 let position = self.position_of(&row);
                 let row_key = row[0].as_uuid().unwrap_or_default();
-                let fields = self
-                    .projection
-                    .iter()
-                    .zip(row.into_iter().skip(1))
-                    .map(|(&p, value)| (self.index.fields[p].name.clone(), value))
-                    .collect();
+                let fields = names.iter().cloned().zip(row.into_iter().skip(1)).collect();
                 IndexEntry {
                     row_key,
                     fields,

@@ -697,7 +697,7 @@ mod tests {
             ],
         )
         .expect("definitions");
-        defs.datastores[0].indexes[0].clone()
+        (*defs.datastores[0].indexes[0]).clone()
     }
 
     #[test]

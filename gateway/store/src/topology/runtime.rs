@@ -17,7 +17,7 @@ use crate::storage::ddl;
 /// One index as the store maintains and serves it: its definition, the
 /// version of its table, and whether that table is complete.
 pub(crate) struct IndexRuntime {
-    pub(crate) def: Index,
+    pub(crate) def: Arc<Index>,
     /// Version of the table (`<ds>_ix_<index>` is 1, then `_v2`, …): a new
     /// version is built when the index's fields or shard field change.
     pub(crate) version: u32,
@@ -112,7 +112,8 @@ impl BuildProgress {
 }
 
 impl IndexRuntime {
-    pub(crate) fn new(def: Index, version: u32, ready: bool) -> IndexRuntime {
+    pub(crate) fn new(def: impl Into<Arc<Index>>, version: u32, ready: bool) -> IndexRuntime {
+        let def = def.into();
         IndexRuntime {
             table: ddl::index_table(&def.datastore, &def.name, version),
             signature: index_signature(&def),

@@ -282,7 +282,7 @@ pub async fn a_changed_index_gets_a_new_version(env: Arc<Env>) {
     assert!(page.entries[0]
         .fields
         .iter()
-        .any(|(name, value)| name == "city" && value.as_text() == Some("Oslo")));
+        .any(|(name, value)| &**name == "city" && value.as_text() == Some("Oslo")));
     // The current version cannot be dropped; the old one can, once the
     // gateways had time to switch (or at once, when told so).
     assert_eq!(
@@ -916,7 +916,7 @@ pub async fn a_reload_builds_new_indexes_and_keeps_removed_tables(env: Arc<Env>)
     assert!(page.entries[0]
         .fields
         .iter()
-        .any(|(name, value)| name == "city" && value.as_text() == Some("Lyon")));
+        .any(|(name, value)| &**name == "city" && value.as_text() == Some("Lyon")));
 
     // Removed: no longer served; its table stays until dropped.
     let without_city = files(
@@ -1120,7 +1120,7 @@ pub async fn a_changed_index_answers_from_its_previous_version_until_built(env: 
     assert!(page.entries.iter().all(|e| e
         .fields
         .iter()
-        .any(|(name, value)| name == "city" && value.as_text() == Some("Kyiv"))));
+        .any(|(name, value)| &**name == "city" && value.as_text() == Some("Kyiv"))));
     let on_v2 = store
         .query_index("trips", &by_driver_v1_fields(&driver, None))
         .await

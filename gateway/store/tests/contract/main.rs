@@ -635,7 +635,7 @@ async fn index_follows_latest_cells(env: Arc<Env>) {
         page.entries[0]
             .fields
             .iter()
-            .find(|f| f.0 == "status")
+            .find(|f| &*f.0 == "status")
             .unwrap()
             .1
             .clone()
@@ -655,7 +655,7 @@ async fn index_follows_latest_cells(env: Arc<Env>) {
     let fare = page.entries[0]
         .fields
         .iter()
-        .find(|f| f.0 == "fare_total")
+        .find(|f| &*f.0 == "fare_total")
         .unwrap()
         .1
         .clone();
@@ -1019,7 +1019,7 @@ async fn query_operators_on_every_type(env: Arc<Env>) {
     let names: BTreeSet<&str> = page
         .entries
         .iter()
-        .flat_map(|e| e.fields.iter().map(|f| f.0.as_str()))
+        .flat_map(|e| e.fields.iter().map(|f| &*f.0))
         .collect();
     assert_eq!(
         names,
@@ -1069,7 +1069,7 @@ async fn pagination_has_no_gaps_or_repeats(env: Arc<Env>) {
                 let at = entry
                     .fields
                     .iter()
-                    .find(|f| f.0 == "trip_created_at")
+                    .find(|f| &*f.0 == "trip_created_at")
                     .unwrap()
                     .1
                     .clone();
@@ -1198,7 +1198,10 @@ async fn negative_zero_floats_page_as_zero(env: Arc<Env>) {
             };
             let page = store.query_index("trips", &query).await.unwrap();
             for entry in &page.entries {
-                let fare = entry.fields.iter().find(|(name, _)| name == "fare_total");
+                let fare = entry
+                    .fields
+                    .iter()
+                    .find(|(name, _)| &**name == "fare_total");
                 let Some((_, Value::Float(fare))) = fare else {
                     panic!("no fare_total in {entry:?}");
                 };
@@ -1830,7 +1833,7 @@ async fn index_query_is_an_index_range_scan(env: Arc<Env>) {
             let (_, value) = e
                 .fields
                 .iter()
-                .find(|(name, _)| name == "trip_created_at")
+                .find(|(name, _)| &**name == "trip_created_at")
                 .expect("projected")
                 .clone();
             value

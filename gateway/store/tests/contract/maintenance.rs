@@ -26,7 +26,7 @@ async fn entries(
     datastore: &str,
     index: &str,
     shard_value: &str,
-) -> BTreeMap<Uuid, Vec<(String, Value)>> {
+) -> BTreeMap<Uuid, Vec<(std::sync::Arc<str>, Value)>> {
     let mut out = BTreeMap::new();
     let mut after = None;
     loop {
@@ -95,7 +95,7 @@ pub async fn unstorable_values_do_not_stall_a_shard(env: Arc<Env>) {
     let field = |row: &Uuid, name: &str| -> Value {
         found[row]
             .iter()
-            .find(|(n, _)| n == name)
+            .find(|(n, _)| &**n == name)
             .unwrap()
             .1
             .clone()
@@ -493,7 +493,11 @@ pub async fn maintenance_reuses_written_bodies_but_indexes_the_latest_cell(env: 
     put(&rows[..5], 1, 1).await;
     let found = entries(&store, "items", "items_index", &owner).await;
     for row in &rows {
-        let n = &found[row].iter().find(|(name, _)| name == "n").unwrap().1;
+        let n = &found[row]
+            .iter()
+            .find(|(name, _)| &**name == "n")
+            .unwrap()
+            .1;
         assert_eq!(*n, Value::Int(2), "row {row} is indexed from ref key 2");
     }
     assert_eq!(found.len(), 70);

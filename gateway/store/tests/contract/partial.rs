@@ -143,7 +143,7 @@ pub async fn a_partial_index_holds_the_rows_its_predicate_selects(env: Arc<Env>)
     assert!(page.entries.iter().all(|e| e
         .fields
         .iter()
-        .any(|(name, value)| name == "status" && value.as_text() == Some("completed"))));
+        .any(|(name, value)| &**name == "status" && value.as_text() == Some("completed"))));
 
     // A verify recomputes the same entries: rows outside the predicate
     // (tombstones) are no drift.
