@@ -1124,3 +1124,89 @@ async fn postgres_statements_are_planned_once_per_connection_unless_the_url_says
     // `auto` plans the first five executions for their values.
     assert!(custom >= 5, "{custom}");
 }
+
+// MariaDB answers a correlated `MAX(ref_key)` by reading every version of
+// the cell: a page with bodies read all the versions of each of its rows'
+// columns to find the latest. The lookup is one backward step.
+#[tokio::test]
+async fn mariadb_finds_a_rows_latest_cell_without_reading_its_older_versions() {
+    use cellgate_store::cells::with_latest_ref_keys;
+    use cellgate_store::storage::{self, ColType, ConnectOptions, Dialect, Sql, Value};
+    let Ok(base) = std::env::var("CELLGATE_TEST_MYSQL_URL") else {
+        eprintln!("skipped: CELLGATE_TEST_MYSQL_URL is not set");
+        return;
+    };
+    let name = format!("cg_latest_{}", &Uuid::new_v4().simple().to_string()[..8]);
+    let mut admin = sqlx::MySqlConnection::connect(&base).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let (server, _) = base.rsplit_once('/').unwrap();
+    let url = format!("{server}/{name}");
+    let mut options = StoreOptions::new(StorageConfig::single(&url));
+    options.maintain_indexes = false;
+    let store = Store::open(harness::definitions(), options).await.unwrap();
+    let row = Uuid::new_v4();
+    let versions = 300;
+    let mut cells: Vec<NewCell> = (1..=versions)
+        .map(|v| cell(row, "BASE", v, json!({"v": v})))
+        .collect();
+    cells.push(cell(row, "STATUS", 1, json!({"status": "done"})));
+    for result in store.put_cells("trips", cells).await.unwrap() {
+        assert_eq!(result.unwrap(), PutStatus::Written);
+    }
+    store.shutdown(std::time::Duration::from_secs(5)).await;
+
+    let backend = storage::connect(
+        &url,
+        &ConnectOptions {
+            cluster: "main".to_string(),
+            max_connections: 1,
+            acquire_timeout: std::time::Duration::from_secs(10),
+            statement_timeout: std::time::Duration::from_secs(10),
+            background: false,
+        },
+    )
+    .await
+    .unwrap();
+    // The pool's one session's count of index entries read after the first.
+    let entries_read = || async {
+        let mut sql = Sql::new(Dialect::MySql);
+        sql.push(
+            "SHOW SESSION STATUS WHERE Variable_name IN ('Handler_read_next', 'Handler_read_prev')",
+        );
+        let rows = backend
+            .fetch(&sql, &[ColType::Text, ColType::Text])
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| match &r[1] {
+                Value::Text(n) => n.parse::<u64>().unwrap(),
+                other => panic!("{other:?}"),
+            })
+            .sum::<u64>()
+    };
+    let mut rows = Sql::new(Dialect::MySql);
+    rows.push("SELECT row_key FROM trips_cells WHERE row_key = ")
+        .bind(Value::Uuid(row))
+        .push(" AND column_name = 'STATUS'");
+    let sql = with_latest_ref_keys(&rows, "trips_cells", &["BASE", "STATUS"]);
+    let before = entries_read().await;
+    let found = backend
+        .fetch(&sql, &[ColType::Uuid, ColType::Int, ColType::Int])
+        .await
+        .unwrap();
+    let read = entries_read().await - before;
+    assert_eq!(
+        found,
+        vec![vec![Value::Uuid(row), Value::Int(versions), Value::Int(1)]]
+    );
+    assert!(
+        read < 10,
+        "{read} index entries read for the latest of {versions} versions"
+    );
+    let _ = sqlx::query(&format!("DROP DATABASE {name}"))
+        .execute(&mut admin)
+        .await;
+}

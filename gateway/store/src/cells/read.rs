@@ -570,7 +570,7 @@ fn latest_cells_sql(dialect: Dialect, table: &str, rows: &[Uuid], columns: &[&st
     if postgres {
         // `DISTINCT ON` keeps the first row of each (row, column) in the
         // order given: one backward step on the unique key per pair, about
-        // a quarter cheaper than the correlated `MAX` of the other backends.
+        // a quarter cheaper on PostgreSQL than a correlated `MAX` per pair.
         sql.push("SELECT DISTINCT ON (c.")
             .ident("row_key")
             .push(", c.")
@@ -625,7 +625,7 @@ fn latest_cells_from<B>(
 ///
 /// PostgreSQL reads each row's cells with a `LATERAL` `DISTINCT ON`, as
 /// [`latest_cells_with`] does; MariaDB and SQLite, which have no
-/// `LATERAL`, join on the correlated `MAX(ref_key)`.
+/// `LATERAL`, join on the correlated latest ref key ([`latest_ref_key`]).
 pub(crate) fn with_latest_cells(rows: &Sql, table: &str, columns: &[&str]) -> Sql {
     let dialect = rows.dialect();
     let mut sql = Sql::new(dialect);
@@ -669,51 +669,56 @@ pub(crate) fn with_latest_cells(rows: &Sql, table: &str, columns: &[&str]) -> Sq
 
 /// Wraps `rows`, a statement whose first column is `row_key`, into one
 /// that adds, for each of `columns`, the ref key of its row's latest cell
-/// (NULL for none): `SELECT i.*, (SELECT MAX(m.ref_key) …), … FROM (rows)
-/// i`, one result row per row of `rows`. Each lookup reads only the
-/// unique key `(row_key, column_name, ref_key)`, backwards from its end,
-/// on every backend; the bodies then come from the cell cache or a read
-/// by full key. The order of `rows` is not kept.
+/// (NULL for none): `SELECT i.*, (SELECT m.ref_key … LIMIT 1), … FROM
+/// (rows) i`, one result row per row of `rows`. Each lookup is one
+/// backward step on the unique key `(row_key, column_name, ref_key)` on
+/// every backend; the bodies then come from the cell cache or a read by
+/// full key. The order of `rows` is not kept.
 pub fn with_latest_ref_keys(rows: &Sql, table: &str, columns: &[&str]) -> Sql {
     let mut sql = Sql::new(rows.dialect());
     sql.push("SELECT i.*");
     for column in columns {
-        sql.push(", (SELECT MAX(m.")
-            .ident("ref_key")
-            .push(") FROM ")
-            .ident(table)
-            .push(" m WHERE m.")
-            .ident("row_key")
-            .push(" = i.")
-            .ident("row_key")
-            .push(" AND m.")
-            .ident("column_name")
-            .push(" = ")
-            .bind(Value::Text((*column).to_string()))
-            .push(")");
+        sql.push(", ");
+        latest_ref_key(&mut sql, table, "i", Some(*column));
     }
     sql.push(" FROM (").append(rows).push(") i");
     sql
 }
 
-/// ` AND c.ref_key = (SELECT MAX(m.ref_key) …)`: keeps only the latest
+/// ` AND c.ref_key = (SELECT m.ref_key … LIMIT 1)`: keeps only the latest
 /// version of each (row, column) of the cells aliased `c`.
 fn latest_of_c(sql: &mut Sql, table: &str) {
-    sql.push(" AND c.")
+    sql.push(" AND c.").ident("ref_key").push(" = ");
+    latest_ref_key(sql, table, "c", None);
+}
+
+/// `(SELECT m.ref_key FROM <table> m WHERE m.row_key = <outer>.row_key AND
+/// m.column_name = <column> ORDER BY m.ref_key DESC LIMIT 1)`, the column
+/// `column` or, without one, `<outer>.column_name`: the ref key of the
+/// latest cell, NULL for none. Written as a `LIMIT 1` rather than a
+/// `MAX`, which MariaDB answers, when correlated, by reading every version
+/// of the cell, and PostgreSQL with one more plan node per lookup.
+fn latest_ref_key(sql: &mut Sql, table: &str, outer: &str, column: Option<&str>) {
+    sql.push("(SELECT m.")
         .ident("ref_key")
-        .push(" = (SELECT MAX(m.")
-        .ident("ref_key")
-        .push(") FROM ")
+        .push(" FROM ")
         .ident(table)
         .push(" m WHERE m.")
         .ident("row_key")
-        .push(" = c.")
+        .push(" = ")
+        .push(outer)
+        .push(".")
         .ident("row_key")
         .push(" AND m.")
         .ident("column_name")
-        .push(" = c.")
-        .ident("column_name")
-        .push(")");
+        .push(" = ");
+    match column {
+        Some(column) => sql.bind(Value::Text(column.to_string())),
+        None => sql.push(outer).push(".").ident("column_name"),
+    };
+    sql.push(" ORDER BY m.")
+        .ident("ref_key")
+        .push(" DESC LIMIT 1)");
 }
 
 /// Whether any cluster of the datastore holds a cell; unreachable clusters
