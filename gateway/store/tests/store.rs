@@ -676,12 +676,7 @@ async fn a_refused_cluster_is_an_error_not_a_buffered_write() {
         eprintln!("skipped: CELLGATE_TEST_MYSQL_URL is not set");
         return;
     };
-    let name = format!("cg_refused_{}", &Uuid::new_v4().simple().to_string()[..8]);
-    let mut admin = sqlx::MySqlConnection::connect(&base).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut admin)
-        .await
-        .unwrap();
+    let (name, mut admin) = scratch_mysql_database(&base, "refused").await;
     let (server, _) = base.rsplit_once('/').unwrap();
     let mut defs = harness::definitions();
     for ds in &mut defs.datastores {
@@ -1075,17 +1070,8 @@ async fn prune_keeps_a_version_while_a_buffer_copy_of_it_waits() {
 /// counts as (generic, custom) plans, after running `SELECT $1 + 1` eight
 /// times with different values on a one-connection pool of `url`.
 async fn plans_of_eight_executions(url: &str) -> (i64, i64) {
-    use cellgate_store::storage::{self, ColType, ConnectOptions, Dialect, Sql, Value};
-    let options = ConnectOptions {
-        cluster: "main".to_string(),
-        max_connections: 1,
-        acquire_timeout: std::time::Duration::from_secs(10),
-        statement_timeout: std::time::Duration::from_secs(10),
-        background: false,
-    };
-    let backend = storage::connect(url, &options)
-        .await
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    use cellgate_store::storage::{ColType, Dialect, Sql, Value};
+    let backend = one_connection(url).await;
     for n in 0..8 {
         let mut sql = Sql::new(Dialect::Postgres);
         sql.push("SELECT ").bind(Value::Int(n)).push(" + 1");
@@ -1131,17 +1117,12 @@ async fn postgres_statements_are_planned_once_per_connection_unless_the_url_says
 #[tokio::test]
 async fn mariadb_finds_a_rows_latest_cell_without_reading_its_older_versions() {
     use cellgate_store::cells::with_latest_ref_keys;
-    use cellgate_store::storage::{self, ColType, ConnectOptions, Dialect, Sql, Value};
+    use cellgate_store::storage::{ColType, Dialect, Sql, Value};
     let Ok(base) = std::env::var("CELLGATE_TEST_MYSQL_URL") else {
         eprintln!("skipped: CELLGATE_TEST_MYSQL_URL is not set");
         return;
     };
-    let name = format!("cg_latest_{}", &Uuid::new_v4().simple().to_string()[..8]);
-    let mut admin = sqlx::MySqlConnection::connect(&base).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut admin)
-        .await
-        .unwrap();
+    let (name, mut admin) = scratch_mysql_database(&base, "latest").await;
     let (server, _) = base.rsplit_once('/').unwrap();
     let url = format!("{server}/{name}");
     let mut options = StoreOptions::new(StorageConfig::single(&url));
@@ -1158,18 +1139,7 @@ async fn mariadb_finds_a_rows_latest_cell_without_reading_its_older_versions() {
     }
     store.shutdown(std::time::Duration::from_secs(5)).await;
 
-    let backend = storage::connect(
-        &url,
-        &ConnectOptions {
-            cluster: "main".to_string(),
-            max_connections: 1,
-            acquire_timeout: std::time::Duration::from_secs(10),
-            statement_timeout: std::time::Duration::from_secs(10),
-            background: false,
-        },
-    )
-    .await
-    .unwrap();
+    let backend = one_connection(&url).await;
     // The pool's one session's count of index entries read after the first.
     let entries_read = || async {
         let mut sql = Sql::new(Dialect::MySql);
@@ -1209,4 +1179,31 @@ async fn mariadb_finds_a_rows_latest_cell_without_reading_its_older_versions() {
     let _ = sqlx::query(&format!("DROP DATABASE {name}"))
         .execute(&mut admin)
         .await;
+}
+
+/// A new empty database on the MariaDB server of `base`, named
+/// `cg_<prefix>_<random>`, and an admin connection to drop it with.
+async fn scratch_mysql_database(base: &str, prefix: &str) -> (String, sqlx::MySqlConnection) {
+    let name = format!("cg_{prefix}_{}", &Uuid::new_v4().simple().to_string()[..8]);
+    let mut admin = sqlx::MySqlConnection::connect(base).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    (name, admin)
+}
+
+/// A pool of one connection to `url`: every statement runs in one session,
+/// whose own counters a test can then read.
+async fn one_connection(url: &str) -> std::sync::Arc<dyn cellgate_store::storage::Backend> {
+    let options = cellgate_store::storage::ConnectOptions {
+        cluster: "main".to_string(),
+        max_connections: 1,
+        acquire_timeout: std::time::Duration::from_secs(10),
+        statement_timeout: std::time::Duration::from_secs(10),
+        background: false,
+    };
+    cellgate_store::storage::connect(url, &options)
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"))
 }
