@@ -1111,74 +1111,243 @@ async fn postgres_statements_are_planned_once_per_connection_unless_the_url_says
     assert!(custom >= 5, "{custom}");
 }
 
-// MariaDB answers a correlated `MAX(ref_key)` by reading every version of
-// the cell: a page with bodies read all the versions of each of its rows'
-// columns to find the latest. The lookup is one backward step.
+// A row's latest cell was found by reading every version of it: MariaDB
+// answered a correlated `MAX(ref_key)` so, and every backend's latest-cells
+// statements (index maintenance, pages with bodies without the cell cache,
+// the latest reads) scanned each pair's versions. Each pair is now one
+// backward step on the unique key. The statements run on a row with 300
+// versions of a column among 2,000 other rows; the database says how much
+// of the cells table it read beyond the first entry of each lookup.
 #[tokio::test]
-async fn mariadb_finds_a_rows_latest_cell_without_reading_its_older_versions() {
-    use cellgate_store::cells::with_latest_ref_keys;
-    use cellgate_store::storage::{ColType, Dialect, Sql, Value};
-    let Ok(base) = std::env::var("CELLGATE_TEST_MYSQL_URL") else {
-        eprintln!("skipped: CELLGATE_TEST_MYSQL_URL is not set");
-        return;
-    };
-    let (name, mut admin) = scratch_mysql_database(&base, "latest").await;
-    let (server, _) = base.rsplit_once('/').unwrap();
-    let url = format!("{server}/{name}");
+async fn latest_cells_are_found_without_reading_their_older_versions() {
+    let mut ran = 0;
+    if let Ok(base) = std::env::var("CELLGATE_TEST_MYSQL_URL") {
+        latest_cells_read_one_version(Server::MariaDb, &base).await;
+        ran += 1;
+    }
+    if let Ok(base) = std::env::var("CELLGATE_TEST_POSTGRES_URL") {
+        latest_cells_read_one_version(Server::Postgres, &base).await;
+        ran += 1;
+    }
+    if ran == 0 {
+        eprintln!("skipped: neither CELLGATE_TEST_MYSQL_URL nor CELLGATE_TEST_POSTGRES_URL is set");
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Server {
+    MariaDb,
+    Postgres,
+}
+
+async fn latest_cells_read_one_version(server: Server, base: &str) {
+    use cellgate_store::cells::{latest_cells_sql, with_latest_cells, with_latest_ref_keys};
+    use cellgate_store::storage::{ColType, Sql, Value};
+    let (url, drop_it) = scratch_database(server, base, "latest").await;
     let mut options = StoreOptions::new(StorageConfig::single(&url));
     options.maintain_indexes = false;
     let store = Store::open(harness::definitions(), options).await.unwrap();
-    let row = Uuid::new_v4();
+    let (row, other) = (Uuid::new_v4(), Uuid::new_v4());
     let versions = 300;
     let mut cells: Vec<NewCell> = (1..=versions)
         .map(|v| cell(row, "BASE", v, json!({"v": v})))
         .collect();
     cells.push(cell(row, "STATUS", 1, json!({"status": "done"})));
-    for result in store.put_cells("trips", cells).await.unwrap() {
-        assert_eq!(result.unwrap(), PutStatus::Written);
+    cells.extend((1..=3).map(|v| cell(other, "BASE", v, json!({"v": v}))));
+    // Other rows, so that a scan of the whole table costs more than reading
+    // the 300 versions through the unique key.
+    cells.extend((0..2000).map(|v| cell(Uuid::new_v4(), "BASE", 1, json!({"v": v}))));
+    for batch in cells.chunks(1000) {
+        for result in store.put_cells("trips", batch.to_vec()).await.unwrap() {
+            assert_eq!(result.unwrap(), PutStatus::Written);
+        }
     }
     store.shutdown(std::time::Duration::from_secs(5)).await;
 
     let backend = one_connection(&url).await;
-    // The pool's one session's count of index entries read after the first.
-    let entries_read = || async {
-        let mut sql = Sql::new(Dialect::MySql);
-        sql.push(
-            "SHOW SESSION STATUS WHERE Variable_name IN ('Handler_read_next', 'Handler_read_prev')",
-        );
-        let rows = backend
-            .fetch(&sql, &[ColType::Text, ColType::Text])
-            .await
-            .unwrap();
-        rows.iter()
-            .map(|r| match &r[1] {
-                Value::Text(n) => n.parse::<u64>().unwrap(),
-                other => panic!("{other:?}"),
+    let dialect = backend.dialect();
+    let columns = ["BASE", "STATUS"];
+    // The rows of a page: `row` and `other`, by their lowest version.
+    let mut page = Sql::new(dialect);
+    page.push(
+        "SELECT row_key FROM trips_cells WHERE column_name = 'BASE' AND ref_key = 1 AND row_key",
+    )
+    .in_list([Value::Uuid(row), Value::Uuid(other)]);
+    // Each statement, the (row, column, ref key) it finds, and the column
+    // types of its result with the positions of those three.
+    let cell_types: Vec<ColType> = vec![
+        ColType::Int,
+        ColType::Int,
+        ColType::Uuid,
+        ColType::Text,
+        ColType::Int,
+        ColType::Bytes,
+        ColType::DateTime,
+    ];
+    let mut paged_types = vec![ColType::Uuid];
+    paged_types.extend(cell_types.iter().copied());
+    let found = |rows: Vec<Vec<Value>>, at: [usize; 3]| -> BTreeSet<(Uuid, String, i64)> {
+        rows.into_iter()
+            .filter_map(|r| match (&r[at[0]], &r[at[1]], &r[at[2]]) {
+                (Value::Uuid(k), Value::Text(c), Value::Int(v)) => Some((*k, c.clone(), *v)),
+                _ => None,
             })
-            .sum::<u64>()
+            .collect()
     };
-    let mut rows = Sql::new(Dialect::MySql);
-    rows.push("SELECT row_key FROM trips_cells WHERE row_key = ")
-        .bind(Value::Uuid(row))
-        .push(" AND column_name = 'STATUS'");
-    let sql = with_latest_ref_keys(&rows, "trips_cells", &["BASE", "STATUS"]);
-    let before = entries_read().await;
-    let found = backend
-        .fetch(&sql, &[ColType::Uuid, ColType::Int, ColType::Int])
-        .await
-        .unwrap();
-    let read = entries_read().await - before;
+    let latest: BTreeSet<(Uuid, String, i64)> = [
+        (row, "BASE".to_string(), versions),
+        (row, "STATUS".to_string(), 1),
+        (other, "BASE".to_string(), 3),
+    ]
+    .into();
+    let statements = [
+        (
+            "latest cells",
+            latest_cells_sql(dialect, "trips_cells", &[row, other], &columns),
+            cell_types.clone(),
+        ),
+        (
+            "a page with cells",
+            with_latest_cells(&page, "trips_cells", &columns),
+            paged_types.clone(),
+        ),
+    ];
+    for (what, sql, types) in statements {
+        let (rows, read) = rows_and_reads(server, &*backend, &sql, &types).await;
+        let at = if types.len() == cell_types.len() {
+            [2, 3, 4]
+        } else {
+            [3, 4, 5]
+        };
+        assert_eq!(found(rows, at), latest, "{server:?}: {what}");
+        assert!(
+            read < 50,
+            "{server:?}: {what}: {read} read for the latest of {versions} versions"
+        );
+    }
+    let sql = with_latest_ref_keys(&page, "trips_cells", &columns);
+    let types = [ColType::Uuid, ColType::Int, ColType::Int];
+    let (rows, read) = rows_and_reads(server, &*backend, &sql, &types).await;
+    let mut refs = rows;
+    refs.sort_by_key(|r| r[0].as_uuid() != Some(row));
     assert_eq!(
-        found,
-        vec![vec![Value::Uuid(row), Value::Int(versions), Value::Int(1)]]
+        refs,
+        vec![
+            vec![Value::Uuid(row), Value::Int(versions), Value::Int(1)],
+            vec![Value::Uuid(other), Value::Int(3), Value::Null(ColType::Int)],
+        ],
+        "{server:?}: latest ref keys"
     );
     assert!(
-        read < 10,
-        "{read} index entries read for the latest of {versions} versions"
+        read < 50,
+        "{server:?}: latest ref keys: {read} read for the latest of {versions} versions"
     );
-    let _ = sqlx::query(&format!("DROP DATABASE {name}"))
-        .execute(&mut admin)
-        .await;
+    drop_it.await;
+}
+
+/// The rows of `sql` and how much of the cells table the database read for
+/// them beyond one entry per lookup: on MariaDB the session's
+/// `Handler_read_next`, `Handler_read_prev` and `Handler_read_rnd_next`
+/// (rows read in index order, backwards, and in a scan, including the few
+/// of the statement's own small temporary tables), on PostgreSQL the rows
+/// returned by the scans of `trips_cells` in `EXPLAIN ANALYZE`, less the
+/// scans' loops.
+async fn rows_and_reads(
+    server: Server,
+    backend: &dyn cellgate_store::storage::Backend,
+    sql: &cellgate_store::storage::Sql,
+    types: &[cellgate_store::storage::ColType],
+) -> (Vec<Vec<cellgate_store::storage::Value>>, u64) {
+    use cellgate_store::storage::{ColType, Dialect, Sql, Value};
+    let text = |v: &Value| match v {
+        Value::Text(t) => t.clone(),
+        other => panic!("{other:?}"),
+    };
+    match server {
+        Server::MariaDb => {
+            let mut status = Sql::new(Dialect::MySql);
+            status.push(
+                "SHOW SESSION STATUS WHERE Variable_name IN \
+                 ('Handler_read_next', 'Handler_read_prev', 'Handler_read_rnd_next')",
+            );
+            let count = || async {
+                let rows = backend
+                    .fetch(&status, &[ColType::Text, ColType::Text])
+                    .await
+                    .unwrap();
+                rows.iter()
+                    .map(|r| text(&r[1]).parse::<u64>().unwrap())
+                    .sum::<u64>()
+            };
+            let before = count().await;
+            let rows = backend.fetch(sql, types).await.unwrap();
+            (rows, count().await - before)
+        }
+        Server::Postgres => {
+            let rows = backend.fetch(sql, types).await.unwrap();
+            let mut explain = Sql::new(Dialect::Postgres);
+            explain.push("EXPLAIN (ANALYZE, TIMING OFF) ").append(sql);
+            let plan = backend.fetch(&explain, &[ColType::Text]).await.unwrap();
+            let mut read = 0;
+            for line in plan.iter().map(|r| text(&r[0])) {
+                if !line.contains(" on trips_cells ") {
+                    continue;
+                }
+                let number = |key: &str| -> u64 {
+                    let at = line.rfind(key).unwrap_or_else(|| panic!("{line}")) + key.len();
+                    line[at..]
+                        .split(|c: char| !c.is_ascii_digit())
+                        .next()
+                        .unwrap()
+                        .parse()
+                        .unwrap()
+                };
+                let (returned, loops) = (number("rows="), number("loops="));
+                read += (returned * loops).saturating_sub(loops);
+            }
+            (rows, read)
+        }
+    }
+}
+
+/// A new empty database named `cg_<prefix>_<random>` on the server of
+/// `base`, its URL, and a future that drops it.
+async fn scratch_database(
+    server: Server,
+    base: &str,
+    prefix: &str,
+) -> (
+    String,
+    std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>,
+) {
+    let (head, _) = base.rsplit_once('/').unwrap();
+    match server {
+        Server::MariaDb => {
+            let (name, mut admin) = scratch_mysql_database(base, prefix).await;
+            let url = format!("{head}/{name}");
+            let drop_it = async move {
+                let _ = sqlx::query(&format!("DROP DATABASE {name}"))
+                    .execute(&mut admin)
+                    .await;
+            };
+            (url, Box::pin(drop_it))
+        }
+        Server::Postgres => {
+            let name = format!("cg_{prefix}_{}", &Uuid::new_v4().simple().to_string()[..8]);
+            let url = format!("{head}/{name}");
+            let mut admin = sqlx::PgConnection::connect(base).await.unwrap();
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&mut admin)
+                .await
+                .unwrap();
+            let drop_it = async move {
+                let _ = sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
+                    .execute(&mut admin)
+                    .await;
+            };
+            (url, Box::pin(drop_it))
+        }
+    }
 }
 
 /// A new empty database on the MariaDB server of `base`, named

@@ -251,7 +251,7 @@ fn log_sql(
         }
     };
     let mut sql = Sql::new(dialect);
-    if dialect.has_distinct_on_and_lateral() {
+    if dialect.has_lateral_joins() {
         sql.push("SELECT ");
         for (i, column) in select.iter().enumerate() {
             if i > 0 {

@@ -33,11 +33,6 @@ pub(crate) const CELL_TYPES: &[ColType] = <CellRow as FromRow>::TYPES;
 /// Appends `SELECT <cell columns> FROM <table> [alias]` to `sql`.
 pub(crate) fn select_cells(sql: &mut Sql, table: &str, alias: Option<&str>) {
     sql.push("SELECT ");
-    cells_from(sql, table, alias);
-}
-
-/// The cell columns and the `FROM` clause of [`select_cells`].
-fn cells_from(sql: &mut Sql, table: &str, alias: Option<&str>) {
     for (i, col) in CELL_COLUMNS.iter().enumerate() {
         if i > 0 {
             sql.push(", ");
@@ -471,8 +466,8 @@ pub(crate) async fn get_named_cells_json(
 }
 
 /// The latest ref key of each `(row_key, column)` of `wanted` that has a
-/// cell: `MAX(ref_key)` grouped by pair, which every backend answers from
-/// the unique key alone; one statement per cluster and chunk.
+/// cell: one backward step on the unique key per pair of the chunk's rows
+/// and columns ([`latest_ref_key`]); one statement per cluster and chunk.
 async fn latest_ref_keys(
     topology: &Topology,
     ds: &DatastoreRuntime,
@@ -480,7 +475,7 @@ async fn latest_ref_keys(
     read: &ReadOptions,
 ) -> Result<HashMap<(Uuid, String), i64>> {
     let table = ddl::cells_table(ds.name());
-    let rows = fetch_by_row::<_, (Uuid, String, i64)>(
+    let rows = fetch_by_row::<_, (Uuid, String, Option<i64>)>(
         topology,
         ds,
         wanted,
@@ -488,37 +483,30 @@ async fn latest_ref_keys(
         read,
         |dialect, chunk| {
             let mut sql = Sql::new(dialect);
-            sql.push("SELECT ")
+            sql.push("SELECT r.")
                 .ident("row_key")
-                .push(", ")
+                .push(", k.")
                 .ident("column_name")
-                .push(", MAX(")
-                .ident("ref_key")
-                .push(") FROM ")
-                .ident(&table)
-                .push(" WHERE ")
-                .ident("row_key")
-                .in_list(uuid_list(chunk.iter().map(|pair| pair.0)))
-                .push(" AND ")
-                .ident("column_name")
-                .in_list(text_list(chunk.iter().map(|pair| pair.1.as_str())))
-                .push(" GROUP BY ")
-                .ident("row_key")
-                .push(", ")
-                .ident("column_name");
+                .push(", ");
+            latest_ref_key(&mut sql, &table, "r", Column::Of("k"));
+            sql.push(" FROM ");
+            pairs(
+                &mut sql,
+                chunk.iter().map(|pair| pair.0),
+                chunk.iter().map(|pair| pair.1.as_str()),
+            );
             sql
         },
     )
     .await?;
-    // An `IN` on rows and one on columns also match pairs that were not
-    // asked for.
+    // The chunk's rows and columns also make pairs that were not asked for.
     let asked: HashSet<(Uuid, &str)> = wanted
         .iter()
         .map(|(row, column)| (*row, column.as_str()))
         .collect();
     let mut latest = HashMap::new();
     for (row_key, column, ref_key) in rows {
-        if asked.contains(&(row_key, column.as_str())) {
+        if let (Some(ref_key), true) = (ref_key, asked.contains(&(row_key, column.as_str()))) {
             latest.insert((row_key, column), ref_key);
         }
     }
@@ -563,42 +551,90 @@ pub(crate) async fn latest_cells_with<B>(
         .collect())
 }
 
-/// The statement of the latest cells of `columns` for `rows` in `table`.
-fn latest_cells_sql(dialect: Dialect, table: &str, rows: &[Uuid], columns: &[&str]) -> Sql {
-    let postgres = dialect.has_distinct_on_and_lateral();
+/// The statement of the latest cells of `columns` for `rows` in `table`:
+/// for each pair of a row and a column, one backward step on the unique
+/// key `(row_key, column_name, ref_key)` finds the latest ref key, so a
+/// cell's older versions are never read. PostgreSQL reads each pair's cell
+/// in a `LATERAL … LIMIT 1`; MariaDB and SQLite, which have no `LATERAL`,
+/// find the pairs' latest ref keys first (`latest_ref_key`) and then
+/// read each cell by its full key. The pairs are grouped so that MariaDB
+/// materializes them instead of merging them into a scan of every version.
+pub fn latest_cells_sql(dialect: Dialect, table: &str, rows: &[Uuid], columns: &[&str]) -> Sql {
     let mut sql = Sql::new(dialect);
-    if postgres {
-        // `DISTINCT ON` keeps the first row of each (row, column) in the
-        // order given, about a quarter cheaper on PostgreSQL than a
-        // correlated `MAX` per pair for cells with few versions; it reads
-        // every version of each pair, as the other backends' join does.
-        sql.push("SELECT DISTINCT ON (c.")
-            .ident("row_key")
-            .push(", c.")
-            .ident("column_name")
-            .push(") ");
-        cells_from(&mut sql, table, Some("c"));
-    } else {
-        select_cells(&mut sql, table, Some("c"));
+    let rows = rows.iter().copied();
+    let columns = columns.iter().copied();
+    if dialect.has_lateral_joins() {
+        sql.push("SELECT c.* FROM ");
+        pairs(&mut sql, rows, columns);
+        sql.push(" CROSS JOIN ");
+        latest_cell_lateral(&mut sql, table, "r");
+        return sql;
     }
-    sql.push(" WHERE c.")
+    sql.push("SELECT ");
+    for (i, col) in CELL_COLUMNS.iter().enumerate() {
+        sql.push(if i == 0 { "c." } else { ", c." }).ident(col);
+    }
+    sql.push(" FROM (SELECT r.")
         .ident("row_key")
-        .in_list(uuid_list(rows.iter().copied()))
+        .push(", k.")
+        .ident("column_name")
+        .push(", ");
+    latest_ref_key(&mut sql, table, "r", Column::Of("k"));
+    sql.push(" AS ").ident("ref_key").push(" FROM ");
+    pairs(&mut sql, rows, columns);
+    sql.push(" GROUP BY r.")
+        .ident("row_key")
+        .push(", k.")
+        .ident("column_name")
+        .push(") l JOIN ")
+        .ident(table)
+        .push(" c ON c.")
+        .ident("row_key")
+        .push(" = l.")
+        .ident("row_key")
         .push(" AND c.")
         .ident("column_name")
-        .in_list(text_list(columns.iter().copied()));
-    if postgres {
-        sql.push(" ORDER BY c.")
-            .ident("row_key")
-            .push(", c.")
-            .ident("column_name")
-            .push(", c.")
-            .ident("ref_key")
-            .push(" DESC");
-    } else {
-        latest_of_c(&mut sql, table);
-    }
+        .push(" = l.")
+        .ident("column_name")
+        .push(" AND c.")
+        .ident("ref_key")
+        .push(" = l.")
+        .ident("ref_key");
     sql
+}
+
+/// `<rows> r CROSS JOIN <columns> k`: every pair of the distinct rows
+/// (`r.row_key`) and columns (`k.column_name`), as bound values.
+fn pairs<'a>(
+    sql: &mut Sql,
+    rows: impl Iterator<Item = Uuid>,
+    columns: impl Iterator<Item = &'a str>,
+) {
+    sql.one_column_table("r", "row_key", uuid_list(rows))
+        .push(" CROSS JOIN ")
+        .one_column_table("k", "column_name", text_list(columns));
+}
+
+/// `LATERAL (SELECT <cell columns> FROM <table> m WHERE m.row_key =
+/// <outer>.row_key AND m.column_name = k.column_name ORDER BY m.ref_key
+/// DESC LIMIT 1) c`: on PostgreSQL, the latest cell of the pair, read with
+/// one backward step on the unique key.
+fn latest_cell_lateral(sql: &mut Sql, table: &str, outer: &str) {
+    sql.push("LATERAL (");
+    select_cells(sql, table, Some("m"));
+    sql.push(" WHERE m.")
+        .ident("row_key")
+        .push(" = ")
+        .push(outer)
+        .push(".")
+        .ident("row_key")
+        .push(" AND m.")
+        .ident("column_name")
+        .push(" = k.")
+        .ident("column_name")
+        .push(" ORDER BY m.")
+        .ident("ref_key")
+        .push(" DESC LIMIT 1) c");
 }
 
 /// The cells of the rows of [`latest_cells_sql`] that are among `pairs`
@@ -621,39 +657,29 @@ fn latest_cells_from<B>(
 /// Wraps `rows`, a statement whose first column is `row_key`, into one
 /// that also returns the latest cell of each of `columns` for each of its
 /// rows, all on the same cluster: `SELECT i.*, <cell columns>` with one
-/// result row per (row, column) that has a cell, and one with NULL cell
-/// columns for a row that has none. The order of `rows` is not kept.
+/// result row per row and column, whose cell columns are NULL where the
+/// row has no cell of the column. The order of `rows` is not kept.
 ///
-/// PostgreSQL reads each row's cells with a `LATERAL` `DISTINCT ON`, as
-/// [`latest_cells_with`] does; MariaDB and SQLite, which have no
-/// `LATERAL`, join on the correlated latest ref key ([`latest_ref_key`]).
-pub(crate) fn with_latest_cells(rows: &Sql, table: &str, columns: &[&str]) -> Sql {
+/// Each cell is found with one backward step on the unique key, as in
+/// [`latest_cells_sql`]: PostgreSQL reads it in a `LATERAL … LIMIT 1`;
+/// MariaDB and SQLite join it by its full key, the ref key found by
+/// `latest_ref_key`. The `LEFT JOIN` keeps MariaDB from reading the cells
+/// before the pairs, which would read every version.
+pub fn with_latest_cells(rows: &Sql, table: &str, columns: &[&str]) -> Sql {
     let dialect = rows.dialect();
     let mut sql = Sql::new(dialect);
     sql.push("SELECT i.*");
     for col in CELL_COLUMNS {
         sql.push(", c.").ident(col);
     }
-    sql.push(" FROM (").append(rows).push(") i LEFT JOIN ");
-    let column_list = || columns.iter().map(|c| Value::Text((*c).to_string()));
-    if dialect.has_distinct_on_and_lateral() {
-        sql.push("LATERAL (SELECT DISTINCT ON (m.")
-            .ident("column_name")
-            .push(") ");
-        cells_from(&mut sql, table, Some("m"));
-        sql.push(" WHERE m.")
-            .ident("row_key")
-            .push(" = i.")
-            .ident("row_key")
-            .push(" AND m.")
-            .ident("column_name")
-            .in_list(column_list())
-            // Both descending: one backward scan of the unique key.
-            .push(" ORDER BY m.")
-            .ident("column_name")
-            .push(" DESC, m.")
-            .ident("ref_key")
-            .push(" DESC) c ON TRUE");
+    sql.push(" FROM (")
+        .append(rows)
+        .push(") i CROSS JOIN ")
+        .one_column_table("k", "column_name", text_list(columns.iter().copied()))
+        .push(" LEFT JOIN ");
+    if dialect.has_lateral_joins() {
+        latest_cell_lateral(&mut sql, table, "i");
+        sql.push(" ON TRUE");
     } else {
         sql.ident(table)
             .push(" c ON c.")
@@ -662,8 +688,12 @@ pub(crate) fn with_latest_cells(rows: &Sql, table: &str, columns: &[&str]) -> Sq
             .ident("row_key")
             .push(" AND c.")
             .ident("column_name")
-            .in_list(column_list());
-        latest_of_c(&mut sql, table);
+            .push(" = k.")
+            .ident("column_name")
+            .push(" AND c.")
+            .ident("ref_key")
+            .push(" = ");
+        latest_ref_key(&mut sql, table, "i", Column::Of("k"));
     }
     sql
 }
@@ -680,26 +710,27 @@ pub fn with_latest_ref_keys(rows: &Sql, table: &str, columns: &[&str]) -> Sql {
     sql.push("SELECT i.*");
     for column in columns {
         sql.push(", ");
-        latest_ref_key(&mut sql, table, "i", Some(*column));
+        latest_ref_key(&mut sql, table, "i", Column::Named(column));
     }
     sql.push(" FROM (").append(rows).push(") i");
     sql
 }
 
-/// ` AND c.ref_key = (SELECT m.ref_key … LIMIT 1)`: keeps only the latest
-/// version of each (row, column) of the cells aliased `c`.
-fn latest_of_c(sql: &mut Sql, table: &str) {
-    sql.push(" AND c.").ident("ref_key").push(" = ");
-    latest_ref_key(sql, table, "c", None);
+/// The column whose latest ref key [`latest_ref_key`] looks up.
+enum Column<'a> {
+    /// This column, bound as a value.
+    Named(&'a str),
+    /// The `column_name` of the row aliased so.
+    Of(&'a str),
 }
 
 /// `(SELECT m.ref_key FROM <table> m WHERE m.row_key = <outer>.row_key AND
-/// m.column_name = <column> ORDER BY m.ref_key DESC LIMIT 1)`, the column
-/// `column` or, without one, `<outer>.column_name`: the ref key of the
-/// latest cell, NULL for none. Written as a `LIMIT 1` rather than a
-/// `MAX`, which MariaDB answers, when correlated, by reading every version
-/// of the cell, and PostgreSQL with one more plan node per lookup.
-fn latest_ref_key(sql: &mut Sql, table: &str, outer: &str, column: Option<&str>) {
+/// m.column_name = <column> ORDER BY m.ref_key DESC LIMIT 1)`: the ref key
+/// of the latest cell, NULL for none, with one backward step on the unique
+/// key. Written as a `LIMIT 1` rather than a `MAX`, which MariaDB answers,
+/// when correlated, by reading every version of the cell, and PostgreSQL
+/// with one more plan node per lookup.
+fn latest_ref_key(sql: &mut Sql, table: &str, outer: &str, column: Column<'_>) {
     sql.push("(SELECT m.")
         .ident("ref_key")
         .push(" FROM ")
@@ -714,8 +745,8 @@ fn latest_ref_key(sql: &mut Sql, table: &str, outer: &str, column: Option<&str>)
         .ident("column_name")
         .push(" = ");
     match column {
-        Some(column) => sql.bind(Value::Text(column.to_string())),
-        None => sql.push(outer).push(".").ident("column_name"),
+        Column::Named(column) => sql.bind(Value::Text(column.to_string())),
+        Column::Of(alias) => sql.push(alias).push(".").ident("column_name"),
     };
     sql.push(" ORDER BY m.")
         .ident("ref_key")

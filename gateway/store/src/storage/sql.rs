@@ -284,10 +284,10 @@ impl Dialect {
         }
     }
 
-    /// Whether the backend has `SELECT DISTINCT ON` and `LATERAL` joins
-    /// (PostgreSQL), which read the latest cells with one backward index
-    /// step per pair instead of a correlated `MAX`.
-    pub fn has_distinct_on_and_lateral(self) -> bool {
+    /// Whether the backend has `LATERAL` joins (PostgreSQL): a subquery of
+    /// the `FROM` clause that reads the tables before it, such as a pair's
+    /// latest cell read with one backward step on the unique key.
+    pub fn has_lateral_joins(self) -> bool {
         self == Dialect::Postgres
     }
 
@@ -678,6 +678,53 @@ impl Sql {
                 self.text.push_str(", ");
             }
             self.bind_list(row);
+        }
+        self
+    }
+
+    /// Appends the values (at least one, all of one type) as a table of one
+    /// column named `column`, aliased `alias`, for a `FROM` clause. On
+    /// PostgreSQL it is `unnest($n::…[]) AS alias(column)`, one array
+    /// parameter whatever the number of values; on SQLite a `VALUES` list
+    /// (which, unlike a `UNION ALL`, has no limit on its rows); on MariaDB,
+    /// whose `VALUES` tables lose bound values and cannot name their
+    /// columns, a `SELECT … UNION ALL SELECT …` of values cast to their
+    /// type.
+    pub fn one_column_table(&mut self, alias: &str, column: &str, values: Vec<Value>) -> &mut Self {
+        let ty = values.first().map_or(ColType::Text, Value::col_type);
+        match self.dialect {
+            Dialect::Postgres => {
+                self.push("unnest(")
+                    .bind_array(ty, values)
+                    .push(") AS ")
+                    .push(alias)
+                    .push("(")
+                    .ident(column)
+                    .push(")");
+            }
+            Dialect::Sqlite => {
+                self.push("(SELECT column1 AS ")
+                    .ident(column)
+                    .push(" FROM (VALUES ")
+                    .values(values.into_iter().map(|value| vec![value]))
+                    .push(")) ")
+                    .push(alias);
+            }
+            Dialect::MySql => {
+                self.push("(");
+                for (i, value) in values.into_iter().enumerate() {
+                    self.push(if i == 0 {
+                        "SELECT "
+                    } else {
+                        " UNION ALL SELECT "
+                    })
+                    .bind_as(value, ty);
+                    if i == 0 {
+                        self.push(" AS ").ident(column);
+                    }
+                }
+                self.push(") ").push(alias);
+            }
         }
         self
     }
