@@ -25,8 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use cellgate_store::cells::CELL_TYPES;
 use cellgate_store::indexes::{Drift, VerifyOptions, VerifyProgress};
-use cellgate_store::storage::{ddl, ColType, Sql, Value};
+use cellgate_store::storage::{ddl, Sql, Value};
 use cellgate_store::{ClusterConfig, StorageConfig, Store, StoreOptions};
 use clap::Args;
 
@@ -317,16 +318,7 @@ async fn plain_scan(
             .ident("shard")
             .push(" < ")
             .bind(Value::Int(i64::from(first + 64)));
-        let types = [
-            ColType::Int,
-            ColType::Int,
-            ColType::Uuid,
-            ColType::Text,
-            ColType::Int,
-            ColType::Bytes,
-            ColType::DateTime,
-        ];
-        for row in backend.fetch(&sql, &types).await? {
+        for row in backend.fetch(&sql, CELL_TYPES).await? {
             rows += 1;
             if let Some(Value::Bytes(body)) = row.get(5) {
                 bytes += body.len() as u64;

@@ -1141,7 +1141,9 @@ enum Server {
 }
 
 async fn latest_cells_read_one_version(server: Server, base: &str) {
-    use cellgate_store::cells::{latest_cells_sql, with_latest_cells, with_latest_ref_keys};
+    use cellgate_store::cells::{
+        latest_cells_sql, with_latest_cells, with_latest_ref_keys, CELL_TYPES,
+    };
     use cellgate_store::storage::{ColType, Sql, Value};
     let (url, drop_it) = scratch_database(server, base, "latest").await;
     let mut options = StoreOptions::new(StorageConfig::single(&url));
@@ -1175,15 +1177,7 @@ async fn latest_cells_read_one_version(server: Server, base: &str) {
     .in_list([Value::Uuid(row), Value::Uuid(other)]);
     // Each statement, the (row, column, ref key) it finds, and the column
     // types of its result with the positions of those three.
-    let cell_types: Vec<ColType> = vec![
-        ColType::Int,
-        ColType::Int,
-        ColType::Uuid,
-        ColType::Text,
-        ColType::Int,
-        ColType::Bytes,
-        ColType::DateTime,
-    ];
+    let cell_types: Vec<ColType> = CELL_TYPES.to_vec();
     let mut paged_types = vec![ColType::Uuid];
     paged_types.extend(cell_types.iter().copied());
     let found = |rows: Vec<Vec<Value>>, at: [usize; 3]| -> BTreeSet<(Uuid, String, i64)> {

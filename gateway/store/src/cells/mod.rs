@@ -27,7 +27,7 @@ pub(crate) use cache::CellCache;
 pub use cache::CellCacheMetrics;
 pub use log::{Location, LogPage, ShardLag, MAX_LOG_PAGE};
 pub use prune::{PruneCounts, PruneOptions, PruneProgress, PruneReport};
-pub use read::{latest_cells_sql, with_latest_cells, with_latest_ref_keys};
+pub use read::{latest_cells_sql, with_latest_cells, with_latest_ref_keys, CELL_TYPES};
 pub use replay::{Backlog, Conflict, UndecodableCopy};
 
 // What the rest of the store uses of reading cells: `Store` delegates its
@@ -40,7 +40,7 @@ pub(crate) use prune::prune;
 pub(crate) use read::{
     cache_span, cell_from_row, decoded_cell, get_cell, get_cells, get_cells_latest,
     get_cells_latest_json, get_named_cells_json, has_cells, history, latest_cells_with,
-    select_cells, CellRow, CELL_TYPES,
+    select_cells, CellRow,
 };
 
 /// The full address of a cell.

@@ -27,8 +27,10 @@ pub(crate) use ddl::CELL_COLUMNS;
 /// encoded body, creation time.
 pub(crate) type CellRow = (i64, i64, Uuid, String, i64, Vec<u8>, DateTime<Utc>);
 
-/// The column types of [`CellRow`].
-pub(crate) const CELL_TYPES: &[ColType] = <CellRow as FromRow>::TYPES;
+/// The column types of a row of cell columns (shard, added id, row key,
+/// column, ref key, encoded body, creation time), as [`latest_cells_sql`]
+/// returns them.
+pub const CELL_TYPES: &[ColType] = <CellRow as FromRow>::TYPES;
 
 /// Appends `SELECT <cell columns> FROM <table> [alias]` to `sql`.
 pub(crate) fn select_cells(sql: &mut Sql, table: &str, alias: Option<&str>) {
@@ -622,19 +624,8 @@ fn pairs<'a>(
 fn latest_cell_lateral(sql: &mut Sql, table: &str, outer: &str) {
     sql.push("LATERAL (");
     select_cells(sql, table, Some("m"));
-    sql.push(" WHERE m.")
-        .ident("row_key")
-        .push(" = ")
-        .push(outer)
-        .push(".")
-        .ident("row_key")
-        .push(" AND m.")
-        .ident("column_name")
-        .push(" = k.")
-        .ident("column_name")
-        .push(" ORDER BY m.")
-        .ident("ref_key")
-        .push(" DESC LIMIT 1) c");
+    latest_of_pair(sql, outer, Column::Of("k"));
+    sql.push(") c");
 }
 
 /// The cells of the rows of [`latest_cells_sql`] that are among `pairs`
@@ -735,7 +726,16 @@ fn latest_ref_key(sql: &mut Sql, table: &str, outer: &str, column: Column<'_>) {
         .ident("ref_key")
         .push(" FROM ")
         .ident(table)
-        .push(" m WHERE m.")
+        .push(" m");
+    latest_of_pair(sql, outer, column);
+    sql.push(")");
+}
+
+/// ` WHERE m.row_key = <outer>.row_key AND m.column_name = <column> ORDER
+/// BY m.ref_key DESC LIMIT 1`: the latest version of a pair among the
+/// cells aliased `m`, one backward step on the unique key.
+fn latest_of_pair(sql: &mut Sql, outer: &str, column: Column<'_>) {
+    sql.push(" WHERE m.")
         .ident("row_key")
         .push(" = ")
         .push(outer)
@@ -750,7 +750,7 @@ fn latest_ref_key(sql: &mut Sql, table: &str, outer: &str, column: Column<'_>) {
     };
     sql.push(" ORDER BY m.")
         .ident("ref_key")
-        .push(" DESC LIMIT 1)");
+        .push(" DESC LIMIT 1");
 }
 
 /// Whether any cluster of the datastore holds a cell; unreachable clusters
